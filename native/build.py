@@ -1,0 +1,46 @@
+"""cffi builder for the agentwal C core (out-of-line API mode).
+
+`pip install .` runs this through setuptools' `cffi_modules`, producing the
+private extension module `wal._native`. The declarations handed to cffi are
+the CDEF block of native/wal.h, so the C boundary is declared exactly once.
+
+Environment knobs (for the fuzz and sanitizer builds, never needed by users):
+  AGENTWAL_CFLAGS   extra compiler flags, e.g. "-fsanitize=address,undefined -O1 -g"
+  AGENTWAL_LDFLAGS  extra linker flags
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+from cffi import FFI
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCES = ["crc32c.c", "reader.c", "segment.c", "writer.c", "commit.c", "failpoint.c"]
+
+
+def cdef_text() -> str:
+    header = (HERE / "wal.h").read_text()
+    match = re.search(r"/\* CDEF-BEGIN \*/(.*)/\* CDEF-END \*/", header, re.S)
+    if match is None:
+        raise RuntimeError("native/wal.h lost its CDEF-BEGIN/CDEF-END markers")
+    return match.group(1)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_text())
+ffibuilder.set_source(
+    "wal._native",
+    '#include "wal.h"',
+    # setuptools wants source paths relative to the project root.
+    sources=[f"native/{name}" for name in SOURCES],
+    include_dirs=["native"],
+    extra_compile_args=["-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                        *os.environ.get("AGENTWAL_CFLAGS", "").split()],
+    extra_link_args=["-pthread", *os.environ.get("AGENTWAL_LDFLAGS", "").split()],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,514 @@
+/*
+ * commit.c -- group commit, durability levels and the flusher.
+ *
+ * Design. Appenders copy their encoded records into the `pending` batch under
+ * one mutex, which also hands out LSNs, so LSN order is commit order. Two
+ * I/O *slots* then move bytes on: the write slot takes the whole pending
+ * batch and writes it to the OS; the sync slot fdatasyncs what has been
+ * written. Any waiting thread that finds a slot free takes it (leader) and
+ * works for everyone; the others wait on `progress` (followers). Because a
+ * new batch accumulates while the previous fdatasync runs, each fdatasync
+ * covers every commit that arrived during the one before it: that is the
+ * group commit, with no timer and no added latency. A batch is capped at
+ * max_pending_bytes (back-pressure beyond it).
+ *
+ * Watermarks, all under `mu`: appended >= written >= durable.
+ *   sync      returns once durable >= its LSN   (I2: nothing acknowledged early)
+ *   interval  returns once written >= its LSN; the flusher keeps durable lag under rpo
+ *   buffered  returns once enqueued;           the flusher writes and syncs under rpo
+ * The flusher is a C thread (no GIL). It syncs when the oldest acknowledged but
+ * not durable commit is rpo/2 old, so the window stays under rpo while an
+ * fdatasync takes less than rpo/2. Appenders under weaker levels wait
+ * (back-pressure, counted in stats) while the lag exceeds 3/4 rpo, so the disk
+ * falling behind slows writers instead of silently widening the window; a sync
+ * that still finishes past rpo is counted as an rpo overrun.
+ *
+ * I5 fail-stop: a failed write or fdatasync is never retried. The log records
+ * the error, wakes everyone, and from then on every append fails with
+ * WAL_EFAILED; commits not yet durable are reported failed, not acknowledged.
+ * Reopening recovers from what the disk holds.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "io.h"
+#include "wal.h"
+#include "writer.h"
+
+#define LAT_RING 1024  /* fsync latencies kept for p50/p99 */
+#define MARK_RING 65536 /* (lsn, enqueue time) marks for the durable-lag clock */
+#define MARK_SPACING_NS 100000
+
+typedef struct {
+    uint64_t lsn, ns;
+} lag_mark;
+
+struct wal_log {
+    pthread_mutex_t mu;
+    pthread_cond_t progress; /* watermarks moved, a slot freed, failure, close */
+    pthread_cond_t wake;     /* the flusher has work */
+    wal_writer w;
+    wal_batch pending, spare;
+    int level;
+    uint64_t rpo_ns;
+    uint64_t max_pending;
+    int write_busy, sync_busy;
+    uint64_t next_lsn;
+    uint64_t appended, written, durable;
+    uint64_t want_written, want_durable; /* non-waiting appends ask the flusher */
+    /* durable-lag clock: marks[head..tail) cover LSNs > durable */
+    lag_mark *marks;
+    size_t mark_head, mark_tail;
+    int failed, failed_errno;
+    char detail[512];
+    int closing, closed;
+    pthread_t flusher;
+    int flusher_started;
+    int notify_fd;
+    /* stats */
+    uint64_t n_appends, n_commits, n_writes, n_fsyncs, bytes_written, synced_records, group_max;
+    uint64_t fsync_ns_total, fsync_ns_max, bp_waits, bp_ns, rpo_overruns;
+    uint64_t lat[LAT_RING];
+    uint64_t lat_n;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *wal_strerror(int code) {
+    switch (code) {
+    case WAL_OK: return "ok";
+    case WAL_EIO: return "I/O error";
+    case WAL_ENOSPC: return "no space left on device";
+    case WAL_EFAILED: return "log stopped after an I/O or fsync failure; reopen to recover";
+    case WAL_ECLOSED: return "log is closed";
+    case WAL_EINVAL: return "invalid argument";
+    case WAL_ETOOBIG: return "payload larger than the maximum record size";
+    case WAL_EAGAIN: return "would block";
+    case WAL_ENOMEM: return "out of memory";
+    case WAL_EOS: return "operating-system error";
+    default: return "unknown error";
+    }
+}
+
+static int code_of_errno(int neg_errno) {
+    switch (-neg_errno) {
+    case ENOSPC: return WAL_ENOSPC;
+    case EIO: return WAL_EIO;
+    case ENOMEM: return WAL_ENOMEM;
+    default: return WAL_EOS;
+    }
+}
+
+static void notify(wal_log *log) {
+    if (log->notify_fd >= 0) {
+        uint64_t one = 1;
+        (void)!write(log->notify_fd, &one, sizeof one);
+    }
+}
+
+/* I5: record the failure once; never let anyone retry and trust. mu held. */
+static void fail(wal_log *log, int neg_errno, const char *what) {
+    if (!log->failed) {
+        log->failed = code_of_errno(neg_errno);
+        log->failed_errno = -neg_errno;
+        snprintf(log->detail, sizeof log->detail, "%s in %s failed: %s", what, log->w.dir, strerror(-neg_errno));
+    }
+    pthread_cond_broadcast(&log->progress);
+    pthread_cond_broadcast(&log->wake);
+    notify(log);
+}
+
+/* ---- durable-lag clock ---- */
+
+static void mark_enqueue(wal_log *log, uint64_t first_lsn, uint64_t t) {
+    size_t n = log->mark_tail - log->mark_head;
+    if (n && t - log->marks[(log->mark_tail - 1) % MARK_RING].ns < MARK_SPACING_NS) return;
+    if (n == MARK_RING) return; /* full: later records inherit an older time -- conservative */
+    log->marks[log->mark_tail % MARK_RING] = (lag_mark){first_lsn, t};
+    log->mark_tail++;
+}
+
+/* Enqueue time (a lower bound) of the oldest record not yet durable; 0 if none. */
+static uint64_t oldest_unsynced_ns(wal_log *log) {
+    if (log->durable >= log->appended) return 0;
+    /* Drop marks wholly durable: mark k covers [k.lsn, (k+1).lsn). */
+    while (log->mark_tail - log->mark_head >= 2 &&
+           log->marks[(log->mark_head + 1) % MARK_RING].lsn <= log->durable + 1)
+        log->mark_head++;
+    if (log->mark_tail == log->mark_head) return 0;
+    return log->marks[log->mark_head % MARK_RING].ns;
+}
+
+/* ---- the two I/O slots; each called with mu held, returns with mu held ---- */
+
+static void do_write(wal_log *log) {
+    wal_batch b = log->pending;
+    log->pending = log->spare;
+    wal_batch_reset(&log->pending);
+    int with_sync_slot = b.rolls > 0; /* a roll closes the fd the sync slot uses */
+    log->write_busy = 1;
+    while (with_sync_slot && log->sync_busy) pthread_cond_wait(&log->progress, &log->mu);
+    if (with_sync_slot) log->sync_busy = 1;
+    pthread_mutex_unlock(&log->mu);
+
+    uint64_t synced = 0;
+    int rc = wal_writer_write(&log->w, &b, &synced);
+
+    pthread_mutex_lock(&log->mu);
+    if (rc) {
+        fail(log, rc, "write");
+    } else {
+        if (b.last_lsn) log->written = b.last_lsn;
+        if (synced > log->durable) log->durable = synced;
+        log->n_writes++;
+        log->bytes_written += b.len;
+    }
+    log->write_busy = 0;
+    if (with_sync_slot) log->sync_busy = 0;
+    log->spare = b;
+    wal_batch_reset(&log->spare);
+    pthread_cond_broadcast(&log->progress);
+    notify(log);
+}
+
+static void do_sync(wal_log *log) {
+    uint64_t target = log->written;
+    uint64_t before = log->durable;
+    uint64_t oldest = log->level != WAL_LEVEL_SYNC ? oldest_unsynced_ns(log) : 0;
+    int fd = log->w.fd;
+    log->sync_busy = 1;
+    pthread_mutex_unlock(&log->mu);
+
+    uint64_t t0 = now_ns();
+    int rc = wal_io_fdatasync(fd);
+    uint64_t dt = now_ns() - t0;
+
+    pthread_mutex_lock(&log->mu);
+    log->sync_busy = 0;
+    if (rc) {
+        fail(log, rc, "fdatasync");
+        return;
+    }
+    if (target > log->durable) {
+        uint64_t group = target - (before > log->durable ? before : log->durable);
+        log->durable = target;
+        log->synced_records += group;
+        if (group > log->group_max) log->group_max = group;
+    }
+    log->n_fsyncs++;
+    log->fsync_ns_total += dt;
+    if (dt > log->fsync_ns_max) log->fsync_ns_max = dt;
+    log->lat[log->lat_n++ % LAT_RING] = dt;
+    if (oldest && now_ns() - oldest > log->rpo_ns) log->rpo_overruns++;
+    pthread_cond_broadcast(&log->progress);
+    notify(log);
+}
+
+/* Make one step of progress towards written >= w_lsn and durable >= d_lsn
+ * (d_lsn <= w_lsn), or wait for someone else's step. mu held.
+ * A sync never first folds in more pending bytes: under steady load that would
+ * postpone it forever. The next batch is written by its own waiters while this
+ * fdatasync runs, and the fdatasync after it covers them. */
+static void progress_step(wal_log *log, uint64_t w_lsn, uint64_t d_lsn) {
+    if (log->failed) return; /* I5: no I/O after a failure; callers check failed */
+    if (log->written < w_lsn) {
+        if (!log->write_busy && log->pending.len) {
+            do_write(log);
+            return;
+        }
+    } else if (log->durable < d_lsn && !log->sync_busy) {
+        do_sync(log);
+        return;
+    }
+    pthread_cond_wait(&log->progress, &log->mu);
+}
+
+/* ---- appending ---- */
+
+static int level_ok(wal_log *log, int level) { return level >= WAL_LEVEL_SYNC && level <= WAL_LEVEL_BUFFERED && level <= log->level; }
+
+/* Back-pressure for weaker levels: hold new acknowledgements while the window
+ * is at risk or the batch is full. Returns 0, or WAL_EAGAIN when !wait. mu held. */
+static int admit(wal_log *log, size_t bytes, int wait) {
+    uint64_t t_start = 0;
+    for (;;) {
+        if (log->failed) return WAL_EFAILED;
+        if (log->closing) return WAL_ECLOSED;
+        int full = log->pending.len && log->pending.len + bytes > log->max_pending;
+        int late = 0;
+        if (log->level != WAL_LEVEL_SYNC) {
+            uint64_t oldest = oldest_unsynced_ns(log);
+            late = oldest && now_ns() - oldest > log->rpo_ns / 4 * 3;
+        }
+        if (!full && !late) break;
+        if (!wait) return WAL_EAGAIN;
+        if (!t_start) {
+            t_start = now_ns();
+            log->bp_waits++;
+        }
+        if (full) progress_step(log, log->appended, 0);
+        else progress_step(log, log->appended, log->appended);
+    }
+    if (t_start) log->bp_ns += now_ns() - t_start;
+    return 0;
+}
+
+static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, int wait) {
+    uint64_t t = now_ns();
+    mark_enqueue(log, first, t);
+    log->n_appends++;
+    log->n_commits += last - first + 1;
+    if (!wait) {
+        if (level == WAL_LEVEL_SYNC && last > log->want_durable) log->want_durable = last;
+        if (level <= WAL_LEVEL_INTERVAL && last > log->want_written) log->want_written = last;
+        pthread_cond_signal(&log->wake);
+        return (int64_t)last;
+    }
+    if (level == WAL_LEVEL_BUFFERED) {
+        if (log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
+        return (int64_t)last;
+    }
+    uint64_t d = level == WAL_LEVEL_SYNC ? last : 0;
+    while (log->written < last || log->durable < d) {
+        if (log->failed && log->durable < last) return WAL_EFAILED;
+        progress_step(log, last, d);
+    }
+    return (int64_t)last;
+}
+
+int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
+                            int wait) {
+    if (!level_ok(log, level) || n == 0) return WAL_EINVAL;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (lens[i] > WAL_MAX_PAYLOAD) return WAL_ETOOBIG;
+        total += wal_record_size(lens[i]);
+    }
+    pthread_mutex_lock(&log->mu);
+    int rc = admit(log, total, wait);
+    if (rc) {
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
+    uint64_t first = log->next_lsn;
+    const uint8_t *p = (const uint8_t *)data;
+    for (size_t i = 0; i < n; i++) {
+        int prc = wal_writer_place(&log->w, &log->pending, p, lens[i], log->next_lsn);
+        if (prc) {
+            /* Only ENOMEM gets here; records already placed cannot be taken
+             * back from the batch, so the log must stop. */
+            fail(log, prc, "buffer");
+            pthread_mutex_unlock(&log->mu);
+            return WAL_EFAILED;
+        }
+        p += lens[i];
+        log->next_lsn++;
+    }
+    log->appended = log->next_lsn - 1;
+    int64_t r = finish(log, first, log->appended, level, wait);
+    pthread_mutex_unlock(&log->mu);
+    return r;
+}
+
+int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, int wait) {
+    if (len > WAL_MAX_PAYLOAD) return WAL_ETOOBIG;
+    uint32_t l = (uint32_t)len;
+    return wal_log_append_many(log, data, &l, 1, level, wait);
+}
+
+int wal_log_sync(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    uint64_t target = log->appended;
+    int rc = 0;
+    while (log->durable < target) {
+        if (log->failed) { rc = WAL_EFAILED; break; }
+        progress_step(log, target, target);
+    }
+    if (!rc && log->closed) rc = WAL_ECLOSED;
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+/* ---- the flusher ---- */
+
+static void *flusher_main(void *arg) {
+    wal_log *log = arg;
+    pthread_mutex_lock(&log->mu);
+    for (;;) {
+        if (log->failed || log->closed) break;
+        uint64_t t = now_ns();
+        uint64_t oldest = oldest_unsynced_ns(log);
+        int rpo_due = log->level != WAL_LEVEL_SYNC && oldest && t - oldest >= log->rpo_ns / 2;
+        uint64_t d = log->want_durable, w = log->want_written;
+        if (rpo_due) d = log->appended;
+        if (log->level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) w = log->appended;
+        if (w < d) w = d;
+        if (d > log->durable || w > log->written) {
+            progress_step(log, w, d);
+            continue;
+        }
+        if (log->closing) break;
+        if (log->level != WAL_LEVEL_SYNC && oldest) {
+            uint64_t due = oldest + log->rpo_ns / 2;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t wait_ns = due > t ? due - t : 0;
+            uint64_t abs = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + wait_ns;
+            ts.tv_sec = (time_t)(abs / 1000000000ull);
+            ts.tv_nsec = (long)(abs % 1000000000ull);
+            pthread_cond_timedwait(&log->wake, &log->mu, &ts);
+        } else {
+            pthread_cond_wait(&log->wake, &log->mu);
+        }
+    }
+    pthread_mutex_unlock(&log->mu);
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out) {
+    if (!cfg || cfg->level < WAL_LEVEL_SYNC || cfg->level > WAL_LEVEL_BUFFERED || cfg->segment_bytes < 4096 ||
+        (cfg->level != WAL_LEVEL_SYNC && cfg->rpo_ms == 0) || cfg->next_lsn == 0 || cfg->segment_no == 0)
+        return WAL_EINVAL;
+    wal_log *log = calloc(1, sizeof *log);
+    if (!log) return WAL_ENOMEM;
+    log->marks = calloc(MARK_RING, sizeof *log->marks);
+    if (!log->marks) {
+        free(log);
+        return WAL_ENOMEM;
+    }
+    log->notify_fd = -1;
+    int rc = wal_writer_init(&log->w, dir, cfg);
+    if (rc) {
+        int code = code_of_errno(rc);
+        wal_writer_close(&log->w);
+        free(log->marks);
+        free(log);
+        errno = -rc;
+        return code;
+    }
+    pthread_mutex_init(&log->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&log->progress, &ca);
+    pthread_cond_init(&log->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    log->level = cfg->level;
+    log->rpo_ns = (uint64_t)cfg->rpo_ms * 1000000ull;
+    log->max_pending = cfg->max_pending_bytes ? cfg->max_pending_bytes : 4u << 20;
+    log->next_lsn = cfg->next_lsn;
+    log->appended = log->written = log->durable = cfg->next_lsn - 1;
+    log->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pthread_create(&log->flusher, NULL, flusher_main, log) == 0) log->flusher_started = 1;
+    else {
+        wal_log_close(log);
+        wal_log_free(log);
+        return WAL_ENOMEM;
+    }
+    *out = log;
+    return WAL_OK;
+}
+
+int wal_log_close(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    if (log->closed) {
+        pthread_mutex_unlock(&log->mu);
+        return WAL_OK;
+    }
+    log->closing = 1;
+    pthread_cond_broadcast(&log->progress);
+    /* Everything acknowledged becomes durable before close returns. */
+    while (!log->failed && (log->durable < log->appended || log->write_busy || log->sync_busy))
+        progress_step(log, log->appended, log->appended);
+    int rc = log->failed ? WAL_EFAILED : WAL_OK;
+    log->closed = 1;
+    pthread_cond_broadcast(&log->wake);
+    pthread_cond_broadcast(&log->progress);
+    pthread_mutex_unlock(&log->mu);
+    if (log->flusher_started) pthread_join(log->flusher, NULL);
+    log->flusher_started = 0;
+    pthread_mutex_lock(&log->mu);
+    wal_writer_close(&log->w);
+    notify(log);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+void wal_log_free(wal_log *log) {
+    if (!log) return;
+    if (!log->closed) wal_log_close(log);
+    if (log->notify_fd >= 0) close(log->notify_fd);
+    wal_batch_free(&log->pending);
+    wal_batch_free(&log->spare);
+    free(log->marks);
+    pthread_cond_destroy(&log->progress);
+    pthread_cond_destroy(&log->wake);
+    pthread_mutex_destroy(&log->mu);
+    free(log);
+}
+
+void wal_log_get_stats(wal_log *log, wal_log_stats *s) {
+    pthread_mutex_lock(&log->mu);
+    memset(s, 0, sizeof *s);
+    s->commits = log->n_commits;
+    s->appends = log->n_appends;
+    s->writes = log->n_writes;
+    s->fsyncs = log->n_fsyncs;
+    s->bytes_written = log->bytes_written;
+    s->synced_records = log->synced_records;
+    s->group_max = log->group_max;
+    s->fsync_ns_total = log->fsync_ns_total;
+    s->fsync_ns_max = log->fsync_ns_max;
+    s->backpressure_waits = log->bp_waits;
+    s->backpressure_ns = log->bp_ns;
+    s->rpo_overruns = log->rpo_overruns;
+    s->segments_created = log->w.segments_created;
+    uint64_t oldest = oldest_unsynced_ns(log);
+    s->lag_ns = oldest ? (int64_t)(now_ns() - oldest) : 0;
+    s->appended_lsn = log->appended;
+    s->written_lsn = log->written;
+    s->durable_lsn = log->durable;
+    s->segment_no = log->w.p_segno;
+    s->segment_offset = log->w.p_offset;
+    s->pending_bytes = log->pending.len;
+    s->failed = log->failed;
+    s->failed_errno = log->failed_errno;
+    s->closed = log->closed;
+    pthread_mutex_unlock(&log->mu);
+}
+
+int wal_log_watermarks(wal_log *log, uint64_t *out) {
+    pthread_mutex_lock(&log->mu);
+    out[0] = log->appended;
+    out[1] = log->written;
+    out[2] = log->durable;
+    int failed = log->failed ? log->failed : (log->closed ? WAL_ECLOSED : 0);
+    pthread_mutex_unlock(&log->mu);
+    return failed;
+}
+
+size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out, size_t cap) {
+    pthread_mutex_lock(&log->mu);
+    size_t n = log->lat_n < LAT_RING ? (size_t)log->lat_n : LAT_RING;
+    if (n > cap) n = cap;
+    memcpy(out, log->lat, n * sizeof *out);
+    pthread_mutex_unlock(&log->mu);
+    return n;
+}
+
+const char *wal_log_error_detail(wal_log *log) { return log->detail; }
+
+int wal_log_notify_fd(wal_log *log) { return log->notify_fd; }

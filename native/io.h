@@ -1,0 +1,40 @@
+/*
+ * io.h -- every system call the log makes on its files goes through here, so
+ * that failpoints (test-only, see failpoint.c) can make any of them fail.
+ * When no failpoint is armed the cost is one predictable branch.
+ *
+ * All functions return 0 (or a byte count) on success and -errno on failure.
+ */
+#ifndef WAL_IO_H
+#define WAL_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Failpoint sites. */
+enum {
+    WAL_FP_WRITE = 0, /* pwrite of record bytes and headers */
+    WAL_FP_FSYNC,     /* fdatasync/fsync of a segment file */
+    WAL_FP_DIRSYNC,   /* fsync of the log directory */
+    WAL_FP_OPEN,      /* open/create of a segment file */
+    WAL_FP_RENAME,    /* rename of a new segment into place */
+    WAL_FP_FTRUNCATE, /* ftruncate (preallocation, tail cut) */
+    WAL_FP_COUNT
+};
+
+extern int wal_fp_active; /* nonzero while any failpoint is armed */
+/* Returns 0 to proceed or -errno to fail this call; *partial set when a write
+ * should go half through before failing. */
+int wal_fp_check(int site, int *partial);
+
+int wal_io_open(const char *path, int flags, int mode);
+ssize_t wal_io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+int wal_io_fdatasync(int fd);
+int wal_io_fsync(int fd);
+int wal_io_fsync_dir(const char *dir);
+int wal_io_rename(const char *from, const char *to);
+int wal_io_ftruncate(int fd, uint64_t size);
+int wal_io_close(int fd);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * wal.h -- the C API of the agentwal core, as seen by Python.
+ *
+ * native/build.py feeds the part between the CDEF markers to cffi verbatim,
+ * so this file is the single declaration of the boundary: keep that part to
+ * plain declarations and integer #defines. Every symbol starts with wal_.
+ * Functions return WAL_OK (0) or a negative WAL_E* code; wal_strerror names it.
+ */
+#ifndef WAL_H
+#define WAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF-BEGIN */
+#define WAL_OK 0
+#define WAL_EIO -1       /* a write failed; errno in the log's error detail */
+#define WAL_ENOSPC -2    /* no space left on device */
+#define WAL_EFAILED -3   /* the log stopped after an I/O or fsync failure (I5) */
+#define WAL_ECLOSED -4   /* the log is closed */
+#define WAL_EINVAL -5    /* bad argument */
+#define WAL_ETOOBIG -6   /* payload over WAL_MAX_PAYLOAD */
+#define WAL_EAGAIN -7    /* would block (non-waiting append under back-pressure) */
+#define WAL_ENOMEM -8
+#define WAL_EOS -9       /* other operating-system error; errno in the error detail */
+
+#define WAL_LEVEL_SYNC 0      /* acknowledged after an fdatasync covering it */
+#define WAL_LEVEL_INTERVAL 1  /* acknowledged after write() to the OS */
+#define WAL_LEVEL_BUFFERED 2  /* acknowledged after the copy into the log's buffer */
+
+#define WAL_PREALLOC_SIZE 0   /* new segments: extend with ftruncate */
+#define WAL_PREALLOC_ZEROS 1  /* new segments: write zeros (fdatasync then flushes no metadata) */
+
+#define WAL_SCAN_OPEN 0
+#define WAL_SCAN_SEALED 1
+#define WAL_SCAN_TORN 2
+#define WAL_SCAN_CORRUPT 3
+
+#define WAL_MAX_PAYLOAD_BYTES 16777216
+#define WAL_SEGMENT_HEADER_BYTES 64
+#define WAL_RECORD_HEADER_BYTES 24
+#define WAL_FORMAT_VERSION_CURRENT 1
+
+const char *wal_strerror(int code);
+
+/* ---- CRC-32C (crc32c.c) ---- */
+uint32_t wal_crc32c(uint32_t crc, const void *data, size_t len);
+uint32_t wal_crc32c_sw(uint32_t crc, const void *data, size_t len);
+uint32_t wal_crc32c_hw(uint32_t crc, const void *data, size_t len);
+int wal_crc32c_hw_available(void);
+
+/* ---- reader (reader.c) ---- */
+typedef struct {
+    uint16_t version;
+    uint64_t log_id;
+    uint64_t segment_no;
+    uint64_t first_lsn;
+    uint64_t salt;
+    uint64_t prealloc_bytes;
+} wal_segment_header;
+
+typedef struct {
+    int status;
+    const char *reason;
+    uint64_t end_offset;
+    uint64_t bad_offset;
+    uint64_t damage_end;
+    uint64_t records;
+    uint64_t last_lsn;
+    uint64_t next_valid_offset;
+    uint64_t next_valid_lsn;
+    int header_ok;
+    wal_segment_header header;
+} wal_scan_result;
+
+int wal_scan_segment(const uint8_t *data, size_t len, wal_scan_result *res);
+size_t wal_segment_records(const uint8_t *data, size_t end, uint64_t from_lsn, uint64_t *cursor,
+                           size_t cap, uint64_t *lsns, uint64_t *offsets, uint32_t *lengths);
+
+/* ---- the log (writer.c, commit.c) ---- */
+typedef struct wal_log wal_log;
+
+typedef struct {
+    uint64_t segment_bytes;   /* roll to a new segment past this size */
+    int level;                /* WAL_LEVEL_*: the log's default */
+    uint32_t rpo_ms;          /* bound for INTERVAL/BUFFERED; ignored for SYNC */
+    uint64_t max_pending_bytes; /* cap on bytes buffered but not written (group cap) */
+    int prealloc;             /* WAL_PREALLOC_* */
+    uint64_t seed;            /* nonzero: deterministic log id and salts (tests only) */
+    /* Where to resume, from the recovery scan. need_new_segment = 1 when there is
+     * no segment yet or the last one is sealed; then segment_no/next_lsn name the
+     * segment to create and its first LSN. */
+    uint64_t log_id;          /* 0: draw a new one (new log) */
+    int need_new_segment;
+    uint64_t segment_no;
+    uint64_t segment_salt;
+    uint64_t segment_size;    /* current file size of the segment resumed */
+    uint64_t tail_offset;     /* where the next record goes in that segment */
+    uint64_t next_lsn;
+} wal_log_config;
+
+typedef struct {
+    uint64_t commits;            /* DATA records acknowledged */
+    uint64_t appends;            /* append calls */
+    uint64_t writes;             /* batches written to the OS */
+    uint64_t fsyncs;             /* fdatasyncs that made records durable */
+    uint64_t bytes_written;
+    uint64_t synced_records;     /* records made durable, sum over fsyncs */
+    uint64_t group_max;          /* most records made durable by one fsync */
+    uint64_t fsync_ns_total;
+    uint64_t fsync_ns_max;
+    uint64_t backpressure_waits; /* appends that waited for the RPO bound or the buffer cap */
+    uint64_t backpressure_ns;
+    uint64_t rpo_overruns;       /* syncs that finished with the durable lag over rpo_ms */
+    uint64_t segments_created;
+    int64_t lag_ns;              /* now - oldest acknowledged but not durable commit (0: none) */
+    uint64_t appended_lsn;
+    uint64_t written_lsn;
+    uint64_t durable_lsn;
+    uint64_t segment_no;         /* segment being appended to */
+    uint64_t segment_offset;     /* its tail */
+    uint64_t pending_bytes;
+    int failed;                  /* WAL_E* that stopped the log, 0 if running */
+    int failed_errno;
+    int closed;
+} wal_log_stats;
+
+int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out);
+/* Append one payload; returns its LSN (> 0) or a WAL_E* code. With wait = 1 it
+ * returns once `level` holds for it; with wait = 0 it only enqueues, asks the
+ * flusher to reach `level`, and returns WAL_EAGAIN instead of blocking. */
+int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, int wait);
+/* Append n payloads packed back to back (lens[i] each) as n consecutive LSNs;
+ * returns the last LSN. */
+int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
+                            int wait);
+int wal_log_sync(wal_log *log);   /* everything appended so far is durable on return */
+int wal_log_close(wal_log *log);  /* flush, sync, stop the flusher; idempotent */
+void wal_log_free(wal_log *log);  /* after close, when no thread can call in */
+void wal_log_get_stats(wal_log *log, wal_log_stats *out);
+/* out[0..3) = appended, written, durable LSN; returns the failure code (0 while running). */
+int wal_log_watermarks(wal_log *log, uint64_t *out);
+size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out_ns, size_t cap);
+const char *wal_log_error_detail(wal_log *log);
+int wal_log_notify_fd(wal_log *log); /* readable when watermarks advance; drain by reading 8 bytes */
+
+/* ---- failpoints (failpoint.c), test-only ---- */
+int wal_fp_set(const char *name, int err, uint64_t nth, int repeat, uint32_t prob_ppm, uint64_t seed,
+               int partial);
+void wal_fp_clear(void);
+int64_t wal_fp_count(const char *name, int failures);
+/* CDEF-END */
+
+#endif

@@ -1,0 +1,210 @@
+/* writer.c -- see writer.h. */
+#include "writer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "format.h"
+#include "io.h"
+#include "segment.h"
+
+static uint64_t next_random(wal_writer *w) {
+    uint64_t v = 0;
+    if (w->rng) { /* splitmix64: reproducible salts for golden-file tests */
+        uint64_t z = (w->rng += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        v = z ^ (z >> 31);
+    } else {
+        while (getrandom(&v, sizeof v, 0) != sizeof v) {
+        }
+    }
+    return v ? v : 1; /* 0 is not a valid salt or log id */
+}
+
+static int batch_reserve(wal_batch *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->len + extra) cap *= 2;
+    uint8_t *p = realloc(b->bytes, cap);
+    if (!p) return -ENOMEM;
+    b->bytes = p;
+    b->cap = cap;
+    return 0;
+}
+
+static wal_span *batch_new_span(wal_batch *b) {
+    if (b->nspans == b->span_cap) {
+        size_t cap = b->span_cap ? b->span_cap * 2 : 4;
+        wal_span *s = realloc(b->spans, cap * sizeof *s);
+        if (!s) return NULL;
+        b->spans = s;
+        b->span_cap = cap;
+    }
+    wal_span *s = &b->spans[b->nspans++];
+    memset(s, 0, sizeof *s);
+    s->start = b->len;
+    return s;
+}
+
+void wal_batch_reset(wal_batch *b) {
+    b->len = 0;
+    b->nspans = 0;
+    b->records = 0;
+    b->last_lsn = 0;
+    b->rolls = 0;
+}
+
+void wal_batch_free(wal_batch *b) {
+    free(b->bytes);
+    free(b->spans);
+    memset(b, 0, sizeof *b);
+}
+
+/* Encode one record at the end of b (space already reserved). */
+static void encode(wal_batch *b, uint8_t type, uint64_t lsn, uint64_t salt, const uint8_t *payload,
+                   uint32_t len) {
+    uint8_t *r = b->bytes + b->len;
+    uint64_t size = wal_record_size(len);
+    wal_put_u32(r + WAL_RH_LENGTH, len);
+    wal_put_u64(r + WAL_RH_LSN, lsn);
+    r[WAL_RH_TYPE] = type;
+    r[WAL_RH_FLAGS] = 0;
+    wal_put_u16(r + WAL_RH_RESERVED, 0);
+    wal_put_u32(r + WAL_RH_SALT_CHECK, (uint32_t)salt);
+    if (len) memcpy(r + WAL_RECORD_HEADER_SIZE, payload, len);
+    memset(r + WAL_RECORD_HEADER_SIZE + len, 0, size - WAL_RECORD_HEADER_SIZE - len);
+    uint32_t crc = wal_crc32c(0, r + 4, WAL_RECORD_HEADER_SIZE - 4);
+    wal_put_u32(r + WAL_RH_CRC, wal_crc32c(crc, payload, len));
+    b->len += size;
+}
+
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
+    uint64_t size = wal_record_size(len);
+    int rc = batch_reserve(b, size + WAL_SEAL_SIZE);
+    if (rc) return rc;
+    wal_span *cur = b->nspans ? &b->spans[b->nspans - 1] : NULL;
+    if (!cur || cur->segment_no != w->p_segno) {
+        if (!(cur = batch_new_span(b))) return -ENOMEM;
+        cur->segment_no = w->p_segno;
+        cur->salt = w->p_salt;
+        cur->first_lsn = w->p_first_lsn;
+        cur->offset = w->p_offset;
+    }
+    /* Every segment keeps room for its seal. */
+    uint64_t need = w->p_offset + size + WAL_SEAL_SIZE;
+    if (need > w->p_size) {
+        uint64_t new_size = w->segment_bytes;
+        if (new_size < WAL_SEGMENT_HEADER_SIZE + size + WAL_SEAL_SIZE)
+            new_size = WAL_SEGMENT_HEADER_SIZE + size + WAL_SEAL_SIZE; /* one oversized record */
+        if (cur->create && w->p_offset == WAL_SEGMENT_HEADER_SIZE) {
+            cur->file_size = w->p_size = new_size; /* not made yet: just make it bigger */
+        } else {
+            encode(b, WAL_REC_SEAL, lsn - 1, w->p_salt, NULL, 0); /* seal: last DATA LSN */
+            cur->len = b->len - cur->start;
+            w->p_segno++;
+            w->p_salt = next_random(w);
+            w->p_first_lsn = lsn;
+            w->p_offset = WAL_SEGMENT_HEADER_SIZE;
+            w->p_size = new_size;
+            if (!(cur = batch_new_span(b))) return -ENOMEM;
+            cur->segment_no = w->p_segno;
+            cur->salt = w->p_salt;
+            cur->first_lsn = lsn;
+            cur->offset = WAL_SEGMENT_HEADER_SIZE;
+            cur->create = 1;
+            cur->file_size = new_size;
+            b->rolls++;
+        }
+    }
+    encode(b, WAL_REC_DATA, lsn, w->p_salt, payload, len);
+    cur->len = b->len - cur->start;
+    w->p_offset += size;
+    b->records++;
+    b->last_lsn = lsn;
+    return 0;
+}
+
+static int open_segment(wal_writer *w, const wal_span *s) {
+    wal_segment_header h = {WAL_FORMAT_VERSION, w->log_id, s->segment_no, s->first_lsn, s->salt, s->file_size};
+    int fd;
+    int rc = wal_segment_create(w->dir, &h, s->file_size, w->zero_fill, &fd);
+    if (rc) return rc;
+    w->fd = fd;
+    w->fd_segno = s->segment_no;
+    w->segments_created++;
+    return 0;
+}
+
+int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through) {
+    for (size_t i = 0; i < b->nspans; i++) {
+        const wal_span *s = &b->spans[i];
+        if (s->create) {
+            /* I1 across segments: the sealed segment is durable before the next
+             * one exists, so every segment but the last is sealed on disk. */
+            if (w->fd >= 0) {
+                int rc = wal_io_fdatasync(w->fd);
+                if (rc) return rc;
+                *synced_through = s->first_lsn - 1;
+                wal_io_close(w->fd);
+                w->fd = -1;
+            }
+            int rc = open_segment(w, s);
+            if (rc) return rc;
+        }
+        if (s->len) {
+            ssize_t n = wal_io_pwrite_all(w->fd, b->bytes + s->start, s->len, s->offset);
+            if (n < 0) return (int)n;
+        }
+    }
+    return 0;
+}
+
+int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg) {
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+    w->dir = strdup(dir);
+    if (!w->dir) return -ENOMEM;
+    w->segment_bytes = cfg->segment_bytes;
+    w->zero_fill = cfg->prealloc == WAL_PREALLOC_ZEROS;
+    w->rng = cfg->seed;
+    w->log_id = cfg->log_id ? cfg->log_id : next_random(w);
+    if (cfg->need_new_segment) {
+        wal_span first = {0};
+        first.segment_no = cfg->segment_no;
+        first.salt = next_random(w);
+        first.first_lsn = cfg->next_lsn;
+        first.file_size = cfg->segment_bytes;
+        int rc = open_segment(w, &first);
+        if (rc) return rc;
+        w->p_segno = first.segment_no;
+        w->p_salt = first.salt;
+        w->p_first_lsn = first.first_lsn;
+        w->p_offset = WAL_SEGMENT_HEADER_SIZE;
+        w->p_size = first.file_size;
+        return 0;
+    }
+    char path[4096];
+    wal_segment_path(path, sizeof path, dir, cfg->segment_no, "");
+    int fd = wal_io_open(path, O_RDWR, 0);
+    if (fd < 0) return fd;
+    w->fd = fd;
+    w->fd_segno = cfg->segment_no;
+    w->p_segno = cfg->segment_no;
+    w->p_salt = cfg->segment_salt;
+    w->p_first_lsn = 0; /* only used for new spans of a rolled segment */
+    w->p_offset = cfg->tail_offset;
+    w->p_size = cfg->segment_size > cfg->tail_offset ? cfg->segment_size : cfg->tail_offset;
+    return 0;
+}
+
+void wal_writer_close(wal_writer *w) {
+    if (w->fd >= 0) wal_io_close(w->fd);
+    w->fd = -1;
+    free(w->dir);
+    w->dir = NULL;
+}

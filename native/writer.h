@@ -1,0 +1,67 @@
+/*
+ * writer.h -- encode records into batches and write batches to segments.
+ *
+ * The writer never decides *when* to write or sync: that is the group-commit
+ * layer (commit.c). It offers two steps, split so that the expensive one runs
+ * without the commit lock:
+ *   wal_writer_place  (under the commit lock) assigns a record its place --
+ *                     segment and offset -- and encodes it into a batch; when
+ *                     the record does not fit, it seals the segment and opens
+ *                     the next one in the batch (a "roll").
+ *   wal_writer_write  (outside the lock, by one thread at a time) writes a
+ *                     batch: for a roll it first fdatasyncs the sealed
+ *                     segment, then creates the next one (segment.c).
+ * Placement is decided at encode time because the CRC covers the segment's
+ * salt and the LSN.
+ */
+#ifndef WAL_WRITER_H
+#define WAL_WRITER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wal.h"
+
+typedef struct {
+    uint64_t segment_no, salt, first_lsn;
+    int create;          /* the segment file must be made before writing this span */
+    uint64_t file_size;  /* preallocated size to make it with */
+    uint64_t offset;     /* file offset of the span's first byte */
+    size_t start, len;   /* slice of the batch's bytes */
+} wal_span;
+
+typedef struct {
+    uint8_t *bytes;
+    size_t len, cap;
+    wal_span *spans;
+    size_t nspans, span_cap;
+    uint64_t records;  /* DATA records in the batch */
+    uint64_t last_lsn; /* LSN of its last DATA record, 0 if none */
+    int rolls;         /* spans with create set */
+} wal_batch;
+
+typedef struct {
+    char *dir;
+    uint64_t log_id;
+    uint64_t segment_bytes;
+    int zero_fill;
+    uint64_t rng; /* salt source when seeded (tests); else getrandom */
+    /* placement: only under the commit lock */
+    uint64_t p_segno, p_salt, p_first_lsn, p_offset, p_size;
+    /* the open segment: only by the thread holding the write slot */
+    int fd;
+    uint64_t fd_segno;
+    uint64_t segments_created;
+} wal_writer;
+
+int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg);
+void wal_writer_close(wal_writer *w);
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn);
+/* Write b. *synced_through is raised to the last LSN made durable by a roll's
+ * fdatasync (0 if none). Returns 0 or -errno. */
+int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through);
+
+void wal_batch_reset(wal_batch *b);
+void wal_batch_free(wal_batch *b);
+
+#endif

@@ -1,0 +1,51 @@
+"""The only module that touches the cffi extension: it loads it and maps C codes to exceptions.
+
+Nothing here decides policy; callers pass the context that makes a message useful.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from wal import errors
+
+try:
+    from wal._native import ffi, lib
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "agentwal's C core (wal._native) is not built; install the package with "
+        "`pip install .` (needs a C compiler) rather than running from a source tree"
+    ) from exc
+
+__all__ = ["check", "ffi", "lib", "raise_code"]
+
+_BY_CODE: dict[int, type[errors.WalError]] = {
+    lib.WAL_EFAILED: errors.FailedError,
+    lib.WAL_ECLOSED: errors.ClosedError,
+    lib.WAL_EINVAL: errors.ArgumentError,
+    lib.WAL_ETOOBIG: errors.RecordTooLargeError,
+}
+
+
+def raise_code(code: int, context: str, detail: str = "") -> NoReturn:
+    """Raise the exception for a negative WAL_E* code."""
+    text = ffi.string(lib.wal_strerror(code)).decode()
+    message = f"{context}: {text}"
+    if detail:
+        message += f" ({detail})"
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        raise cls(message)
+    if code in (lib.WAL_EIO, lib.WAL_ENOSPC, lib.WAL_EOS):
+        raise OSError(message)
+    raise errors.WalError(message)
+
+
+def check(code: int, context: str, handle: Any = None) -> int:
+    """Return code if it is not an error, else raise; `handle` (a wal_log*) adds its detail."""
+    if code >= 0:
+        return code
+    detail = ""
+    if handle is not None:
+        detail = ffi.string(lib.wal_log_error_detail(handle)).decode(errors="replace")
+    raise_code(code, context, detail)

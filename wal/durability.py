@@ -1,0 +1,67 @@
+"""Durability levels and their RPO bound (BRIEF §3), parsed in one place for the log and the store.
+
+| level      | acknowledged after                  | process kill loses | power cut loses    |
+|------------|-------------------------------------|--------------------|--------------------|
+| `sync`     | an fdatasync covering the commit    | nothing            | nothing            |
+| `interval` | write() to the OS                   | nothing            | at most rpo_ms     |
+| `buffered` | the copy into the in-process buffer | at most rpo_ms     | at most rpo_ms     |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from wal.errors import ArgumentError, ArgumentTypeError
+
+Level = Literal["sync", "interval", "buffered"]
+LEVELS: tuple[Level, ...] = ("sync", "interval", "buffered")  # strongest first; index = C level code
+DEFAULT_RPO_MS = 1000
+
+
+@dataclass(frozen=True)
+class Durability:
+    level: Level
+    rpo_ms: int  # 0 for sync
+
+    @property
+    def code(self) -> int:
+        return LEVELS.index(self.level)
+
+    def allows(self, requested: str | None) -> int:
+        """C level code for a per-commit request; only the same or a stronger level may be asked for."""
+        if requested is None:
+            return self.code
+        if requested not in LEVELS:
+            raise ArgumentError(f"unknown durability {requested!r}; expected one of {', '.join(LEVELS)}")
+        code = LEVELS.index(requested)
+        if code > self.code:
+            raise ArgumentError(
+                f"a commit may ask for a stronger durability than the store's ({self.level!r}), "
+                f"not a weaker one ({requested!r})"
+            )
+        return code
+
+
+def parse(durability: str | None, rpo_ms: int | None) -> Durability:
+    """`rpo_ms=0` means sync; `rpo_ms=N>0` with no level means interval; a level without rpo_ms gets 1000 ms."""
+    if rpo_ms is not None:
+        if isinstance(rpo_ms, bool) or not isinstance(rpo_ms, int):
+            raise ArgumentTypeError(f"rpo_ms must be an int of milliseconds, not {type(rpo_ms).__name__}")
+        if rpo_ms < 0:
+            raise ArgumentError(f"rpo_ms must be >= 0, got {rpo_ms}")
+    if durability is not None and durability not in LEVELS:
+        raise ArgumentError(f"unknown durability {durability!r}; expected one of {', '.join(LEVELS)}")
+    if durability is None:
+        durability = "interval" if rpo_ms else "sync"
+    if durability == "sync":
+        if rpo_ms:
+            raise ArgumentError(
+                f"durability='sync' loses nothing, so rpo_ms={rpo_ms} contradicts it; "
+                "pass durability='interval' or 'buffered' with rpo_ms, or rpo_ms=0"
+            )
+        return Durability("sync", 0)
+    if rpo_ms == 0:
+        raise ArgumentError(f"durability={durability!r} needs rpo_ms > 0 (rpo_ms=0 means 'sync')")
+    level: Level = "interval" if durability == "interval" else "buffered"
+    return Durability(level, DEFAULT_RPO_MS if rpo_ms is None else rpo_ms)

@@ -1,0 +1,79 @@
+"""The exceptions agentwal raises: one root, `WalError`, and a class per thing a caller can act on.
+
+Messages say what happened, where, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class WalError(Exception):
+    """Root of every error agentwal raises on purpose."""
+
+
+class ArgumentError(WalError, ValueError):
+    """A bad argument value (wrong size, unknown level, ...); nothing was written."""
+
+
+class ArgumentTypeError(WalError, TypeError):
+    """An argument of the wrong type; nothing was written."""
+
+
+class RecordTooLargeError(ArgumentError):
+    """A payload, key or value over its documented limit; nothing was written."""
+
+
+class CorruptionError(WalError):
+    """Damage on disk that is not a torn tail; names the file, offset and LSN.
+
+    Opening with ``recovery="truncate"`` opens at the last good record instead and
+    reports the LSN range it gave up.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        lsn: int | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+        self.lsn = lsn
+        self.reason = reason
+
+
+class FormatVersionError(WalError):
+    """Files written by a newer or unknown format version; upgrade agentwal to read them."""
+
+
+class LockedError(WalError):
+    """Another writer (thread, process or forked child) holds this directory."""
+
+
+class ConflictError(WalError):
+    """An ``if_version`` check failed: the key changed since the caller read it."""
+
+    def __init__(self, message: str, *, key: bytes, expected: int | None, actual: int | None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+
+class FailedError(WalError):
+    """The log stopped after an I/O or fsync failure (fail-stop, invariant I5).
+
+    Nothing more is written until the store is reopened; reopening replays the log
+    and recovers every acknowledged commit.
+    """
+
+
+class ClosedError(WalError):
+    """The log or store is closed."""
+
+
+class ReadOnlyError(WalError):
+    """A write was attempted through a read-only handle."""

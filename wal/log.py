@@ -1,0 +1,673 @@
+"""`wal.Log`: the bare segmented write-ahead log.
+
+A log is a directory of segment files (FORMAT.md). One process writes it at a
+time (the ``LOCK`` file, flock); any number may read it. Appending, group
+commit, the flusher and the durability levels are in C (native/commit.c); this
+module opens the directory (recovery.py), converts arguments and results, and
+gives asyncio a way to wait for durability without a thread per call.
+
+The log knows nothing about what its payloads mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import heapq
+import itertools
+import os
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from wal import durability as dur
+from wal import recovery
+from wal._bindings import check, ffi, lib, raise_code
+from wal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ClosedError,
+    CorruptionError,
+    FailedError,
+    LockedError,
+    ReadOnlyError,
+    RecordTooLargeError,
+)
+
+MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
+LOCK_NAME = "LOCK"
+_READ_BATCH = 1024
+_open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
+
+
+class LogWatermarks(NamedTuple):
+    appended: int  # last LSN handed out
+    written: int  # last LSN written to the OS (survives a process kill)
+    durable: int  # last LSN covered by an fdatasync (survives a power cut)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What opening the log found and did."""
+
+    segments: int
+    records: int  # valid records found in the retained segments
+    last_lsn: int
+    seconds: float
+    torn_tail: tuple[str, int, int] | None  # (segment, offset, bytes cut) when a torn tail was cut
+    broken_files: tuple[str, ...]  # where cut bytes / set-aside segments were kept
+    lost_lsns: tuple[int, int | None] | None  # recovery="truncate": first and last LSN given up (None: unknown)
+
+
+def _after_fork_in_child() -> None:
+    for log in list(_open_logs):
+        log._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _as_payload(payload: Any) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise ArgumentTypeError(f"a log payload must be bytes, bytearray or memoryview, not {type(payload).__name__}")
+
+
+class Log:
+    """An open log. Thread-safe; use `Log.open`, and close it (or use it as a context manager)."""
+
+    def __init__(self, directory: str, handle: Any, durability: dur.Durability, lock_fd: int | None,
+                 report: RecoveryReport, segment_bytes: int) -> None:
+        self._dir = directory
+        self._handle = handle
+        self._durability = durability
+        self._lock_fd = lock_fd
+        self._report = report
+        self._segment_bytes = segment_bytes
+        self._pid = os.getpid()
+        self._forked = False
+        self._closed = handle is None and lock_fd is None
+        self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
+        _open_logs.add(self)
+
+    # ---- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        durability: str | None = None,
+        rpo_ms: int | None = None,
+        segment_bytes: int = 64 << 20,
+        readonly: bool = False,
+        recovery: str = "strict",
+        preallocate: str = "size",
+        max_pending_bytes: int = 4 << 20,
+        _seed: int = 0,
+    ) -> Log:
+        """Open (creating if needed) the log in `directory`.
+
+        durability/rpo_ms: see `wal.durability` (default ``sync``). segment_bytes: roll to a new
+        segment past this size. readonly: no lock, no repair, no appends. recovery: ``"strict"``
+        raises `CorruptionError` on damage that is not a torn tail; ``"truncate"`` opens at the
+        last good record and reports the lost LSN range in `recovery_report`. preallocate:
+        ``"size"`` (extend new segments with ftruncate) or ``"zeros"`` (write zeros: slower to
+        create, cheaper fdatasyncs).
+        """
+        level = dur.parse(durability, rpo_ms)
+        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
+            raise ArgumentError(f"segment_bytes must be an int >= 4096, got {segment_bytes!r}")
+        if recovery not in ("strict", "truncate"):
+            raise ArgumentError(f"recovery must be 'strict' or 'truncate', got {recovery!r}")
+        if preallocate not in ("size", "zeros"):
+            raise ArgumentError(f"preallocate must be 'size' or 'zeros', got {preallocate!r}")
+        if not isinstance(max_pending_bytes, int) or max_pending_bytes < 4096:
+            raise ArgumentError(f"max_pending_bytes must be an int >= 4096, got {max_pending_bytes!r}")
+        path = os.fspath(directory)
+        if readonly:
+            return cls._open_readonly(path, level, segment_bytes)
+        os.makedirs(path, exist_ok=True)
+        lock_fd = _lock(path)
+        try:
+            report, cfg = _recover(path, recovery, segment_bytes)
+            cfg.level = level.code
+            cfg.rpo_ms = level.rpo_ms
+            cfg.max_pending_bytes = max_pending_bytes
+            cfg.prealloc = lib.WAL_PREALLOC_ZEROS if preallocate == "zeros" else lib.WAL_PREALLOC_SIZE
+            cfg.seed = _seed
+            out = ffi.new("wal_log **")
+            rc = lib.wal_log_open(path.encode(), cfg, out)
+            if rc != 0:
+                raise_code(rc, f"opening the log writer in {path}", os.strerror(ffi.errno) if ffi.errno else "")
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(path, out[0], level, lock_fd, report, segment_bytes)
+
+    @classmethod
+    def _open_readonly(cls, path: str, level: dur.Durability, segment_bytes: int) -> Log:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no log at {path}")
+        scan = recovery.scan_directory(path)
+        if scan.damage is not None and (scan.damage.index < len(scan.segments) - 1
+                                        or scan.segments[scan.damage.index].next_valid_offset):
+            raise recovery.corruption_error(scan.damage, scan.segments)
+        last = scan.segments[-1].last_lsn if scan.segments else 0
+        report = RecoveryReport(len(scan.segments), sum(s.records for s in scan.segments), last,
+                                scan.seconds, None, (), None)
+        return cls(path, None, level, None, report, segment_bytes)
+
+    # ---- properties ------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    @property
+    def durability(self) -> str:
+        return self._durability.level
+
+    @property
+    def rpo_ms(self) -> int:
+        return self._durability.rpo_ms
+
+    @property
+    def readonly(self) -> bool:
+        return self._handle is None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def recovery_report(self) -> RecoveryReport:
+        return self._report
+
+    @property
+    def watermarks(self) -> LogWatermarks:
+        if self._handle is None:
+            last = self._report.last_lsn
+            return LogWatermarks(last, last, last)
+        h = self._live()
+        out = ffi.new("uint64_t[3]")
+        lib.wal_log_watermarks(h, out)
+        return LogWatermarks(int(out[0]), int(out[1]), int(out[2]))
+
+    @property
+    def first_lsn(self) -> int:
+        """Oldest LSN still in the log (older segments were removed by checkpoints)."""
+        for _, path in recovery.list_segments(self._dir):
+            return _segment_first_lsn(path)
+        return 1
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def _live(self) -> Any:
+        if self._forked or self._pid != os.getpid():
+            raise LockedError(
+                f"this Log of {self._dir} was opened by process {self._pid}; a forked child cannot use it. "
+                "Open the log again in the child (it gets LockedError while the parent holds the lock)."
+            )
+        if self._closed:
+            raise ClosedError(f"the log in {self._dir} is closed")
+        if self._handle is None:
+            raise ReadOnlyError(f"the log in {self._dir} was opened read-only")
+        return self._handle
+
+    def append(self, payload: bytes, *, durability: str | None = None) -> int:
+        """Append one record; returns its LSN once `durability` (default: the log's) holds for it."""
+        h = self._live()
+        data = _as_payload(payload)
+        if len(data) > MAX_PAYLOAD:
+            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), 1)
+        if lsn < 0:
+            check(lsn, f"append to the log in {self._dir}", h)
+        return lsn
+
+    def append_many(self, payloads: Iterable[bytes], *, durability: str | None = None) -> int:
+        """Append records as consecutive LSNs in one call; returns the last LSN (0 if none given).
+
+        Atomicity: each record is framed on its own; a crash may keep a prefix of the batch.
+        """
+        h = self._live()
+        data, lens = _pack(payloads)
+        if not lens:
+            return self.watermarks.appended
+        lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), self._durability.allows(durability), 1)
+        if lsn < 0:
+            check(lsn, f"append to the log in {self._dir}", h)
+        return lsn
+
+    async def append_async(self, payload: bytes, *, durability: str | None = None) -> int:
+        """Like `append`, but awaits durability on the event loop: no thread per call, never blocks."""
+        h = self._live()
+        data = _as_payload(payload)
+        if len(data) > MAX_PAYLOAD:
+            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+        level = self._durability.allows(durability)
+        waiters = self._waiters()
+        while True:
+            lsn: int = lib.wal_log_append(h, data, len(data), level, 0)
+            if lsn != lib.WAL_EAGAIN:
+                break
+            await waiters.progress()  # back-pressure: the RPO window or the buffer is full
+        if lsn < 0:
+            check(lsn, f"append to the log in {self._dir}", h)
+        await waiters.until(lsn, level)
+        return lsn
+
+    async def append_many_async(self, payloads: Iterable[bytes], *, durability: str | None = None) -> int:
+        h = self._live()
+        data, lens = _pack(payloads)
+        if not lens:
+            return self.watermarks.appended
+        level = self._durability.allows(durability)
+        waiters = self._waiters()
+        while True:
+            lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), level, 0)
+            if lsn != lib.WAL_EAGAIN:
+                break
+            await waiters.progress()
+        if lsn < 0:
+            check(lsn, f"append to the log in {self._dir}", h)
+        await waiters.until(lsn, level)
+        return lsn
+
+    def _waiters(self) -> _AsyncWaiters:
+        loop = asyncio.get_running_loop()
+        w = self._async.get(loop)
+        if w is None:
+            w = self._async[loop] = _AsyncWaiters(self, loop)
+        return w
+
+    def sync(self) -> None:
+        """Make every record appended so far durable (fdatasync), at any level."""
+        h = self._live()
+        check(lib.wal_log_sync(h), f"sync of the log in {self._dir}", h)
+
+    def remove_segments_before(self, lsn: int, archive_dir: str | None = None) -> list[str]:
+        """Delete (or move to archive_dir) every segment whose records all have LSN < lsn.
+
+        The segment being written is never removed. Returns the paths removed.
+        """
+        self._live()
+        segments = recovery.list_segments(self._dir)
+        removed = []
+        for (_, path), (_, nxt) in itertools.pairwise(segments):
+            if _segment_first_lsn(nxt) > lsn:
+                break
+            if archive_dir is not None:
+                os.makedirs(archive_dir, exist_ok=True)
+                os.replace(path, os.path.join(archive_dir, os.path.basename(path)))
+            else:
+                os.unlink(path)
+            removed.append(path)
+        if removed:
+            recovery._fsync_dir(self._dir)
+            if archive_dir is not None:
+                recovery._fsync_dir(archive_dir)
+        return removed
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def read(self, from_lsn: int = 1) -> Iterator[tuple[int, bytes]]:
+        """Yield (lsn, payload) in LSN order from `from_lsn`.
+
+        On a writable log: records written to the OS when the call was made (a ``buffered``
+        record still in the process buffer is not yet in the files; `sync` first to see it).
+        On a read-only log: everything valid in the files, a torn tail in progress excluded.
+        """
+        if not isinstance(from_lsn, int) or from_lsn < 1:
+            raise ArgumentError(f"from_lsn must be an int >= 1, got {from_lsn!r}")
+        upto = self.watermarks.written if self._handle is not None else None
+        if self._closed:
+            raise ClosedError(f"the log in {self._dir} is closed")
+        return _read_records(self._dir, from_lsn, upto)
+
+    # ---- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges: commits, fsyncs, group sizes, fsync latency, durable lag, recovery."""
+        rec = self._report
+        base: dict[str, Any] = {
+            "durability": self._durability.level,
+            "rpo_ms": self._durability.rpo_ms,
+            "recovery_seconds": rec.seconds,
+            "recovery_segments": rec.segments,
+            "recovery_records": rec.records,
+            "torn_tail": rec.torn_tail,
+            "lost_lsns": rec.lost_lsns,
+        }
+        if self._handle is None or self._forked:
+            return base
+        h = self._handle
+        s = ffi.new("wal_log_stats *")
+        lib.wal_log_get_stats(h, s)
+        lat = ffi.new("uint64_t[1024]")
+        n = lib.wal_log_fsync_latencies(h, lat, 1024)
+        samples = sorted(lat[i] for i in range(n))
+
+        def pct(p: float) -> float:
+            return samples[min(len(samples) - 1, int(p * len(samples)))] / 1e6 if samples else 0.0
+
+        base.update({
+            "commits": s.commits,
+            "appends": s.appends,
+            "writes": s.writes,
+            "fsyncs": s.fsyncs,
+            "bytes_written": s.bytes_written,
+            "group_size_mean": (s.synced_records / s.fsyncs) if s.fsyncs else 0.0,
+            "group_size_max": s.group_max,
+            "fsync_ms_p50": pct(0.50),
+            "fsync_ms_p99": pct(0.99),
+            "fsync_ms_max": s.fsync_ns_max / 1e6,
+            "fsync_ms_mean": (s.fsync_ns_total / s.fsyncs / 1e6) if s.fsyncs else 0.0,
+            "durable_lag_ms": s.lag_ns / 1e6,
+            "backpressure_waits": s.backpressure_waits,
+            "backpressure_ms": s.backpressure_ns / 1e6,
+            "rpo_overruns": s.rpo_overruns,
+            "segments_created": s.segments_created,
+            "segment_no": s.segment_no,
+            "segment_offset": s.segment_offset,
+            "pending_bytes": s.pending_bytes,
+            "appended_lsn": s.appended_lsn,
+            "written_lsn": s.written_lsn,
+            "durable_lsn": s.durable_lsn,
+            "failed": ffi.string(lib.wal_log_error_detail(h)).decode() if s.failed else None,
+        })
+        return base
+
+    # ---- closing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write and fdatasync everything acknowledged, stop the flusher, release the lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for waiters in self._async.values():
+            waiters.detach()
+        self._async.clear()
+        if self._forked or self._pid != os.getpid():
+            # The parent still owns the lock and the C state: only drop our copy of the fd.
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            return
+        rc = 0
+        if self._handle is not None:
+            rc = lib.wal_log_close(self._handle)
+            detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+            lib.wal_log_free(self._handle)
+            self._handle = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+        if rc != 0:
+            raise FailedError(f"closing the log in {self._dir}: it had stopped after a failure ({detail}); "
+                              "reopen it to recover every acknowledged commit")
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and not self._forked and self._pid == os.getpid():
+            try:
+                self.close()
+            except Exception:  # noqa: S110 - interpreter teardown; nothing to report to
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self._handle is None else "open")
+        return f"<wal.Log {self._dir!r} {self._durability.level} {state}>"
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _pack(payloads: Iterable[bytes]) -> tuple[bytes, Any]:
+    items = [_as_payload(p) for p in payloads]
+    for p in items:
+        if len(p) > MAX_PAYLOAD:
+            raise RecordTooLargeError(f"payload of {len(p)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+    lens = ffi.new("uint32_t[]", [len(p) for p in items]) if items else []
+    return b"".join(items), lens
+
+
+def _lock(path: str) -> int:
+    """I6: one writer per directory. flock conflicts between any two open file descriptions,
+    so a second opener in this process, another process or a forked child is refused."""
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise LockedError(
+            f"{path} is in use by another writer (pid {holder}); only one writer may open it at a time. "
+            "Close the other writer, or open with readonly=True to read."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _segment_first_lsn(path: str) -> int:
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return int.from_bytes(head[32:40], "little")
+
+
+def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, Any]:
+    """Scan, repair what a torn tail or `recovery="truncate"` allows, and say where to resume."""
+    recovery.remove_temp_files(path)
+    scan = recovery.scan_directory(path)
+    segments = scan.segments
+    broken: list[str] = []
+    torn: tuple[str, int, int] | None = None
+    lost: tuple[int, int | None] | None = None
+    damage = scan.damage
+    if damage is not None:
+        if mode != "truncate":
+            raise recovery.corruption_error(damage, segments)
+        bad = segments[damage.index]
+        last_known = max([s.last_lsn for s in segments[damage.index:] if s.header_ok]
+                         + [bad.next_valid_lsn], default=0)
+        # Set aside every later segment, then cut the damaged one at its last good record.
+        for later in recovery.list_segments(path):
+            if later[0] > bad.segment_no:
+                broken.append(recovery.set_aside(later[1]))
+        if damage.offset == 0:
+            broken.append(recovery.set_aside(bad.path))
+            segments = segments[: damage.index]
+        else:
+            cut = recovery.cut_tail(bad.path, damage.offset, bad.size)
+            if cut:
+                broken.append(cut)
+            bad.status, bad.end_offset = "open", damage.offset
+            segments = segments[: damage.index + 1]
+        first_lost = damage.lsn
+        lost = (first_lost, last_known if last_known >= first_lost else None)
+    elif segments and segments[-1].status == "torn":
+        last = segments[-1]
+        cut = recovery.cut_tail(last.path, last.bad_offset, last.damage_end)
+        if cut:
+            broken.append(cut)
+        torn = (last.path, last.bad_offset, last.damage_end - last.bad_offset)
+        last.status, last.end_offset = "open", last.bad_offset
+
+    cfg = ffi.new("wal_log_config *")
+    cfg.segment_bytes = segment_bytes
+    if segments:
+        last = segments[-1]
+        cfg.log_id = last.log_id
+        cfg.next_lsn = last.last_lsn + 1
+        if last.status == "sealed":
+            cfg.need_new_segment = 1
+            cfg.segment_no = last.segment_no + 1
+        else:
+            # Records found on open may only be in the page cache (written, never synced):
+            # make them durable before anything is built on them (I1).
+            fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            cfg.segment_no = last.segment_no
+            cfg.segment_salt = last.salt
+            cfg.segment_size = last.size
+            cfg.tail_offset = last.end_offset
+    else:
+        cfg.need_new_segment = 1
+        cfg.segment_no = 1
+        cfg.next_lsn = 1
+    report = RecoveryReport(
+        segments=len(segments), records=sum(s.records for s in segments),
+        last_lsn=int(cfg.next_lsn) - 1, seconds=scan.seconds, torn_tail=torn,
+        broken_files=tuple(broken), lost_lsns=lost,
+    )
+    return report, cfg
+
+
+def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[tuple[int, bytes]]:
+    segments = recovery.list_segments(directory)
+    firsts = [_segment_first_lsn(p) for _, p in segments]
+    if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
+        raise ArgumentError(
+            f"LSN {from_lsn} is no longer in the log of {directory}: its oldest record is LSN {firsts[0]} "
+            "(older segments were removed by a checkpoint)"
+        )
+    lsns = ffi.new("uint64_t[]", _READ_BATCH)
+    offs = ffi.new("uint64_t[]", _READ_BATCH)
+    lens = ffi.new("uint32_t[]", _READ_BATCH)
+    cursor = ffi.new("uint64_t *")
+    for i, (number, path) in enumerate(segments):
+        if i + 1 < len(firsts) and firsts[i + 1] <= from_lsn:
+            continue  # wholly before from_lsn
+        if upto is not None and firsts[i] > upto:
+            return
+        with recovery.mapped(path) as buf:
+            res = recovery.scan_buffer(buf)
+            if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
+                scan = recovery.scan_segment_file(path, number)
+                raise CorruptionError(
+                    f"log damaged while reading: {recovery._describe(scan)}",
+                    path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
+                )
+            data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
+            cursor[0] = 0
+            while True:
+                n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH, lsns, offs, lens)
+                if n == 0:
+                    break
+                for k in range(n):
+                    lsn = int(lsns[k])
+                    if upto is not None and lsn > upto:
+                        return
+                    off = int(offs[k])
+                    yield lsn, bytes(buf[off : off + lens[k]])
+            del data
+
+
+class _AsyncWaiters:
+    """Futures of one event loop waiting for watermarks, woken through the log's eventfd."""
+
+    def __init__(self, log: Log, loop: asyncio.AbstractEventLoop) -> None:
+        self._log = log
+        self._loop = loop
+        self._handle = log._handle
+        self._fd = int(lib.wal_log_notify_fd(self._handle))
+        self._heap: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        self._progress: list[asyncio.Future[None]] = []
+        self._seq = itertools.count()
+        self._marks = ffi.new("uint64_t[3]")
+        self._attached = False
+
+    def _attach(self) -> None:
+        if not self._attached:
+            self._loop.add_reader(self._fd, self._on_ready)
+            self._attached = True
+
+    def detach(self) -> None:
+        if self._attached:
+            self._loop.remove_reader(self._fd)
+            self._attached = False
+        err = ClosedError(f"the log in {self._log.directory} was closed while a commit awaited durability")
+        for *_, fut in self._heap:
+            if not fut.done():
+                fut.set_exception(err)
+        self._heap.clear()
+        self._wake_progress()
+
+    def _wake_progress(self) -> None:
+        for fut in self._progress:
+            if not fut.done():
+                fut.set_result(None)
+        self._progress.clear()
+
+    def progress(self) -> asyncio.Future[None]:
+        self._attach()
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._progress.append(fut)
+        return fut
+
+    async def until(self, lsn: int, level: int) -> None:
+        if level == lib.WAL_LEVEL_BUFFERED:
+            return
+        if self._satisfied(lsn, level) is not None:
+            return
+        fut: asyncio.Future[None] = self._loop.create_future()
+        heapq.heappush(self._heap, (lsn, level, next(self._seq), fut))
+        self._attach()
+        await fut
+
+    def _satisfied(self, lsn: int, level: int) -> bool | None:
+        failed = lib.wal_log_watermarks(self._handle, self._marks)
+        mark = self._marks[2] if level == lib.WAL_LEVEL_SYNC else self._marks[1]
+        if mark >= lsn:
+            return True
+        if failed:
+            raise_code(failed, f"append to the log in {self._log.directory}",
+                       ffi.string(lib.wal_log_error_detail(self._handle)).decode())
+        return None
+
+    def _on_ready(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            pass
+        self._wake_progress()
+        failed = lib.wal_log_watermarks(self._handle, self._marks)
+        written, durable = int(self._marks[1]), int(self._marks[2])
+        pending: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        while self._heap:
+            lsn, level, seq, fut = heapq.heappop(self._heap)
+            mark = durable if level == lib.WAL_LEVEL_SYNC else written
+            if fut.done():
+                continue
+            if mark >= lsn:
+                fut.set_result(None)
+            elif failed:
+                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+                fut.set_exception(FailedError(f"append to the log in {self._log.directory} failed: {detail}")
+                                  if failed == lib.WAL_EFAILED else ClosedError("the log was closed"))
+            else:
+                pending.append((lsn, level, seq, fut))
+                if level == lib.WAL_LEVEL_SYNC and lsn > durable:
+                    # the heap is ordered by LSN; later ones are not ready either
+                    break
+        for item in pending:
+            heapq.heappush(self._heap, item)
+
+
+_ = time  # monotonic clock used by callers through stats

@@ -1,0 +1,251 @@
+"""Opening a log directory: scan every segment, classify its end, cut a torn tail, refuse damage.
+
+The per-segment rules (H*, R*) live in the C reader; the rules across segments
+(S1-S5 in FORMAT.md) live here. `scan_directory` only reads; `repair` applies
+what a writable open must do before the writer resumes:
+
+* a torn tail of the last segment is cut: its bytes are saved beside the segment
+  as ``<segment>.<offset>.broken`` (fsynced) and then zeroed in place (fdatasync);
+* with ``recovery="truncate"``, damage anywhere is cut the same way at the last
+  good record, later segments are renamed to ``*.broken``, and the lost LSN range
+  is reported;
+* otherwise damage raises `CorruptionError` naming the file, offset and LSN.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from wal._bindings import ffi, lib
+from wal.errors import CorruptionError, FormatVersionError
+
+SEGMENT_SUFFIX = ".wal"
+STATUS_NAMES = {lib.WAL_SCAN_OPEN: "open", lib.WAL_SCAN_SEALED: "sealed", lib.WAL_SCAN_TORN: "torn",
+                lib.WAL_SCAN_CORRUPT: "corrupt"}
+
+
+def segment_name(segment_no: int) -> str:
+    return f"{segment_no:016x}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    stem, dot, suffix = name.partition(".")
+    if dot and suffix == SEGMENT_SUFFIX[1:] and len(stem) == 16:
+        try:
+            return int(stem, 16)
+        except ValueError:
+            return None
+    return None
+
+
+@contextmanager
+def mapped(path: str) -> Iterator[Any]:
+    """Map a file read-only; yields a buffer (bytes for an empty file, which mmap refuses)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            yield b""
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            yield mm
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class SegmentScan:
+    path: str
+    segment_no: int  # from the file name
+    size: int
+    status: str  # open | sealed | torn | corrupt
+    reason: str
+    end_offset: int
+    bad_offset: int
+    damage_end: int
+    records: int
+    first_lsn: int
+    last_lsn: int
+    log_id: int
+    salt: int
+    header_ok: bool
+    header_segment_no: int = 0
+    next_valid_offset: int = 0
+    next_valid_lsn: int = 0
+
+
+def scan_buffer(buf: Any) -> Any:
+    """Run the C scan over a buffer; returns the filled wal_scan_result."""
+    res = ffi.new("wal_scan_result *")
+    data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
+    lib.wal_scan_segment(data, len(buf), res)
+    return res
+
+
+def scan_segment_file(path: str, segment_no: int) -> SegmentScan:
+    with mapped(path) as buf:
+        res = scan_buffer(buf)
+        size = len(buf)
+    h = res.header
+    return SegmentScan(
+        path=path, segment_no=segment_no, size=size, status=STATUS_NAMES[res.status],
+        reason=ffi.string(res.reason).decode(), end_offset=res.end_offset, bad_offset=res.bad_offset,
+        damage_end=res.damage_end, records=res.records, first_lsn=h.first_lsn, last_lsn=res.last_lsn,
+        log_id=h.log_id, salt=h.salt, header_ok=bool(res.header_ok), header_segment_no=h.segment_no,
+        next_valid_offset=res.next_valid_offset, next_valid_lsn=res.next_valid_lsn,
+    )
+
+
+def list_segments(directory: str) -> list[tuple[int, str]]:
+    found = []
+    for name in os.listdir(directory):
+        number = parse_segment_name(name)
+        if number is not None:
+            found.append((number, os.path.join(directory, name)))
+    found.sort()
+    return found
+
+
+@dataclass
+class Damage:
+    """Where the valid log ends, and why."""
+
+    index: int  # position in the scans list of the segment with the problem
+    offset: int  # keep bytes [0, offset) of that segment; the whole segment goes when offset == 0
+    reason: str
+    lsn: int  # first LSN lost
+    message: str
+
+
+@dataclass
+class DirectoryScan:
+    directory: str
+    segments: list[SegmentScan] = field(default_factory=list)
+    damage: Damage | None = None  # damage that is not a torn tail
+    seconds: float = 0.0
+
+    @property
+    def last(self) -> SegmentScan | None:
+        return self.segments[-1] if self.segments else None
+
+
+def _describe(scan: SegmentScan) -> str:
+    where = f"{scan.path} at offset {scan.bad_offset}"
+    text = f"{scan.reason} in {where} (after LSN {scan.last_lsn})"
+    if scan.next_valid_offset:
+        text += (f"; a valid record (LSN {scan.next_valid_lsn}) follows at offset {scan.next_valid_offset}, "
+                 "so this is damage, not a torn tail")
+    return text
+
+
+def scan_directory(directory: str) -> DirectoryScan:
+    """Scan every segment and apply the cross-segment rules S1-S5. Reads only."""
+    started = time.monotonic()
+    result = DirectoryScan(directory)
+    listed = list_segments(directory)
+    for i, (number, path) in enumerate(listed):
+        scan = scan_segment_file(path, number)
+        result.segments.append(scan)
+        prev = result.segments[i - 1] if i else None
+        is_last = i == len(listed) - 1
+        problem = None
+        if not scan.header_ok:
+            if scan.reason == "unsupported version":
+                raise FormatVersionError(
+                    f"{path} was written by an unsupported log format version; this agentwal reads "
+                    f"version {lib.WAL_FORMAT_VERSION_CURRENT}. Open it with the agentwal that wrote it."
+                )
+            problem = Damage(i, 0, scan.reason, prev.last_lsn + 1 if prev else 0,
+                             f"{scan.reason} in segment header of {path}")
+        elif scan.segment_no != scan.header_segment_no:
+            problem = Damage(i, 0, "segment name mismatch", scan.first_lsn, f"segment name mismatch: {path}")
+        elif prev is not None and number != prev.segment_no + 1:
+            problem = Damage(i, 0, "segment number gap", prev.last_lsn + 1,
+                             f"segment number gap: {prev.path} is followed by {path}")
+        elif prev is not None and scan.log_id != prev.log_id:
+            problem = Damage(i, 0, "log id mismatch", prev.last_lsn + 1,
+                             f"log id mismatch: {path} belongs to another log than {prev.path}")
+        elif prev is not None and scan.first_lsn != prev.last_lsn + 1:
+            problem = Damage(i, 0, "first lsn mismatch", prev.last_lsn + 1,
+                             f"first lsn mismatch: {path} starts at LSN {scan.first_lsn}, "
+                             f"{prev.path} ended at LSN {prev.last_lsn}")
+        elif scan.status == "corrupt":
+            problem = Damage(i, scan.end_offset, scan.reason, scan.last_lsn + 1, _describe(scan))
+        elif not is_last and scan.status != "sealed":
+            reason = "missing seal"
+            text = f"missing seal: {path} is not the last segment but ends without a seal at offset {scan.end_offset}"
+            if scan.status == "torn":
+                text += f" ({_describe(scan)})"
+            problem = Damage(i, scan.end_offset, reason, scan.last_lsn + 1, text)
+        if problem is not None:
+            result.damage = problem
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def corruption_error(damage: Damage, scans: list[SegmentScan]) -> CorruptionError:
+    scan = scans[damage.index]
+    return CorruptionError(
+        f"log damaged: {damage.message}. Nothing was changed. To open at the last good record "
+        f"(LSN {damage.lsn - 1}) and set the rest aside, pass recovery='truncate' "
+        "(or run `agentwal repair`).",
+        path=scan.path, offset=scan.bad_offset if damage.offset else 0, lsn=damage.lsn, reason=damage.reason,
+    )
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def cut_tail(path: str, offset: int, end: int) -> str | None:
+    """Save bytes [offset, end) of a segment beside it as .broken, then zero them in place.
+
+    Order matters for I4 (a crash here, then another open, gives the same log): the
+    copy is durable before the original bytes are overwritten, and zeroing the same
+    range twice is harmless.
+    """
+    if end <= offset:
+        return None
+    broken = f"{path}.{offset:016x}.broken"
+    with open(path, "r+b") as seg:
+        seg.seek(offset)
+        data = seg.read(end - offset)
+        if any(data):
+            fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_dir(os.path.dirname(path) or ".")
+        seg.seek(offset)
+        seg.write(bytes(len(data)))
+        seg.flush()
+        os.fdatasync(seg.fileno())
+    return broken
+
+
+def set_aside(path: str) -> str:
+    """Rename a whole segment out of the log (kept as .broken)."""
+    broken = f"{path}.broken"
+    os.replace(path, broken)
+    _fsync_dir(os.path.dirname(path) or ".")
+    return broken
+
+
+def remove_temp_files(directory: str) -> None:
+    """Segments still named *.tmp never became part of the log (segment.c renames after fsync)."""
+    for name in os.listdir(directory):
+        if name.endswith(SEGMENT_SUFFIX + ".tmp"):
+            os.unlink(os.path.join(directory, name))
