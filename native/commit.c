@@ -118,11 +118,12 @@ static void notify(wal_log *log) {
 }
 
 /* I5: record the failure once; never let anyone retry and trust. mu held. */
-static void fail(wal_log *log, int neg_errno, const char *what) {
+static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment_no) {
     if (!log->failed) {
         log->failed = code_of_errno(neg_errno);
         log->failed_errno = -neg_errno;
-        snprintf(log->detail, sizeof log->detail, "%s in %s failed: %s", what, log->w.dir, strerror(-neg_errno));
+        snprintf(log->detail, sizeof log->detail, "%s of %s/%016llx.wal failed: %s", what, log->w.dir,
+                 (unsigned long long)segment_no, strerror(-neg_errno));
     }
     pthread_cond_broadcast(&log->progress);
     pthread_cond_broadcast(&log->wake);
@@ -167,7 +168,7 @@ static void do_write(wal_log *log) {
 
     pthread_mutex_lock(&log->mu);
     if (rc) {
-        fail(log, rc, "write");
+        fail(log, rc, "write", log->w.fd_segno);
     } else {
         if (b.last_lsn) log->written = b.last_lsn;
         if (synced > log->durable) log->durable = synced;
@@ -187,6 +188,7 @@ static void do_sync(wal_log *log) {
     uint64_t before = log->durable;
     uint64_t oldest = log->level != WAL_LEVEL_SYNC ? oldest_unsynced_ns(log) : 0;
     int fd = log->w.fd;
+    uint64_t segno = log->w.fd_segno;
     log->sync_busy = 1;
     pthread_mutex_unlock(&log->mu);
 
@@ -197,7 +199,7 @@ static void do_sync(wal_log *log) {
     pthread_mutex_lock(&log->mu);
     log->sync_busy = 0;
     if (rc) {
-        fail(log, rc, "fdatasync");
+        fail(log, rc, "fdatasync", segno);
         return;
     }
     if (target > log->durable) {
@@ -264,27 +266,40 @@ static int admit(wal_log *log, size_t bytes, int wait) {
     return 0;
 }
 
+/* Wait, helping with the I/O, until `level` holds for `lsn`. mu held. */
+static int wait_level(wal_log *log, uint64_t lsn, int level) {
+    if (level == WAL_LEVEL_BUFFERED) return 0;
+    uint64_t d = level == WAL_LEVEL_SYNC ? lsn : 0;
+    while (log->written < lsn || log->durable < d) {
+        if (log->failed) return WAL_EFAILED;
+        progress_step(log, lsn, d);
+    }
+    return 0;
+}
+
 static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, int wait) {
     uint64_t t = now_ns();
     mark_enqueue(log, first, t);
     log->n_appends++;
     log->n_commits += last - first + 1;
-    if (!wait) {
+    if (wait == WAL_WAIT_NONE) {
         if (level == WAL_LEVEL_SYNC && last > log->want_durable) log->want_durable = last;
         if (level <= WAL_LEVEL_INTERVAL && last > log->want_written) log->want_written = last;
         pthread_cond_signal(&log->wake);
         return (int64_t)last;
     }
-    if (level == WAL_LEVEL_BUFFERED) {
-        if (log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
-        return (int64_t)last;
-    }
-    uint64_t d = level == WAL_LEVEL_SYNC ? last : 0;
-    while (log->written < last || log->durable < d) {
-        if (log->failed && log->durable < last) return WAL_EFAILED;
-        progress_step(log, last, d);
-    }
-    return (int64_t)last;
+    if (level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
+    if (wait == WAL_WAIT_LATER) return (int64_t)last;
+    int rc = wait_level(log, last, level);
+    return rc ? rc : (int64_t)last;
+}
+
+int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
+    if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
+    pthread_mutex_lock(&log->mu);
+    int rc = lsn > log->appended ? WAL_EINVAL : wait_level(log, lsn, level);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
 }
 
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
@@ -296,7 +311,7 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
         total += wal_record_size(lens[i]);
     }
     pthread_mutex_lock(&log->mu);
-    int rc = admit(log, total, wait);
+    int rc = admit(log, total, wait != WAL_WAIT_NONE);
     if (rc) {
         pthread_mutex_unlock(&log->mu);
         return rc;
@@ -308,7 +323,7 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
         if (prc) {
             /* Only ENOMEM gets here; records already placed cannot be taken
              * back from the batch, so the log must stop. */
-            fail(log, prc, "buffer");
+            fail(log, prc, "buffering a record for", log->w.p_segno);
             pthread_mutex_unlock(&log->mu);
             return WAL_EFAILED;
         }

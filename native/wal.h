@@ -28,6 +28,10 @@
 #define WAL_LEVEL_INTERVAL 1  /* acknowledged after write() to the OS */
 #define WAL_LEVEL_BUFFERED 2  /* acknowledged after the copy into the log's buffer */
 
+#define WAL_WAIT_NONE 0   /* append: enqueue, ask the flusher to reach the level, WAL_EAGAIN on back-pressure */
+#define WAL_WAIT_LEVEL 1  /* append: return once the level holds (group commit) */
+#define WAL_WAIT_LATER 2  /* append: enqueue only; the caller calls wal_log_wait */
+
 #define WAL_PREALLOC_SIZE 0   /* new segments: extend with ftruncate */
 #define WAL_PREALLOC_ZEROS 1  /* new segments: write zeros (fdatasync then flushes no metadata) */
 
@@ -126,14 +130,15 @@ typedef struct {
 } wal_log_stats;
 
 int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out);
-/* Append one payload; returns its LSN (> 0) or a WAL_E* code. With wait = 1 it
- * returns once `level` holds for it; with wait = 0 it only enqueues, asks the
- * flusher to reach `level`, and returns WAL_EAGAIN instead of blocking. */
+/* Append one payload; returns its LSN (> 0) or a WAL_E* code. `level` may be
+ * the log's level or a stronger one; `wait` is a WAL_WAIT_* mode. */
 int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, int wait);
 /* Append n payloads packed back to back (lens[i] each) as n consecutive LSNs;
  * returns the last LSN. */
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
                             int wait);
+/* Block (helping with the I/O) until `level` holds for `lsn`. */
+int wal_log_wait(wal_log *log, uint64_t lsn, int level);
 int wal_log_sync(wal_log *log);   /* everything appended so far is durable on return */
 int wal_log_close(wal_log *log);  /* flush, sync, stop the flusher; idempotent */
 void wal_log_free(wal_log *log);  /* after close, when no thread can call in */

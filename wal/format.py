@@ -27,7 +27,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-import crcmod.predefined  # type: ignore[import-untyped]
+import crcmod.predefined
 
 __all__ = [
     "ALIGN",
@@ -553,7 +553,5 @@ def scan_segment(data: bytes) -> ScanResult:
             return corrupt("bad seal lsn")
         end_offset = off + SEAL_SIZE
         if not _all_zero(data[end_offset:]):
-            return finish(
-                STATUS_CORRUPT, "data after seal", end_offset=end_offset, bad_offset=end_offset
-            )
+            return finish(STATUS_CORRUPT, "data after seal", end_offset=end_offset, bad_offset=end_offset)
         return finish(STATUS_SEALED, end_offset=end_offset)

@@ -488,8 +488,20 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
             if later[0] > bad.segment_no:
                 broken.append(recovery.set_aside(later[1]))
         if damage.offset == 0:
+            if damage.index == 0:
+                raise recovery.corruption_error(damage, segments).with_note(
+                    "recovery='truncate' cannot help: the oldest segment itself is unreadable, so there is "
+                    "no good record to open at. Move the directory aside and restore from a backup."
+                )
             broken.append(recovery.set_aside(bad.path))
             segments = segments[: damage.index]
+        elif damage.reason == "data after seal":
+            # The segment is whole up to its seal; cut the junk after it and keep it sealed.
+            cut = recovery.cut_tail(bad.path, bad.end_offset, bad.size)
+            if cut:
+                broken.append(cut)
+            bad.status = "sealed"
+            segments = segments[: damage.index + 1]
         else:
             cut = recovery.cut_tail(bad.path, damage.offset, bad.size)
             if cut:
