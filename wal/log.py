@@ -489,10 +489,12 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
                 broken.append(recovery.set_aside(later[1]))
         if damage.offset == 0:
             if damage.index == 0:
-                raise recovery.corruption_error(damage, segments).with_note(
+                err = recovery.corruption_error(damage, segments)
+                err.add_note(
                     "recovery='truncate' cannot help: the oldest segment itself is unreadable, so there is "
                     "no good record to open at. Move the directory aside and restore from a backup."
                 )
+                raise err
             broken.append(recovery.set_aside(bad.path))
             segments = segments[: damage.index]
         elif damage.reason == "data after seal":
