@@ -289,7 +289,7 @@ static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, in
         return (int64_t)last;
     }
     if (level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
-    if (wait == WAL_WAIT_LATER) return (int64_t)last;
+    if (wait == WAL_WAIT_LATER || wait == WAL_WAIT_TRY) return (int64_t)last;
     int rc = wait_level(log, last, level);
     return rc ? rc : (int64_t)last;
 }
@@ -304,14 +304,14 @@ int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
 
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
                             int wait) {
-    if (!level_ok(log, level) || n == 0) return WAL_EINVAL;
+    if (!level_ok(log, level) || n == 0 || wait < WAL_WAIT_NONE || wait > WAL_WAIT_TRY) return WAL_EINVAL;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (lens[i] > WAL_MAX_PAYLOAD) return WAL_ETOOBIG;
         total += wal_record_size(lens[i]);
     }
     pthread_mutex_lock(&log->mu);
-    int rc = admit(log, total, wait != WAL_WAIT_NONE);
+    int rc = admit(log, total, wait == WAL_WAIT_LEVEL || wait == WAL_WAIT_LATER);
     if (rc) {
         pthread_mutex_unlock(&log->mu);
         return rc;

@@ -1,7 +1,8 @@
 """agentwal: an embedded write-ahead-log storage engine for AI-agent runtimes.
 
-`wal.Log` is the bare segmented log (C core, CRC-32C framing, group commit,
-durability as an RPO target). See README.md for the tour and FORMAT.md for
+`wal.open(path)` opens a `wal.Store`: a key-value store whose commits go through a
+write-ahead log (C core, CRC-32C framing, group commit, durability as an RPO target)
+into an LMDB materialized state. `wal.Log` is the bare segmented log. See README.md for the tour and FORMAT.md for
 every byte on disk.
 """
 
@@ -19,6 +20,8 @@ from wal.errors import (
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
+from wal.store import Store, Transaction, Watermarks
+from wal.store import open_store as open
 
 __version__ = "0.1.0"
 
@@ -36,5 +39,9 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "Store",
+    "Transaction",
     "WalError",
+    "Watermarks",
+    "open",
 ]

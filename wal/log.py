@@ -16,7 +16,6 @@ import fcntl
 import heapq
 import itertools
 import os
-import time
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -91,7 +90,7 @@ class Log:
         self._segment_bytes = segment_bytes
         self._pid = os.getpid()
         self._forked = False
-        self._closed = handle is None and lock_fd is None
+        self._closed = False  # a read-only Log has neither handle nor lock, and is open too
         self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
         _open_logs.add(self)
 
@@ -155,7 +154,8 @@ class Log:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no log at {path}")
         scan = recovery.scan_directory(path)
-        if scan.damage is not None and (scan.damage.index < len(scan.segments) - 1
+        # scan_directory stops at the damage: compare with the segments on disk, not those scanned.
+        if scan.damage is not None and (scan.damage.index < len(recovery.list_segments(path)) - 1
                                         or scan.segments[scan.damage.index].next_valid_offset):
             raise recovery.corruption_error(scan.damage, scan.segments)
         last = scan.segments[-1].last_lsn if scan.segments else 0
@@ -226,7 +226,7 @@ class Log:
         data = _as_payload(payload)
         if len(data) > MAX_PAYLOAD:
             raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
-        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), 1)
+        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), lib.WAL_WAIT_LEVEL)
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
@@ -240,45 +240,79 @@ class Log:
         data, lens = _pack(payloads)
         if not lens:
             return self.watermarks.appended
-        lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), self._durability.allows(durability), 1)
+        lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), self._durability.allows(durability),
+                                           lib.WAL_WAIT_LEVEL)
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
 
     async def append_async(self, payload: bytes, *, durability: str | None = None) -> int:
         """Like `append`, but awaits durability on the event loop: no thread per call, never blocks."""
-        h = self._live()
-        data = _as_payload(payload)
-        if len(data) > MAX_PAYLOAD:
-            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
         level = self._durability.allows(durability)
-        waiters = self._waiters()
-        while True:
-            lsn: int = lib.wal_log_append(h, data, len(data), level, 0)
-            if lsn != lib.WAL_EAGAIN:
-                break
-            await waiters.progress()  # back-pressure: the RPO window or the buffer is full
-        if lsn < 0:
-            check(lsn, f"append to the log in {self._dir}", h)
-        await waiters.until(lsn, level)
+        while (lsn := self.enqueue(payload, durability=durability, for_async=True)) is None:
+            await self.progress_async()  # back-pressure: the RPO window or the buffer is full
+        await self._waiters().until(lsn, level)
         return lsn
 
     async def append_many_async(self, payloads: Iterable[bytes], *, durability: str | None = None) -> int:
+        """Like `append_many`, awaited on the event loop."""
         h = self._live()
         data, lens = _pack(payloads)
         if not lens:
             return self.watermarks.appended
         level = self._durability.allows(durability)
-        waiters = self._waiters()
         while True:
-            lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), level, 0)
+            lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), level, lib.WAL_WAIT_NONE)
             if lsn != lib.WAL_EAGAIN:
                 break
-            await waiters.progress()
+            await self.progress_async()
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
-        await waiters.until(lsn, level)
+        await self._waiters().until(lsn, level)
         return lsn
+
+    # Two-step appends, for a layer that must order its commits under its own lock without
+    # holding that lock through the fdatasync: enqueue under the lock, wait outside it.
+
+    def enqueue(self, payload: bytes, *, durability: str | None = None, block: bool = True,
+                for_async: bool = False) -> int | None:
+        """Give `payload` its LSN and queue it, without waiting for durability; returns the LSN.
+
+        Then `wait(lsn)` (threads) or `await wait_async(lsn)` (asyncio) before acknowledging.
+        block=False: return None instead of blocking under back-pressure (then wait for
+        progress and try again). for_async: the flusher, not the caller, does the I/O; implies
+        block=False.
+        """
+        h = self._live()
+        data = _as_payload(payload)
+        if len(data) > MAX_PAYLOAD:
+            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+        if for_async:
+            mode = lib.WAL_WAIT_NONE
+        else:
+            mode = lib.WAL_WAIT_LATER if block else lib.WAL_WAIT_TRY
+        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), mode)
+        if lsn == lib.WAL_EAGAIN and (for_async or not block):
+            return None
+        if lsn < 0:
+            check(lsn, f"append to the log in {self._dir}", h)
+        return lsn
+
+    def wait(self, lsn: int, *, durability: str | None = None) -> None:
+        """Block until `durability` (default: the log's) holds for `lsn`; helps with the I/O."""
+        h = self._live()
+        check(lib.wal_log_wait(h, lsn, self._durability.allows(durability)),
+              f"waiting for LSN {lsn} in the log in {self._dir}", h)
+
+    async def wait_async(self, lsn: int, *, durability: str | None = None) -> None:
+        """Await, without blocking the loop, until `durability` holds for `lsn`."""
+        self._live()
+        await self._waiters().until(lsn, self._durability.allows(durability))
+
+    def progress_async(self) -> asyncio.Future[None]:
+        """A future resolved at the log's next progress (a write, an fdatasync, a failure)."""
+        self._live()
+        return self._waiters().progress()
 
     def _waiters(self) -> _AsyncWaiters:
         loop = asyncio.get_running_loop()
@@ -481,20 +515,24 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
         if mode != "truncate":
             raise recovery.corruption_error(damage, segments)
         bad = segments[damage.index]
-        last_known = max([s.last_lsn for s in segments[damage.index:] if s.header_ok]
+        # scan_directory stops at the damage: scan the later segments too, or the lost range is understated.
+        later_scans = [recovery.scan_segment_file(p, n) for n, p in recovery.list_segments(path)
+                       if n > bad.segment_no]
+        last_known = max([s.last_lsn for s in [bad, *later_scans] if s.header_ok]
                          + [bad.next_valid_lsn], default=0)
+        if damage.offset == 0 and damage.index == 0:
+            # Checked before anything is set aside: the error says "Nothing was changed".
+            err = recovery.corruption_error(damage, segments)
+            err.add_note(
+                "recovery='truncate' cannot help: the oldest segment itself is unreadable, so there is "
+                "no good record to open at. Move the directory aside and restore from a backup."
+            )
+            raise err
         # Set aside every later segment, then cut the damaged one at its last good record.
         for later in recovery.list_segments(path):
             if later[0] > bad.segment_no:
                 broken.append(recovery.set_aside(later[1]))
         if damage.offset == 0:
-            if damage.index == 0:
-                err = recovery.corruption_error(damage, segments)
-                err.add_note(
-                    "recovery='truncate' cannot help: the oldest segment itself is unreadable, so there is "
-                    "no good record to open at. Move the directory aside and restore from a backup."
-                )
-                raise err
             broken.append(recovery.set_aside(bad.path))
             segments = segments[: damage.index]
         elif damage.reason == "data after seal":
@@ -683,5 +721,3 @@ class _AsyncWaiters:
         for item in pending:
             heapq.heappush(self._heap, item)
 
-
-_ = time  # monotonic clock used by callers through stats

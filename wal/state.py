@@ -1,0 +1,164 @@
+"""The materialized state: an LMDB environment holding the effect of the log up to `applied_lsn`.
+
+Why LMDB cannot be corrupted by a power cut, and how its lost transaction comes back
+-------------------------------------------------------------------------------------
+LMDB is copy-on-write: a commit writes new pages, then flips one of two meta pages to
+point at the new root. We open it with ``sync=True, metasync=False`` (MDB_NOMETASYNC):
+the data pages are fsynced at every commit, the meta page is not. A power cut can
+therefore lose the meta-page flip of the last commit(s), and LMDB reopens at the
+previous meta page -- an older, complete, consistent tree. It never sees a half-written
+tree, because the pages an older meta points at are never overwritten while it is the
+newest durable one. We never use MDB_NOSYNC / MDB_MAPASYNC / MDB_WRITEMAP, which can
+leave a meta page pointing at unwritten pages after a crash.
+
+What the lost commit(s) held comes back from the log: `applied_lsn` is stored in the
+same LMDB transaction as the state it describes, so the state that survives says
+exactly which LSN it reflects, and recovery replays the log from `applied_lsn + 1`.
+A checkpoint forces the meta page to disk (``env.sync(True)``) before any log segment
+is deleted, so the log always still holds everything after the durable `applied_lsn`.
+
+Invariant I1 (log before state) is enforced in `State.apply`: a batch is committed
+only if its last LSN is durable in the log, checked right before the LMDB commit.
+
+Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key ->
+u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``store_format``).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterable
+
+import lmdb
+
+from wal import record
+from wal.errors import WalError
+
+_U64 = struct.Struct("<Q")
+_IDEM = struct.Struct("<QQ")
+APPLIED_KEY = b"applied_lsn"
+DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
+
+
+class InvariantError(WalError):
+    """An internal invariant would be broken; the operation was refused."""
+
+
+class State:
+    def __init__(self, path: str, *, readonly: bool = False, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.readonly = readonly
+        self.env = lmdb.open(
+            path, map_size=map_size, subdir=True, readonly=readonly, metasync=False, sync=True,
+            map_async=False, writemap=False, max_dbs=4, lock=True, create=not readonly, readahead=False,
+        )
+        self.data = self.env.open_db(b"data", create=not readonly)
+        self.idem = self.env.open_db(b"idem", create=not readonly)
+        self.meta = self.env.open_db(b"meta", create=not readonly)
+
+    # ---- reads (any thread; py-lmdb opens with MDB_NOTLS) ----
+
+    def applied_lsn(self) -> int:
+        with self.env.begin(db=self.meta) as txn:
+            raw = txn.get(APPLIED_KEY)
+        return _U64.unpack(raw)[0] if raw else 0
+
+    def get(self, key: bytes) -> tuple[int, bytes] | None:
+        with self.env.begin(db=self.data) as txn:
+            raw = txn.get(key)
+        if raw is None:
+            return None
+        return _U64.unpack_from(raw)[0], raw[8:]
+
+    def scan_chunk(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, int, bytes]]:
+        """Up to `limit` (key, version, value) with `prefix`, in key order, keys > `after`."""
+        out: list[tuple[bytes, int, bytes]] = []
+        with self.env.begin(db=self.data) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(after if after is not None else prefix):
+                return out
+            for key, raw in cur:
+                if after is not None and key == after:
+                    continue
+                if not key.startswith(prefix):
+                    break
+                out.append((key, _U64.unpack_from(raw)[0], raw[8:]))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def idempotency(self, key: bytes) -> tuple[int, int] | None:
+        with self.env.begin(db=self.idem) as txn:
+            raw = txn.get(key)
+        if raw is None:
+            return None
+        lsn, time_ms = _IDEM.unpack(raw)
+        return lsn, time_ms
+
+    def meta_get(self, key: bytes) -> bytes | None:
+        with self.env.begin(db=self.meta) as txn:
+            raw = txn.get(key)
+        return bytes(raw) if raw is not None else None
+
+    def meta_put(self, key: bytes, value: bytes) -> None:
+        with self.env.begin(write=True, db=self.meta) as txn:
+            txn.put(key, value)
+
+    # ---- the one writer ----
+
+    def apply(self, batch: Iterable[tuple[int, record.Txn]], durable_lsn: Callable[[], int]) -> int:
+        """Apply (lsn, txn) pairs in LSN order in ONE LMDB transaction, with `applied_lsn`.
+
+        LMDB's fsync is paid once per batch, never per commit. Returns the new applied LSN.
+        """
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(APPLIED_KEY, db=self.meta)
+            applied = _U64.unpack(raw)[0] if raw else 0
+            for lsn, t in batch:
+                if lsn <= applied:
+                    continue  # already in the state (a replay after a crash mid-apply): I4
+                if lsn != applied + 1:
+                    raise InvariantError(f"apply of LSN {lsn} after applied LSN {applied}: a gap (I3)")
+                version = _U64.pack(lsn)
+                for kind, key, value in t.ops:
+                    if kind == record.OP_PUT:
+                        assert value is not None
+                        txn.put(key, version + value, db=self.data)
+                    else:
+                        txn.delete(key, db=self.data)
+                if t.idempotency_key is not None:
+                    txn.put(t.idempotency_key, _IDEM.pack(lsn, t.time_ms), db=self.idem)
+                applied = lsn
+            # I1 log before state: never commit the effect of a record the log could still lose.
+            durable = durable_lsn()
+            if applied > durable:
+                raise InvariantError(f"I1 violated: would store applied_lsn {applied} > durable_lsn {durable}")
+            txn.put(APPLIED_KEY, _U64.pack(applied), db=self.meta)
+        return applied
+
+    def expire_idempotency(self, older_than_ms: int) -> int:
+        """Forget idempotency keys of commits older than `older_than_ms` (wall clock)."""
+        removed = 0
+        with self.env.begin(write=True, db=self.idem) as txn:
+            cur = txn.cursor()
+            for key, raw in cur:
+                if _IDEM.unpack(raw)[1] < older_than_ms:
+                    txn.delete(key)
+                    removed += 1
+        return removed
+
+    def sync(self) -> None:
+        """Make the last commit durable, meta page included (checkpoints need this)."""
+        self.env.sync(True)
+
+    def stat(self) -> dict[str, int]:
+        with self.env.begin() as txn:
+            entries = txn.stat(self.data)["entries"]
+        info = self.env.info()
+        return {"state_keys": entries, "state_map_bytes_used": (info["last_pgno"] + 1) * self.env.stat()["psize"]}
+
+    def close(self) -> None:
+        self.env.close()

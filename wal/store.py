@@ -1,0 +1,770 @@
+"""`wal.Store`: a key-value store whose every commit goes through the log first.
+
+Data flow (BRIEF §2)::
+
+    put / transaction --encode--> Log.enqueue (LSN = commit order) --group commit--> segments
+          |                                                                  | durable_lsn
+          v                                                                  v
+    overlay (acknowledged, not yet applied) <-- reads      materializer: records <= durable_lsn,
+                                                            one LMDB txn per batch, applied_lsn inside
+
+Commit path. Under `_commit_lock` a commit validates its `if_version` checks and its
+idempotency key against the newest state (overlay included, so two commits cannot both
+pass a check one of them invalidates), takes its LSN from the log and enters the
+overlay and the apply queue -- all without I/O. It then waits *outside* the lock for its
+durability level, so concurrent commits share fdatasyncs (group commit).
+
+Reads (I2, read-your-writes). The overlay keeps, per key, the versions not yet in
+LMDB. A read takes the newest version whose LSN is acknowledged under the store's level
+(sync: durable; interval: written; buffered: appended) and otherwise reads LMDB. A commit
+acknowledged before a read starts always has an LSN at or below the watermark the read
+takes, so the caller sees its own acknowledged commits at every level without waiting
+for LMDB; it never sees another thread's commit before that commit is acknowledged.
+
+Materializer. A background thread applies queued transactions with LSN <= durable_lsn
+in batches (`State.apply`, which asserts I1), then drops them from the overlay. It also
+runs automatic checkpoints once `checkpoint_bytes` of log have accumulated, so recovery
+replays a bounded amount of log however large the state grows.
+
+Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
+(applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
+applied_lsn and the next open continues from there (I4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from wal import durability as dur
+from wal import record
+from wal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ClosedError,
+    ConflictError,
+    CorruptionError,
+    FailedError,
+    FormatVersionError,
+    LockedError,
+    ReadOnlyError,
+    RecordTooLargeError,
+    WalError,
+)
+from wal.log import MAX_PAYLOAD, Log
+from wal.state import State
+
+STORE_FORMAT = "agentwal-store"
+STORE_VERSION = 1
+STORE_FILE = "STORE"
+LOG_DIR = "log"
+STATE_DIR = "state"
+ARCHIVE_DIR = "archive"
+
+MAX_KEY_BYTES = 511  # LMDB's key limit
+MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
+_REPLAY_BATCH_RECORDS = 20_000
+_REPLAY_BATCH_BYTES = 32 << 20
+_APPLY_BATCH_RECORDS = 50_000
+_SCAN_CHUNK = 512
+
+Version = int
+
+
+class Watermarks(NamedTuple):
+    written: int  # last LSN written to the OS
+    durable: int  # last LSN covered by an fdatasync
+    applied: int  # last LSN whose effect is in LMDB
+
+
+def _key(key: Any, *, allow_empty: bool = False) -> bytes:
+    if isinstance(key, str):
+        key = key.encode()
+    elif isinstance(key, bytearray | memoryview):
+        key = bytes(key)
+    elif not isinstance(key, bytes):
+        raise ArgumentTypeError(f"a key must be bytes or str, not {type(key).__name__}")
+    if not key and not allow_empty:
+        raise ArgumentError("a key must not be empty")
+    if len(key) > MAX_KEY_BYTES:
+        raise RecordTooLargeError(f"key of {len(key)} bytes is over the {MAX_KEY_BYTES}-byte key limit")
+    return key
+
+
+def _value(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, bytearray | memoryview):
+        data = bytes(value)
+    else:
+        raise ArgumentTypeError(
+            f"a value must be bytes, not {type(value).__name__} (encode it first, e.g. json.dumps(v).encode())"
+        )
+    if len(data) > MAX_VALUE_BYTES:
+        raise RecordTooLargeError(f"value of {len(data)} bytes is over the {MAX_VALUE_BYTES}-byte value limit")
+    return data
+
+
+def _if_version(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ArgumentError(f"if_version must be None, 0 (key absent) or an LSN, got {v!r}")
+    return v
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _encode(txn: record.Txn) -> bytes:
+    payload = record.encode(txn.ops, txn.time_ms, txn.idempotency_key)
+    if len(payload) > MAX_PAYLOAD:
+        raise RecordTooLargeError(
+            f"transaction of {len(payload)} bytes is over the {MAX_PAYLOAD}-byte record limit; split it"
+        )
+    return payload
+
+
+class Transaction:
+    """Buffered writes committed atomically as one log record when the `with` block exits.
+
+    An exception inside the block aborts it: nothing is written. After the block, `lsn` is the
+    commit's LSN (None if the transaction wrote nothing).
+    """
+
+    def __init__(self, store: Store, durability: str | None, idempotency_key: bytes | None) -> None:
+        self._store = store
+        self._durability = durability
+        self._idem = idempotency_key
+        self._ops: dict[bytes, record.Op] = {}
+        self._checks: dict[bytes, int] = {}
+        self._done = False
+        self.lsn: int | None = None
+        self.deduplicated = False  # True when an idempotency key matched an earlier commit
+
+    def _check(self, key: bytes, if_version: int | None) -> None:
+        if if_version is None:
+            return
+        prior = self._checks.get(key)
+        if prior is not None and prior != if_version:
+            raise ArgumentError(f"conflicting if_version for key {key!r}: {prior} and {if_version}")
+        self._checks[key] = if_version
+
+    def _open(self) -> None:
+        if self._done:
+            raise ClosedError("this transaction has already committed or aborted")
+
+    def put(self, key: bytes | str, value: bytes, *, if_version: int | None = None) -> None:
+        """Write key=value at commit; if_version: the key's version must then be this (0: absent)."""
+        self._open()
+        k = _key(key)
+        self._check(k, _if_version(if_version))
+        self._ops[k] = (record.OP_PUT, k, _value(value))
+
+    def delete(self, key: bytes | str, *, if_version: int | None = None) -> None:
+        self._open()
+        k = _key(key)
+        self._check(k, _if_version(if_version))
+        self._ops[k] = (record.OP_DELETE, k, None)
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        """This transaction's own writes first, then the store's newest state."""
+        self._open()
+        k = _key(key)
+        op = self._ops.get(k)
+        if op is not None:
+            return op[2] if op[0] == record.OP_PUT else default
+        return self._store._latest(k, default)
+
+    def _txn(self) -> record.Txn:
+        return record.Txn(list(self._ops.values()), _now_ms(), self._idem)
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if et is not None or not self._ops:
+            return
+        self.lsn, self.deduplicated = self._store._commit(self._txn(), self._checks, self._durability)
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if et is not None or not self._ops:
+            return
+        self.lsn, self.deduplicated = await self._store._commit_async(self._txn(), self._checks, self._durability)
+
+
+class Store:
+    """An open store; create with `wal.open`. Thread-safe; one writer process per directory."""
+
+    def __init__(self, path: str, log: Log | None, state: State, level: dur.Durability, *,
+                 checkpoint_bytes: int, archive: str | None, idempotency_ttl_s: float,
+                 apply_interval_ms: int, max_unapplied: int) -> None:
+        self._path = path
+        self._log = log
+        self._state = state
+        self._durability = level
+        self._checkpoint_bytes = checkpoint_bytes
+        self._archive = archive
+        self._idem_ttl_ms = int(idempotency_ttl_s * 1000)
+        self._apply_interval = apply_interval_ms / 1000
+        self._max_unapplied = max_unapplied
+        self._pid = os.getpid()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._commit_lock = threading.Lock()
+        self._apply_lock = threading.Lock()
+        self._overlay: dict[bytes, list[tuple[int, bytes | None]]] = {}
+        self._queue: collections.deque[tuple[int, record.Txn]] = collections.deque()
+        self._idem_pending: dict[bytes, int] = {}
+        self._applied = state.applied_lsn()
+        self._bytes_since_checkpoint = 0
+        self._last_checkpoint = time.time()
+        self._counters = collections.Counter[str]()
+        self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0}
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ---- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def _open(cls, path: str | os.PathLike[str], *, durability: str | None, rpo_ms: int | None,
+              readonly: bool, recovery: str, segment_bytes: int, checkpoint_bytes: int,
+              archive: bool | str, idempotency_ttl_s: float, apply_interval_ms: int,
+              max_unapplied: int, preallocate: str) -> Store:
+        level = dur.parse(durability, rpo_ms)
+        root = os.fspath(path)
+        if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
+            raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
+        if idempotency_ttl_s <= 0:
+            raise ArgumentError(f"idempotency_ttl_s must be > 0, got {idempotency_ttl_s!r}")
+        if apply_interval_ms <= 0:
+            raise ArgumentError(f"apply_interval_ms must be > 0, got {apply_interval_ms!r}")
+        archive_dir = (os.path.join(root, ARCHIVE_DIR) if archive is True
+                       else (os.fspath(archive) if archive else None))
+        common = dict(checkpoint_bytes=checkpoint_bytes, archive=archive_dir,
+                      idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                      max_unapplied=max_unapplied)
+        if readonly:
+            _check_store_file(root, create=False)
+            state = State(os.path.join(root, STATE_DIR), readonly=True)
+            return cls(root, None, state, level, **common)  # type: ignore[arg-type]
+        os.makedirs(root, exist_ok=True)
+        log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
+                       segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate)
+        try:
+            _check_store_file(root, create=True)
+            state = State(os.path.join(root, STATE_DIR))
+        except BaseException:
+            log.close()
+            raise
+        store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        try:
+            store._replay()
+        except BaseException:
+            state.close()
+            log.close()
+            raise
+        store._thread = threading.Thread(target=store._materializer, name=f"agentwal-apply:{root}", daemon=True)
+        store._thread.start()
+        return store
+
+    def _replay(self) -> None:
+        """Replay (applied_lsn, last LSN] of the log into LMDB, in batches (I4: restartable)."""
+        assert self._log is not None
+        started = time.monotonic()
+        report = self._log.recovery_report
+        applied = self._state.applied_lsn()
+        last = report.last_lsn
+        if applied > last:
+            raise CorruptionError(
+                f"the state in {self._path} reflects LSN {applied} but the log ends at LSN {last}: the log lost "
+                "records the state was built from (was it truncated or replaced?). Invariant I1 says this "
+                "cannot happen through agentwal; restore the log, or move state/ aside to rebuild it from the log.",
+                lsn=last + 1, reason="state ahead of log",
+            )
+        first = self._log.first_lsn
+        if applied + 1 < first and last > applied:
+            raise CorruptionError(
+                f"the state in {self._path} reflects LSN {applied} but the log starts at LSN {first}: "
+                f"segments holding LSNs {applied + 1}..{first - 1} are missing",
+                lsn=applied + 1, reason="missing segments",
+            )
+        durable = self._log.watermarks.durable
+        replayed = 0
+        batch: list[tuple[int, record.Txn]] = []
+        size = 0
+        if last > applied:
+            for lsn, payload in self._log.read(applied + 1):
+                batch.append((lsn, record.decode(payload, lsn)))
+                size += len(payload)
+                if len(batch) >= _REPLAY_BATCH_RECORDS or size >= _REPLAY_BATCH_BYTES:
+                    self._state.apply(batch, lambda: durable)
+                    replayed += len(batch)
+                    batch, size = [], 0
+            if batch:
+                self._state.apply(batch, lambda: durable)
+                replayed += len(batch)
+        self._applied = self._state.applied_lsn()
+        self._recovery = {
+            "recovery_seconds": report.seconds + (time.monotonic() - started),
+            "records_replayed": replayed,
+            "log_scan_seconds": report.seconds,
+        }
+
+    # ---- guards --------------------------------------------------------------------------------
+
+    def _usable(self) -> None:
+        if self._pid != os.getpid():
+            raise LockedError(
+                f"this Store of {self._path} was opened by process {self._pid}; a forked child cannot use it. "
+                "Open the store again in the child (it gets LockedError while the parent holds it)."
+            )
+        if self._closed:
+            raise ClosedError(f"the store in {self._path} is closed")
+
+    def _writable(self) -> Log:
+        self._usable()
+        if self._log is None:
+            raise ReadOnlyError(f"the store in {self._path} was opened read-only")
+        if self._failure is not None:
+            raise FailedError(f"the store in {self._path} stopped after a failure ({self._failure}); "
+                              "reopen it to recover every acknowledged commit") from self._failure
+        return self._log
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def _visible_lsn(self) -> int:
+        """Highest LSN acknowledged under the store's level (see the module docstring)."""
+        assert self._log is not None
+        marks = self._log.watermarks
+        level = self._durability.level
+        return marks.durable if level == "sync" else (marks.written if level == "interval" else marks.appended)
+
+    def _lookup(self, key: bytes, newest: bool) -> tuple[int, bytes | None] | None:
+        """(version, value or None if deleted) of key, or None if never written / unknown."""
+        if self._log is not None:
+            limit = None if newest else self._visible_lsn()  # watermark BEFORE the overlay snapshot
+            chain = self._overlay.get(key)
+            if chain:
+                for lsn, value in reversed(tuple(chain)):
+                    if limit is None or lsn <= limit:
+                        return lsn, value
+        hit = self._state.get(key)
+        return (hit[0], hit[1]) if hit is not None else None
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        """The value of key, or `default`. Sees the caller's own acknowledged commits."""
+        self._usable()
+        found = self._lookup(_key(key), newest=False)
+        if found is None or found[1] is None:
+            return default
+        return found[1]
+
+    def version(self, key: bytes | str) -> int | None:
+        """LSN of the commit that last wrote key, or None if it does not exist."""
+        self._usable()
+        found = self._lookup(_key(key), newest=False)
+        return found[0] if found is not None and found[1] is not None else None
+
+    def _latest(self, key: bytes, default: bytes | None) -> bytes | None:
+        found = self._lookup(key, newest=True)
+        return default if found is None or found[1] is None else found[1]
+
+    def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs whose key starts with prefix, in key order.
+
+        Not a snapshot: commits acknowledged during the scan may or may not appear.
+        """
+        self._usable()
+        p = _key(prefix, allow_empty=True)
+        over: dict[bytes, tuple[int, bytes | None]] = {}
+        if self._log is not None:
+            limit = self._visible_lsn()
+            for k, chain in list(self._overlay.items()):
+                if k.startswith(p):
+                    for lsn, value in reversed(tuple(chain)):
+                        if lsn <= limit:
+                            over[k] = (lsn, value)
+                            break
+        return self._merge_scan(p, over)
+
+    def _merge_scan(self, prefix: bytes, over: dict[bytes, tuple[int, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
+        okeys = sorted(over)
+        oi = 0
+        after: bytes | None = None
+        while True:
+            chunk = self._state.scan_chunk(prefix, after, _SCAN_CHUNK)
+            for key, version, value in chunk:
+                while oi < len(okeys) and okeys[oi] < key:
+                    ok = okeys[oi]
+                    oi += 1
+                    if over[ok][1] is not None:
+                        yield ok, over[ok][1]  # type: ignore[misc]
+                if oi < len(okeys) and okeys[oi] == key:
+                    oi += 1
+                    over_version, over_value = over[key]
+                    if over_version >= version:  # the newer of the two wins
+                        if over_value is not None:
+                            yield key, over_value
+                        continue
+                yield key, value
+            if len(chunk) < _SCAN_CHUNK:
+                break
+            after = chunk[-1][0]
+        for ok in okeys[oi:]:
+            if over[ok][1] is not None:
+                yield ok, over[ok][1]  # type: ignore[misc]
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
+        """Commit key=value; returns the commit's LSN once its durability level holds."""
+        txn = record.Txn([(record.OP_PUT, _key(key), _value(value))], _now_ms(), None)
+        return self._commit(txn, {}, durability)[0]
+
+    def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
+        """Commit the deletion of key (a no-op delete still commits); returns the LSN."""
+        txn = record.Txn([(record.OP_DELETE, _key(key), None)], _now_ms(), None)
+        return self._commit(txn, {}, durability)[0]
+
+    async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
+        """`put` for asyncio: never blocks the event loop."""
+        txn = record.Txn([(record.OP_PUT, _key(key), _value(value))], _now_ms(), None)
+        return (await self._commit_async(txn, {}, durability))[0]
+
+    async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
+        txn = record.Txn([(record.OP_DELETE, _key(key), None)], _now_ms(), None)
+        return (await self._commit_async(txn, {}, durability))[0]
+
+    def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None) -> Transaction:
+        """An atomic transaction (a context manager). durability may be stronger than the store's.
+
+        idempotency_key: a second commit with the same key returns the first commit's LSN and
+        applies nothing; keys are remembered for `idempotency_ttl_s` (default 24 h).
+        """
+        self._writable()
+        self._durability.allows(durability)
+        return Transaction(self, durability, _key(idempotency_key) if idempotency_key is not None else None)
+
+    def atransaction(self, durability: str | None = None,
+                     idempotency_key: bytes | str | None = None) -> Transaction:
+        """The same transaction, for ``async with``: committing never blocks the event loop."""
+        return self.transaction(durability, idempotency_key)
+
+    def _prior_commit(self, idem: bytes) -> int | None:
+        lsn = self._idem_pending.get(idem)
+        if lsn is not None:
+            return lsn
+        found = self._state.idempotency(idem)
+        if found is not None and found[1] + self._idem_ttl_ms >= _now_ms():
+            return found[0]
+        return None
+
+    def _validate(self, checks: dict[bytes, int]) -> None:
+        for key, expected in checks.items():
+            found = self._lookup(key, newest=True)
+            actual = found[0] if found is not None and found[1] is not None else None
+            if (actual or 0) != expected:
+                self._counters["conflicts"] += 1
+                raise ConflictError(
+                    f"if_version failed for key {key!r}: expected version {expected or 'absent'}, "
+                    f"found {actual if actual is not None else 'absent'}; re-read the key and retry",
+                    key=key, expected=expected, actual=actual,
+                )
+
+    def _enter(self, lsn: int, txn: record.Txn, size: int) -> None:
+        """Make an enqueued commit visible to validation and (once acknowledged) to reads. Lock held."""
+        self._queue.append((lsn, txn))
+        for _, key, value in txn.ops:
+            self._overlay.setdefault(key, []).append((lsn, value))
+        if txn.idempotency_key is not None:
+            self._idem_pending[txn.idempotency_key] = lsn
+        self._bytes_since_checkpoint += size
+        self._counters["commits"] += 1
+        if len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes:
+            self._wake.set()
+
+    def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None) -> tuple[int, bool]:
+        log = self._writable()
+        self._durability.allows(durability)
+        payload = _encode(txn)
+        idem = txn.idempotency_key
+        if len(self._queue) > self._max_unapplied:
+            self._apply_ready()  # the materializer fell behind: help it (bounded memory)
+        while True:
+            with self._commit_lock:
+                self._writable()
+                prior = self._prior_commit(idem) if idem is not None else None
+                if prior is not None:
+                    self._counters["idempotent_hits"] += 1
+                    lsn, dup = prior, True
+                    break
+                self._validate(checks)
+                got = log.enqueue(payload, durability=durability, block=False)
+                if got is not None:
+                    self._enter(got, txn, len(payload))
+                    lsn, dup = got, False
+                    break
+            # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
+            log.wait(log.watermarks.appended, durability="sync")
+        try:
+            log.wait(lsn, durability=durability)
+        except FailedError as exc:
+            self._failure = exc
+            raise
+        return lsn, dup
+
+    async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int],
+                            durability: str | None) -> tuple[int, bool]:
+        log = self._writable()
+        self._durability.allows(durability)
+        payload = _encode(txn)
+        idem = txn.idempotency_key
+        while True:
+            # The lock is only held for in-memory work (no I/O, no blocking enqueue), so taking
+            # it here does not stall the loop.
+            with self._commit_lock:
+                self._writable()
+                prior = self._prior_commit(idem) if idem is not None else None
+                if prior is not None:
+                    self._counters["idempotent_hits"] += 1
+                    lsn, dup = prior, True
+                    break
+                self._validate(checks)
+                got = log.enqueue(payload, durability=durability, for_async=True)
+                if got is not None:
+                    self._enter(got, txn, len(payload))
+                    lsn, dup = got, False
+                    break
+            await log.progress_async()
+        try:
+            await log.wait_async(lsn, durability=durability)
+        except FailedError as exc:
+            self._failure = exc
+            raise
+        return lsn, dup
+
+    # ---- materializer --------------------------------------------------------------------------
+
+    def _apply_ready(self, limit: int = _APPLY_BATCH_RECORDS) -> int:
+        """Apply queued commits with LSN <= durable_lsn to LMDB in one transaction; returns how many."""
+        assert self._log is not None
+        with self._apply_lock:
+            durable = self._log.watermarks.durable
+            batch: list[tuple[int, record.Txn]] = []
+            with self._commit_lock:
+                while self._queue and self._queue[0][0] <= durable and len(batch) < limit:
+                    batch.append(self._queue.popleft())
+            if not batch:
+                return 0
+            try:
+                self._applied = self._state.apply(batch, lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            applied = self._applied
+            with self._commit_lock:
+                for lsn, txn in batch:
+                    for _, key, _ in txn.ops:
+                        chain = self._overlay.get(key)
+                        if chain is not None:
+                            kept = [e for e in chain if e[0] > applied]
+                            if kept:
+                                self._overlay[key] = kept
+                            else:
+                                del self._overlay[key]
+                    if txn.idempotency_key is not None and self._idem_pending.get(txn.idempotency_key) == lsn:
+                        del self._idem_pending[txn.idempotency_key]
+            self._counters["apply_batches"] += 1
+            self._counters["applied_commits"] += len(batch)
+            return len(batch)
+
+    def _materializer(self) -> None:
+        while not self._stop:
+            self._wake.wait(self._apply_interval)
+            self._wake.clear()
+            if self._stop:
+                break
+            try:
+                while self._apply_ready():
+                    pass
+                if self._bytes_since_checkpoint >= self._checkpoint_bytes:
+                    self._checkpoint(sync_log=False)
+                    self._counters["auto_checkpoints"] += 1
+            except FailedError:
+                return  # the log stopped; commits already report it
+            except BaseException as exc:  # LMDB error: stop writes (fail-stop), keep reads working
+                self._failure = exc
+                return
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def checkpoint(self) -> int:
+        """Make the state durable at applied_lsn and let go of the log segments below it; returns it."""
+        self._writable()
+        return self._checkpoint(sync_log=True)
+
+    def _checkpoint(self, *, sync_log: bool) -> int:
+        assert self._log is not None
+        if sync_log:
+            self._log.sync()
+        while self._apply_ready():
+            pass
+        with self._apply_lock:
+            applied = self._applied
+            self._state.sync()  # applied_lsn durable before any segment holding it goes
+            self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
+            removed = self._log.remove_segments_before(applied + 1, self._archive)
+            self._bytes_since_checkpoint = 0
+            self._last_checkpoint = time.time()
+            self._counters["checkpoints"] += 1
+            self._counters["segments_removed"] += len(removed)
+        return applied
+
+    # ---- observing ---------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def watermarks(self) -> Watermarks:
+        """(written_lsn, durable_lsn, applied_lsn); applied <= durable always (I1)."""
+        self._usable()
+        if self._log is None:
+            applied = self._state.applied_lsn()
+            return Watermarks(applied, applied, applied)
+        marks = self._log.watermarks
+        return Watermarks(marks.written, marks.durable, self._applied)
+
+    def stats(self) -> dict[str, Any]:
+        """Log counters (commits, fsyncs, group sizes, fsync latency, durable lag) and store ones."""
+        self._usable()
+        out: dict[str, Any] = self._log.stats() if self._log is not None else {}
+        out.update(self._recovery)
+        out.update(self._counters)
+        out.update(self._state.stat())
+        out.update({
+            "durability": self._durability.level,
+            "rpo_ms": self._durability.rpo_ms,
+            "applied_lsn": self._applied if self._log is not None else self._state.applied_lsn(),
+            "unapplied_commits": len(self._queue),
+            "overlay_keys": len(self._overlay),
+            "seconds_since_checkpoint": time.time() - self._last_checkpoint,
+            "failed": str(self._failure) if self._failure is not None else out.get("failed"),
+        })
+        return out
+
+    # ---- closing -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Make every acknowledged commit durable, apply it, and release the directory. Idempotent."""
+        if self._closed:
+            return
+        if self._pid != os.getpid():
+            self._closed = True  # the parent owns the files, the lock and the LMDB handle
+            return
+        self._closed = True
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        error: BaseException | None = None
+        if self._log is not None:
+            try:
+                if self._failure is None:
+                    self._log.sync()
+                while self._apply_ready():
+                    pass
+                self._state.sync()
+            except BaseException as exc:
+                error = exc
+            try:
+                self._log.close()
+            except BaseException as exc:
+                error = error or exc
+        self._state.close()
+        if error is not None:
+            if isinstance(error, WalError):
+                raise error
+            raise FailedError(f"closing the store in {self._path}: {error}") from error
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self._log is None else self._durability.level
+        return f"<wal.Store {self._path!r} {mode}{' closed' if self._closed else ''}>"
+
+
+def _check_store_file(root: str, *, create: bool) -> None:
+    """The STORE file names the store format and version (FORMAT.md, "Store layout")."""
+    path = os.path.join(root, STORE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        if not create:
+            raise FileNotFoundError(f"no agentwal store at {root} (no {STORE_FILE} file)") from None
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"format": STORE_FORMAT, "version": STORE_VERSION}, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+    except (ValueError, OSError) as exc:
+        raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",
+                              path=path, reason="bad store file") from exc
+    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+        raise CorruptionError(f"{path} does not describe an agentwal store: {meta!r}", path=path,
+                              reason="bad store file")
+    version = meta.get("version")
+    if version != STORE_VERSION:
+        raise FormatVersionError(
+            f"the store at {root} has format version {version!r}; this agentwal reads version {STORE_VERSION}. "
+            "Open it with the agentwal version that wrote it."
+        )
+
+
+def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
+               readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
+               checkpoint_bytes: int = 256 << 20, archive: bool | str = False,
+               idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
+               preallocate: str = "size") -> Store:
+    """Open (creating if needed) the store at `path`. See `wal.open`."""
+    return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
+                       segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
+                       idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                       max_unapplied=max_unapplied, preallocate=preallocate)
+
+
+_ = asyncio  # atransaction uses Transaction's async context methods
