@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine (Python 3.11+, a C compiler):
+#   ./run.sh demo [DIR]   set up, then run the crash-and-resume demo (agentwal demo)
+#   ./run.sh test         set up, then lint, type-check and run the test suite
+# Set-up is idempotent: a virtual environment in .venv (or $AGENTWAL_VENV) with
+# agentwal installed editable, which builds the C core with cffi.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${AGENTWAL_VENV:-.venv}"
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        python3 -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+    demo)
+        setup
+        exec "$VENV/bin/agentwal" demo "$@"
+        ;;
+    test)
+        setup
+        "$VENV/bin/ruff" check wal tests
+        "$VENV/bin/mypy"
+        exec "$VENV/bin/python" -m pytest -q "$@"
+        ;;
+    *)
+        echo "usage: ./run.sh demo [DIR] | ./run.sh test [pytest args]" >&2
+        exit 2
+        ;;
+esac
