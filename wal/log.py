@@ -12,6 +12,7 @@ The log knows nothing about what its payloads mean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import heapq
 import itertools
@@ -80,7 +81,7 @@ def _as_payload(payload: Any) -> bytes:
 class Log:
     """An open log. Thread-safe; use `Log.open`, and close it (or use it as a context manager)."""
 
-    def __init__(self, directory: str, handle: Any, durability: dur.Durability, lock_fd: int | None,
+    def __init__(self, directory: str, handle: Any, durability: dur.Durability, *, lock_fd: int | None,
                  report: RecoveryReport, segment_bytes: int) -> None:
         self._dir = directory
         self._handle = handle
@@ -147,7 +148,7 @@ class Log:
         except BaseException:
             os.close(lock_fd)
             raise
-        return cls(path, out[0], level, lock_fd, report, segment_bytes)
+        return cls(path, out[0], level, lock_fd=lock_fd, report=report, segment_bytes=segment_bytes)
 
     @classmethod
     def _open_readonly(cls, path: str, level: dur.Durability, segment_bytes: int) -> Log:
@@ -161,7 +162,7 @@ class Log:
         last = scan.segments[-1].last_lsn if scan.segments else 0
         report = RecoveryReport(len(scan.segments), sum(s.records for s in scan.segments), last,
                                 scan.seconds, None, (), None)
-        return cls(path, None, level, None, report, segment_bytes)
+        return cls(path, None, level, lock_fd=None, report=report, segment_bytes=segment_bytes)
 
     # ---- properties ------------------------------------------------------------------------
 
@@ -454,10 +455,8 @@ class Log:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True) and not self._forked and self._pid == os.getpid():
-            try:
+            with contextlib.suppress(Exception):  # interpreter teardown: nothing to report to
                 self.close()
-            except Exception:  # noqa: S110 - interpreter teardown; nothing to report to
-                pass
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self._handle is None else "open")
@@ -694,10 +693,8 @@ class _AsyncWaiters:
         return None
 
     def _on_ready(self) -> None:
-        try:
-            os.read(self._fd, 8)
-        except BlockingIOError:
-            pass
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._fd, 8)  # drain the eventfd
         self._wake_progress()
         failed = lib.wal_log_watermarks(self._handle, self._marks)
         written, durable = int(self._marks[1]), int(self._marks[2])

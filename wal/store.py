@@ -84,18 +84,20 @@ class Watermarks(NamedTuple):
     applied: int  # last LSN whose effect is in LMDB
 
 
-def _key(key: Any, *, allow_empty: bool = False) -> bytes:
+def _key(key: object, *, allow_empty: bool = False) -> bytes:
     if isinstance(key, str):
-        key = key.encode()
+        data = key.encode()
+    elif isinstance(key, bytes):
+        data = key
     elif isinstance(key, bytearray | memoryview):
-        key = bytes(key)
-    elif not isinstance(key, bytes):
+        data = bytes(key)
+    else:
         raise ArgumentTypeError(f"a key must be bytes or str, not {type(key).__name__}")
-    if not key and not allow_empty:
+    if not data and not allow_empty:
         raise ArgumentError("a key must not be empty")
-    if len(key) > MAX_KEY_BYTES:
-        raise RecordTooLargeError(f"key of {len(key)} bytes is over the {MAX_KEY_BYTES}-byte key limit")
-    return key
+    if len(data) > MAX_KEY_BYTES:
+        raise RecordTooLargeError(f"key of {len(data)} bytes is over the {MAX_KEY_BYTES}-byte key limit")
+    return data
 
 
 def _value(value: Any) -> bytes:
@@ -368,8 +370,7 @@ class Store:
                 for lsn, value in reversed(tuple(chain)):
                     if limit is None or lsn <= limit:
                         return lsn, value
-        hit = self._state.get(key)
-        return (hit[0], hit[1]) if hit is not None else None
+        return self._state.get(key)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         """The value of key, or `default`. Sees the caller's own acknowledged commits."""
