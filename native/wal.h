@@ -98,7 +98,7 @@ typedef struct {
     uint64_t log_id;          /* 0: draw a new one (new log) */
     int need_new_segment;
     uint64_t segment_no;
-    uint64_t segment_salt;
+    uint64_t segment_salt;    /* salt of the segment resumed; for a new one 0 = draw (tests may pin it) */
     uint64_t segment_size;    /* current file size of the segment resumed */
     uint64_t tail_offset;     /* where the next record goes in that segment */
     uint64_t next_lsn;

@@ -176,7 +176,7 @@ int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg) {
     if (cfg->need_new_segment) {
         wal_span first = {0};
         first.segment_no = cfg->segment_no;
-        first.salt = next_random(w);
+        first.salt = cfg->segment_salt ? cfg->segment_salt : next_random(w); /* tests pin it */
         first.first_lsn = cfg->next_lsn;
         first.file_size = cfg->segment_bytes;
         int rc = open_segment(w, &first);

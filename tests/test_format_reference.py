@@ -138,7 +138,7 @@ def test_golden_file_is_exactly_what_the_reference_encoder_writes_for_the_exampl
         first_lsn=1,
         salt=EXAMPLE_SALT,
         payloads=EXAMPLE_PAYLOADS,
-        prealloc_bytes=0,
+        prealloc_bytes=4096,
     )
     assert GOLDEN.read_bytes() == expected
     assert len(expected) == 136
@@ -157,7 +157,7 @@ def test_golden_file_decodes_to_the_two_example_records() -> None:
         segment_no=1,
         first_lsn=1,
         salt=EXAMPLE_SALT,
-        prealloc_bytes=0,
+        prealloc_bytes=4096,
     )
 
 

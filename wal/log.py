@@ -110,6 +110,8 @@ class Log:
         preallocate: str = "size",
         max_pending_bytes: int = 4 << 20,
         _seed: int = 0,
+        _new_log_id: int = 0,
+        _new_salt: int = 0,
     ) -> Log:
         """Open (creating if needed) the log in `directory`.
 
@@ -141,6 +143,9 @@ class Log:
             cfg.max_pending_bytes = max_pending_bytes
             cfg.prealloc = lib.WAL_PREALLOC_ZEROS if preallocate == "zeros" else lib.WAL_PREALLOC_SIZE
             cfg.seed = _seed
+            if report.segments == 0:  # a new log: tests may pin its identity (golden file)
+                cfg.log_id = _new_log_id
+                cfg.segment_salt = _new_salt
             out = ffi.new("wal_log **")
             rc = lib.wal_log_open(path.encode(), cfg, out)
             if rc != 0:

@@ -7,7 +7,7 @@ Usage, from the repository root::
 
 The file holds exactly the bytes of the example: a segment header (log id
 0x0123456789abcdef, segment 1, first LSN 1, salt 0x5a17c0ffee15900d, prealloc
-field 0) and two DATA records (LSN 1 b"hello", LSN 2 b"agent state v1"), without
+field 4096) and two DATA records (LSN 1 b"hello", LSN 2 b"agent state v1"), without
 the zero tail a real segment file has. It is written with the pure-Python
 reference encoder ``wal.format``. The golden file is pinned: if this script
 changes its bytes, the format changed (see FORMAT.md, "Versioning").
@@ -30,7 +30,7 @@ LOG_ID = 0x0123456789ABCDEF
 SEGMENT_NO = 1
 FIRST_LSN = 1
 SALT = 0x5A17C0FFEE15900D
-PREALLOC_BYTES = 0
+PREALLOC_BYTES = 4096
 PAYLOADS = [b"hello", b"agent state v1"]
 
 
