@@ -71,6 +71,7 @@ struct wal_log {
     int closing, closed;
     pthread_t flusher;
     int flusher_started;
+    int flusher_idle; /* the flusher sleeps without a deadline: a new unsynced commit must wake it */
     int notify_fd;
     /* stats */
     uint64_t n_appends, n_commits, n_writes, n_fsyncs, bytes_written, synced_records, group_max;
@@ -219,9 +220,9 @@ static void do_sync(wal_log *log) {
 
 /* Make one step of progress towards written >= w_lsn and durable >= d_lsn
  * (d_lsn <= w_lsn), or wait for someone else's step. mu held.
- * A sync never first folds in more pending bytes: under steady load that would
- * postpone it forever. The next batch is written by its own waiters while this
- * fdatasync runs, and the fdatasync after it covers them. */
+ * Before an fdatasync the leader folds in the commits that queued up while the
+ * previous one ran (one write, so a steady stream cannot postpone the sync):
+ * otherwise they would wait a whole extra fdatasync, and groups would shrink. */
 static void progress_step(wal_log *log, uint64_t w_lsn, uint64_t d_lsn) {
     if (log->failed) return; /* I5: no I/O after a failure; callers check failed */
     if (log->written < w_lsn) {
@@ -230,6 +231,10 @@ static void progress_step(wal_log *log, uint64_t w_lsn, uint64_t d_lsn) {
             return;
         }
     } else if (log->durable < d_lsn && !log->sync_busy) {
+        if (log->pending.len && !log->write_busy) {
+            do_write(log);
+            if (log->failed || log->sync_busy || log->durable >= d_lsn) return;
+        }
         do_sync(log);
         return;
     }
@@ -289,6 +294,8 @@ static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, in
         return (int64_t)last;
     }
     if (level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
+    /* The RPO clock starts now: an idle flusher has no deadline to wake at, so give it one. */
+    else if (log->flusher_idle && level != WAL_LEVEL_SYNC) pthread_cond_signal(&log->wake);
     if (wait == WAL_WAIT_LATER || wait == WAL_WAIT_TRY) return (int64_t)last;
     int rc = wait_level(log, last, level);
     return rc ? rc : (int64_t)last;
@@ -384,7 +391,9 @@ static void *flusher_main(void *arg) {
             ts.tv_nsec = (long)(abs % 1000000000ull);
             pthread_cond_timedwait(&log->wake, &log->mu, &ts);
         } else {
+            log->flusher_idle = 1;
             pthread_cond_wait(&log->wake, &log->mu);
+            log->flusher_idle = 0;
         }
     }
     pthread_mutex_unlock(&log->mu);
