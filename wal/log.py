@@ -215,7 +215,7 @@ class Log:
     # ---- writing ---------------------------------------------------------------------------
 
     def _live(self) -> Any:
-        if self._forked or self._pid != os.getpid():
+        if self._forked:
             raise LockedError(
                 f"this Log of {self._dir} was opened by process {self._pid}; a forked child cannot use it. "
                 "Open the log again in the child (it gets LockedError while the parent holds the lock)."

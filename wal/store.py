@@ -39,6 +39,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -76,6 +77,17 @@ _APPLY_BATCH_RECORDS = 50_000
 _SCAN_CHUNK = 512
 
 Version = int
+
+
+_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_open_stores):
+        store._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Watermarks(NamedTuple):
@@ -229,6 +241,7 @@ class Store:
         self._apply_interval = apply_interval_ms / 1000
         self._max_unapplied = max_unapplied
         self._pid = os.getpid()
+        self._forked = False  # set in a forked child by _after_fork_in_child
         self._closed = False
         self._failure: BaseException | None = None
         self._commit_lock = threading.Lock()
@@ -279,6 +292,7 @@ class Store:
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        _open_stores.add(store)
         try:
             store._replay()
         except BaseException:
@@ -335,7 +349,7 @@ class Store:
     # ---- guards --------------------------------------------------------------------------------
 
     def _usable(self) -> None:
-        if self._pid != os.getpid():
+        if self._forked:
             raise LockedError(
                 f"this Store of {self._path} was opened by process {self._pid}; a forked child cannot use it. "
                 "Open the store again in the child (it gets LockedError while the parent holds it)."
@@ -501,7 +515,9 @@ class Store:
             self._idem_pending[txn.idempotency_key] = lsn
         self._bytes_since_checkpoint += size
         self._counters["commits"] += 1
-        if len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes:
+        if not self._wake.is_set() and (
+            len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes
+        ):
             self._wake.set()
 
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None) -> tuple[int, bool]:
@@ -528,7 +544,8 @@ class Store:
             # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
             log.wait(log.watermarks.appended, durability="sync")
         try:
-            log.wait(lsn, durability=durability)
+            if (durability or self._durability.level) != "buffered":  # buffered: acknowledged once queued
+                log.wait(lsn, durability=durability)
         except FailedError as exc:
             self._failure = exc
             raise
@@ -681,7 +698,7 @@ class Store:
         """Make every acknowledged commit durable, apply it, and release the directory. Idempotent."""
         if self._closed:
             return
-        if self._pid != os.getpid():
+        if self._forked:
             self._closed = True  # the parent owns the files, the lock and the LMDB handle
             return
         self._closed = True
