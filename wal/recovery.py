@@ -14,6 +14,7 @@ what a writable open must do before the writer resumes:
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import time
@@ -44,16 +45,40 @@ def parse_segment_name(name: str) -> int | None:
     return None
 
 
+def data_end(fd: int, size: int) -> int:
+    """End of the last data extent: past it the file is a hole, which reads as zeros.
+
+    Segments are preallocated by extending their size, so most of a fresh 64 MiB segment
+    is a hole; scanning stops here instead of reading megabytes of zeros. The validity
+    rules treat "the rest is all zero" exactly like end of file, so the result of a scan
+    is the same. Filesystems without SEEK_HOLE report the whole file as data.
+    """
+    end = pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole from pos to the end
+            return size  # SEEK_DATA not supported here
+        pos = os.lseek(fd, start, os.SEEK_HOLE)
+        end = pos
+    return min(end, size)
+
+
 @contextmanager
-def mapped(path: str) -> Iterator[Any]:
-    """Map a file read-only; yields a buffer (bytes for an empty file, which mmap refuses)."""
+def mapped(path: str, *, whole: bool = False) -> Iterator[Any]:
+    """Map a file read-only, up to its last data extent (all of it with whole=True).
+
+    Yields a buffer (bytes when there is nothing to map: mmap refuses length 0)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        if size == 0:
+        length = size if whole else data_end(fd, size)
+        if length == 0:
             yield b""
             return
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+        with mmap.mmap(fd, length, access=mmap.ACCESS_READ) as mm:
             yield mm
     finally:
         os.close(fd)
@@ -91,7 +116,7 @@ def scan_buffer(buf: Any) -> Any:
 def scan_segment_file(path: str, segment_no: int) -> SegmentScan:
     with mapped(path) as buf:
         res = scan_buffer(buf)
-        size = len(buf)
+    size = os.path.getsize(path)
     h = res.header
     return SegmentScan(
         path=path, segment_no=segment_no, size=size, status=STATUS_NAMES[res.status],
@@ -100,6 +125,40 @@ def scan_segment_file(path: str, segment_no: int) -> SegmentScan:
         log_id=h.log_id, salt=h.salt, header_ok=bool(res.header_ok), header_segment_no=h.segment_no,
         next_valid_offset=res.next_valid_offset, next_valid_lsn=res.next_valid_lsn,
     )
+
+
+def settled_scan_buffer(buf: Any, res: Any, *, tries: int = 20, pause: float = 0.005) -> Any:
+    """Rescan the last segment of a log another process may be writing, until its damage holds still.
+
+    A read-only reader can catch the writer in the middle of copying a batch in: it reads
+    a record still being written (bad) and, a moment later in the same scan, a record after
+    it that is already whole -- which looks exactly like damage in the middle of the log.
+    Real damage stays put from one scan to the next; a write in progress moves on.
+    """
+    for _ in range(tries):
+        if res.status != lib.WAL_SCAN_CORRUPT:
+            return res
+        time.sleep(pause)
+        again = scan_buffer(buf)
+        if (again.status, again.bad_offset, again.next_valid_offset) == (
+                res.status, res.bad_offset, res.next_valid_offset):
+            return again
+        res = again
+    return res
+
+
+def settled_scan_segment_file(scan: SegmentScan, *, tries: int = 20, pause: float = 0.005) -> SegmentScan:
+    """`settled_scan_buffer` for a SegmentScan of a file."""
+    for _ in range(tries):
+        if scan.status != "corrupt" or not scan.header_ok:
+            return scan
+        time.sleep(pause)
+        again = scan_segment_file(scan.path, scan.segment_no)
+        if (again.status, again.bad_offset, again.next_valid_offset) == (
+                scan.status, scan.bad_offset, scan.next_valid_offset):
+            return again
+        scan = again
+    return scan
 
 
 def list_segments(directory: str) -> list[tuple[int, str]]:
