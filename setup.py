@@ -1,5 +1,15 @@
-"""Only here to hook the cffi build into `pip install .`; metadata is in pyproject.toml."""
+"""Only here to hook the native builds into `pip install .`; metadata is in pyproject.toml."""
 
-from setuptools import setup
+from setuptools import Extension, setup
 
-setup(cffi_modules=["native/build.py:ffibuilder"])
+# The power-cut simulator's LD_PRELOAD shim (test-only). Built like an extension module so it
+# lands in the package as wal/_crashsim*.so, but it is plain C: never imported, no Python.h use.
+crashsim = Extension(
+    "wal._crashsim",
+    sources=["native/crashsim.c"],
+    libraries=["dl"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_link_args=["-pthread"],
+)
+
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim])

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import heapq
 import itertools
+import logging
 import os
 import weakref
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ from typing import Any, NamedTuple
 from wal import durability as dur
 from wal import recovery
 from wal._bindings import check, ffi, lib, raise_code
+from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -41,6 +43,7 @@ MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
 _READ_BATCH = 1024
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
+_logger = logging.getLogger("wal.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
 
 
 class LogWatermarks(NamedTuple):
@@ -65,6 +68,12 @@ class RecoveryReport:
 def _after_fork_in_child() -> None:
     for log in list(_open_logs):
         log._forked = True
+        # The child's copy of the LOCK fd shares the parent's flock: drop it, or a child that
+        # outlives the parent's close() would keep the directory locked.
+        if log._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(log._lock_fd)
+            log._lock_fd = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -134,7 +143,7 @@ class Log:
         path = os.fspath(directory)
         if readonly:
             return cls._open_readonly(path, level, segment_bytes)
-        os.makedirs(path, exist_ok=True)
+        makedirs_durable(path)
         lock_fd = _lock(path)
         try:
             report, cfg = _recover(path, recovery, segment_bytes)
@@ -153,15 +162,24 @@ class Log:
         except BaseException:
             os.close(lock_fd)
             raise
+        _log_recovery(path, report)
         return cls(path, out[0], level, lock_fd=lock_fd, report=report, segment_bytes=segment_bytes)
 
     @classmethod
     def _open_readonly(cls, path: str, level: dur.Durability, segment_bytes: int) -> Log:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no log at {path}")
-        scan = recovery.scan_directory(path)
+        for _ in range(5):
+            scan = recovery.scan_directory(path)
+            if scan.damage is None or scan.damage.offset == 0:
+                break
+            # Damage found by the record scan: a live writer may have been copying a batch in
+            # while we read. Real damage stays put; if it moved on, scan the log again.
+            if recovery.settled_scan_segment_file(scan.segments[scan.damage.index]).status == "corrupt":
+                break
         # scan_directory stops at the damage: compare with the segments on disk, not those scanned.
-        if scan.damage is not None and (scan.damage.index < len(recovery.list_segments(path)) - 1
+        last_listed = scan.damage is not None and scan.damage.index == len(recovery.list_segments(path)) - 1
+        if scan.damage is not None and (not last_listed
                                         or scan.segments[scan.damage.index].next_valid_offset):
             raise recovery.corruption_error(scan.damage, scan.segments)
         last = scan.segments[-1].last_lsn if scan.segments else 0
@@ -344,15 +362,15 @@ class Log:
             if _segment_first_lsn(nxt) > lsn:
                 break
             if archive_dir is not None:
-                os.makedirs(archive_dir, exist_ok=True)
+                makedirs_durable(archive_dir)
                 os.replace(path, os.path.join(archive_dir, os.path.basename(path)))
             else:
                 os.unlink(path)
             removed.append(path)
         if removed:
-            recovery._fsync_dir(self._dir)
+            fsync_dir(self._dir)
             if archive_dir is not None:
-                recovery._fsync_dir(archive_dir)
+                fsync_dir(archive_dir)
         return removed
 
     # ---- reading ---------------------------------------------------------------------------
@@ -443,7 +461,10 @@ class Log:
         if self._handle is not None:
             rc = lib.wal_log_close(self._handle)
             detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-            lib.wal_log_free(self._handle)
+            # Not freed here: another thread may be inside a call with this handle right now
+            # (the closed log answers it with WAL_ECLOSED). Freed with the Log object, in __del__,
+            # when no method of it can be running.
+            self._closed_handle = self._handle
             self._handle = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
@@ -462,6 +483,10 @@ class Log:
         if not getattr(self, "_closed", True) and not self._forked and self._pid == os.getpid():
             with contextlib.suppress(Exception):  # interpreter teardown: nothing to report to
                 self.close()
+        handle = getattr(self, "_closed_handle", None)
+        if handle is not None and not self._forked and self._pid == os.getpid():
+            self._closed_handle = None
+            lib.wal_log_free(handle)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self._handle is None else "open")
@@ -498,6 +523,22 @@ def _lock(path: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _log_recovery(path: str, report: RecoveryReport) -> None:
+    """Observability: what opening the log found and did (INFO), and what it cut or gave up (WARNING)."""
+    _logger.info("opened log %s: %d segment(s), %d record(s), last LSN %d, scanned in %.3f s",
+                 path, report.segments, report.records, report.last_lsn, report.seconds)
+    if report.torn_tail is not None:
+        segment, offset, nbytes = report.torn_tail
+        kept = [b for b in report.broken_files if b.startswith(segment + ".")]
+        _logger.warning("torn tail cut: %d byte(s) at offset %d of %s (after LSN %d); kept as %s",
+                        nbytes, offset, segment, report.last_lsn, kept[0] if kept else "(all zero, not kept)")
+    if report.lost_lsns is not None:
+        first, last = report.lost_lsns
+        _logger.warning("recovery='truncate' opened %s at LSN %d and gave up LSNs %d..%s; set aside: %s",
+                        path, report.last_lsn, first, last if last is not None else "?",
+                        ", ".join(report.broken_files) or "nothing")
 
 
 def _segment_first_lsn(path: str) -> int:
@@ -614,6 +655,8 @@ def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[t
             return
         with recovery.mapped(path) as buf:
             res = recovery.scan_buffer(buf)
+            if upto is None and i == len(segments) - 1:
+                res = recovery.settled_scan_buffer(buf, res)  # a live writer may be mid-write here
             if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
                 scan = recovery.scan_segment_file(path, number)
                 raise CorruptionError(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wal._bindings import ffi, lib
+from wal._fs import fsync_dir
 from wal.errors import CorruptionError, FormatVersionError
 
 SEGMENT_SUFFIX = ".wal"
@@ -203,6 +204,13 @@ def _describe(scan: SegmentScan) -> str:
     return text
 
 
+def _header_crc_ok(path: str) -> bool:
+    """Whether the 64-byte header's CRC (bytes 60..63 over 0..59) holds, whatever its version says."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return len(head) == 64 and lib.wal_crc32c(0, head, 60) == int.from_bytes(head[60:64], "little")
+
+
 def scan_directory(directory: str) -> DirectoryScan:
     """Scan every segment and apply the cross-segment rules S1-S5. Reads only."""
     started = time.monotonic()
@@ -215,6 +223,10 @@ def scan_directory(directory: str) -> DirectoryScan:
         is_last = i == len(listed) - 1
         problem = None
         if not scan.header_ok:
+            if scan.reason == "unsupported version" and not _header_crc_ok(path):
+                # Another version number behind a header CRC that does not hold is a damaged
+                # version field (a flipped byte), not a file from another agentwal: corruption.
+                scan.reason = "bad header crc"
             if scan.reason == "unsupported version":
                 raise FormatVersionError(
                     f"{path} was written by an unsupported log format version; this agentwal reads "
@@ -259,14 +271,6 @@ def corruption_error(damage: Damage, scans: list[SegmentScan]) -> CorruptionErro
     )
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def cut_tail(path: str, offset: int, end: int) -> str | None:
     """Save bytes [offset, end) of a segment beside it as .broken, then zero them in place.
 
@@ -287,7 +291,7 @@ def cut_tail(path: str, offset: int, end: int) -> str | None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync_dir(os.path.dirname(path) or ".")
+            fsync_dir(os.path.dirname(path) or ".")
         seg.seek(offset)
         seg.write(bytes(len(data)))
         seg.flush()
@@ -299,7 +303,7 @@ def set_aside(path: str) -> str:
     """Rename a whole segment out of the log (kept as .broken)."""
     broken = f"{path}.broken"
     os.replace(path, broken)
-    _fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(path) or ".")
     return broken
 
 

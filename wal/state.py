@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 import lmdb
 
 from wal import record
-from wal.errors import WalError
+from wal.errors import LockedError, WalError
 
 _U64 = struct.Struct("<Q")
 _IDEM = struct.Struct("<QQ")
@@ -51,10 +51,19 @@ class State:
             os.makedirs(path, exist_ok=True)
         self.path = path
         self.readonly = readonly
-        self.env = lmdb.open(
-            path, map_size=map_size, subdir=True, readonly=readonly, metasync=False, sync=True,
-            map_async=False, writemap=False, max_dbs=4, lock=True, create=not readonly, readahead=False,
-        )
+        try:
+            self.env = lmdb.open(
+                path, map_size=map_size, subdir=True, readonly=readonly, metasync=False, sync=True,
+                map_async=False, writemap=False, max_dbs=4, lock=True, create=not readonly, readahead=False,
+            )
+        except lmdb.Error as exc:
+            if "already open in this process" not in str(exc):
+                raise
+            # py-lmdb allows one handle per environment and process (two would break LMDB's locks).
+            raise LockedError(
+                f"the state in {path} is already open in this process (LMDB allows one handle per process); "
+                "read through the Store already open, or open it read-only from another process"
+            ) from exc
         self.data = self.env.open_db(b"data", create=not readonly)
         self.idem = self.env.open_db(b"idem", create=not readonly)
         self.meta = self.env.open_db(b"meta", create=not readonly)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import os
 import threading
 import time
@@ -46,6 +47,7 @@ from typing import Any, NamedTuple
 
 from wal import durability as dur
 from wal import record
+from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -80,6 +82,7 @@ Version = int
 
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_logger = logging.getLogger("wal.store")  # under the "wal" logger: recovery, checkpoints, fail-stop, slow fsyncs
 
 
 def _after_fork_in_child() -> None:
@@ -228,6 +231,12 @@ class Transaction:
 class Store:
     """An open store; create with `wal.open`. Thread-safe; one writer process per directory."""
 
+    # The materializer logs a WARNING when the slowest fdatasync (stats()["fsync_ms_max"]) grew past
+    # this many milliseconds since it last looked (about once a second). Set per store to tune.
+    slow_fsync_ms: float = 1000.0
+    _fsync_ms_seen: float = 0.0
+    _fsync_checked_at: float = 0.0
+
     def __init__(self, path: str, log: Log | None, state: State, level: dur.Durability, *,
                  checkpoint_bytes: int, archive: str | None, idempotency_ttl_s: float,
                  apply_interval_ms: int, max_unapplied: int) -> None:
@@ -282,12 +291,20 @@ class Store:
             _check_store_file(root, create=False)
             state = State(os.path.join(root, STATE_DIR), readonly=True)
             return cls(root, None, state, level, **common)  # type: ignore[arg-type]
-        os.makedirs(root, exist_ok=True)
+        makedirs_durable(root)
+        if os.path.exists(os.path.join(root, STORE_FILE)):
+            # Refuse an unknown or newer format before the log's recovery touches (or misreads
+            # as damage) a log laid out by another version.
+            _check_store_file(root, create=False)
         log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
                        segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate)
         try:
             _check_store_file(root, create=True)
             state = State(os.path.join(root, STATE_DIR))
+            # LMDB creates state/ and its files but never fsyncs a directory: make the names
+            # durable before a checkpoint can delete the log segments they stand in for.
+            fsync_dir(state.path)
+            fsync_dir(root)
         except BaseException:
             log.close()
             raise
@@ -345,6 +362,8 @@ class Store:
             "records_replayed": replayed,
             "log_scan_seconds": report.seconds,
         }
+        _logger.info("opened store %s: replayed %d record(s) into the state (applied LSN %d) in %.3f s",
+                     self._path, replayed, self._applied, self._recovery["recovery_seconds"])
 
     # ---- guards --------------------------------------------------------------------------------
 
@@ -427,6 +446,7 @@ class Store:
         oi = 0
         after: bytes | None = None
         while True:
+            self._usable()  # a scan iterated after close(): ClosedError, not LMDB's error
             chunk = self._state.scan_chunk(prefix, after, _SCAN_CHUNK)
             for key, version, value in chunk:
                 while oi < len(okeys) and okeys[oi] < key:
@@ -547,6 +567,7 @@ class Store:
             if (durability or self._durability.level) != "buffered":  # buffered: acknowledged once queued
                 log.wait(lsn, durability=durability)
         except FailedError as exc:
+            self._log_failure(exc)
             self._failure = exc
             raise
         return lsn, dup
@@ -577,6 +598,7 @@ class Store:
         try:
             await log.wait_async(lsn, durability=durability)
         except FailedError as exc:
+            self._log_failure(exc)
             self._failure = exc
             raise
         return lsn, dup
@@ -597,6 +619,7 @@ class Store:
             try:
                 self._applied = self._state.apply(batch, lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
             except BaseException as exc:
+                self._log_failure(exc)
                 self._failure = exc
                 raise
             applied = self._applied
@@ -625,14 +648,37 @@ class Store:
             try:
                 while self._apply_ready():
                     pass
+                self._check_fsync_latency()
                 if self._bytes_since_checkpoint >= self._checkpoint_bytes:
                     self._checkpoint(sync_log=False)
                     self._counters["auto_checkpoints"] += 1
-            except FailedError:
+            except FailedError as exc:
+                self._log_failure(exc)
                 return  # the log stopped; commits already report it
             except BaseException as exc:  # LMDB error: stop writes (fail-stop), keep reads working
+                self._log_failure(exc)
                 self._failure = exc
                 return
+
+    def _log_failure(self, exc: BaseException) -> None:
+        """Observability: one ERROR when the store fail-stops (I5), however many commits then see it."""
+        if not getattr(self, "_failure_logged", False):
+            self._failure_logged = True
+            _logger.error("store %s stopped after a failure and refuses writes until reopened "
+                          "(reopening replays the log): %s", self._path, exc)
+
+    def _check_fsync_latency(self) -> None:
+        """Observability: WARNING when the slowest fdatasync grew past `slow_fsync_ms` (looked at ~1/s)."""
+        now = time.monotonic()
+        if self._log is None or now - self._fsync_checked_at < 1.0:
+            return
+        self._fsync_checked_at = now
+        worst = float(self._log.stats().get("fsync_ms_max", 0.0))
+        if worst > self._fsync_ms_seen and worst >= self.slow_fsync_ms:
+            self._counters["slow_fsyncs"] += 1
+            _logger.warning("slow fdatasync in %s: %.1f ms (threshold slow_fsync_ms=%.0f); commits at level "
+                            "'sync' waited that long", self._path, worst, self.slow_fsync_ms)
+        self._fsync_ms_seen = max(self._fsync_ms_seen, worst)
 
     # ---- checkpoints -------------------------------------------------------------------------------
 
@@ -656,6 +702,8 @@ class Store:
             self._last_checkpoint = time.time()
             self._counters["checkpoints"] += 1
             self._counters["segments_removed"] += len(removed)
+        _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
+                     "archived" if self._archive else "removed")
         return applied
 
     # ---- observing ---------------------------------------------------------------------------------
@@ -753,11 +801,7 @@ def _check_store_file(root: str, *, create: bool) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(root)
         return
     except (ValueError, OSError) as exc:
         raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",

@@ -1,0 +1,25 @@
+"""Child for the kill-during-recovery test: opens (and so recovers) a store, then closes it.
+
+usage: open_store.py STORE
+
+Prints ``start`` right before `wal.open` (the parent times its SIGKILL from there) and
+``opened REPLAYED`` once recovery is done.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import wal
+
+
+def main() -> int:
+    print("start", flush=True)
+    store = wal.open(sys.argv[1])
+    print(f"opened {store.stats()['records_replayed']}", flush=True)
+    store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

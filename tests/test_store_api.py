@@ -1,0 +1,1080 @@
+"""The frozen `wal.Store` API of BRIEF §4, through `wal.open`, as a user sees it.
+
+put / delete / get / version / scan (key order, prefix bounds), str keys, value types and
+size limits (refused before anything is written), transactions (atomic, own writes,
+`if_version`, idempotency keys, per-transaction durability), watermarks, stats,
+checkpoints (segments removed or archived, automatic ones bounding replay), read-your-
+writes at every level, closed and read-only stores, and the STORE format version.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import wal
+from wal.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from wal.testing import failpoint
+
+HELPERS = Path(__file__).parent / "store_helpers"
+# apply_interval_ms so long that the materializer only runs when close/checkpoint asks:
+# commits then stay in the in-memory overlay and reads must be served from it.
+NO_APPLY = 600_000
+LEVELS = [("sync", None), ("interval", 1000), ("buffered", 1000)]
+# "Nothing written" is checked on the written watermark: applied may move at any time, as
+# the materializer catches up with earlier commits.
+
+
+def wal_files(store_dir: Path) -> list[str]:
+    return sorted(p.name for p in (store_dir / "log").glob("*.wal"))
+
+
+def fill(store: wal.Store, n: int, size: int = 1000, prefix: str = "k") -> int:
+    lsn = 0
+    for i in range(n):
+        lsn = store.put(f"{prefix}{i:06d}", bytes([i % 251]) * size)
+    return lsn
+
+
+# ---- put / get / delete / version -------------------------------------------------------
+
+
+def test_put_returns_the_commit_lsn_and_get_returns_the_value(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        lsn = store.put(b"agent/1", b"hello")
+        assert lsn == 1
+        assert store.get(b"agent/1") == b"hello"
+        assert store.version(b"agent/1") == lsn
+
+
+def test_each_commit_gets_the_next_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        lsns = [store.put(f"k{i}", b"v") for i in range(5)] + [store.delete("k0")]
+        assert lsns == [1, 2, 3, 4, 5, 6]
+
+
+def test_get_of_a_missing_key_returns_the_default(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        assert store.get(b"nope") is None
+        assert store.get(b"nope", b"dflt") == b"dflt"
+        assert store.version(b"nope") is None
+
+
+def test_put_overwrites_and_the_version_moves_to_the_new_commit(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"one")
+        second = store.put(b"k", b"two")
+        assert store.get(b"k") == b"two"
+        assert store.version(b"k") == second
+
+
+def test_delete_removes_the_value_and_the_version(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+        lsn = store.delete(b"k")
+        assert lsn == 2
+        assert store.get(b"k") is None
+        assert store.version(b"k") is None
+        assert list(store.scan()) == []
+
+
+def test_delete_of_a_missing_key_still_commits_and_returns_its_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        assert store.delete(b"ghost") == 1
+        assert store.watermarks.written == 1
+        assert store.get(b"ghost") is None
+
+
+def test_empty_value_is_a_value_not_a_deletion(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        lsn = store.put(b"k", b"")
+        assert store.get(b"k", b"dflt") == b""
+        assert store.version(b"k") == lsn
+        assert list(store.scan()) == [(b"k", b"")]
+
+
+def test_data_and_versions_survive_close_and_reopen_and_lsns_continue(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        a = store.put(b"a", b"1")
+        store.put(b"b", b"2")
+        store.delete(b"b")
+    with wal.open(tmp_path) as store:
+        assert store.get(b"a") == b"1"
+        assert store.version(b"a") == a
+        assert store.get(b"b") is None
+        assert store.put(b"c", b"3") == 4
+
+
+def test_bytearray_and_memoryview_values_are_stored_as_bytes(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"a", bytearray(b"xy"))
+        store.put(b"b", memoryview(b"zw"))
+        assert store.get(b"a") == b"xy"
+        assert store.get(b"b") == b"zw"
+        assert type(store.get(b"a")) is bytes
+
+
+# ---- str keys -----------------------------------------------------------------------------
+
+
+def test_str_keys_are_encoded_as_utf8(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put("café/ü", b"v")
+        assert store.get("café/ü".encode()) == b"v"
+        assert store.get("café/ü") == b"v"
+        assert list(store.scan()) == [("café/ü".encode(), b"v")]
+        assert [k for k, _ in store.scan("caf")] == ["café/ü".encode()]
+        store.delete("café/ü")
+        assert store.get(b"caf\xc3\xa9/\xc3\xbc") is None
+
+
+# ---- scan ---------------------------------------------------------------------------------
+
+
+def test_scan_yields_pairs_in_bytewise_key_order(tmp_path: Path) -> None:
+    keys = [b"b", b"a", b"\xff", b"a\x00", b"\x00", b"ab", b"A", b"\xff\xff", b"a\xff", b"\x7f"]
+    with wal.open(tmp_path) as store:
+        for k in keys:
+            store.put(k, b"v" + k)
+        assert list(store.scan()) == [(k, b"v" + k) for k in sorted(keys)]
+
+
+def test_scan_prefix_returns_exactly_the_keys_that_start_with_it(tmp_path: Path) -> None:
+    keys = [b"`", b"`\xff", b"a", b"a\x00", b"a\xff", b"a\xff\xff", b"ab", b"abc", b"b", b"b\x00"]
+    with wal.open(tmp_path) as store:
+        for k in keys:
+            store.put(k, k)
+        got = [k for k, _ in store.scan(b"a")]
+        assert got == [b"a", b"a\x00", b"ab", b"abc", b"a\xff", b"a\xff\xff"]
+        assert b"b" not in got and b"`" not in got and b"`\xff" not in got
+        assert [k for k, _ in store.scan(b"ab")] == [b"ab", b"abc"]
+        assert [k for k, _ in store.scan(b"a\xff")] == [b"a\xff", b"a\xff\xff"]
+        assert list(store.scan(b"zz")) == []
+
+
+def test_scan_prefix_of_0xff_bytes_includes_keys_up_to_the_end_of_the_keyspace(tmp_path: Path) -> None:
+    keys = [b"\xfe", b"\xfe\xff", b"\xff", b"\xff\x00", b"\xff\xfe", b"\xff\xff", b"\xff\xff\xff"]
+    with wal.open(tmp_path) as store:
+        for k in keys:
+            store.put(k, b"v")
+        assert [k for k, _ in store.scan(b"\xff")] == [b"\xff", b"\xff\x00", b"\xff\xfe", b"\xff\xff",
+                                                       b"\xff\xff\xff"]
+        assert [k for k, _ in store.scan(b"\xff\xff")] == [b"\xff\xff", b"\xff\xff\xff"]
+
+
+def test_scan_with_the_empty_prefix_returns_every_key(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        for k in [b"\x00", b"m", b"\xff"]:
+            store.put(k, b"v")
+        assert [k for k, _ in store.scan(b"")] == [b"\x00", b"m", b"\xff"]
+        assert [k for k, _ in store.scan("")] == [b"\x00", b"m", b"\xff"]
+        assert [k for k, _ in store.scan()] == [b"\x00", b"m", b"\xff"]
+
+
+def test_scan_merges_applied_and_unapplied_commits_across_many_chunks(tmp_path: Path) -> None:
+    """More keys than one LMDB read chunk; half applied (checkpoint), half only in memory,
+    overwrites and deletes of applied keys still in memory: the scan is the newest state."""
+    with wal.open(tmp_path, durability="interval", rpo_ms=1000, apply_interval_ms=NO_APPLY) as store:
+        expected: dict[bytes, bytes] = {}
+        for i in range(0, 3000, 2):
+            store.put(b"k%05d" % i, b"old%d" % i)
+            expected[b"k%05d" % i] = b"old%d" % i
+        store.checkpoint()
+        assert store.watermarks.applied == store.watermarks.written
+        for i in range(1, 3000, 2):
+            store.put(b"k%05d" % i, b"new%d" % i)
+            expected[b"k%05d" % i] = b"new%d" % i
+        for i in range(0, 3000, 6):
+            store.put(b"k%05d" % i, b"over%d" % i)
+            expected[b"k%05d" % i] = b"over%d" % i
+        for i in range(2, 3000, 10):
+            store.delete(b"k%05d" % i)
+            expected.pop(b"k%05d" % i, None)
+        assert store.watermarks.applied < store.watermarks.written  # still in the overlay
+        assert list(store.scan(b"k")) == sorted(expected.items())
+        assert list(store.scan(b"k01")) == sorted((k, v) for k, v in expected.items() if k.startswith(b"k01"))
+        store.checkpoint()
+        assert list(store.scan()) == sorted(expected.items())
+
+
+def test_scan_does_not_show_a_key_deleted_after_it_was_applied(tmp_path: Path) -> None:
+    with wal.open(tmp_path, apply_interval_ms=NO_APPLY) as store:
+        store.put(b"a", b"1")
+        store.put(b"b", b"2")
+        store.checkpoint()
+        store.delete(b"a")
+        assert list(store.scan()) == [(b"b", b"2")]
+        assert store.get(b"a") is None
+
+
+# ---- argument types and size limits ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["text", 42, None, 1.5, [b"x"]])
+def test_a_value_that_is_not_bytes_raises_argument_type_error_and_writes_nothing(
+        tmp_path: Path, value: object) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+        before = store.watermarks.written
+        with pytest.raises(wal.ArgumentTypeError) as info:
+            store.put(b"k", value)  # type: ignore[arg-type]
+        assert isinstance(info.value, TypeError)
+        assert isinstance(info.value, wal.WalError)
+        with pytest.raises(wal.ArgumentTypeError), store.transaction() as tx:
+            tx.put(b"k2", value)  # type: ignore[arg-type]
+        assert store.watermarks.written == before
+        assert store.get(b"k") == b"v"
+        assert store.get(b"k2") is None
+
+
+@pytest.mark.parametrize("key", [42, None, 1.5, ("a",)])
+def test_a_key_that_is_not_bytes_or_str_raises_argument_type_error(tmp_path: Path, key: object) -> None:
+    with wal.open(tmp_path) as store:
+        with pytest.raises(wal.ArgumentTypeError):
+            store.put(key, b"v")  # type: ignore[arg-type]
+        with pytest.raises(wal.ArgumentTypeError):
+            store.get(key)  # type: ignore[arg-type]
+        with pytest.raises(wal.ArgumentTypeError):
+            store.delete(key)  # type: ignore[arg-type]
+        assert store.watermarks.written == 0
+
+
+@pytest.mark.parametrize("key", [b"", ""])
+def test_the_empty_key_is_rejected_with_argument_error(tmp_path: Path, key: bytes | str) -> None:
+    with wal.open(tmp_path) as store:
+        with pytest.raises(wal.ArgumentError) as info:
+            store.put(key, b"v")
+        assert isinstance(info.value, ValueError)
+        with pytest.raises(wal.ArgumentError):
+            store.delete(key)
+        assert store.watermarks.written == 0
+
+
+def test_a_key_of_exactly_511_bytes_is_accepted(tmp_path: Path) -> None:
+    key = b"k" * MAX_KEY_BYTES
+    assert MAX_KEY_BYTES == 511
+    with wal.open(tmp_path) as store:
+        store.put(key, b"v")
+        assert store.get(key) == b"v"
+    with wal.open(tmp_path) as store:
+        assert store.get(key) == b"v"
+        assert list(store.scan(b"kkk")) == [(key, b"v")]
+
+
+@pytest.mark.parametrize("key", [b"k" * 512, "é" * 256])  # "é" is 2 bytes in UTF-8
+def test_a_key_over_511_bytes_raises_record_too_large_and_writes_nothing(
+        tmp_path: Path, key: bytes | str) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"a", b"1")
+        before = store.watermarks.written
+        with pytest.raises(wal.RecordTooLargeError, match="511"):
+            store.put(key, b"v")
+        with pytest.raises(wal.RecordTooLargeError), store.transaction() as tx:
+            tx.put(b"fine", b"v")
+            tx.put(key, b"v")
+        assert store.watermarks.written == before
+        assert store.get(b"fine") is None
+
+
+def test_a_value_at_the_limit_is_accepted_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        big = b"x" * MAX_VALUE_BYTES
+        lsn = store.put(b"k" * MAX_KEY_BYTES, big)
+        before = store.watermarks.written
+        assert before == lsn
+        with pytest.raises(wal.RecordTooLargeError) as info:
+            store.put(b"k2", big + b"x")
+        assert isinstance(info.value, wal.ArgumentError)
+        assert store.watermarks.written == before
+        assert store.get(b"k2") is None
+        assert store.get(b"k" * MAX_KEY_BYTES) == big
+
+
+def test_a_transaction_too_large_as_a_whole_is_refused_at_commit_and_writes_nothing(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"a", b"1")
+        before = store.watermarks.written
+        half = b"y" * (MAX_VALUE_BYTES // 2 + 4096)  # two of them exceed one record
+        with pytest.raises(wal.RecordTooLargeError), store.transaction() as tx:
+            tx.put(b"x1", half)
+            tx.put(b"x2", half)
+        assert tx.lsn is None
+        assert store.watermarks.written == before
+        assert store.get(b"x1") is None and store.get(b"x2") is None
+
+
+# ---- transactions -------------------------------------------------------------------------
+
+
+def test_a_transaction_commits_all_its_writes_as_one_record_with_one_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"old", b"x")
+        with store.transaction() as tx:
+            tx.put(b"a", b"1")
+            tx.put("b", b"2")
+            tx.delete(b"old")
+        assert tx.lsn == 2
+        assert store.watermarks.written == 2  # one log record
+        assert store.get(b"a") == b"1" and store.get(b"b") == b"2" and store.get(b"old") is None
+        assert store.version(b"a") == store.version(b"b") == tx.lsn
+        assert tx.deduplicated is False
+
+
+def test_an_exception_inside_the_transaction_aborts_it_and_nothing_is_written(tmp_path: Path) -> None:
+    class BoomError(Exception):
+        pass
+
+    with wal.open(tmp_path) as store:
+        store.put(b"a", b"before")
+        before = store.watermarks.written
+        with pytest.raises(BoomError), store.transaction() as tx:
+            tx.put(b"a", b"after")
+            tx.put(b"b", b"new")
+            raise BoomError
+        assert tx.lsn is None
+        assert store.watermarks.written == before
+        assert store.get(b"a") == b"before"
+        assert store.get(b"b") is None
+    with wal.open(tmp_path) as store:
+        assert store.get(b"a") == b"before" and store.get(b"b") is None
+
+
+def test_tx_get_sees_the_transactions_own_writes_and_deletes_before_commit(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"stored", b"s")
+        store.put(b"doomed", b"d")
+        with store.transaction() as tx:
+            assert tx.get(b"stored") == b"s"
+            assert tx.get(b"new") is None
+            tx.put(b"new", b"n")
+            tx.put(b"stored", b"s2")
+            tx.delete(b"doomed")
+            assert tx.get(b"new") == b"n"
+            assert tx.get("stored") == b"s2"
+            assert tx.get(b"doomed") is None
+            assert tx.get(b"doomed", b"gone") == b"gone"
+            assert store.get(b"new") is None  # not visible outside before commit
+            assert store.get(b"stored") == b"s"
+        assert store.get(b"new") == b"n" and store.get(b"stored") == b"s2" and store.get(b"doomed") is None
+
+
+def test_the_last_write_to_a_key_in_a_transaction_wins(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction() as tx:
+            tx.put(b"k", b"1")
+            tx.delete(b"k")
+            tx.put(b"j", b"1")
+            tx.put(b"j", b"2")
+        assert store.get(b"k") is None and store.get(b"j") == b"2"
+    with wal.open(tmp_path) as store:
+        assert store.get(b"k") is None and store.get(b"j") == b"2"
+
+
+def test_an_empty_transaction_writes_nothing_and_has_no_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store, store.transaction() as tx:
+        pass
+    assert tx.lsn is None
+
+
+def test_a_transaction_cannot_be_used_after_its_block(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction() as tx:
+            tx.put(b"a", b"1")
+        with pytest.raises(wal.ClosedError):
+            tx.put(b"b", b"2")
+        assert store.get(b"b") is None
+
+
+# ---- if_version -----------------------------------------------------------------------------
+
+
+def test_if_version_equal_to_the_current_version_commits(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v1 = store.put(b"k", b"1")
+        with store.transaction() as tx:
+            tx.put(b"k", b"2", if_version=v1)
+        assert store.get(b"k") == b"2" and store.version(b"k") == tx.lsn
+        with store.transaction() as tx2:
+            tx2.delete(b"k", if_version=tx.lsn)
+        assert store.get(b"k") is None
+
+
+def test_if_version_mismatch_raises_conflict_naming_key_expected_and_actual(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v1 = store.put(b"agent/7", b"1")
+        v2 = store.put(b"agent/7", b"2")
+        before = store.watermarks.written
+        with pytest.raises(wal.ConflictError) as info, store.transaction() as tx:
+            tx.put(b"agent/7", b"3", if_version=v1)
+        err = info.value
+        assert err.key == b"agent/7"
+        assert err.expected == v1
+        assert err.actual == v2
+        message = str(err)
+        assert "agent/7" in message and str(v1) in message and str(v2) in message
+        assert tx.lsn is None
+        assert store.watermarks.written == before
+        assert store.get(b"agent/7") == b"2"
+
+
+def test_if_version_zero_means_the_key_must_be_absent(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction() as tx:
+            tx.put(b"k", b"created", if_version=0)
+        assert store.get(b"k") == b"created"
+        with pytest.raises(wal.ConflictError) as info, store.transaction() as tx2:
+            tx2.put(b"k", b"again", if_version=0)
+        assert info.value.expected == 0
+        assert info.value.actual == tx.lsn
+        assert store.get(b"k") == b"created"
+
+
+def test_a_deleted_key_counts_as_absent_for_if_version(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v = store.put(b"k", b"1")
+        store.delete(b"k")
+        with pytest.raises(wal.ConflictError) as info, store.transaction() as tx:
+            tx.put(b"k", b"2", if_version=v)
+        assert info.value.actual is None
+        assert "absent" in str(info.value)
+        with store.transaction() as tx:
+            tx.put(b"k", b"2", if_version=0)
+        assert store.get(b"k") == b"2"
+
+
+def test_one_failed_check_aborts_the_whole_transaction(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        va = store.put(b"a", b"1")
+        store.put(b"b", b"1")
+        before = store.watermarks.written
+        with pytest.raises(wal.ConflictError), store.transaction() as tx:
+            tx.put(b"a", b"2", if_version=va)  # would pass
+            tx.put(b"b", b"2", if_version=va)  # fails: b has another version
+            tx.put(b"c", b"2")
+        assert store.watermarks.written == before
+        assert (store.get(b"a"), store.get(b"b"), store.get(b"c")) == (b"1", b"1", None)
+
+
+def test_if_version_sees_commits_not_yet_applied_to_lmdb(tmp_path: Path) -> None:
+    with wal.open(tmp_path, apply_interval_ms=NO_APPLY) as store:
+        v = store.put(b"k", b"1")
+        assert store.watermarks.applied < v
+        with pytest.raises(wal.ConflictError), store.transaction() as tx:
+            tx.put(b"k", b"x", if_version=0)
+        with store.transaction() as tx:
+            tx.put(b"k", b"2", if_version=v)
+        assert store.get(b"k") == b"2"
+
+
+def test_if_version_checks_survive_reopen(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v = store.put(b"k", b"1")
+    with wal.open(tmp_path) as store:
+        assert store.version(b"k") == v
+        with store.transaction() as tx:
+            tx.put(b"k", b"2", if_version=v)
+        assert store.get(b"k") == b"2"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, "3", True])
+def test_a_bad_if_version_is_an_argument_error(tmp_path: Path, bad: object) -> None:
+    with wal.open(tmp_path) as store, pytest.raises(wal.ArgumentError), store.transaction() as tx:
+        tx.put(b"k", b"v", if_version=bad)  # type: ignore[arg-type]
+
+
+def test_of_many_threads_racing_on_one_version_exactly_one_wins(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v = store.put(b"counter", b"0")
+        barrier = threading.Barrier(8)
+        results: list[str] = []
+
+        def worker(n: int) -> None:
+            barrier.wait()
+            try:
+                with store.transaction() as tx:
+                    tx.put(b"counter", str(n).encode(), if_version=v)
+                results.append("won")
+            except wal.ConflictError:
+                results.append("conflict")
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == ["conflict"] * 7 + ["won"]
+        assert store.watermarks.written == v + 1
+
+
+# ---- idempotency keys ---------------------------------------------------------------------------
+
+
+def test_a_second_commit_with_the_same_idempotency_key_returns_the_first_lsn_and_applies_nothing(
+        tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction(idempotency_key=b"step-1") as first:
+            first.put(b"k", b"first")
+        assert first.deduplicated is False
+        before = store.watermarks.written
+        with store.transaction(idempotency_key=b"step-1") as again:
+            again.put(b"k", b"second")
+            again.put(b"other", b"x")
+        assert again.lsn == first.lsn
+        assert again.deduplicated is True
+        assert store.watermarks.written == before
+        assert store.get(b"k") == b"first"
+        assert store.get(b"other") is None
+        assert store.stats()["idempotent_hits"] == 1
+
+
+def test_idempotency_keys_are_remembered_across_checkpoint_and_reopen(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction(idempotency_key="job-42") as tx:
+            tx.put(b"k", b"first")
+        store.checkpoint()
+        first = tx.lsn
+    with wal.open(tmp_path) as store:
+        written = store.watermarks.written
+        with store.transaction(idempotency_key=b"job-42") as tx:
+            tx.put(b"k", b"second")
+        assert (tx.lsn, tx.deduplicated) == (first, True)
+        assert store.watermarks.written == written
+        assert store.get(b"k") == b"first"
+
+
+def test_an_idempotency_key_of_an_unapplied_commit_is_remembered_after_a_reopen_replays_it(
+        tmp_path: Path) -> None:
+    store = wal.open(tmp_path, apply_interval_ms=NO_APPLY)
+    with store.transaction(idempotency_key=b"once") as tx:
+        tx.put(b"k", b"first")
+    assert store.watermarks.applied < tx.lsn
+    with store.transaction(idempotency_key=b"once") as dup:
+        dup.put(b"k", b"second")
+    assert (dup.lsn, dup.deduplicated) == (tx.lsn, True)
+    store.close()
+    with wal.open(tmp_path) as store, store.transaction(idempotency_key=b"once") as again:
+        again.put(b"k", b"third")
+    assert (again.lsn, again.deduplicated) == (tx.lsn, True)
+
+
+def test_an_idempotency_key_is_forgotten_after_its_ttl(tmp_path: Path) -> None:
+    with wal.open(tmp_path, idempotency_ttl_s=0.2) as store:
+        with store.transaction(idempotency_key=b"k1") as tx:
+            tx.put(b"k", b"first")
+        time.sleep(0.4)
+        store.checkpoint()  # expires old keys from LMDB
+        with store.transaction(idempotency_key=b"k1") as again:
+            again.put(b"k", b"second")
+        assert again.deduplicated is False
+        assert again.lsn is not None and again.lsn > tx.lsn  # type: ignore[operator]
+        assert store.get(b"k") == b"second"
+
+
+def test_an_aborted_or_conflicting_transaction_does_not_use_up_its_idempotency_key(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        v = store.put(b"k", b"0")
+        with pytest.raises(RuntimeError), store.transaction(idempotency_key=b"i") as tx:
+            tx.put(b"k", b"aborted")
+            raise RuntimeError
+        with pytest.raises(wal.ConflictError), store.transaction(idempotency_key=b"i") as tx:
+            tx.put(b"k", b"conflict", if_version=v + 100)
+        with store.transaction(idempotency_key=b"i") as tx:
+            tx.put(b"k", b"committed")
+        assert tx.deduplicated is False
+        assert store.get(b"k") == b"committed"
+
+
+def test_different_idempotency_keys_commit_independently(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        with store.transaction(idempotency_key=b"a") as ta:
+            ta.put(b"x", b"1")
+        with store.transaction(idempotency_key=b"b") as tb:
+            tb.put(b"x", b"2")
+        assert not tb.deduplicated and tb.lsn != ta.lsn
+        assert store.get(b"x") == b"2"
+
+
+# ---- durability levels ----------------------------------------------------------------------------
+
+
+def test_a_sync_transaction_in_an_interval_store_is_durable_when_it_returns(tmp_path: Path) -> None:
+    with wal.open(tmp_path, durability="interval", rpo_ms=60_000) as store:
+        for _ in range(3):
+            store.put(b"chatter", b"x")
+            with store.transaction(durability="sync") as tx:
+                tx.put(b"critical", b"state transition")
+            assert tx.lsn is not None
+            assert store.watermarks.durable >= tx.lsn
+        lsn = store.put(b"also", b"critical", durability="sync")
+        assert store.watermarks.durable >= lsn
+
+
+def test_a_sync_transaction_in_a_buffered_store_is_durable_when_it_returns(tmp_path: Path) -> None:
+    with wal.open(tmp_path, durability="buffered", rpo_ms=60_000) as store:
+        store.put(b"chatter", b"x")
+        with store.transaction(durability="sync") as tx:
+            tx.put(b"critical", b"v")
+        assert store.watermarks.durable >= tx.lsn  # type: ignore[operator]
+        with store.transaction(durability="interval") as tx2:
+            tx2.put(b"written", b"v")
+        assert store.watermarks.written >= tx2.lsn  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("level", "rpo_ms", "weaker"), [
+    ("sync", None, "interval"), ("sync", None, "buffered"), ("interval", 100, "buffered"),
+])
+def test_asking_a_weaker_level_than_the_stores_raises_argument_error(
+        tmp_path: Path, level: str, rpo_ms: int | None, weaker: str) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=rpo_ms) as store:
+        with pytest.raises(wal.ArgumentError, match="weaker"):
+            store.transaction(durability=weaker)
+        with pytest.raises(wal.ArgumentError):
+            store.put(b"k", b"v", durability=weaker)
+        with pytest.raises(wal.ArgumentError):
+            store.delete(b"k", durability=weaker)
+        assert store.watermarks.written == 0
+
+
+def test_an_unknown_durability_level_is_an_argument_error(tmp_path: Path) -> None:
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path, durability="fast")
+    with wal.open(tmp_path) as store, pytest.raises(wal.ArgumentError):
+        store.transaction(durability="fast")
+
+
+def test_rpo_ms_zero_means_sync_and_rpo_ms_alone_means_interval(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "a", rpo_ms=0) as store:
+        assert store.stats()["durability"] == "sync"
+    with wal.open(tmp_path / "b", rpo_ms=250) as store:
+        stats = store.stats()
+        assert (stats["durability"], stats["rpo_ms"]) == ("interval", 250)
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "c", durability="sync", rpo_ms=100)
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_watermarks_are_ordered_applied_le_durable_le_written(
+        tmp_path: Path, level: str, rpo_ms: int | None) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=rpo_ms) as store:
+        for i in range(300):
+            store.put(b"k%d" % (i % 17), b"v")
+            marks = store.watermarks
+            assert marks.applied <= marks.durable <= marks.written
+        store.checkpoint()
+        marks = store.watermarks
+        assert marks.applied == marks.durable == marks.written == 300
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_reads_see_your_own_acknowledged_writes_before_they_reach_lmdb(
+        tmp_path: Path, level: str, rpo_ms: int | None) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=rpo_ms, apply_interval_ms=NO_APPLY) as store:
+        for i in range(20):
+            lsn = store.put(f"k{i:02d}", b"v%d" % i)
+            assert store.get(f"k{i:02d}") == b"v%d" % i
+            assert store.version(f"k{i:02d}") == lsn
+        store.delete("k05")
+        assert store.get("k05") is None
+        assert store.watermarks.applied == 0  # nothing applied: every read above came from memory
+        assert [k for k, _ in store.scan()] == [f"k{i:02d}".encode() for i in range(20) if i != 5]
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_reads_see_your_writes_at_each_level_while_lmdb_lags(
+        tmp_path: Path, level: str, rpo_ms: int | None) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=rpo_ms) as store:
+        lagging = 0
+        for i in range(200):
+            lsn = store.put(b"k", b"%d" % i)
+            lagging += store.watermarks.applied < lsn
+            assert store.get(b"k") == b"%d" % i
+            assert store.version(b"k") == lsn
+        assert lagging > 0  # some reads really were served while LMDB was behind
+
+
+# ---- stats ------------------------------------------------------------------------------------
+
+
+def test_stats_report_commits_fsyncs_group_sizes_recovery_and_applied_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        for i in range(10):
+            store.put(b"k%d" % i, b"v")
+        stats = store.stats()
+        for key in ("commits", "fsyncs", "group_size_mean", "recovery_seconds", "records_replayed",
+                    "applied_lsn"):
+            assert key in stats, key
+        assert stats["commits"] == 10
+        assert stats["fsyncs"] >= 1
+        assert stats["group_size_mean"] >= 1.0
+        assert stats["records_replayed"] == 0
+        assert stats["recovery_seconds"] >= 0
+        store.checkpoint()
+        assert store.stats()["applied_lsn"] == store.watermarks.applied == 10
+
+
+def test_stats_after_reopen_report_the_records_replayed(tmp_path: Path) -> None:
+    store = wal.open(tmp_path, apply_interval_ms=NO_APPLY)
+    fill(store, 5, size=10)
+    store.close()  # applies everything: nothing left to replay
+    with wal.open(tmp_path) as store:
+        assert store.stats()["records_replayed"] == 0
+        assert store.stats()["applied_lsn"] == 5
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_checkpoint_returns_the_applied_lsn_covering_every_acknowledged_commit(
+        tmp_path: Path, level: str, rpo_ms: int | None) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=rpo_ms, apply_interval_ms=NO_APPLY) as store:
+        last = fill(store, 50, size=10)
+        assert store.checkpoint() == last
+        assert store.watermarks.applied == last
+
+
+def test_checkpoint_removes_segments_wholly_below_the_applied_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path, segment_bytes=65536, apply_interval_ms=NO_APPLY) as store:
+        fill(store, 600)  # ~600 KB: about 10 segments
+        before = wal_files(tmp_path)
+        assert len(before) >= 5
+        store.checkpoint()
+        after = wal_files(tmp_path)
+        assert len(after) <= 2
+        assert set(after) <= set(before) | {after[-1]}
+        assert not (tmp_path / "archive").exists()
+    with wal.open(tmp_path) as store:
+        assert sum(1 for _ in store.scan()) == 600
+        assert store.get("k000000") == bytes([0]) * 1000
+        assert store.put(b"next", b"v") == 601
+
+
+def test_checkpoint_with_archive_moves_old_segments_to_the_archive_folder(tmp_path: Path) -> None:
+    with wal.open(tmp_path, segment_bytes=65536, archive=True, apply_interval_ms=NO_APPLY) as store:
+        fill(store, 600)
+        before = wal_files(tmp_path)
+        store.checkpoint()
+        after = wal_files(tmp_path)
+        archived = sorted(p.name for p in (tmp_path / "archive").glob("*.wal"))
+        assert len(archived) >= 4
+        assert sorted(archived + after) == sorted(set(before) | set(after))
+        assert not set(archived) & set(after)
+    with wal.open(tmp_path) as store:
+        assert sum(1 for _ in store.scan()) == 600
+
+
+def test_checkpoint_with_an_archive_path_moves_segments_there(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    with wal.open(tmp_path / "s", segment_bytes=65536, archive=str(elsewhere),
+                  apply_interval_ms=NO_APPLY) as store:
+        fill(store, 400)
+        store.checkpoint()
+    assert len(list(elsewhere.glob("*.wal"))) >= 3
+
+
+def test_automatic_checkpoints_keep_the_log_bounded_without_explicit_checkpoints(tmp_path: Path) -> None:
+    with wal.open(tmp_path, segment_bytes=65536, checkpoint_bytes=65536) as store:
+        fill(store, 2000)  # ~2 MB of log
+        deadline = time.monotonic() + 30
+        while len(wal_files(tmp_path)) > 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(wal_files(tmp_path)) <= 4
+        assert store.stats()["auto_checkpoints"] >= 1
+    with wal.open(tmp_path) as store:
+        assert sum(1 for _ in store.scan()) == 2000
+
+
+def test_automatic_checkpoints_bound_the_records_replayed_after_a_kill(tmp_path: Path) -> None:
+    """A writer SIGKILLed after ~2 MB: the next open replays about one checkpoint's worth of
+    records, not the whole log, and keeps only a few segments (counts, not times)."""
+    count, size = 2000, 1000
+    proc = subprocess.Popen([sys.executable, str(HELPERS / "bulk_writer.py"), str(tmp_path), str(count), str(size)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("done "), line
+        last = int(line.split()[1])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert last == count
+    segments_left = len(wal_files(tmp_path))
+    per_record = size + 40  # value + key + record and frame headers, roughly
+    bound = 65536 // per_record + 65536 // per_record + 16  # one checkpoint + one segment of records
+    with wal.open(tmp_path) as store:
+        replayed = store.stats()["records_replayed"]
+        assert replayed <= bound, f"replayed {replayed} records of {count}"
+        assert segments_left <= 4
+        assert sum(1 for _ in store.scan()) == count
+        assert store.get(f"k{count - 1:06d}") == bytes([(count - 1) % 251]) * size
+
+
+# ---- closing --------------------------------------------------------------------------------------
+
+
+def test_every_operation_on_a_closed_store_raises_closed_error(tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    store.put(b"k", b"v")
+    store.close()
+    calls = [
+        lambda: store.put(b"k", b"v"),
+        lambda: store.delete(b"k"),
+        lambda: store.get(b"k"),
+        lambda: store.version(b"k"),
+        lambda: list(store.scan()),
+        store.transaction,
+        store.checkpoint,
+        lambda: store.watermarks,
+        store.stats,
+    ]
+    for call in calls:
+        with pytest.raises(wal.ClosedError):
+            call()
+
+
+def test_a_scan_iterated_after_close_raises_closed_error(tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    for i in range(1200):  # more than one LMDB read chunk
+        store.put(b"k%04d" % i, b"v")
+    store.checkpoint()
+    started, unstarted = store.scan(), store.scan()
+    assert next(started) == (b"k0000", b"v")
+    store.close()
+    with pytest.raises(wal.ClosedError):
+        list(started)
+    with pytest.raises(wal.ClosedError):
+        list(unstarted)
+
+
+def test_close_is_idempotent_and_the_context_manager_closes(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+    with pytest.raises(wal.ClosedError):
+        store.get(b"k")
+    store.close()
+    store.close()
+    with wal.open(tmp_path) as again:  # the directory was released
+        assert again.get(b"k") == b"v"
+
+
+def test_close_applies_every_acknowledged_commit_at_every_level(tmp_path: Path) -> None:
+    for level, rpo_ms in LEVELS:
+        path = tmp_path / level
+        with wal.open(path, durability=level, rpo_ms=rpo_ms, apply_interval_ms=NO_APPLY) as store:
+            last = fill(store, 30, size=10)
+        with wal.open(path) as store:
+            assert store.stats()["records_replayed"] == 0
+            assert store.watermarks.applied == last
+            assert sum(1 for _ in store.scan()) == 30
+
+
+# ---- read-only stores ----------------------------------------------------------------------------
+
+
+def test_a_read_only_store_reads_the_state_and_refuses_every_write(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"a", b"1")
+        lsn = store.put(b"b", b"2")
+    with wal.open(tmp_path, readonly=True) as ro:
+        assert ro.get(b"a") == b"1"
+        assert ro.version(b"b") == lsn
+        assert list(ro.scan()) == [(b"a", b"1"), (b"b", b"2")]
+        assert ro.watermarks.applied == lsn
+        with pytest.raises(wal.ReadOnlyError):
+            ro.put(b"c", b"3")
+        with pytest.raises(wal.ReadOnlyError):
+            ro.delete(b"a")
+        with pytest.raises(wal.ReadOnlyError):
+            ro.transaction()
+        with pytest.raises(wal.ReadOnlyError):
+            ro.checkpoint()
+    with wal.open(tmp_path) as store:
+        assert store.get(b"c") is None and store.watermarks.written == lsn
+
+
+def test_a_read_only_open_beside_a_writer_in_the_same_process_is_a_clear_locked_error(tmp_path: Path) -> None:
+    """LMDB allows one handle per environment and process: read-only openers belong in other
+    processes (test_store_processes); in the writer's own process the error says so."""
+    with wal.open(tmp_path) as store:
+        store.put(b"a", b"1")
+        with pytest.raises(wal.LockedError, match="already open in this process"):
+            wal.open(tmp_path, readonly=True)
+        assert store.put(b"b", b"2") == 2
+        assert store.get(b"a") == b"1"
+    with wal.open(tmp_path, readonly=True) as ro:
+        assert ro.get(b"b") == b"2"
+
+
+def test_opening_a_missing_store_read_only_fails_without_creating_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        wal.open(tmp_path / "nothing", readonly=True)
+    assert not (tmp_path / "nothing").exists()
+
+
+# ---- on-disk format version ----------------------------------------------------------------------
+
+
+def test_a_new_store_has_a_store_file_naming_format_version_1(tmp_path: Path) -> None:
+    wal.open(tmp_path).close()
+    meta = json.loads((tmp_path / "STORE").read_text())
+    assert meta["version"] == 1
+    assert {p.name for p in tmp_path.iterdir()} >= {"STORE", "log", "state"}
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_store_of_format_version_2_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+    meta = json.loads((tmp_path / "STORE").read_text())
+    meta["version"] = 2
+    (tmp_path / "STORE").write_text(json.dumps(meta))
+    with pytest.raises(wal.FormatVersionError, match="version 2"):
+        wal.open(tmp_path, readonly=readonly)
+    meta["version"] = 1
+    (tmp_path / "STORE").write_text(json.dumps(meta))
+    with wal.open(tmp_path) as store:  # the failed open left it intact and unlocked
+        assert store.get(b"k") == b"v"
+
+
+def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
+    """A version-2 store may lay out its log differently: refuse before recovering (or
+    creating) anything in it."""
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 2}))
+    (tmp_path / "log").mkdir()
+    junk = b"\x00" * 100 + b"not a v1 segment"
+    (tmp_path / "log" / "0000000000000001.wal").write_bytes(junk)
+    with pytest.raises(wal.FormatVersionError):
+        wal.open(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["STORE", "log"]
+    assert [p.name for p in (tmp_path / "log").iterdir()] == ["0000000000000001.wal"]
+    assert (tmp_path / "log" / "0000000000000001.wal").read_bytes() == junk
+
+
+def test_a_directory_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "STORE").write_text(json.dumps({"format": "something-else", "version": 1}))
+    with pytest.raises(wal.CorruptionError):
+        wal.open(tmp_path)
+
+
+# ---- configuration ----------------------------------------------------------------------------------
+
+
+def test_bad_configuration_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "a", checkpoint_bytes=100)
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "b", idempotency_ttl_s=0)
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "c", apply_interval_ms=0)
+    with pytest.raises(wal.ArgumentTypeError):
+        wal.open(tmp_path / "d", rpo_ms="100")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_error_class_derives_from_wal_error() -> None:
+    for cls in (wal.ArgumentError, wal.ArgumentTypeError, wal.ClosedError, wal.ConflictError,
+                wal.CorruptionError, wal.FailedError, wal.FormatVersionError, wal.LockedError,
+                wal.ReadOnlyError, wal.RecordTooLargeError):
+        assert issubclass(cls, wal.WalError)
+    assert issubclass(wal.ArgumentError, ValueError)
+    assert issubclass(wal.ArgumentTypeError, TypeError)
+    assert issubclass(wal.RecordTooLargeError, ValueError)
+
+
+def test_the_store_lays_out_log_and_state_directories(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+        assert store.path == os.fspath(tmp_path)
+    assert wal_files(tmp_path)
+    assert (tmp_path / "state" / "data.mdb").exists()
+
+
+# ---- concurrency within one process ----------------------------------------------------------------
+
+
+def test_threads_racing_with_one_idempotency_key_commit_once_and_all_get_its_lsn(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        barrier = threading.Barrier(8)
+        results: list[tuple[int | None, bool]] = []
+
+        def worker(n: int) -> None:
+            barrier.wait()
+            with store.transaction(idempotency_key=b"payment-1") as tx:
+                tx.put(b"paid", str(n).encode())
+            results.append((tx.lsn, tx.deduplicated))
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 8
+        assert len({lsn for lsn, _ in results}) == 1
+        assert sorted(dup for _, dup in results) == [False] + [True] * 7
+        assert store.watermarks.written == 1
+
+
+def test_commits_from_many_threads_during_repeated_checkpoints_all_survive(tmp_path: Path) -> None:
+    stop = threading.Event()
+    checkpoints = 0
+    with wal.open(tmp_path, segment_bytes=65536, durability="interval", rpo_ms=20) as store:
+        def checkpointer() -> None:
+            nonlocal checkpoints
+            while not stop.is_set():
+                store.checkpoint()
+                checkpoints += 1
+
+        def writer(w: int) -> None:
+            for i in range(400):
+                with store.transaction() as tx:
+                    tx.put(f"w{w}/{i:04d}", bytes([i % 251]) * 300)
+                    tx.put(f"w{w}/last", str(i).encode())
+
+        background = threading.Thread(target=checkpointer)
+        background.start()
+        writers = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+        stop.set()
+        background.join()
+        assert checkpoints >= 2
+        store.checkpoint()
+        assert len(wal_files(tmp_path)) <= 2  # ~500 KB written, old segments let go
+    with wal.open(tmp_path) as store:
+        for w in range(4):
+            assert store.get(f"w{w}/last") == b"399"
+            assert sum(1 for _ in store.scan(f"w{w}/0")) == 400
+
+
+# ---- fail-stop (I5) -----------------------------------------------------------------------------------
+
+
+def test_an_fsync_failure_stops_writes_until_reopen_and_reopen_recovers_every_acknowledged_commit(
+        tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    acknowledged = store.put(b"a", b"1")
+    with failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError):
+        store.put(b"b", b"2")
+    for write in (lambda: store.put(b"c", b"3"), lambda: store.delete(b"a"), store.transaction):
+        with pytest.raises(wal.FailedError, match="reopen"):
+            write()
+    assert store.get(b"a") == b"1"  # reads keep working
+    with pytest.raises(wal.FailedError):
+        store.close()  # says the log had stopped; still releases the directory
+    with wal.open(tmp_path) as store:
+        assert store.get(b"a") == b"1"
+        assert store.version(b"a") == acknowledged
+        assert store.get(b"c") is None
+        store.put(b"d", b"4")
+        assert store.get(b"d") == b"4"
