@@ -325,6 +325,14 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
     }
     uint64_t first = log->next_lsn;
     const uint8_t *p = (const uint8_t *)data;
+    if (log->pending.len == 0) {
+        int mrc = wal_writer_mark(&log->w, &log->pending, log->durable);
+        if (mrc) {
+            fail(log, mrc, "buffering a mark for", log->w.p_segno);
+            pthread_mutex_unlock(&log->mu);
+            return WAL_EFAILED;
+        }
+    }
     for (size_t i = 0; i < n; i++) {
         int prc = wal_writer_place(&log->w, &log->pending, p, lens[i], log->next_lsn);
         if (prc) {

@@ -55,8 +55,9 @@
  *   0  4  CRC-32C of record bytes 4..23 followed by the payload (not padding)
  *   4  4  payload length in bytes (padding excluded)
  *   8  8  LSN (DATA: this record's LSN; SEAL: LSN of the segment's last
- *         DATA record, i.e. first LSN - 1 when it holds none)
- *  16  1  type (WAL_REC_DATA or WAL_REC_SEAL)
+ *         DATA record, i.e. first LSN - 1 when it holds none; MARK: the
+ *         durable LSN it vouches for)
+ *  16  1  type (WAL_REC_DATA, WAL_REC_SEAL or WAL_REC_MARK)
  *  17  1  flags, reserved: must be 0
  *  18  2  reserved: must be 0
  *  20  4  salt check: low 32 bits of the segment's salt
@@ -72,6 +73,9 @@
 
 #define WAL_REC_DATA 1 /* one committed payload, consumes one LSN */
 #define WAL_REC_SEAL 2 /* last record of a finished segment, payload empty */
+#define WAL_REC_MARK 3 /* durability mark, payload empty: LSN field = an LSN that was
+                        * durable when the writer placed this record; starts a write
+                        * batch whenever the durable LSN moved since the last mark */
 
 #define WAL_ALIGN 8
 #define WAL_MAX_PAYLOAD (16u << 20) /* 16 MiB */

@@ -4,9 +4,12 @@
  *
  * The one subtle decision is torn versus corrupt. A crash can only damage
  * bytes that were never fdatasynced, and those are always the newest bytes of
- * the newest segment. So a bad record is a *torn tail* only if nothing valid
- * follows it; a valid record after damage proves the damage sits in the middle
- * of the log, which no crash explains: that is corruption.
+ * the newest segment -- but not necessarily its last bytes: a power cut during
+ * an fdatasync may keep a later sector of the batch and lose an earlier one.
+ * So a bad record is a *torn tail* unless the log itself proves the damaged
+ * bytes had been made durable: a valid MARK record after the damage whose LSN
+ * (durable when the writer placed it) reaches the damaged record. Only then is
+ * it corruption, which no crash explains.
  */
 #include "reader.h"
 
@@ -70,7 +73,7 @@ static int looks_valid(const uint8_t *d, size_t len, size_t p, uint32_t salt_che
     const uint8_t *r = d + p;
     if (wal_get_u32(r + WAL_RH_SALT_CHECK) != salt_check) return 0;
     uint8_t type = r[WAL_RH_TYPE];
-    if (type != WAL_REC_DATA && type != WAL_REC_SEAL) return 0;
+    if (type != WAL_REC_DATA && type != WAL_REC_SEAL && type != WAL_REC_MARK) return 0;
     if (r[WAL_RH_FLAGS] || wal_get_u16(r + WAL_RH_RESERVED)) return 0;
     uint32_t length = wal_get_u32(r + WAL_RH_LENGTH);
     if (length > WAL_MAX_PAYLOAD) return 0;
@@ -78,18 +81,28 @@ static int looks_valid(const uint8_t *d, size_t len, size_t p, uint32_t salt_che
     return record_crc(r, length) == wal_get_u32(r + WAL_RH_CRC);
 }
 
+/* Rule T: bad bytes at `bad`, where the record with LSN `expected` should be. */
 static int torn_candidate(const uint8_t *d, size_t len, size_t bad, const char *reason, uint32_t salt_check,
-                          wal_scan_result *res) {
+                          uint64_t expected, wal_scan_result *res) {
     res->reason = reason;
     res->bad_offset = bad;
     res->end_offset = bad;
-    for (size_t p = bad + WAL_ALIGN; p + WAL_RECORD_HEADER_SIZE <= len; p += WAL_ALIGN) {
-        if (looks_valid(d, len, p, salt_check)) {
-            res->status = WAL_SCAN_CORRUPT;
+    size_t p = bad + WAL_ALIGN;
+    while (p + WAL_RECORD_HEADER_SIZE <= len) {
+        if (!looks_valid(d, len, p, salt_check)) {
+            p += WAL_ALIGN;
+            continue;
+        }
+        const uint8_t *r = d + p;
+        if (!res->next_valid_offset) {
             res->next_valid_offset = p;
-            res->next_valid_lsn = wal_get_u64(d + p + WAL_RH_LSN);
+            res->next_valid_lsn = wal_get_u64(r + WAL_RH_LSN);
+        }
+        if (r[WAL_RH_TYPE] == WAL_REC_MARK && wal_get_u64(r + WAL_RH_LSN) >= expected) {
+            res->status = WAL_SCAN_CORRUPT; /* the writer knew the damaged record durable */
             return res->status;
         }
+        p += wal_record_size(wal_get_u32(r + WAL_RH_LENGTH));
     }
     size_t end = len;
     while (end > bad && d[end - 1] == 0) end--;
@@ -125,23 +138,24 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
         if (off == len) { res->status = WAL_SCAN_OPEN; return res->status; }                 /* R1 */
         if (len - off < WAL_RECORD_HEADER_SIZE) {                                              /* R2 */
             if (all_zero(d + off, len - off)) { res->status = WAL_SCAN_OPEN; return res->status; }
-            return torn_candidate(d, len, off, "truncated header", salt_check, res);
+            return torn_candidate(d, len, off, "truncated header", salt_check, expected, res);
         }
         const uint8_t *r = d + off;
         if (all_zero(r, WAL_RECORD_HEADER_SIZE)) {                                             /* R3 */
             if (all_zero(r, len - off)) { res->status = WAL_SCAN_OPEN; return res->status; }
-            return torn_candidate(d, len, off, "zeroed header", salt_check, res);
+            return torn_candidate(d, len, off, "zeroed header", salt_check, expected, res);
         }
         uint32_t length = wal_get_u32(r + WAL_RH_LENGTH);
-        if (length > WAL_MAX_PAYLOAD) return torn_candidate(d, len, off, "bad length", salt_check, res); /* R4 */
+        if (length > WAL_MAX_PAYLOAD) return torn_candidate(d, len, off, "bad length", salt_check, expected, res); /* R4 */
         uint64_t size = wal_record_size(length);
-        if (size > len - off) return torn_candidate(d, len, off, "truncated record", salt_check, res);  /* R5 */
+        if (size > len - off) return torn_candidate(d, len, off, "truncated record", salt_check, expected, res);  /* R5 */
         if (record_crc(r, length) != wal_get_u32(r + WAL_RH_CRC))                              /* R6 */
-            return torn_candidate(d, len, off, "bad crc", salt_check, res);
+            return torn_candidate(d, len, off, "bad crc", salt_check, expected, res);
 
         /* The CRC holds: this record was written whole; anything wrong is corruption. */
         uint8_t type = r[WAL_RH_TYPE];
-        if (type != WAL_REC_DATA && type != WAL_REC_SEAL) return corrupt_at(off, "unknown record type", res); /* R7 */
+        if (type != WAL_REC_DATA && type != WAL_REC_SEAL && type != WAL_REC_MARK)                  /* R7 */
+            return corrupt_at(off, "unknown record type", res);
         if (r[WAL_RH_FLAGS] || wal_get_u16(r + WAL_RH_RESERVED)) return corrupt_at(off, "bad record flags", res); /* R8 */
         if (wal_get_u32(r + WAL_RH_SALT_CHECK) != salt_check) return corrupt_at(off, "wrong salt", res);   /* R9 */
         if (!all_zero(r + WAL_RECORD_HEADER_SIZE + length, size - WAL_RECORD_HEADER_SIZE - length))    /* R10 */
@@ -154,6 +168,12 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
             res->last_lsn = lsn;
             expected++;
             off += size;
+            continue;
+        }
+        if (type == WAL_REC_MARK) {                                                            /* R13 */
+            if (length != 0) return corrupt_at(off, "bad mark", res);
+            if (lsn > expected - 1) return corrupt_at(off, "bad mark lsn", res);
+            off += WAL_RECORD_HEADER_SIZE;
             continue;
         }
         if (length != 0) return corrupt_at(off, "bad seal", res);                              /* R12 */

@@ -83,18 +83,39 @@ static void encode(wal_batch *b, uint8_t type, uint64_t lsn, uint64_t salt, cons
     b->len += size;
 }
 
-int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
-    uint64_t size = wal_record_size(len);
-    int rc = batch_reserve(b, size + WAL_SEAL_SIZE);
-    if (rc) return rc;
+/* The span the next record of b goes into: the last one, or a new one at the placement. */
+static wal_span *current_span(wal_writer *w, wal_batch *b) {
     wal_span *cur = b->nspans ? &b->spans[b->nspans - 1] : NULL;
     if (!cur || cur->segment_no != w->p_segno) {
-        if (!(cur = batch_new_span(b))) return -ENOMEM;
+        if (!(cur = batch_new_span(b))) return NULL;
         cur->segment_no = w->p_segno;
         cur->salt = w->p_salt;
         cur->first_lsn = w->p_first_lsn;
         cur->offset = w->p_offset;
     }
+    return cur;
+}
+
+int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn) {
+    if (durable_lsn == 0 || durable_lsn == w->last_mark) return 0;
+    if (w->p_offset + WAL_RECORD_HEADER_SIZE + WAL_SEAL_SIZE > w->p_size) return 0; /* a roll comes next */
+    int rc = batch_reserve(b, WAL_RECORD_HEADER_SIZE);
+    if (rc) return rc;
+    wal_span *cur = current_span(w, b);
+    if (!cur) return -ENOMEM;
+    encode(b, WAL_REC_MARK, durable_lsn, w->p_salt, NULL, 0);
+    cur->len = b->len - cur->start;
+    w->p_offset += WAL_RECORD_HEADER_SIZE;
+    w->last_mark = durable_lsn;
+    return 0;
+}
+
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
+    uint64_t size = wal_record_size(len);
+    int rc = batch_reserve(b, size + WAL_SEAL_SIZE);
+    if (rc) return rc;
+    wal_span *cur = current_span(w, b);
+    if (!cur) return -ENOMEM;
     /* Every segment keeps room for its seal. */
     uint64_t need = w->p_offset + size + WAL_SEAL_SIZE;
     if (need > w->p_size) {

@@ -52,11 +52,15 @@ typedef struct {
     int fd;
     uint64_t fd_segno;
     uint64_t segments_created;
+    uint64_t last_mark; /* LSN of the last MARK placed (under the commit lock) */
 } wal_writer;
 
 int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg);
 void wal_writer_close(wal_writer *w);
 int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn);
+/* At the start of a batch: a MARK vouching that durable_lsn is durable, when it moved
+ * since the last mark (FORMAT.md: what lets a reader tell corruption from a torn tail). */
+int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn);
 /* Write b. *synced_through is raised to the last LSN made durable by a roll's
  * fdatasync (0 if none). Returns 0 or -errno. */
 int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through);

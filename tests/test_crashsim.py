@@ -462,16 +462,9 @@ def _run_until(crash: Crash, body: str, lines: int) -> list[str]:
     return [g.strip() for g in got if g.endswith("\n")]
 
 
-def _read_log(root: Path, *, strict: bool = True) -> dict[int, bytes]:
-    """All records of the log under root. strict=False: fall back to recovery="truncate" when
-    strict recovery refuses (see test_log_refuses_to_open_after_a_power_cut_during_a_group_fsync)."""
-    try:
-        with wal.Log.open(root / "log") as log:  # strict: damage other than a torn tail raises
-            return dict(log.read(1))
-    except wal.CorruptionError:
-        if strict:
-            raise
-    with wal.Log.open(root / "log", recovery="truncate") as log:
+def _read_log(root: Path) -> dict[int, bytes]:
+    """All records of the log under root, opened strictly: damage other than a torn tail raises."""
+    with wal.Log.open(root / "log") as log:
         return dict(log.read(1))
 
 
@@ -481,7 +474,7 @@ def test_log_at_sync_keeps_every_acknowledged_record_through_random_power_cuts(c
     assert len(acked) >= 600
     for seed in range(4):
         root, report = crash.cut("random", seed)
-        records = _read_log(root, strict=False)
+        records = _read_log(root)
         assert sorted(records) == list(range(1, len(records) + 1)), "I3: a gap-free prefix"
         missing = [lsn for lsn in acked if records.get(lsn) != acked[lsn]]
         assert not missing, f"I2: acknowledged LSNs lost: {missing[:10]}\n{report}"
@@ -516,7 +509,7 @@ def test_log_at_interval_without_an_fsync_loses_the_unsynced_records_and_reopens
     plan: list[tuple[crashsim.Mode, int]] = [("prefix", 0), ("prefix", 1), ("garble", 2), ("garble", 3), ("random", 4)]
     for mode, seed in plan:
         root, report = crash.cut(mode, seed)
-        records = _read_log(root, strict=mode == "prefix")  # a kept prefix only ever leaves a torn tail
+        records = _read_log(root)  # strict: whatever the mode, a power cut leaves only a torn tail
         assert durable <= len(records) <= written, (mode, seed)
         assert records == {lsn: expect[lsn] for lsn in range(1, len(records) + 1)}, (mode, seed)
 
@@ -541,13 +534,8 @@ def test_a_note_marks_a_moment_to_cut_the_history_at(crash: Crash) -> None:
     assert listing(crash.cut("garble", 5, at=notes["one is durable"])[0]) == {"f": b"one"}
 
 
-@pytest.mark.xfail(strict=True, raises=wal.CorruptionError, reason=(
-    "agentwal bug found by the simulator: when the power fails during the fdatasync of a group, the "
-    "disk may hold a later sector of the group but not an earlier one (writeback and device caches "
-    "reorder). Strict recovery then sees a zeroed/garbled record followed by a valid one and raises "
-    "CorruptionError instead of treating the unsynced group as a torn tail, so a plain power cut "
-    "at 'sync' (or 'interval') leaves a log that only opens with recovery='truncate'"))
-def test_log_refuses_to_open_after_a_power_cut_during_a_group_fsync(crash: Crash) -> None:
+def test_log_opens_strictly_after_a_power_cut_during_a_group_fsync(crash: Crash) -> None:
+    """A later sector of the group kept and an earlier one lost is a torn tail (FORMAT.md rule T)."""
     crash.run('''
         import wal
         os.mkdir(P("log")); dsync(ROOT)
@@ -559,12 +547,10 @@ def test_log_refuses_to_open_after_a_power_cut_during_a_group_fsync(crash: Crash
     ''')
     records = crashsim.read_journal(crash.journal).records
     last_fsync = [r for r in records if r.kind == crashsim.FSYNC and r.path.endswith(".wal")][-1]
-    for seed in range(4):  # the power fails while that last fdatasync runs
+    for seed in range(8):  # the power fails while that last fdatasync runs
         root, _ = crash.cut("garble", seed, at=last_fsync.pos)
-        assert len(_read_log(root, strict=False)) >= 5  # every acknowledged record is there ...
-    for seed in range(4):
-        root, _ = crash.cut("garble", seed, at=last_fsync.pos)
-        _read_log(root)  # ... but strict recovery refuses the log
+        records = _read_log(root)  # strict recovery opens it ...
+        assert all(records[lsn].startswith(b"acked %d " % (lsn - 1)) for lsn in range(1, 6))  # every acked one
 
 
 STORE_CHILD = '''
@@ -580,13 +566,7 @@ STORE_CHILD = '''
 
 
 def _check_store(root: Path, acked: dict[int, int], report: crashsim.PowerCutReport) -> None:
-    try:
-        wal.open(root / "store").close()
-        recovery = "strict"
-    except wal.CorruptionError as exc:  # the torn-group refusal (see the log test above), nothing else
-        assert "damage, not a torn tail" in str(exc), f"{exc}\n{report}"
-        recovery = "truncate"
-    with wal.open(root / "store", recovery=recovery) as store:
+    with wal.open(root / "store") as store:  # strict recovery: a power cut leaves only a torn tail
         present = [k for k, _ in store.scan(b"key")]
         n = len(present)
         assert present == [f"key{i:05d}".encode() for i in range(n)], "I3: a gap-free prefix of the commits"

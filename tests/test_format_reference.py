@@ -72,6 +72,10 @@ def raw_record(*, length: int, lsn: int, payload: bytes, salt: int = SALT) -> by
     return struct.pack("<I", crc) + body + payload + padding
 
 
+def mark(durable_lsn: int) -> bytes:
+    return wf.encode_mark(durable_lsn=durable_lsn, salt=SALT)
+
+
 def flip(data: bytes, offset: int, mask: int = 0xFF) -> bytes:
     out = bytearray(data)
     out[offset] ^= mask
@@ -233,7 +237,7 @@ def _format_h_defines() -> dict[str, bytes | int]:
 
 
 def test_constants_mirror_native_format_h() -> None:
-    renames = {"REC_DATA": "RECORD_DATA", "REC_SEAL": "RECORD_SEAL"}
+    renames = {"REC_DATA": "RECORD_DATA", "REC_SEAL": "RECORD_SEAL", "REC_MARK": "RECORD_MARK"}
     checked = 0
     for name, value in _format_h_defines().items():
         short = name.removeprefix("WAL_")
@@ -440,14 +444,26 @@ def test_r3_zeroed_record_header_then_garbage_is_a_torn_zeroed_header() -> None:
     check_torn(res, "zeroed header", len(good), records=1, damage_end=len(good) + 32)
 
 
-def test_r3_zeroed_record_header_followed_by_a_valid_record_is_corruption() -> None:
+def test_r3_zeroed_record_header_followed_by_a_vouching_mark_is_corruption() -> None:
     good = segment([b"a"])
-    data = good + bytes(32) + record(3)
+    after = mark(2) + record(3)
+    data = good + bytes(32) + after
     res = wf.scan_segment(data)
     assert (res.status, res.reason) == (wf.STATUS_CORRUPT, "zeroed header")
     assert res.bad_offset == res.end_offset == len(good)
-    assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + 32, 3)
+    assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + 32, 2)
     assert res.damage_end == 0
+    assert res.payloads == [(1, b"a")]
+
+
+def test_t_zeroed_record_header_followed_by_valid_records_but_no_vouching_mark_is_torn() -> None:
+    # A power cut during an fdatasync: the batch's first sector lost, a later one kept.
+    good = segment([b"a"])
+    data = good + bytes(32) + record(3)
+    res = wf.scan_segment(data)
+    assert (res.status, res.reason) == (wf.STATUS_TORN, "zeroed header")
+    assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + 32, 3)
+    assert res.damage_end == len(data.rstrip(b"\0"))  # up to the last non-zero byte
     assert res.payloads == [(1, b"a")]
 
 
@@ -487,29 +503,57 @@ def test_bad_crc_in_last_record_is_a_torn_tail() -> None:
     assert res.payloads == [(1, b"a"), (2, b"b")]
 
 
-def test_r6_bad_crc_followed_by_a_valid_record_is_corruption() -> None:
+def test_r6_bad_crc_followed_by_a_mark_vouching_for_it_is_corruption() -> None:
     good = segment([b"a"])
     bad = flip(record(2, b"middle"), 28)  # a payload byte
-    data = good + bad + record(3, b"after")
+    data = good + bad + mark(2) + record(3, b"after")
     res = wf.scan_segment(data)
     assert (res.status, res.reason) == (wf.STATUS_CORRUPT, "bad crc")
     assert res.bad_offset == res.end_offset == len(good)
-    assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + len(bad), 3)
+    assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + len(bad), 2)
     assert res.damage_end == 0
     assert res.payloads == [(1, b"a")]
 
 
-def test_r6_bad_crc_followed_by_a_seal_is_corruption() -> None:
+def test_t_bad_crc_followed_by_a_mark_that_does_not_reach_it_is_torn() -> None:
+    good = segment([b"a"])
+    bad = flip(record(2, b"middle"), 28)
+    data = good + bad + mark(1) + record(3, b"after")
+    res = wf.scan_segment(data)
+    assert (res.status, res.reason, res.damage_end) == (wf.STATUS_TORN, "bad crc", len(data.rstrip(b"\0")))
+    assert res.next_valid_lsn == 1
+
+
+def test_t_bad_crc_followed_by_a_seal_alone_is_torn() -> None:
     good = segment([b"a"])
     data = good + flip(record(2), 0) + wf.encode_seal(last_lsn=2, salt=SALT)
     res = wf.scan_segment(data)
-    assert (res.status, res.reason, res.next_valid_lsn) == (wf.STATUS_CORRUPT, "bad crc", 2)
+    assert (res.status, res.reason, res.next_valid_lsn) == (wf.STATUS_TORN, "bad crc", 2)
 
 
 def test_r7_unknown_record_type_with_a_valid_crc_is_corruption() -> None:
     good = segment([b"a"])
-    res = wf.scan_segment(good + record(2, rtype=3) + record(3))
+    res = wf.scan_segment(good + record(2, rtype=9) + record(3))
     check_corrupt_record(res, "unknown record type", len(good), records=1)
+
+
+def test_r13_mark_with_a_payload_is_corruption() -> None:
+    good = segment([b"a"])
+    res = wf.scan_segment(good + record(1, b"x", rtype=wf.RECORD_MARK) + record(2))
+    check_corrupt_record(res, "bad mark", len(good), records=1)
+
+
+def test_r13_mark_vouching_for_a_record_not_yet_written_is_corruption() -> None:
+    good = segment([b"a"])
+    res = wf.scan_segment(good + mark(2) + record(2))
+    check_corrupt_record(res, "bad mark lsn", len(good), records=1)
+
+
+def test_r13_marks_are_skipped_and_consume_no_lsn() -> None:
+    data = segment([b"a"]) + mark(1) + record(2, b"b") + mark(2) + record(3, b"c")
+    res = wf.scan_segment(data)
+    assert (res.status, res.records, res.last_lsn) == (wf.STATUS_OPEN, 3, 3)
+    assert res.payloads == [(1, b"a"), (2, b"b"), (3, b"c")]
 
 
 @pytest.mark.parametrize(("knob", "value"), [("flags", 1), ("flags", 0x80), ("reserved", 1)])
@@ -614,10 +658,10 @@ def test_a_record_after_damage_counts_only_if_it_is_whole() -> None:
 def test_the_search_after_damage_looks_only_at_8_aligned_offsets() -> None:
     good = segment([b"a"])
     bad = flip(record(2), 0)
-    misaligned = b"\x01\x02\x03\x04" + record(3) + b"\x05\x06\x07\x08"
+    misaligned = b"\x01\x02\x03\x04" + mark(2) + b"\x05\x06\x07\x08"
     res = wf.scan_segment(good + bad + misaligned)
-    assert (res.status, res.reason) == (wf.STATUS_TORN, "bad crc")
-    aligned = wf.scan_segment(good + bad + bytes(8) + record(3))
+    assert (res.status, res.reason, res.next_valid_offset) == (wf.STATUS_TORN, "bad crc", 0)
+    aligned = wf.scan_segment(good + bad + bytes(8) + mark(2))
     assert (aligned.status, aligned.next_valid_offset) == (
         wf.STATUS_CORRUPT,
         len(good + bad) + 8,
@@ -631,11 +675,13 @@ def test_the_search_after_damage_reports_the_first_valid_record() -> None:
     assert (res.next_valid_offset, res.next_valid_lsn) == (len(good) + 32, 3)
 
 
-def test_a_valid_record_after_damage_proves_corruption_whatever_its_lsn() -> None:
+def test_only_a_mark_reaching_the_damaged_lsn_proves_corruption() -> None:
     good = segment([b"a"])
-    data = good + flip(record(2), 0) + record(77)
-    res = wf.scan_segment(data)
-    assert (res.status, res.next_valid_lsn) == (wf.STATUS_CORRUPT, 77)
+    damaged = good + flip(record(2), 0)
+    assert wf.scan_segment(damaged + record(77)).status == wf.STATUS_TORN
+    assert wf.scan_segment(damaged + mark(1) + record(3)).status == wf.STATUS_TORN
+    assert wf.scan_segment(damaged + record(3) + mark(2)).status == wf.STATUS_CORRUPT
+    assert wf.scan_segment(damaged + mark(5)).status == wf.STATUS_CORRUPT
 
 
 # ---- crash shapes ------------------------------------------------------------
