@@ -1,0 +1,100 @@
+"""The benchmark runner works: benchmarks/compare.py, shrunk to seconds, writes its results.
+
+No timing is asserted (BRIEF §7: speed is for benchmarks, never for timed tests); this only
+checks that a run produces results.json and results.md with the expected structure, and
+that a missing peer is skipped with a note instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMPARE = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object], str]:
+    base = tmp_path_factory.mktemp("bench")
+    out = base / "out"
+    cmd = [sys.executable, str(COMPARE), "--quick", "--smoke", "--out", str(out), "--tmpdir", str(base / "tmp"),
+           "--only", "a,b,c,d,e", "--systems", "agentwal,sqlite,leveldb,ref", "--_hide-peers", "leveldb"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, f"compare.py failed:\n{proc.stderr[-4000:]}"
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return out, data, (out / "results.md").read_text(encoding="utf-8")
+
+
+def test_results_json_names_the_machine(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, _ = smoke_run
+    machine = data["machine"]
+    for key in ("cpu_model", "cores", "kernel", "python", "filesystem", "versions"):
+        assert key in machine, key
+    assert machine["filesystem"]["type"]
+    assert data["profile"]["name"] == "smoke"
+
+
+def test_every_section_has_workloads_with_agentwal_figures(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, _ = smoke_run
+    assert set(data["sections"]) == {"a", "b", "c", "d", "e"}
+    for key, section in data["sections"].items():
+        assert section["workloads"], key
+        for w in section["workloads"]:
+            assert {"id", "title", "unit", "metric", "rows"} <= set(w), w.get("id")
+            agentwal = [r for r in w["rows"] if r["role"] == "agentwal"]
+            assert agentwal, f"{w['id']} has no agentwal row"
+            for r in agentwal:
+                assert "error" not in r, f"{w['id']}: {r['label']}: {r['error']}"
+                assert r[w["metric"]] > 0
+
+
+def test_ratios_to_the_best_peer_and_the_reference(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, _ = smoke_run
+    w = next(w for w in data["sections"]["a"]["workloads"] if w["id"] == "a.sync.128B.t1")
+    roles = {r["role"] for r in w["rows"]}
+    assert {"agentwal", "peer", "ref"} <= roles
+    if "sqlite" in data["skipped"]:
+        pytest.skip("sqlite3 is not importable here")
+    assert w["best_peer"].startswith("SQLite")
+    for r in w["rows"]:
+        assert r["x_best_peer"] is not None
+        assert r["x_reference"] is not None
+    ref = next(r for r in w["rows"] if r["role"] == "ref")
+    assert ref["x_reference"] == pytest.approx(1.0)
+
+
+def test_a_missing_peer_is_skipped_with_a_note(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, md = smoke_run
+    assert "leveldb" in data["skipped"]
+    assert all(r["system"] != "leveldb" for s in data["sections"].values() for w in s["workloads"]
+               for r in w["rows"])
+    assert "Skipped peers" in md
+
+
+def test_targets_are_listed_with_a_status(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, md = smoke_run
+    assert data["targets"]
+    for t in data["targets"]:
+        assert t["status"] in ("MET", "NOT MET", "n/a"), t
+    assert any(t["status"] != "n/a" for t in data["targets"])
+    assert "## Targets of BRIEF §7" in md
+
+
+def test_markdown_has_a_table_per_workload(smoke_run: tuple[Path, dict, str]) -> None:
+    _, data, md = smoke_run
+    for section in data["sections"].values():
+        for w in section["workloads"]:
+            assert f"### {w['title']}" in md
+    assert "| **agentwal Store.put (sync)** |" in md
+
+
+def test_plots_are_written_when_matplotlib_is_there(smoke_run: tuple[Path, dict, str]) -> None:
+    out, data, _ = smoke_run
+    pytest.importorskip("matplotlib")
+    assert data["plots"]
+    for name in data["plots"]:
+        assert (out / name).stat().st_size > 0
