@@ -261,7 +261,10 @@ class Store:
         self._applied = state.applied_lsn()
         self._bytes_since_checkpoint = 0
         self._last_checkpoint = time.time()
-        self._counters = collections.Counter[str]()
+        # Store-level counters, all present from the start (stats() merges them over the log's own).
+        self._counters = collections.Counter[str](dict.fromkeys(
+            ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
+             "auto_checkpoints", "segments_removed"), 0))
         self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0}
         self._wake = threading.Event()
         self._stop = False
@@ -534,7 +537,6 @@ class Store:
         if txn.idempotency_key is not None:
             self._idem_pending[txn.idempotency_key] = lsn
         self._bytes_since_checkpoint += size
-        self._counters["commits"] += 1
         if not self._wake.is_set() and (
             len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes
         ):
