@@ -1,0 +1,451 @@
+"""Opening a log after a crash or damage, through `wal.Log.open` on real files (BRIEF §5).
+
+* a torn tail of the last segment (a truncated last record, garbage after the
+  last record, a zeroed part of the last record) is cut, the cut bytes are kept
+  in a ``.broken`` file, ``recovery_report.torn_tail`` says so, appends go on
+  with the next LSN, and a second open finds nothing to do;
+* damage anywhere else is `CorruptionError` naming file, offset and LSN, and
+  nothing is changed; ``recovery="truncate"`` opens at the last good record,
+  reports the lost LSN range and sets the rest aside;
+* a missing segment, a newer format version, leftover temp files.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+import wal
+import wal.format as wf
+from wal.recovery import list_segments
+
+SMALL = 8192
+H = wf.SEGMENT_HEADER_SIZE
+
+
+def payload(i: int, size: int = 100) -> bytes:
+    head = f"<payload {i:05d}>".encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+def make_log(d: Path, n: int, *, segment_bytes: int = 1 << 20, size: int = 100) -> list[tuple[int, bytes]]:
+    records = [(i, payload(i, size)) for i in range(1, n + 1)]
+    with wal.Log.open(d, segment_bytes=segment_bytes) as log:
+        for _, p in records:
+            log.append(p)
+    return records
+
+
+def segments(d: Path) -> list[Path]:
+    return [Path(p) for _, p in list_segments(str(d))]
+
+
+def record_offsets(path: Path) -> list[tuple[int, int, int]]:
+    """(lsn, offset, size) of every DATA record of a segment file (MARK and SEAL records skipped)."""
+    data = path.read_bytes()
+    end = wf.scan_segment(data).end_offset
+    out, off = [], H
+    while off < end:
+        length, lsn, rtype = struct.unpack_from("<IQB", data, off + wf.RH_LENGTH)
+        size = wf.record_size(length)
+        if rtype == wf.RECORD_DATA:
+            out.append((lsn, off, size))
+        off += size
+    return out
+
+
+def read_all(d: Path) -> list[tuple[int, bytes]]:
+    with wal.Log.open(d) as log:
+        return list(log.read())
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "LOCK"}
+
+
+def flip(path: Path, offset: int, mask: int = 0x20) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ mask]))
+
+
+def write_at(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+# ---- torn tails ----------------------------------------------------------------
+
+
+def torn_truncated_file(seg: Path, off: int, size: int) -> bytes:
+    """The file ends in the middle of the last record (the OS never extended it further)."""
+    data = seg.read_bytes()
+    os.truncate(seg, off + size // 2)
+    return data[off : off + size // 2].rstrip(b"\0")
+
+
+def torn_zero_after_cut(seg: Path, off: int, size: int) -> bytes:
+    """Only the first part of the last record reached the preallocated (zero) file."""
+    data = seg.read_bytes()
+    write_at(seg, off + 30, bytes(size - 30))
+    return data[off : off + 30].rstrip(b"\0")
+
+
+def torn_zeroed_middle(seg: Path, off: int, size: int) -> bytes:
+    """A zeroed range inside the last record's payload (a lost page)."""
+    data = bytearray(seg.read_bytes())
+    write_at(seg, off + 40, bytes(20))
+    data[off + 40 : off + 60] = bytes(20)
+    return bytes(data[off : off + size]).rstrip(b"\0")
+
+
+TORN_SHAPES = {
+    "truncated-file": torn_truncated_file,
+    "cut-in-zero-filled-file": torn_zero_after_cut,
+    "zeroed-part": torn_zeroed_middle,
+}
+
+
+@pytest.mark.parametrize("shape", TORN_SHAPES)
+def test_torn_last_record_is_cut_kept_as_broken_and_appends_continue_with_its_lsn(
+    tmp_path: Path, shape: str
+) -> None:
+    records = make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    lsn, off, size = record_offsets(seg)[-1]
+    assert lsn == 5
+    cut = TORN_SHAPES[shape](seg, off, size)
+    with wal.Log.open(tmp_path) as log:
+        report = log.recovery_report
+        assert report.torn_tail == (str(seg), off, len(cut))
+        assert report.last_lsn == 4
+        assert report.lost_lsns is None
+        broken = Path(f"{seg}.{off:016x}.broken")
+        assert report.broken_files == (str(broken),)
+        assert broken.read_bytes() == cut
+        assert log.stats()["torn_tail"] == report.torn_tail
+        assert list(log.read()) == records[:4]
+        assert log.append(b"after the cut") == 5
+    # a second open is clean and sees the new record
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail is None
+        assert log.recovery_report.broken_files == ()
+        assert list(log.read()) == [*records[:4], (5, b"after the cut")]
+        assert log.append(b"six") == 6
+    assert broken.read_bytes() == cut
+
+
+def test_garbage_after_the_last_record_is_cut_and_kept_and_no_record_is_lost(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    _, off, size = record_offsets(seg)[-1]
+    junk = b"\x17garbage from a torn write\xff" * 3
+    write_at(seg, off + size, junk)
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail == (str(seg), off + size, len(junk))
+        assert Path(f"{seg}.{off + size:016x}.broken").read_bytes() == junk
+        assert list(log.read()) == records
+        assert log.append(b"six") == 6
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail is None
+        assert list(log.read()) == [*records, (6, b"six")]
+
+
+def test_garbage_appended_past_the_end_of_a_full_segment_file_is_cut(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 3, segment_bytes=SMALL)
+    seg = segments(tmp_path)[-1]
+    size = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(b"\x01" * 13)
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail is not None
+        assert log.recovery_report.torn_tail[0] == str(seg)
+        assert list(log.read()) == records
+        assert log.append(b"four") == 4
+    assert read_all(tmp_path) == [*records, (4, b"four")]
+    assert seg.stat().st_size >= size
+
+
+def test_torn_tail_in_a_log_of_many_segments_touches_only_the_last(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) > 2
+    before = {p.name: p.read_bytes() for p in segs[:-1]}
+    lsn, off, _ = record_offsets(segs[-1])[-1]
+    write_at(segs[-1], off + 10, b"\xee" * 8)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.recovery_report.torn_tail is not None
+        assert list(log.read()) == records[:-1]
+        assert log.append(b"again") == lsn
+    assert {p.name: p.read_bytes() for p in segs[:-1]} == before
+
+
+def test_damage_inside_the_last_unsynced_batch_is_a_torn_tail_even_with_valid_records_after_it(
+    tmp_path: Path,
+) -> None:
+    """A power cut during the batch's fdatasync may keep a later sector and lose an earlier one (rule T)."""
+    with wal.Log.open(tmp_path) as log:
+        log.append_many([payload(i) for i in range(1, 6)])  # acknowledged, synced
+        log.append_many([payload(i) for i in range(6, 11)])  # one batch: imagine its fdatasync cut off
+    seg = segments(tmp_path)[-1]
+    recs = record_offsets(seg)
+    lsn, off, _ = recs[6]  # LSN 7, in the middle of the last batch
+    write_at(seg, off + 30, b"\x00" * 8)
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail is not None
+        assert log.recovery_report.torn_tail[1] == off
+        assert [n for n, _ in log.read()] == list(range(1, lsn))
+        assert log.append(b"resumed") == lsn
+
+
+def test_damage_to_a_record_a_later_mark_vouches_for_in_the_last_segment_is_corruption(tmp_path: Path) -> None:
+    """Each batch starts with a MARK naming the durable LSN: damage before it cannot be a torn write."""
+    make_log(tmp_path, 20)
+    seg = segments(tmp_path)[-1]
+    lsn, off, _ = record_offsets(seg)[5]
+    flip(seg, off + 40)
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path)
+    assert (info.value.path, info.value.offset, info.value.lsn) == (str(seg), off, lsn)
+
+
+def test_readonly_open_reads_up_to_a_torn_tail_without_changing_any_file(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    _, off, _ = record_offsets(seg)[-1]
+    write_at(seg, off + 5, b"\xaa\xbb")
+    before = snapshot(tmp_path)
+    with wal.Log.open(tmp_path, readonly=True) as ro:
+        assert list(ro.read()) == records[:4]
+    assert snapshot(tmp_path) == before
+
+
+# ---- corruption ---------------------------------------------------------------------
+
+
+def test_flipped_byte_in_a_sealed_segment_is_corruption_error_naming_file_offset_and_lsn(tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) >= 3
+    target = segs[1]
+    lsn, off, _ = record_offsets(target)[3]
+    flip(target, off + 30)
+    before = snapshot(tmp_path)
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL)
+    err = info.value
+    assert err.path == str(target)
+    assert err.offset == off
+    assert err.lsn == lsn
+    assert err.reason == "bad crc"
+    assert str(target) in str(err)
+    assert "recovery='truncate'" in str(err)
+    assert snapshot(tmp_path) == before  # nothing was changed
+    # and the lock was released: a fixed log opens again
+    flip(target, off + 30)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.watermarks.appended == 200
+
+
+@pytest.mark.parametrize("where", ["segment-header", "first-record", "last-record", "seal"])
+def test_any_flipped_byte_in_a_non_last_segment_refuses_to_open(tmp_path: Path, where: str) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    first = segments(tmp_path)[0]
+    recs = record_offsets(first)
+    offset = {
+        "segment-header": 40,
+        "first-record": recs[0][1] + 26,
+        "last-record": recs[-1][1] + 26,
+        "seal": recs[-1][1] + recs[-1][2] + 8,
+    }[where]
+    flip(first, offset)
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL)
+    assert info.value.path == str(first)
+    assert str(first) in str(info.value)
+    with pytest.raises(wal.CorruptionError):
+        wal.Log.open(tmp_path, readonly=True)
+
+
+def test_a_flip_of_any_byte_of_a_sealed_segment_is_corruption_error(tmp_path: Path) -> None:
+    """Header, records, padding, seal, zero tail: every byte of a sealed segment is checked on open."""
+    make_log(tmp_path, 100, segment_bytes=SMALL, size=77)  # 77: records carry padding
+    first = segments(tmp_path)[0]
+    recs = record_offsets(first)
+    seal_at = recs[-1][1] + recs[-1][2]
+    must = set(range(H)) | set(range(recs[0][1], recs[0][1] + 24)) | set(range(seal_at, seal_at + 24))
+    padding = recs[0][1] + 24 + 77  # first padding byte of record 1
+    offsets = sorted(must | {padding, seal_at + 24, SMALL - 1} | set(range(0, SMALL, 37)))
+    original = first.read_bytes()
+    for off in offsets:
+        flip(first, off, 0x01)
+        with pytest.raises(wal.CorruptionError) as info:
+            wal.Log.open(tmp_path, segment_bytes=SMALL)
+        assert info.value.path == str(first), off
+        first.write_bytes(original)
+    assert first.read_bytes() == original
+
+
+def test_damaged_segment_is_never_read_as_wrong_data_by_a_readonly_reader(tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    target = segments(tmp_path)[1]
+    _, off, _ = record_offsets(target)[2]
+    flip(target, off + 50)
+    with pytest.raises(wal.CorruptionError):
+        wal.Log.open(tmp_path, readonly=True)
+
+
+def test_recovery_truncate_opens_at_the_last_good_record_and_reports_lost_lsns(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    target = segs[1]
+    lsn, off, _ = record_offsets(target)[3]
+    flip(target, off + 30)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate") as log:
+        report = log.recovery_report
+        assert report.lost_lsns == (lsn, 200)
+        assert report.last_lsn == lsn - 1
+        assert log.stats()["lost_lsns"] == (lsn, 200)
+        for later in segs[2:]:
+            assert not later.exists()
+            assert Path(f"{later}.broken").exists()
+            assert f"{later}.broken" in report.broken_files
+        assert list(log.read()) == records[: lsn - 1]
+        assert log.append(b"resumed") == lsn
+        log.append_many([payload(i) for i in range(3)])
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.recovery_report.torn_tail is None
+        assert log.recovery_report.lost_lsns is None
+        got = list(log.read())
+    assert got[: lsn - 1] == records[: lsn - 1]
+    assert got[lsn - 1 :] == [(lsn, b"resumed"), *[(lsn + 1 + i, payload(i)) for i in range(3)]]
+
+
+def test_recovery_truncate_refuses_when_the_oldest_segment_header_is_damaged_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    flip(segs[0], 20)  # log id: the header CRC fails, no record of the log can be trusted
+    before = snapshot(tmp_path)
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL)
+    assert info.value.reason == "bad header crc"
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate")
+    assert info.value.path == str(segs[0])
+    assert snapshot(tmp_path) == before
+
+
+def test_recovery_truncate_of_a_damaged_later_segment_header_sets_that_segment_aside(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    flip(segs[1], 20)
+    first_lost = record_offsets(segs[0])[-1][0] + 1
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate") as log:
+        assert log.recovery_report.lost_lsns == (first_lost, 200)
+        assert all(Path(f"{s}.broken").exists() for s in segs[1:])
+        assert list(log.read()) == records[: first_lost - 1]
+        assert log.append(b"next") == first_lost
+    assert read_all(tmp_path)[-1] == (first_lost, b"next")
+
+
+def test_missing_middle_segment_is_corruption_segment_number_gap(tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) >= 3
+    segs[1].unlink()
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL)
+    assert info.value.reason == "segment number gap"
+    assert "segment number gap" in str(info.value)
+    assert info.value.path == str(segs[2])
+    assert info.value.lsn == record_offsets(segs[0])[-1][0] + 1
+
+
+def test_segment_header_of_a_newer_format_version_is_format_version_error(tmp_path: Path) -> None:
+    make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    h = wf.decode_segment_header(seg.read_bytes()[:H])
+    newer = wf.encode_segment_header(log_id=h.log_id, segment_no=h.segment_no, first_lsn=h.first_lsn,
+                                     salt=h.salt, prealloc_bytes=h.prealloc_bytes, version=wf.FORMAT_VERSION + 1)
+    write_at(seg, 0, newer)
+    before = snapshot(tmp_path)
+    with pytest.raises(wal.FormatVersionError) as info:
+        wal.Log.open(tmp_path)
+    assert str(seg) in str(info.value)
+    with pytest.raises(wal.FormatVersionError):
+        wal.Log.open(tmp_path, readonly=True)
+    with pytest.raises(wal.FormatVersionError):
+        wal.Log.open(tmp_path, recovery="truncate")
+    assert snapshot(tmp_path) == before
+
+
+def test_leftover_segment_temp_files_are_removed_on_open(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 5)
+    leftover = tmp_path / (wf.segment_name(2) + ".tmp")
+    leftover.write_bytes(b"half-made segment")
+    other = tmp_path / "notes.tmp"
+    other.write_bytes(b"not ours")
+    with wal.Log.open(tmp_path) as log:
+        assert not leftover.exists()
+        assert other.exists()
+        assert list(log.read()) == records
+
+
+def test_sealed_last_segment_left_by_a_crash_before_the_next_was_made_opens_a_new_segment(
+    tmp_path: Path,
+) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    segs[-1].unlink()  # the crash came after the seal was synced, before the next segment existed
+    last = record_offsets(segs[-2])[-1][0]
+    assert wf.scan_segment(segs[-2].read_bytes()).status == "sealed"
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.recovery_report.last_lsn == last
+        assert log.recovery_report.torn_tail is None
+        assert log.append(b"next") == last + 1
+    assert segments(tmp_path)[-1].name == segs[-1].name
+    assert read_all(tmp_path) == [*records[:last], (last + 1, b"next")]
+
+
+def test_new_segment_with_no_records_yet_is_the_open_tail(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    first = wf.decode_segment_header(segs[-1].read_bytes()).first_lsn
+    write_at(segs[-1], H, bytes(SMALL - H))  # made, but the crash came before its first record
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.recovery_report.last_lsn == first - 1
+        assert log.recovery_report.torn_tail is None
+        assert list(log.read()) == records[: first - 1]
+        assert log.append(b"first of the segment") == first
+    assert read_all(tmp_path)[-1] == (first, b"first of the segment")
+
+
+def test_segment_from_another_log_is_corruption(tmp_path: Path) -> None:
+    make_log(tmp_path / "a", 200, segment_bytes=SMALL)
+    make_log(tmp_path / "b", 200, segment_bytes=SMALL)
+    victim = segments(tmp_path / "a")[1]
+    victim.write_bytes(segments(tmp_path / "b")[1].read_bytes())
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path / "a", segment_bytes=SMALL)
+    assert info.value.reason == "log id mismatch"
+
+
+def test_open_after_recovery_finds_an_unchanged_log_idempotent(tmp_path: Path) -> None:
+    make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    _, off, _ = record_offsets(seg)[-1]
+    write_at(seg, off + 12, b"\x99" * 4)
+    with wal.Log.open(tmp_path):
+        pass
+    after_first = snapshot(tmp_path)
+    with wal.Log.open(tmp_path) as log:
+        assert log.recovery_report.torn_tail is None
+    assert snapshot(tmp_path) == after_first
