@@ -12,7 +12,7 @@ setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         python3 -m venv "$VENV"
     fi
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test,bench]"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test,bench,langgraph,openai-agents]"
 }
 
 cmd="${1:-}"

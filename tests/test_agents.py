@@ -1,0 +1,423 @@
+"""wal.agents: streams, tool calls, checkpoints, retention, blobs -- and crashes at the awkward moments."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import wal
+from wal.agents import (
+    AgentStore,
+    BlobMissingError,
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    ThreadDeletingError,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[wal.Store]:
+    s = wal.open(tmp_path / "db")
+    yield s
+    s.close()
+
+
+def blob_files(path: Path) -> list[Path]:
+    d = path / "blobs"
+    return sorted(p for p in d.rglob("*") if p.is_file()) if d.exists() else []
+
+
+# ---- streams ---------------------------------------------------------------------------------------
+
+
+def test_append_read_last_seq_and_atomic_state(store: wal.Store) -> None:
+    ag = AgentStore(store, "bot")
+    assert ag.last_seq("t1") == 0
+    assert ag.append("t1", b"hello", state={"step": b"1", b"x": b"y"}) == 1
+    assert ag.append("t1", b"world", state={"step": b"2", "x": None}) == 2
+    assert ag.append("t2", b"other") == 1
+    assert list(ag.read("t1")) == [(1, b"hello"), (2, b"world")]
+    assert list(ag.read("t1", from_seq=2)) == [(2, b"world")]
+    assert ag.last_seq("t1") == 2
+    assert ag.state("t1") == {b"step": b"2"}
+    assert ag.get_state("t1", "x") is None
+    # names with separators do not leak into each other
+    ag.append("a/b", b"1")
+    ag.append("a", b"2")
+    assert list(ag.read("a/b")) == [(1, b"1")]
+    assert list(ag.read("a")) == [(1, b"2")]
+    # namespaces are isolated
+    other = AgentStore(store, "other")
+    assert other.last_seq("t1") == 0
+    assert sorted(ag.threads()) == ["a", "a/b", "t1", "t2"]
+
+
+def test_append_is_atomic_with_state_on_failure(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    ag.append("t", b"e1")
+    with pytest.raises(wal.ArgumentError):
+        ag.append("t", b"e2", state={"k" * 600: b"too long key"})
+    assert ag.last_seq("t") == 1
+    assert list(ag.read("t")) == [(1, b"e1")]
+
+
+def test_concurrent_appenders_get_contiguous_seqs(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for i in range(40):
+            seq = ag.append("shared", f"{n}-{i}".encode())
+            with lock:
+                got.append(seq)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(1, 241))
+    events = list(ag.read("shared"))
+    assert [s for s, _ in events] == list(range(1, 241))
+    assert ag.last_seq("shared") == 240
+
+
+def test_streams_survive_reopen(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "db") as s:
+        AgentStore(s).append("t", b"x", state={"k": b"v"})
+    with wal.open(tmp_path / "db") as s:
+        ag = AgentStore(s)
+        assert list(ag.read("t")) == [(1, b"x")]
+        assert ag.get_state("t", "k") == b"v"
+        assert ag.append("t", b"y") == 2
+
+
+# ---- tool calls --------------------------------------------------------------------------------------
+
+
+def test_tool_call_intent_outcome_idempotency(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    rec = ag.begin_call("t", "call-1", "search", b'{"q": 1}')
+    assert rec.new and rec.status == "pending" and rec.args == b'{"q": 1}'
+    assert [c.call_id for c in ag.pending_calls()] == ["call-1"]
+    assert [c.call_id for c in ag.pending_calls("t")] == ["call-1"]
+    assert ag.pending_calls("other") == []
+    again = ag.begin_call("t", "call-1", "search", b'{"q": 1}')
+    assert not again.new and again.status == "pending"
+    done = ag.end_call("t", "call-1", b"result!")
+    assert done.status == "done" and done.result == b"result!"
+    assert ag.pending_calls() == []
+    # a finished call returns its recorded outcome instead of re-registering
+    third = ag.begin_call("t", "call-1", "search", b'{"q": 1}')
+    assert not third.new and third.status == "done" and third.result == b"result!"
+    rec2 = ag.call_result("call-1")
+    assert rec2 is not None and rec2.result == b"result!"
+    assert ag.call_result("nope") is None
+    # a second end_call keeps the first outcome
+    assert ag.end_call("t", "call-1", b"other").result == b"result!"
+    with pytest.raises(wal.ArgumentError):
+        ag.end_call("t", "never-begun", b"x")
+
+
+def test_begin_call_is_sync_durable_under_buffered_store(tmp_path: Path) -> None:
+    s = wal.open(tmp_path / "db", durability="buffered", rpo_ms=10_000)
+    try:
+        ag = AgentStore(s)
+        ag.begin_call("t", "c1", "tool", b"a")
+        lsn = s.version(ag._ckey(b"c1", b"i"))
+        assert lsn is not None and s.watermarks.durable >= lsn
+    finally:
+        s.close()
+
+
+def test_concurrent_begin_call_registers_once(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    results = []
+
+    def go() -> None:
+        results.append(ag.begin_call("t", "same", "tool", b"a"))
+
+    ts = [threading.Thread(target=go) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sum(r.new for r in results) == 1
+    assert len(ag.pending_calls()) == 1
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------------
+
+
+def test_checkpoints_history_time_travel_and_checks(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    assert ag.load_checkpoint("t") is None
+    c1 = ag.save_checkpoint("t", b"state-1", schema_version=1, config_hash="cfgA")
+    c2 = ag.save_checkpoint("t", b"state-2", schema_version=2, config_hash="cfgA")
+    assert (c1, c2) == (1, 2)
+    loaded = ag.load_checkpoint("t")
+    assert loaded is not None
+    info, data = loaded
+    assert data == b"state-2" and info.checkpoint_id == 2
+    assert info.sha256 == hashlib.sha256(b"state-2").hexdigest()
+    old = ag.load_checkpoint("t", c1)
+    assert old is not None and old[1] == b"state-1"
+    assert [i.checkpoint_id for i in ag.list_checkpoints("t")] == [1, 2]
+    assert ag.load_checkpoint("t", 99) is None
+    with pytest.raises(CheckpointMismatchError, match="schema version 2"):
+        ag.load_checkpoint("t", schema_version=3)
+    with pytest.raises(CheckpointMismatchError, match="cfgA"):
+        ag.load_checkpoint("t", config_hash="cfgB")
+    assert ag.load_checkpoint("t", schema_version=2, config_hash="cfgA") is not None
+
+
+def test_checkpoint_digest_mismatch_is_corruption(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    cid = ag.save_checkpoint("t", b"good state", schema_version=1, config_hash="h")
+    key = ag._tkey(b"t", b"k", b"%016x" % cid)
+    raw = store.get(key)
+    assert raw is not None
+    store.put(key, raw[:-1] + b"X")  # flip the last byte of the state, header unchanged
+    with pytest.raises(CheckpointCorruptError, match="SHA-256 mismatch"):
+        ag.load_checkpoint("t")
+    assert isinstance(CheckpointCorruptError("x"), wal.CorruptionError)
+
+
+def test_checkpoint_blob_digest_mismatch(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "db") as s:
+        ag = AgentStore(s, blob_threshold=100)
+        ag.save_checkpoint("t", b"z" * 1000, schema_version=1, config_hash="h")
+        [blob] = blob_files(tmp_path / "db")
+        blob.write_bytes(b"y" * 1000)
+        with pytest.raises(BlobMissingError):
+            ag.load_checkpoint("t")
+        blob.unlink()
+        with pytest.raises(BlobMissingError, match="missing"):
+            ag.load_checkpoint("t")
+
+
+# ---- retention ------------------------------------------------------------------------------------------
+
+
+def test_delete_thread_removes_everything_and_frees_space(tmp_path: Path) -> None:
+    s = wal.open(tmp_path / "db", segment_bytes=1 << 20)
+    try:
+        ag = AgentStore(s, blob_threshold=4096)
+        ag.append("keep", b"k")
+        s.checkpoint()
+        base_keys = s.stats()["state_keys"]
+        for i in range(2500):
+            ag.append("big", b"e" * 500, state={f"s{i % 10}": b"v"})
+        ag.begin_call("big", "c-pending", "tool", b"a")
+        ag.begin_call("big", "c-done", "tool", b"a")
+        ag.end_call("big", "c-done", b"r")
+        ag.save_checkpoint("big", b"B" * 10_000, schema_version=1, config_hash="h")
+        s.checkpoint()
+        assert s.stats()["state_keys"] > base_keys + 2500
+        assert blob_files(tmp_path / "db")
+        n = ag.delete_thread("big")
+        assert n > 2500
+        assert list(ag.read("big")) == [] and ag.last_seq("big") == 0
+        assert ag.pending_calls() == [] and ag.call_result("c-done") is None
+        assert ag.list_checkpoints("big") == []
+        assert list(ag.threads()) == ["keep"]
+        s.checkpoint()
+        assert s.stats()["state_keys"] == base_keys
+        segs = [p for p in (tmp_path / "db" / "log").iterdir() if p.is_file()]
+        assert len(segs) <= 2  # old segments went at the checkpoint
+        assert ag.gc_blobs()["removed"] == 1 and blob_files(tmp_path / "db") == []
+        assert ag.delete_thread("big") == 0  # idempotent
+        # the thread can be reused after deletion
+        assert ag.append("big", b"again") == 1
+    finally:
+        s.close()
+
+
+def test_expire_idle(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    ag.append("old", b"x")
+    ag.begin_call("old", "c", "t", b"")
+    time.sleep(0.25)
+    ag.append("new", b"y")
+    assert ag.expire_idle(0.2) == ["old"]
+    assert sorted(ag.threads()) == ["new"]
+    assert ag.pending_calls() == []
+    assert ag.expire_idle(3600) == []
+
+
+def test_deleting_thread_refuses_writes_until_finished(store: wal.Store) -> None:
+    ag = AgentStore(store)
+    ag.append("t", b"x")
+    info = ag.thread_info("t")
+    assert info is not None
+    info["deleting"] = True
+    store.put(ag._rkey(b"t"), json.dumps(info).encode())
+    with pytest.raises(ThreadDeletingError):
+        ag.append("t", b"y")
+    assert ag.finish_deletions() == 1
+    assert ag.append("t", b"y") == 1
+
+
+# ---- blobs ------------------------------------------------------------------------------------------------
+
+
+def test_blobs_roundtrip_dedupe_and_gc(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "db") as s:
+        ag = AgentStore(s, blob_threshold=1000)
+        big = os.urandom(5000)
+        ag.append("t", big, state={"big": big})
+        ag.append("u", big)
+        ag.begin_call("t", "c", "tool", big)
+        ag.end_call("t", "c", big + b"!")
+        assert len(blob_files(tmp_path / "db")) == 2  # content-addressed: one file per distinct value
+        assert list(ag.read("t")) == [(1, big)]
+        assert ag.get_state("t", "big") == big
+        rec = ag.call_result("c")
+        assert rec is not None and rec.args == big and rec.result == big + b"!"
+        assert ag.gc_blobs()["removed"] == 0
+        ag.delete_thread("t")
+        assert ag.gc_blobs() == {"kept": 1, "removed": 1, "bytes_freed": 5001}  # `u` still references big
+        assert list(ag.read("u")) == [(1, big)]
+        ag.delete_thread("u")
+        assert ag.gc_blobs()["removed"] == 1
+        assert blob_files(tmp_path / "db") == []
+
+
+def test_gc_never_collects_blob_of_inflight_write(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "db") as s:
+        ag = AgentStore(s, blob_threshold=10)
+        started, release = threading.Event(), threading.Event()
+        gc_result: list[dict[str, int]] = []
+
+        def hook(path: str) -> None:
+            started.set()
+            release.wait(5)
+
+        AgentStore._after_blob_write = hook
+        try:
+            w = threading.Thread(target=ag.append, args=("t", b"x" * 100))
+            w.start()
+            assert started.wait(5)
+            g = threading.Thread(target=lambda: gc_result.append(ag.gc_blobs()))
+            g.start()
+            time.sleep(0.2)
+            assert not gc_result  # GC waits for the in-flight write
+            release.set()
+            w.join()
+            g.join()
+        finally:
+            AgentStore._after_blob_write = None
+        assert gc_result == [{"kept": 1, "removed": 0, "bytes_freed": 0}]
+        assert list(ag.read("t")) == [(1, b"x" * 100)]
+
+
+# ---- crashes (real processes, SIGKILL) ------------------------------------------------------------
+
+
+def run_child(code: str, db: Path, wait_for: str = "READY") -> None:
+    """Run code in a child python, wait until it prints wait_for, SIGKILL it."""
+    prog = textwrap.dedent("""
+        import sys, time, wal
+        from wal.agents import AgentStore
+        s = wal.open(sys.argv[1])
+    """) + textwrap.dedent(code)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", prog, str(db)], stdout=subprocess.PIPE, env=env, text=True)
+    assert proc.stdout is not None
+    deadline = time.time() + 60
+    line = ""
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line or wait_for in line:
+            break
+    assert wait_for in line, f"child ended early (rc={proc.poll()})"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_crash_between_intent_and_outcome(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    run_child("""
+        ag = AgentStore(s, "bot")
+        ag.append("t", b"user: pay the bill")
+        ag.begin_call("t", "pay-1", "payments.charge", b'{"eur": 10}')
+        print("READY", flush=True)   # side effect would run now
+        time.sleep(60)
+    """, db)
+    with wal.open(db) as s:
+        ag = AgentStore(s, "bot")
+        [pending] = ag.pending_calls()
+        assert (pending.call_id, pending.tool, pending.args) == ("pay-1", "payments.charge", b'{"eur": 10}')
+        assert ag.begin_call("t", "pay-1", "payments.charge", b"").new is False
+        ag.end_call("t", "pay-1", b"reconciled: charged once")
+        assert ag.pending_calls() == []
+        assert ag.begin_call("t", "pay-1", "payments.charge", b"").result == b"reconciled: charged once"
+
+
+def test_crash_between_blob_write_and_commit(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    run_child("""
+        def hook(path):
+            print("READY", path, flush=True)
+            time.sleep(60)
+        ag = AgentStore(s, blob_threshold=100)
+        ag.append("t", b"small")
+        AgentStore._after_blob_write = staticmethod(hook)
+        ag.append("t", b"B" * 5000)
+    """, db)
+    assert len(blob_files(db)) == 1  # durable orphan left behind
+    with wal.open(db) as s:
+        ag = AgentStore(s, blob_threshold=100)
+        assert list(ag.read("t")) == [(1, b"small")]  # no commit references the blob
+        assert ag.gc_blobs() == {"kept": 0, "removed": 1, "bytes_freed": 5000}
+        assert blob_files(db) == []
+        assert ag.append("t", b"B" * 5000) == 2  # and the value can be written again
+        assert list(ag.read("t", 2)) == [(2, b"B" * 5000)]
+
+
+def test_crash_during_delete_thread(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    run_child("""
+        import wal.agents
+        wal.agents.DELETE_BATCH = 100
+        ag = AgentStore(s, blob_threshold=1000)
+        for i in range(450):
+            ag.append("doomed", b"e%d" % i, state={"k%d" % (i % 7): b"v"})
+        ag.begin_call("doomed", "c1", "tool", b"a")
+        ag.save_checkpoint("doomed", b"C" * 2000, schema_version=1, config_hash="h")
+        ag.append("kept", b"stay")
+        def hook(n):
+            if n >= 200:
+                print("READY", n, flush=True)
+                time.sleep(60)
+        AgentStore._after_delete_batch = staticmethod(hook)
+        ag.delete_thread("doomed")
+    """, db)
+    with wal.open(db) as s:
+        ag = AgentStore(s, blob_threshold=1000)
+        info = ag.thread_info("doomed")
+        assert info is not None and info["deleting"]  # consistent partial state: marked, refuses writes
+        assert 0 < len(list(ag.read("doomed"))) < 450
+        with pytest.raises(ThreadDeletingError):
+            ag.append("doomed", b"x")
+        assert ag.delete_thread("doomed") > 0  # the second run completes it
+        assert ag.thread_info("doomed") is None and list(ag.read("doomed")) == []
+        assert ag.pending_calls() == [] and ag.call_result("c1") is None
+        assert [k for k, _ in s.scan(b"ag/default/t/doomed/")] == []
+        assert list(ag.read("kept")) == [(1, b"stay")]
+        assert ag.gc_blobs()["removed"] == 1

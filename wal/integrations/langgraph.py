@@ -1,0 +1,338 @@
+"""A LangGraph checkpointer on an agentwal store: `AgentwalSaver`.
+
+    import wal
+    from wal.integrations.langgraph import AgentwalSaver
+
+    store = wal.open("agent.db")                       # durability="sync" by default
+    graph = builder.compile(checkpointer=AgentwalSaver(store))
+    graph.invoke(inputs, {"configurable": {"thread_id": "t1"}})
+
+Incremental storage. Like LangGraph's Postgres saver, a checkpoint is stored without its
+channel values; each channel value is stored once per ``(thread, ns, channel, version)``
+and only the channels listed in ``new_versions`` (those whose version changed in this
+step) are written by ``put``. Unchanged channels are never rewritten: a step that
+touches one channel of a large state writes that channel, the small checkpoint header and
+its metadata -- in one atomic store transaction. ``get_tuple`` reassembles the values
+from the checkpoint's ``channel_versions``.
+
+Key layout (prefix ``lg/``; each name component is UTF-8 with ``%``, ``/`` and ``#``
+percent-escaped, or ``#`` + 32 hex digits of its SHA-256 when the escaped form is over 96
+bytes -- the real names are kept in the values)::
+
+    lg/c/<thread>/<ns>/<checkpoint_id>                 checkpoint header, metadata, parent id
+    lg/b/<thread>/<ns>/<channel>/<version>             one channel value (serde typed)
+    lg/w/<thread>/<ns>/<checkpoint_id>/<task_id>/<idx> one pending write
+    lg/l/<thread>/<ns>                                 id of the newest checkpoint (get_tuple without id)
+
+Values are a u32 header length, a JSON header, then the serialized bytes.
+
+Durability: LangGraph's modes and ours. LangGraph's ``durability`` decides *when* the
+saver is called; the store's level decides *what a returned call survives*:
+
+* ``durability="sync"`` (LangGraph): ``put`` is called and awaited before the next step
+  starts. With an agentwal store at ``sync`` every finished step survives a process kill
+  and a power cut; at ``interval, rpo_ms=T`` it survives a kill and a power cut loses
+  at most the steps of the last T ms; at ``buffered`` a kill too may lose the last T ms.
+* ``durability="async"`` (LangGraph): ``put`` runs while the next step executes; a kill
+  can lose the step in flight regardless of our level, and our level then bounds what
+  earlier steps a power cut may lose (as above).
+* ``durability="exit"`` (LangGraph): only the final state is saved when the graph exits;
+  a kill mid-run loses the whole run whatever our level; ours governs the final save.
+
+For "resume after kill from the last finished step" use LangGraph ``sync`` with any of our
+levels (``interval`` is the usual trade: no loss on a process kill, bounded loss on power
+cut, no fsync per step). Pass ``durability="sync"`` to the saver to force fsync per
+checkpoint on a weaker store.
+
+The async methods run the sync ones in a worker thread (``asyncio.to_thread``), so they
+never block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import struct
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from wal.store import Store
+
+__all__ = ["AgentwalSaver"]
+
+_HDR = struct.Struct(">I")
+_DELETE_BATCH = 1000
+_MAX_COMPONENT = 96
+
+
+def _c(name: str) -> bytes:
+    """One key component: escaped so that '/' separates components unambiguously."""
+    esc = name.replace("%", "%25").replace("/", "%2F").replace("#", "%23").encode()
+    if len(esc) > _MAX_COMPONENT:
+        return b"#" + hashlib.sha256(name.encode()).hexdigest()[:32].encode()
+    return esc
+
+
+def _frame(header: dict[str, Any], *bodies: bytes) -> bytes:
+    header = dict(header, lens=[len(b) for b in bodies])
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _HDR.pack(len(head)) + head + b"".join(bodies)
+
+
+def _unframe(raw: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    (n,) = _HDR.unpack_from(raw)
+    header: dict[str, Any] = json.loads(raw[4:4 + n])
+    out, pos = [], 4 + n
+    for length in header["lens"]:
+        out.append(raw[pos:pos + length])
+        pos += length
+    return header, out
+
+
+def _version(v: str | int | float) -> bytes:
+    return _c(json.dumps(v)) if not isinstance(v, str) else _c(v)
+
+
+def _idx(idx: int) -> bytes:
+    return b"%08x" % (idx + (1 << 31))  # negative special indexes sort before 0, fixed width
+
+
+class AgentwalSaver(BaseCheckpointSaver[str]):
+    """LangGraph checkpointer storing incrementally in a `wal.Store` (see the module docstring).
+
+    ``durability``: the level each commit asks for (None: the store's; may only be stronger).
+    The store stays owned by the caller.
+    """
+
+    def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
+                 durability: str | None = None) -> None:
+        super().__init__(serde=serde)
+        self.store = store
+        self.durability = durability
+
+    # ---- keys ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ckey(thread: str, ns: str, cid: str = "") -> bytes:
+        return b"lg/c/" + _c(thread) + b"/" + _c(ns) + b"/" + (_c(cid) if cid else b"")
+
+    @staticmethod
+    def _lkey(thread: str, ns: str) -> bytes:
+        return b"lg/l/" + _c(thread) + b"/" + _c(ns)
+
+    @staticmethod
+    def _bkey(thread: str, ns: str, channel: str, version: str | int | float) -> bytes:
+        return b"lg/b/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(channel) + b"/" + _version(version)
+
+    @staticmethod
+    def _wprefix(thread: str, ns: str, cid: str) -> bytes:
+        return b"lg/w/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(cid) + b"/"
+
+    # ---- reading --------------------------------------------------------------------------------
+
+    def _tuple(self, raw: bytes) -> tuple[CheckpointTuple, dict[str, Any]]:
+        head, (ckpt_b, meta_b) = _unframe(raw)
+        thread, ns, cid, parent = head["thread"], head["ns"], head["id"], head["parent"]
+        checkpoint: Checkpoint = self.serde.loads_typed((head["ct"], ckpt_b))
+        values: dict[str, Any] = {}
+        for channel, ver in checkpoint["channel_versions"].items():
+            blob = self.store.get(self._bkey(thread, ns, channel, ver))
+            if blob is None:
+                continue
+            bhead, (data,) = _unframe(blob)
+            if bhead["t"] == "empty":
+                continue
+            values[channel] = self.serde.loads_typed((bhead["t"], data))
+        writes = []
+        for _, wraw in self.store.scan(self._wprefix(thread, ns, cid)):
+            whead, (data,) = _unframe(wraw)
+            writes.append((whead, data))
+        writes.sort(key=lambda w: writes_sort_key(w[0]["path"], w[0]["task"], w[0]["idx"]))
+        metadata = self.serde.loads_typed((head["mt"], meta_b))
+
+        def cfg(checkpoint_id: str) -> RunnableConfig:
+            return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+        tup = CheckpointTuple(
+            config=cfg(cid),
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=metadata,
+            parent_config=cfg(parent) if parent else None,
+            pending_writes=[(w["task"], w["ch"], self.serde.loads_typed((w["t"], d))) for w, d in writes],
+        )
+        return tup, head
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by config (``checkpoint_id``), or the thread/ns's latest."""
+        conf = config["configurable"]
+        thread: str = conf["thread_id"]
+        ns: str = conf.get("checkpoint_ns", "")
+        cid = get_checkpoint_id(config)
+        if cid:
+            raw = self.store.get(self._ckey(thread, ns, cid))
+            if raw is None:
+                return None
+            tup, _ = self._tuple(raw)
+            return tup._replace(config=config) if conf.get("checkpoint_id") else tup
+        latest = self.store.get(self._lkey(thread, ns))
+        last = self.store.get(self._ckey(thread, ns, latest.decode())) if latest is not None else None
+        if last is None:
+            for _, value in self.store.scan(self._ckey(thread, ns)):
+                last = value  # ids are time-ordered UUIDs: the last in key order is the newest
+        if last is None:
+            return None
+        return self._tuple(last)[0]
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, narrowed by config (thread, ns, id), metadata filter, before, limit."""
+        prefix = b"lg/c/"
+        want_id: str | None = None
+        if config is not None:
+            conf = config["configurable"]
+            if conf.get("thread_id") is not None:
+                prefix += _c(conf["thread_id"]) + b"/"
+                if conf.get("checkpoint_ns") is not None:
+                    prefix += _c(conf["checkpoint_ns"]) + b"/"
+            want_id = get_checkpoint_id(config)
+        before_id = get_checkpoint_id(before) if before else None
+        found: list[tuple[str, bytes]] = []
+        for _, raw in self.store.scan(prefix):
+            head = json.loads(raw[4:4 + _HDR.unpack_from(raw)[0]])
+            cid = head["id"]
+            if config is not None:
+                conf = config["configurable"]
+                if conf.get("thread_id") is not None and head["thread"] != conf["thread_id"]:
+                    continue  # a hashed component collided in the prefix
+                if conf.get("checkpoint_ns") is not None and head["ns"] != conf["checkpoint_ns"]:
+                    continue
+            if want_id and cid != want_id:
+                continue
+            if before_id and cid >= before_id:
+                continue
+            found.append((cid, raw))
+        found.sort(key=lambda f: f[0], reverse=True)
+        remaining = limit
+        for _, raw in found:
+            if remaining is not None and remaining <= 0:
+                break
+            tup, _ = self._tuple(raw)
+            if filter and not all(tup.metadata.get(k) == v for k, v in filter.items()):
+                continue
+            if remaining is not None:
+                remaining -= 1
+            yield tup
+
+    # ---- writing --------------------------------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        """Store the checkpoint and the values of the channels in new_versions, in one transaction."""
+        conf = config["configurable"]
+        thread: str = conf["thread_id"]
+        ns: str = conf.get("checkpoint_ns", "")
+        c: dict[str, Any] = dict(checkpoint)
+        values: dict[str, Any] = c.pop("channel_values", {})
+        ct, ckpt_b = self.serde.dumps_typed(c)
+        mt, meta_b = self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
+        head = {"thread": thread, "ns": ns, "id": checkpoint["id"], "parent": conf.get("checkpoint_id"),
+                "ct": ct, "mt": mt}
+        with self.store.transaction(durability=self.durability) as tx:
+            for channel, ver in new_versions.items():
+                if channel in values:
+                    t, data = self.serde.dumps_typed(values[channel])
+                else:
+                    t, data = "empty", b""
+                tx.put(self._bkey(thread, ns, channel, ver), _frame({"t": t}, data))
+            tx.put(self._ckey(thread, ns, checkpoint["id"]), _frame(head, ckpt_b, meta_b))
+            latest = tx.get(self._lkey(thread, ns))
+            if latest is None or latest.decode() < checkpoint["id"]:
+                tx.put(self._lkey(thread, ns), checkpoint["id"].encode())
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        """Store a task's pending writes for a checkpoint, atomically.
+
+        Writes to regular channels are kept on a repeat (first writer wins, like LangGraph's
+        savers); special channels (errors, interrupts, ...) are overwritten.
+        """
+        conf = config["configurable"]
+        thread: str = conf["thread_id"]
+        ns: str = conf.get("checkpoint_ns", "")
+        cid: str = conf["checkpoint_id"]
+        prefix = self._wprefix(thread, ns, cid) + _c(task_id) + b"/"
+        with self.store.transaction(durability=self.durability) as tx:
+            for i, (channel, value) in enumerate(writes):
+                idx = WRITES_IDX_MAP.get(channel, i)
+                key = prefix + _idx(idx)
+                if idx >= 0 and tx.get(key) is not None:
+                    continue
+                t, data = self.serde.dumps_typed(value)
+                tx.put(key, _frame({"task": task_id, "ch": channel, "t": t, "path": task_path, "idx": idx}, data))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, channel value and write of the thread (in batched transactions)."""
+        prefixes = [b"lg/w/" + _c(thread_id) + b"/", b"lg/b/" + _c(thread_id) + b"/",
+                    b"lg/c/" + _c(thread_id) + b"/", b"lg/l/" + _c(thread_id) + b"/"]
+        # checkpoints (and their latest pointers) last: a crash leaves no checkpoint without its values
+        for prefix in prefixes:
+            while True:
+                batch = []
+                for key, _ in self.store.scan(prefix):
+                    batch.append(key)
+                    if len(batch) >= _DELETE_BATCH:
+                        break
+                if not batch:
+                    break
+                with self.store.transaction(durability=self.durability) as tx:
+                    for key in batch:
+                        tx.delete(key)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Monotonic string versions: a zero-padded counter plus a random tie-breaker."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(str(current).split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # ---- async ------------------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        items = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in items:
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
