@@ -323,6 +323,10 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
         pthread_mutex_unlock(&log->mu);
         return rc;
     }
+    if (log->next_lsn + n - 1 > WAL_MAX_NUMBER) { /* LSNs must fit the int64 this API returns */
+        pthread_mutex_unlock(&log->mu);
+        return WAL_EINVAL;
+    }
     uint64_t first = log->next_lsn;
     const uint8_t *p = (const uint8_t *)data;
     if (log->pending.len == 0) {

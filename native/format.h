@@ -77,6 +77,9 @@
                         * durable when the writer placed this record; starts a write
                         * batch whenever the durable LSN moved since the last mark */
 
+/* Segment numbers and LSNs stay below 2^63 - 1: the C API returns LSNs as int64. */
+#define WAL_MAX_NUMBER 9223372036854775806u /* 2^63 - 2 */
+
 #define WAL_ALIGN 8
 #define WAL_MAX_PAYLOAD (16u << 20) /* 16 MiB */
 #define WAL_SEAL_SIZE WAL_RECORD_HEADER_SIZE

@@ -64,7 +64,11 @@ int wal_segment_header_decode(const uint8_t *d, size_t len, wal_segment_header *
     h->first_lsn = wal_get_u64(d + WAL_SH_FIRST_LSN);
     h->salt = wal_get_u64(d + WAL_SH_SALT);
     h->prealloc_bytes = wal_get_u64(d + WAL_SH_PREALLOC);
-    if (!h->segment_no || !h->first_lsn || !h->salt) { *reason = "bad header fields"; return -1; } /* H7 */
+    if (!h->log_id || !h->segment_no || !h->first_lsn || !h->salt || h->segment_no > WAL_MAX_NUMBER ||
+        h->first_lsn > WAL_MAX_NUMBER) {                                                    /* H7 */
+        *reason = "bad header fields";
+        return -1;
+    }
     return 0;
 }
 
@@ -162,7 +166,7 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
             return corrupt_at(off, "nonzero padding", res);
         uint64_t lsn = wal_get_u64(r + WAL_RH_LSN);
         if (type == WAL_REC_DATA) {                                                            /* R11 */
-            if (lsn > expected) return corrupt_at(off, "lsn gap", res);
+            if (lsn > expected || lsn > WAL_MAX_NUMBER) return corrupt_at(off, "lsn gap", res);
             if (lsn < expected) return corrupt_at(off, "lsn out of order", res);
             res->records++;
             res->last_lsn = lsn;

@@ -9,23 +9,37 @@ dependency for nothing argparse cannot do here.
 Structure: every subcommand is one `Command` in `COMMANDS` -- a name, a one-line summary
 (shown by ``agentwal --help``), a description (shown by ``agentwal NAME --help``), a function
 declaring its arguments and one function running it, ``cmd_NAME(args) -> exit status``.
-Adding ``info``, ``verify``, ``dump``, ``get``/``put``/``delete``/``scan``, ``export``/``import``,
-``checkpoint``, ``repair``, ``tail``, ``stats``, ``crashtest`` or ``bench`` means writing those two
-functions and appending one `Command`.
+The operator commands (``info``, ``verify``, ``dump``, ``get``/``put``/``delete``/``scan``,
+``export``/``import``, ``checkpoint``, ``repair``, ``tail``, ``stats``) do their work in `wal.ops`,
+one function per command returning data; the ``cmd_*`` functions here only parse, call it and
+print. Read-only commands never take the writer lock, so they work while an agent runtime has
+the store open; writing ones open the store as its one writer and say who holds it when
+another process does.
 
-Exit status: 0 success; 1 the command ran and found a failure (e.g. the demo's check) or the
-store raised a `wal.WalError`; 2 bad usage (argparse's convention); 130 interrupted (Ctrl-C).
+Output: data to stdout (JSON lines where a program is the likely reader), messages, warnings
+and progress bars to stderr. ``-v`` shows the library's INFO log lines (recovery summaries,
+checkpoints) on stderr; WARNINGs (a torn tail cut, a slow fsync) show by default.
+
+Exit status: 0 success; 1 the command ran and found a failure (damage, a missing key, the
+demo's check) or the store raised a `wal.WalError` (e.g. another writer holds the lock); 2 bad
+usage (argparse's convention; also a refused confirmation); 130 interrupted (Ctrl-C), except
+``tail -f``, for which Ctrl-C is the normal way to stop (0).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TextIO
 
 import wal
-from wal import demo
+from wal import demo, metrics, ops
 from wal import durability as dur
 
 EXIT_OK = 0
@@ -122,11 +136,771 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+# ---- shared by the operator commands ---------------------------------------------------------------
+
+_READ_ONLY = ("Read-only: takes no lock, so it works while an agent runtime (the writer) has the store\n"
+              "open, and changes nothing.")
+_WRITER = ("Writes: opens the store as its one writer, so it fails (exit status 1, naming the process)\n"
+           "while another process has the store open for writing; stop that process first, or make the\n"
+           "change through it.")
+
+
+def _store_argument(p: argparse.ArgumentParser, *, log_ok: bool = False) -> None:
+    what = "an agentwal store (a directory with a STORE file)"
+    if log_ok:
+        what += ", or a bare log directory"
+    p.add_argument("store", metavar="STORE", help=what)
+
+
+def _key_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("key", metavar="KEY", help="the key, as UTF-8 text (see --base64-key)")
+    p.add_argument("--base64-key", action="store_true", help="KEY is base64 (for binary keys)")
+
+
+def _err(command: str, message: str) -> None:
+    print(f"agentwal {command}: {message}", file=sys.stderr)
+
+
+def _print_json(obj: object, out: TextIO | None = None) -> None:
+    stream = out if out is not None else sys.stdout
+    stream.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.1f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} days ago"
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr, only when stderr is a terminal and the work lasts > 0.5 s."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty()
+        self.started = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.started < 0.5 or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        frac = min(1.0, done / total) if total else 1.0
+        filled = int(frac * 30)
+        self.stream.write(f"\r{phase:<20} [{'#' * filled}{'.' * (30 - filled)}] {frac * 100:5.1f}%")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * 62 + "\r")
+            self.stream.flush()
+
+
+# ---- info --------------------------------------------------------------------------------------------
+
+_INFO_DESCRIPTION = f"""\
+Show what a store (or bare log) holds: format versions, the writer (running or not), the
+watermarks (last LSN in the log, LSN applied to the state, records the next open replays),
+every segment with its size, status and LSN range, the total size, the newest and oldest
+retained commit, and warnings about the storage under it (tmpfs, network filesystems,
+barriers off, low free space).
+
+{_READ_ONLY}
+
+examples:
+  agentwal info /var/lib/agent/store
+  agentwal info /var/lib/agent/store --json | jq .watermarks
+"""
+
+
+def _info_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """`agentwal info`: see `wal.ops.info`."""
+    data = ops.info(args.store)
+    if args.json:
+        _print_json(data)
+        return EXIT_OK
+    h = ops.human_bytes
+    kind = "agentwal store" if data["kind"] == "store" else "bare agentwal log"
+    versions = []
+    if "store_format" in data:
+        versions.append(f"store format {data['store_format'].get('version')}")
+    if data["log_format_version"] is not None:
+        versions.append(f"log format {data['log_format_version']}")
+    print(f"{data['path']}: {kind}" + (f" ({', '.join(versions)})" if versions else ""))
+    pid = data["writer_pid"]
+    print(f"  writer:      {'running, pid ' + str(pid) if pid else 'not running'}")
+    print(f"  durability:  {data['durability']}")
+    log = data["log"]
+    span = f"LSN {log['first_lsn']}..{log['last_lsn']}" if log["last_lsn"] >= log["first_lsn"] else "empty"
+    print(f"  log:         {span}, {log['records']} record(s) in {log['segments']} segment(s), "
+          f"{h(log['bytes'])} ({h(log['disk_bytes'])} allocated)")
+    if "watermarks" in data:
+        w, st = data["watermarks"], data["state"]
+        print(f"  state:       applied LSN {w['applied_lsn']}, {st['keys']} key(s), {h(st['map_bytes_used'])} "
+              "of LMDB map used")
+        print(f"  to replay:   {w['unapplied_records']} record(s) after the applied LSN (replayed by the next open)")
+        c = data["commits"]
+        if c["newest"]:
+            print(f"  commits:     newest {c['newest']} ({_ago(c['newest_age_s'])}), oldest retained "
+                  f"{c['oldest_retained']} ({_ago(c['oldest_retained_age_s'])})")
+        print(f"  checkpoint:  {data['checkpoint']}")
+    print(f"  total size:  {h(data['total_bytes'])} ({h(data['total_disk_bytes'])} allocated)")
+    if data["segments"]:
+        print("  segments:")
+        print(f"    {'NAME':<22} {'STATUS':<8} {'LSNs':<21} {'RECORDS':>8} {'DATA':>10} {'SIZE':>10}")
+        for s in data["segments"]:
+            lsns = f"{s['first_lsn']}..{s['last_lsn']}" if s["records"] else "-"
+            status = s["status"] + (f" ({s['reason']} at {s['bad_offset']})" if s["reason"] else "")
+            print(f"    {s['name']:<22} {s['status']:<8} {lsns:<21} {s['records']:>8} "
+                  f"{h(s['end_offset']):>10} {h(s['size']):>10}"
+                  + (f"  {status}" if s["reason"] else ""))
+    if data["broken_files"]:
+        print(f"  .broken files (cut by earlier recoveries; safe to delete once inspected): "
+              f"{', '.join(data['broken_files'])}")
+    if log["damaged"]:
+        for problem in log["problems"]:
+            print(f"  DAMAGE: {problem}")
+        print(f"  the log is damaged: `agentwal verify {args.store}` checks everything, "
+              f"`agentwal repair {args.store}` opens it at the last good record")
+    elif log["torn_tail"]:
+        print("  torn tail: the newest segment ends in a partial record (a crash, or a commit being written); "
+              "the next writable open cuts it")
+    for warning in data["warnings"]:
+        print(f"  warning: {warning}")
+    return EXIT_OK
+
+
+# ---- verify ------------------------------------------------------------------------------------------
+
+_VERIFY_DESCRIPTION = f"""\
+Check a store end to end and say whether it is sound.
+
+1. The log: every segment is scanned by the C reader, checking each header and record
+   CRC-32C, the LSN sequence (no gaps, no reordering), seals, and the rules across
+   segments (consecutive numbers, one log id, each segment starting where the last ended).
+2. The state (stores only), against the log: the retained log is replayed in memory up to
+   the state's applied LSN; every key's version and value in LMDB must be what the last
+   record that wrote it says (deleted keys must be absent); the applied LSN must not pass
+   the end of the log. Keys last written before the oldest retained segment (a checkpoint
+   removed it) are counted, not checked.
+
+A torn tail (a partial last record after a crash) is a warning, not damage: the next
+writable open cuts it. --strict counts warnings as damage. A progress bar is shown on
+stderr for long runs when it is a terminal.
+
+{_READ_ONLY}
+
+exit status: 0 sound, 1 damaged (the problems name the file, offset and LSN, or the key),
+2 bad usage.
+
+examples:
+  agentwal verify /var/lib/agent/store
+  agentwal verify /var/lib/agent/store --json > verify.json || alert "store damaged"
+"""
+
+
+def _verify_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--strict", action="store_true", help="treat warnings (a torn tail) as damage: exit status 1")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`agentwal verify`: see `wal.ops.verify`."""
+    bar = _ProgressBar()
+    try:
+        report = ops.verify(args.store, progress=bar)
+    finally:
+        bar.close()
+    sound = report.sound and not (args.strict and report.warnings)
+    if args.json:
+        _print_json(report.as_dict() | {"sound": sound})
+        return EXIT_OK if sound else EXIT_FAILED
+    t = report.target
+    print(f"verifying {t.path} ({'store' if t.is_store else 'bare log'})")
+    span = f"LSN {report.first_lsn}..{report.last_lsn}" if report.last_lsn >= report.first_lsn else "no records"
+    print(f"  log:   {len(report.segments)} segment(s), {report.log_records} record(s), {span}, "
+          f"{ops.human_bytes(report.log_bytes)} of records checked")
+    for s in report.segments:
+        verdict = "ok" if s.status in ("open", "sealed") else f"{s.status.upper()}: {s.reason} at offset {s.bad_offset}"
+        lsns = f"LSN {s.first_lsn}..{s.last_lsn}" if s.records else "no records"
+        print(f"    {s.name}  {s.status:<6}  {lsns:<24} {verdict}")
+    if report.applied_lsn is not None:
+        print(f"  state: applied LSN {report.applied_lsn}, {report.state_keys} key(s); {report.keys_checked} "
+              f"checked against the log, {report.keys_before_log} from before the oldest retained segment; "
+              f"{report.records_to_replay} log record(s) after the applied LSN (replayed by the next open)")
+    for note in report.notes:
+        print(f"  note: {note}")
+    for warning in report.warnings:
+        print(f"  warning: {warning}")
+    for problem in report.problems:
+        print(f"  DAMAGE ({problem.area}): {problem.message}")
+    if sound:
+        print(f"result: sound ({report.seconds:.2f} s)")
+        return EXIT_OK
+    count = len(report.problems) or len(report.warnings)
+    print(f"result: DAMAGED ({count} problem(s)). To open at the last good record, keeping a backup: "
+          f"agentwal repair {t.path}")
+    return EXIT_FAILED
+
+
+# ---- dump --------------------------------------------------------------------------------------------
+
+_DUMP_DESCRIPTION = f"""\
+Print log records as JSON lines, oldest first: {{"lsn", "segment", "offset", "bytes", ...}}.
+In a store each record is one transaction, shown decoded: "time", optional
+"idempotency_key", and "ops" (each {{"op": "put", "key", "value"}} or {{"op": "delete",
+"key"}}). Keys and values are JSON strings when they are printable UTF-8, otherwise
+{{"base64": "..."}}. --raw prints each payload as it is ("payload"), as for a bare log.
+
+By default dump stops at the first damage with exit status 1, after printing the records
+before it. --salvage reads past damage instead: each segment is scanned by the C reader
+and after a bad region it continues at the next valid record; every region it skipped
+(file, byte range, reason, LSNs lost) is reported on stderr.
+
+{_READ_ONLY}
+
+examples:
+  agentwal dump /var/lib/agent/store --from-lsn 1200 --to-lsn 1210
+  agentwal dump /var/lib/agent/store | grep '"agent/7/step"'
+  agentwal dump /var/lib/agent/store --salvage > salvaged.jsonl 2> skipped.txt
+"""
+
+
+def _dump_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("--from-lsn", type=_int_in(1), default=1, metavar="LSN",
+                   help="first LSN to print (default: the oldest retained)")
+    p.add_argument("--to-lsn", type=_int_in(1), default=None, metavar="LSN",
+                   help="last LSN to print (default: the end)")
+    p.add_argument("--raw", action="store_true", help="do not decode store transactions; print payloads")
+    p.add_argument("--salvage", action="store_true",
+                   help="read past damage, reporting what was skipped on stderr")
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """`agentwal dump`: see `wal.ops.dump`."""
+    skipped: list[ops.Skip] = []
+
+    def on_skip(skip: ops.Skip) -> None:
+        skipped.append(skip)
+        _err("dump", skip.describe())
+
+    count = 0
+    try:
+        for obj in ops.dump(args.store, args.from_lsn, args.to_lsn, raw=args.raw, salvage=args.salvage,
+                            on_skip=on_skip, on_note=lambda text: _err("dump", f"note: {text}")):
+            _print_json(obj)
+            count += 1
+    except wal.CorruptionError as exc:
+        sys.stdout.flush()
+        _err("dump", f"error: {exc}")
+        _err("dump", f"{count} record(s) printed before the damage; --salvage reads past it")
+        return EXIT_FAILED
+    if args.salvage:
+        sys.stdout.flush()
+        _err("dump", f"salvage: {count} record(s) printed, {len(skipped)} damaged region(s) skipped")
+    return EXIT_OK
+
+
+# ---- get / put / delete / scan -------------------------------------------------------------------------
+
+_GET_DESCRIPTION = f"""\
+Print the value of KEY. The value is written to stdout exactly as stored (binary-safe; a
+newline is added only when stdout is a terminal); --json prints {{"key", "version",
+"value"}} instead. The state is read as of the newest commit in the log: commits a writer
+made that are not yet applied to LMDB are read from the log.
+
+{_READ_ONLY}
+
+exit status: 0 found, 1 no such key.
+
+examples:
+  agentwal get /var/lib/agent/store agent/7/step
+  agentwal get /var/lib/agent/store agent/7/msg/000004 --json
+"""
+
+
+def _get_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    _key_arguments(p)
+    p.add_argument("--json", action="store_true", help="print {\"key\", \"version\", \"value\"} as JSON")
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    """`agentwal get`: see `wal.ops.get`."""
+    key = ops.key_bytes(args.key, base64_key=args.base64_key)
+    found, warning = ops.get(args.store, key)
+    if warning:
+        _err("get", f"warning: {warning}")
+    if found is None:
+        _err("get", f"no key {ops.text_preview(key)!r} in {args.store}")
+        return EXIT_FAILED
+    version, value = found
+    if args.json:
+        _print_json({"key": ops.render_bytes(key), "version": version, "value": ops.render_bytes(value)})
+        return EXIT_OK
+    sys.stdout.flush()
+    sys.stdout.buffer.write(value)
+    if sys.stdout.isatty() and not value.endswith(b"\n"):
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.buffer.flush()
+    return EXIT_OK
+
+
+_PUT_DESCRIPTION = f"""\
+Set KEY to a value, committed through the log like any commit of the store (durability
+sync: the command returns once it is on disk) and printed with its LSN. The value is
+VALUE (UTF-8 text), or the bytes of --file, or stdin when neither is given.
+--if-version N commits only if the key's version is still N (0: the key must be absent),
+as `tx.put(..., if_version=N)` does; otherwise exit status 1 and nothing is written.
+
+{_WRITER}
+
+examples:
+  agentwal put /var/lib/agent/store agent/7/step 5
+  agentwal put /var/lib/agent/store agent/7/plan --file plan.json
+  echo '{{"paused": true}}' | agentwal put /var/lib/agent/store agent/7/control
+  agentwal put /var/lib/agent/store agent/7/step 6 --if-version 1234
+"""
+
+
+def _put_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    _key_arguments(p)
+    p.add_argument("value", metavar="VALUE", nargs="?", default=None,
+                   help="the value as UTF-8 text (default: --file, else stdin)")
+    p.add_argument("--file", metavar="FILE", default=None, help="read the value from FILE ('-': stdin)")
+    p.add_argument("--if-version", type=_int_in(0), default=None, metavar="N",
+                   help="commit only if KEY's version is N (0: KEY must not exist)")
+    p.add_argument("--create", action="store_true", help="create the store if STORE does not exist")
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    """`agentwal put`: see `wal.ops.put`."""
+    key = ops.key_bytes(args.key, base64_key=args.base64_key)
+    if args.value is not None and args.file is not None:
+        _err("put", "error: give VALUE or --file, not both")
+        return EXIT_USAGE
+    if args.value is not None:
+        value = args.value.encode("utf-8", errors="surrogateescape")
+    elif args.file is not None and args.file != "-":
+        with open(args.file, "rb") as f:
+            value = f.read()
+    else:
+        if sys.stdin.isatty() and args.file is None:
+            _err("put", "error: no value: give VALUE, --file FILE, or pipe the value to stdin")
+            return EXIT_USAGE
+        value = sys.stdin.buffer.read()
+    try:
+        lsn = ops.put(args.store, key, value, if_version=args.if_version, create=args.create)
+    except wal.ConflictError as exc:
+        _err("put", f"error: {exc}; nothing was written")
+        return EXIT_FAILED
+    print(f"put {ops.text_preview(key)!r} ({len(value)} byte{'' if len(value) == 1 else 's'}) at LSN {lsn}")
+    return EXIT_OK
+
+
+_DELETE_DESCRIPTION = f"""\
+Delete KEY, committed through the log like any commit (durability sync). If KEY does not
+exist nothing is committed and the exit status is 1. --if-version N deletes only if the
+key's version is still N.
+
+{_WRITER}
+
+examples:
+  agentwal delete /var/lib/agent/store agent/7/lock
+  agentwal delete /var/lib/agent/store agent/7/step --if-version 1234
+"""
+
+
+def _delete_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    _key_arguments(p)
+    p.add_argument("--if-version", type=_int_in(1), default=None, metavar="N",
+                   help="delete only if KEY's version is N")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """`agentwal delete`: see `wal.ops.delete`."""
+    key = ops.key_bytes(args.key, base64_key=args.base64_key)
+    try:
+        lsn = ops.delete(args.store, key, if_version=args.if_version)
+    except wal.ConflictError as exc:
+        _err("delete", f"error: {exc}; nothing was written")
+        return EXIT_FAILED
+    if lsn is None:
+        _err("delete", f"no key {ops.text_preview(key)!r} in {args.store}; nothing was committed")
+        return EXIT_FAILED
+    print(f"deleted {ops.text_preview(key)!r} at LSN {lsn}")
+    return EXIT_OK
+
+
+_SCAN_DESCRIPTION = f"""\
+List the keys starting with PREFIX (default: all) in key order, one per line as
+"KEY = VALUE" (unprintable bytes escaped), or as JSON lines with --json (the export
+format: {{"key", "value", "version"}}). The listing is one consistent snapshot: the LMDB
+state plus the commits in the log not yet applied to it.
+
+{_READ_ONLY}
+
+examples:
+  agentwal scan /var/lib/agent/store agent/7/
+  agentwal scan /var/lib/agent/store agent/ --keys-only --limit 20
+  agentwal scan /var/lib/agent/store agent/7/msg/ --json
+"""
+
+
+def _scan_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    p.add_argument("prefix", metavar="PREFIX", nargs="?", default="", help="key prefix, UTF-8 (default: every key)")
+    p.add_argument("--base64-prefix", action="store_true", help="PREFIX is base64")
+    p.add_argument("--json", action="store_true", help="JSON lines {\"key\", \"value\", \"version\"}")
+    p.add_argument("--keys-only", action="store_true", help="print only the keys")
+    p.add_argument("--limit", type=_int_in(1), default=None, metavar="N", help="stop after N keys")
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    """`agentwal scan`: see `wal.ops.scan`."""
+    prefix = ops.key_bytes(args.prefix, base64_key=args.base64_prefix) if args.prefix else b""
+    for key, version, value in ops.scan(args.store, prefix, args.limit,
+                                        on_warning=lambda w: _err("scan", f"warning: {w}")):
+        if args.json:
+            obj: dict[str, Any] = {"key": ops.render_bytes(key), "version": version}
+            if not args.keys_only:
+                obj["value"] = ops.render_bytes(value)
+            _print_json(obj)
+        elif args.keys_only:
+            print(ops.text_preview(key))
+        else:
+            print(f"{ops.text_preview(key)} = {ops.text_preview(value)}")
+    return EXIT_OK
+
+
+# ---- export / import -----------------------------------------------------------------------------------
+
+_EXPORT_DESCRIPTION = f"""\
+Write every key (or those starting with --prefix) as JSON lines {{"key", "value",
+"version"}}, in key order, from one consistent snapshot. Keys and values are JSON strings
+when printable UTF-8, otherwise {{"base64": "..."}}, so binary data round-trips.
+`agentwal import` reads the same format.
+
+{_READ_ONLY}
+
+examples:
+  agentwal export /var/lib/agent/store > backup.jsonl
+  agentwal export /var/lib/agent/store --prefix agent/7/ -o agent7.jsonl
+"""
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE (default: stdout)")
+    p.add_argument("--prefix", default="", help="only keys starting with this (UTF-8)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`agentwal export`: see `wal.ops.export_lines`."""
+    prefix = args.prefix.encode("utf-8", errors="surrogateescape")
+    count = 0
+    if args.output is None:
+        for line in ops.export_lines(args.store, prefix):
+            sys.stdout.write(line + "\n")
+            count += 1
+        return EXIT_OK
+    tmp = args.output + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in ops.export_lines(args.store, prefix):
+            f.write(line + "\n")
+            count += 1
+    os.replace(tmp, args.output)
+    _err("export", f"{count} key(s) written to {args.output}")
+    return EXIT_OK
+
+
+_IMPORT_DESCRIPTION = f"""\
+Read JSON lines {{"key", "value"}} (the `agentwal export` format; other fields are
+ignored) from FILE or stdin and put every key. The whole input is parsed and checked
+first: a bad line means nothing is written. Then the keys are committed in transactions
+of up to --batch keys; each is atomic, the import as a whole is not, and running it again
+is harmless (it puts the same values). Keys not in the input are left alone.
+
+{_WRITER}
+
+examples:
+  agentwal import /var/lib/agent/store backup.jsonl
+  agentwal export /old/store | agentwal import /new/store --create
+"""
+
+
+def _import_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    p.add_argument("file", metavar="FILE", nargs="?", default="-", help="JSON lines to read (default: stdin)")
+    p.add_argument("--batch", type=_int_in(1, 100_000), default=1000, metavar="N",
+                   help="keys per transaction (default: %(default)s)")
+    p.add_argument("--create", action="store_true", help="create the store if STORE does not exist")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """`agentwal import`: see `wal.ops.parse_import` and `wal.ops.import_pairs`."""
+    if args.file == "-":
+        if sys.stdin.isatty():
+            _err("import", "error: no input: give FILE or pipe JSON lines to stdin")
+            return EXIT_USAGE
+        pairs = ops.parse_import(iter(sys.stdin.buffer.read().decode("utf-8").splitlines()), "stdin")
+    else:
+        with open(args.file, encoding="utf-8") as f:
+            pairs = ops.parse_import(iter(f), args.file)
+    result = ops.import_pairs(args.store, pairs, batch=args.batch, create=args.create)
+    print(f"imported {result['keys']} key(s) in {result['commits']} commit(s)"
+          + (f", last LSN {result['last_lsn']}" if result["commits"] else ""))
+    return EXIT_OK
+
+
+# ---- checkpoint / repair -------------------------------------------------------------------------------
+
+_CHECKPOINT_DESCRIPTION = f"""\
+Apply every commit in the log to the state, make the state durable, and delete the log
+segments wholly below its applied LSN, so the next open replays less and the log takes
+less space. A running writer checkpoints by itself every checkpoint_bytes of log; this is
+for a store whose writer is stopped.
+
+{_WRITER}
+
+example:
+  agentwal checkpoint /var/lib/agent/store
+"""
+
+
+def _checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """`agentwal checkpoint`: see `wal.ops.checkpoint`."""
+    result = ops.checkpoint(args.store)
+    removed = result["segments_removed"]
+    print(f"checkpoint at applied LSN {result['applied_lsn']}: {len(removed)} segment(s) removed"
+          + (f" ({', '.join(removed)})" if removed else "") + f", {result['segments_left']} left")
+    return EXIT_OK
+
+
+_REPAIR_DESCRIPTION = f"""\
+Make a damaged log openable again, at its last good record.
+
+- A torn tail (a partial last record after a crash): cut, as any writable open would.
+- Damage elsewhere (a bad record with valid ones after it, a missing or foreign segment,
+  an LSN gap): the log is cut at the last good record; the damaged bytes are kept as
+  .broken files and later segments renamed to *.broken. The LSNs given up are reported.
+- If the state had already applied records that are given up, it is rebuilt from the log
+  (the old state/ is moved to state.backup-TIMESTAMP/, and its keys are exported to
+  state.backup-TIMESTAMP.jsonl, which `agentwal import` puts back as new commits); this
+  needs the log to still start at LSN 1. --rebuild-state rebuilds it even when the log
+  is fine (e.g. after verify found the state disagreeing with the log).
+
+First the whole log directory is copied to STORE/log.backup-TIMESTAMP/ (for a bare log:
+LOGDIR.backup-TIMESTAMP/ beside it). repair shows what it will do and asks for
+confirmation; --yes skips the question, and without a terminal --yes is required (exit
+status 2 otherwise). A sound store is left alone.
+
+{_WRITER}
+
+exit status: 0 repaired (or nothing to do), 1 could not repair (nothing was changed),
+2 bad usage or not confirmed.
+
+examples:
+  agentwal verify /var/lib/agent/store || agentwal repair /var/lib/agent/store
+  agentwal repair /var/lib/agent/store --yes
+"""
+
+
+def _repair_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--rebuild-state", action="store_true",
+                   help="also rebuild the state from the log (moves state/ aside first)")
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    """`agentwal repair`: see `wal.ops.plan_repair` and `wal.ops.repair`."""
+    plan = ops.plan_repair(args.store, rebuild_state=args.rebuild_state)
+    if plan.refuse:
+        _err("repair", f"error: {plan.refuse}")
+        return EXIT_FAILED
+    if not plan.needed:
+        print(f"{plan.target.path}: the log is sound and has no torn tail; nothing to repair")
+        return EXIT_OK
+    print(f"repair {plan.target.path} will:")
+    for action in plan.actions:
+        print(f"  - {action}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            _err("repair", "error: not confirmed: run it from a terminal to answer, or pass --yes")
+            return EXIT_USAGE
+        answer = input("Proceed? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing was changed")
+            return EXIT_USAGE
+    result = ops.repair(plan)
+    r = result.report
+    print(f"backup of the log: {result.backup_dir}")
+    if result.state_backup_dir:
+        print(f"old state moved to: {result.state_backup_dir}")
+    if result.state_export:
+        print(f"old state exported to: {result.state_export}\n  to put its newer values back (as new commits): "
+              f"agentwal import {plan.target.path} {result.state_export}")
+    if r.torn_tail is not None:
+        print(f"torn tail cut: {r.torn_tail[2]} byte(s) at offset {r.torn_tail[1]} of {r.torn_tail[0]}")
+    if r.lost_lsns is not None:
+        first, last = r.lost_lsns
+        print(f"gave up LSNs {first}..{last if last is not None else '?'}")
+    for broken in r.broken_files:
+        print(f"kept: {broken}")
+    print(f"the log now ends at LSN {result.last_lsn}"
+          + (f"; the state is at applied LSN {result.applied_lsn} ({result.records_replayed} record(s) replayed)"
+             if result.applied_lsn is not None else ""))
+    print(f"check it: agentwal verify {plan.target.path}")
+    return EXIT_OK
+
+
+# ---- tail ----------------------------------------------------------------------------------------------
+
+_TAIL_DESCRIPTION = f"""\
+Print the last N log records (default 10) as JSON lines, in the `dump` format. With -f,
+keep following: poll the log and print each new commit as a running writer makes it,
+until Ctrl-C (exit status 0). Only records written to the files are seen (at level
+buffered, a commit reaches them within rpo_ms).
+
+{_READ_ONLY}
+
+examples:
+  agentwal tail /var/lib/agent/store -n 3
+  agentwal tail -f /var/lib/agent/store
+  agentwal tail -f /var/lib/agent/store -n 0 | grep --line-buffered agent/7/
+"""
+
+
+def _tail_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new commits until Ctrl-C")
+    p.add_argument("-n", "--lines", type=_int_in(0), default=10, metavar="N",
+                   help="print the last N records first (default: %(default)s)")
+    p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS",
+                   help="how often -f polls the log (default: %(default)s)")
+    p.add_argument("--raw", action="store_true", help="do not decode store transactions; print payloads")
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """`agentwal tail`: see `wal.ops.Follower`."""
+    target = ops.locate(args.store)
+    decode = target.is_store and not args.raw
+    first, last = ops.last_lsn(target.log_dir) if os.path.isdir(target.log_dir) else (1, 0)
+    start = max(first, last - args.lines + 1)
+    follower = ops.Follower(target.log_dir, start, on_skip=lambda s: _err("tail", s.describe()))
+    try:
+        while True:
+            for rec in follower.poll():
+                if not args.follow and rec.lsn > last:
+                    return EXIT_OK
+                _print_json(ops.record_json(rec.lsn, rec.payload, segment=rec.path, offset=rec.offset,
+                                            decode=decode))
+            sys.stdout.flush()
+            if not args.follow:
+                return EXIT_OK
+            time.sleep(max(0.01, args.interval))
+    except KeyboardInterrupt:
+        return EXIT_OK  # Ctrl-C is how -f ends
+    finally:
+        follower.close()
+
+
+# ---- stats ---------------------------------------------------------------------------------------------
+
+_STATS_DESCRIPTION = f"""\
+Print gauges read from the store's files: log extent (segments, bytes, first and last
+LSN), the state (applied LSN, keys, size), records the next open would replay, .broken
+files, whether a writer is running, and the age of the newest commit. --format
+prometheus prints the Prometheus text exposition format, e.g. for node_exporter's
+textfile collector.
+
+The live counters of a running writer (commits, fsyncs, group sizes, fsync latency,
+durable lag) are in its process: call store.stats() there and render it with
+wal.metrics.prometheus_text().
+
+{_READ_ONLY}
+
+examples:
+  agentwal stats /var/lib/agent/store
+  agentwal stats /var/lib/agent/store --format prometheus > /var/lib/node_exporter/agentwal.prom
+"""
+
+
+def _stats_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p, log_ok=True)
+    p.add_argument("--format", choices=("text", "json", "prometheus"), default="text",
+                   help="output format (default: %(default)s)")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """`agentwal stats`: see `wal.ops.stats` and `wal.metrics.prometheus_text`."""
+    data = ops.stats(args.store)
+    if args.format == "json":
+        _print_json(data)
+    elif args.format == "prometheus":
+        sys.stdout.write(metrics.prometheus_text(data, labels={"store": os.path.abspath(args.store)}))
+    else:
+        width = max(len(k) for k in data)
+        for key, value in data.items():
+            print(f"{key:<{width}}  {value}")
+    return EXIT_OK
+
+
 # ---- the command table -----------------------------------------------------------------------------
 
 COMMANDS: tuple[Command, ...] = (
     Command("demo", "run agents, SIGKILL their process at random, prove no acknowledged step is lost",
             _DEMO_DESCRIPTION, _demo_arguments, cmd_demo),
+    Command("info", "show versions, watermarks, segments, sizes and storage warnings (read-only)",
+            _INFO_DESCRIPTION, _info_arguments, cmd_info),
+    Command("verify", "check every CRC and LSN, and the state against the log; exit 1 if damaged (read-only)",
+            _VERIFY_DESCRIPTION, _verify_arguments, cmd_verify),
+    Command("dump", "print log records as JSON lines; --salvage reads past damage (read-only)",
+            _DUMP_DESCRIPTION, _dump_arguments, cmd_dump),
+    Command("get", "print the value of a key (read-only)", _GET_DESCRIPTION, _get_arguments, cmd_get),
+    Command("put", "set a key, committed through the log (needs the writer lock)",
+            _PUT_DESCRIPTION, _put_arguments, cmd_put),
+    Command("delete", "delete a key, committed through the log (needs the writer lock)",
+            _DELETE_DESCRIPTION, _delete_arguments, cmd_delete),
+    Command("scan", "list keys (and values) under a prefix (read-only)", _SCAN_DESCRIPTION, _scan_arguments,
+            cmd_scan),
+    Command("export", "write every key and value as JSON lines (read-only)", _EXPORT_DESCRIPTION,
+            _export_arguments, cmd_export),
+    Command("import", "put keys and values from JSON lines (needs the writer lock)", _IMPORT_DESCRIPTION,
+            _import_arguments, cmd_import),
+    Command("checkpoint", "make the state durable and release old log segments (needs the writer lock)",
+            _CHECKPOINT_DESCRIPTION, _checkpoint_arguments, cmd_checkpoint),
+    Command("repair", "cut a damaged log at its last good record, after a backup (needs the writer lock)",
+            _REPAIR_DESCRIPTION, _repair_arguments, cmd_repair),
+    Command("tail", "print the newest commits; -f follows a writer live (read-only)", _TAIL_DESCRIPTION,
+            _tail_arguments, cmd_tail),
+    Command("stats", "print gauges as text, JSON or Prometheus text format (read-only)", _STATS_DESCRIPTION,
+            _stats_arguments, cmd_stats),
 )
 
 _MAIN_DESCRIPTION = """\
@@ -134,23 +908,72 @@ agentwal: an embedded write-ahead-log storage engine for AI-agent runtimes.
 Agent state (conversations, tool results, workflow progress) survives process kills and
 power cuts, with the data-loss bound (RPO) you choose.
 
-This command works on agentwal stores from the shell. Start with the demo:
-  agentwal demo
+This command works on agentwal stores from the shell: look inside one, check it, fix a
+value by hand, repair damage, follow commits live. STORE is always the first argument
+after the command. Read-only commands work while an agent runtime has the store open;
+put, delete, import, checkpoint and repair need the writer lock and say who holds it.
 """
+
+_MAIN_EPILOG = """\
+examples:
+  agentwal info /var/lib/agent/store           # what is in it, is a writer running
+  agentwal verify /var/lib/agent/store         # exit 0 sound, 1 damaged
+  agentwal scan /var/lib/agent/store agent/7/  # what agent 7 knows
+  agentwal put /var/lib/agent/store agent/7/step 5
+  agentwal tail -f /var/lib/agent/store        # watch commits as they happen
+  agentwal demo                                # kill-and-resume demo in a temp dir
+
+exit status: 0 success, 1 failure (damage found, key missing, store locked, ...), 2 bad usage.
+Run 'agentwal COMMAND --help' for a command's options and examples.
+"""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("logging (stderr)")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="also show the library's INFO lines (recovery summaries, checkpoints)")
+    group.add_argument("-q", "--quiet", action="store_true", help="show only errors")
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per entry of `COMMANDS`."""
     parser = argparse.ArgumentParser(prog="agentwal", description=_MAIN_DESCRIPTION, formatter_class=_Formatter,
-                                     epilog="Run 'agentwal COMMAND --help' for a command's options.")
+                                     epilog=_MAIN_EPILOG)
     parser.add_argument("--version", action="version", version=f"agentwal {wal.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    common = _common_options()
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.summary, description=command.description,
-                           formatter_class=_Formatter)
+                           formatter_class=_Formatter, parents=[common])
         command.arguments(p)
         p.set_defaults(run=command.run)
     return parser
+
+
+def _command_parser(command: Command) -> argparse.ArgumentParser:
+    """A stand-alone parser for one command, the same as its subparser (for intermixed options)."""
+    p = argparse.ArgumentParser(prog=f"agentwal {command.name}", description=command.description,
+                                formatter_class=_Formatter, parents=[_common_options()])
+    command.arguments(p)
+    p.set_defaults(run=command.run, command=command.name)
+    return p
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """The `wal` logger's records on stderr: WARNING and up by default, INFO with -v, ERROR with -q."""
+    logger = logging.getLogger("wal")
+    if any(getattr(h, "_agentwal_cli", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler._agentwal_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(f"agentwal {args.command}: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    level = logging.INFO if getattr(args, "verbose", False) else logging.WARNING
+    if getattr(args, "quiet", False):
+        level = logging.ERROR
+    logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,16 +982,37 @@ def main(argv: list[str] | None = None) -> int:
     argparse's own exits (``--help``, ``--version``, usage errors) raise SystemExit as usual.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # argparse cannot take an optional between two positionals of which the second is optional
+        # (`import STORE --create FILE`); the command's own parser can, with parse_intermixed_args.
+        command = next((c for c in COMMANDS if c.name == args.command), None)
+        if command is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args = _command_parser(command).parse_intermixed_args(argv[argv.index(command.name) + 1:])
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    _setup_logging(args)
     try:
         status: int = args.run(args)
+        sys.stdout.flush()
     except KeyboardInterrupt:
         print("\nagentwal: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): not an error of ours; silence the flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except (ops.UsageError, wal.ArgumentError) as exc:
+        print(f"agentwal {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except wal.WalError as exc:
+        print(f"agentwal {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
         print(f"agentwal {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     return status

@@ -121,6 +121,7 @@ RECORD_MARK = 3  # durability mark, payload empty: LSN = an LSN durable when it 
 _RECORD_TYPES = (RECORD_DATA, RECORD_SEAL, RECORD_MARK)
 
 ALIGN = 8
+MAX_NUMBER = (1 << 63) - 2  # segment numbers and LSNs (format.h WAL_MAX_NUMBER)
 MAX_PAYLOAD = 16 << 20  # 16 MiB = 16777216 bytes
 SEAL_SIZE = RECORD_HEADER_SIZE
 
@@ -393,7 +394,7 @@ def decode_segment_header(data: bytes) -> SegmentHeader:
         raise FormatError("bad header size")
     if flags != 0 or reserved != 0:  # H6
         raise FormatError("bad header flags")
-    if segment_no == 0 or first_lsn == 0 or salt == 0:  # H7
+    if log_id == 0 or salt == 0 or not 0 < segment_no <= MAX_NUMBER or not 0 < first_lsn <= MAX_NUMBER:  # H7
         raise FormatError("bad header fields")
     return SegmentHeader(
         version=version,
@@ -566,7 +567,7 @@ def scan_segment(data: bytes) -> ScanResult:
         if not _all_zero(data[payload_end : off + size]):  # R10
             return corrupt("nonzero padding")
         if rtype == RECORD_DATA:  # R11
-            if lsn > expected:
+            if lsn > expected or lsn > MAX_NUMBER:
                 return corrupt("lsn gap")
             if lsn < expected:
                 return corrupt("lsn out of order")

@@ -177,10 +177,7 @@ class Log:
             # while we read. Real damage stays put; if it moved on, scan the log again.
             if recovery.settled_scan_segment_file(scan.segments[scan.damage.index]).status == "corrupt":
                 break
-        # scan_directory stops at the damage: compare with the segments on disk, not those scanned.
-        last_listed = scan.damage is not None and scan.damage.index == len(recovery.list_segments(path)) - 1
-        if scan.damage is not None and (not last_listed
-                                        or scan.segments[scan.damage.index].next_valid_offset):
+        if scan.damage is not None:  # a torn tail is not damage: readers stop at it
             raise recovery.corruption_error(scan.damage, scan.segments)
         last = scan.segments[-1].last_lsn if scan.segments else 0
         report = RecoveryReport(len(scan.segments), sum(s.records for s in scan.segments), last,
@@ -664,18 +661,23 @@ def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[t
                     path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
                 )
             data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
-            cursor[0] = 0
-            while True:
-                n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH, lsns, offs, lens)
-                if n == 0:
-                    break
-                for k in range(n):
-                    lsn = int(lsns[k])
-                    if upto is not None and lsn > upto:
-                        return
-                    off = int(offs[k])
-                    yield lsn, bytes(buf[off : off + lens[k]])
-            del data
+            try:
+                cursor[0] = 0
+                while True:
+                    n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH, lsns, offs, lens)
+                    if n == 0:
+                        break
+                    for k in range(n):
+                        lsn = int(lsns[k])
+                        if upto is not None and lsn > upto:
+                            return
+                        off = int(offs[k])
+                        yield lsn, bytes(buf[off : off + lens[k]])
+            finally:
+                # The map cannot close while a cffi buffer still exports it (also when the
+                # caller stops iterating early).
+                if data != ffi.NULL:
+                    ffi.release(data)
 
 
 class _AsyncWaiters:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from wal.errors import CorruptionError
 
+MAX_KEY_BYTES = 511  # LMDB's key limit; the store refuses longer keys before writing
 KIND_TXN = 0x54
 FLAG_IDEMPOTENCY = 0x01
 OP_PUT = 0x01
@@ -68,6 +69,8 @@ def decode(payload: bytes, lsn: int) -> Txn:
             op = payload[pos]
             (klen,) = _U16.unpack_from(payload, pos + 1)
             key = payload[pos + 3 : pos + 3 + klen]
+            if not 0 < klen <= MAX_KEY_BYTES or len(key) != klen:
+                raise ValueError(f"key of {klen} bytes")
             pos += 3 + klen
             if op == OP_PUT:
                 (vlen,) = _U32.unpack_from(payload, pos)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,14 +37,12 @@ def segment_name(segment_no: int) -> str:
     return f"{segment_no:016x}{SEGMENT_SUFFIX}"
 
 
+_SEGMENT_NAME = re.compile(r"[0-9a-f]{16}\.wal")
+
+
 def parse_segment_name(name: str) -> int | None:
-    stem, dot, suffix = name.partition(".")
-    if dot and suffix == SEGMENT_SUFFIX[1:] and len(stem) == 16:
-        try:
-            return int(stem, 16)
-        except ValueError:
-            return None
-    return None
+    """The segment number of a file named exactly `%016x.wal` (FORMAT.md §2), else None."""
+    return int(name[:16], 16) if _SEGMENT_NAME.fullmatch(name) else None
 
 
 def data_end(fd: int, size: int) -> int:
@@ -109,8 +108,11 @@ class SegmentScan:
 def scan_buffer(buf: Any) -> Any:
     """Run the C scan over a buffer; returns the filled wal_scan_result."""
     res = ffi.new("wal_scan_result *")
-    data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
-    lib.wal_scan_segment(data, len(buf), res)
+    if not len(buf):
+        lib.wal_scan_segment(ffi.NULL, 0, res)
+        return res
+    with ffi.from_buffer("uint8_t[]", buf) as data:  # released before the caller's map closes
+        lib.wal_scan_segment(data, len(buf), res)
     return res
 
 

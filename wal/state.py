@@ -22,6 +22,13 @@ only if its last LSN is durable in the log, checked right before the LMDB commit
 
 Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key ->
 u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``store_format``).
+
+Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
+matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``): damage LMDB
+detects (bad magic or version, a page that is not found, a database with impossible flags)
+is `CorruptionError` naming ``data.mdb``; anything else LMDB reports (disk error, map full,
+too many readers) is `StateError`. LMDB keeps no checksums, so damage it does not detect is
+neither: see the known limitations in that test.
 """
 
 from __future__ import annotations
@@ -29,11 +36,12 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 import lmdb
 
 from wal import record
-from wal.errors import LockedError, WalError
+from wal.errors import CorruptionError, LockedError, WalError
 
 _U64 = struct.Struct("<Q")
 _IDEM = struct.Struct("<QQ")
@@ -43,6 +51,30 @@ DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
 
 class InvariantError(WalError):
     """An internal invariant would be broken; the operation was refused."""
+
+
+class StateError(WalError):
+    """LMDB failed for a reason other than damage (disk error, map full, too many readers...)."""
+
+
+# What LMDB raises when the file is not what it wrote: corruption, not a failure to retry.
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError,
+           lmdb.IncompatibleError, lmdb.BadDbiError, lmdb.PanicError, lmdb.BadValsizeError, lmdb.InvalidParameterError)
+
+
+def _raise_lmdb(exc: lmdb.Error | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
+    """Re-raise an LMDB error (or a stored value of the wrong size) as a WalError that says what to do.
+    On open every error is damage: the same call succeeds on any file LMDB wrote."""
+    data = os.path.join(path, "data.mdb")
+    if opening or isinstance(exc, (*_DAMAGE, struct.error)) or type(exc) is lmdb.Error:
+        raise CorruptionError(
+            f"the LMDB state {data} is damaged ({exc}) -- found while {doing}. LMDB keeps no checksums, so this "
+            "is damage to the file (disk, copy or edit), not a crash. The state is derived from the log: if the "
+            "log still holds every commit from LSN 1 (no checkpoint removed a segment), move state/ aside and "
+            "reopen to rebuild it; otherwise restore the store from a backup.",
+            path=data, reason="state damaged",
+        ) from exc
+    raise StateError(f"the LMDB state in {path} failed while {doing}: {exc}") from exc
 
 
 class State:
@@ -58,63 +90,98 @@ class State:
             )
         except lmdb.Error as exc:
             if "already open in this process" not in str(exc):
-                raise
+                if isinstance(exc, lmdb.LockError | lmdb.ReadersFullError | lmdb.MemoryError | lmdb.DiskError):
+                    _raise_lmdb(exc, path, "opening it")
+                _raise_lmdb(exc, path, "opening it", opening=True)
             # py-lmdb allows one handle per environment and process (two would break LMDB's locks).
             raise LockedError(
                 f"the state in {path} is already open in this process (LMDB allows one handle per process); "
                 "read through the Store already open, or open it read-only from another process"
             ) from exc
-        self.data = self.env.open_db(b"data", create=not readonly)
-        self.idem = self.env.open_db(b"idem", create=not readonly)
-        self.meta = self.env.open_db(b"meta", create=not readonly)
+        try:
+            self.data = self.env.open_db(b"data", create=not readonly)
+            self.idem = self.env.open_db(b"idem", create=not readonly)
+            self.meta = self.env.open_db(b"meta", create=not readonly)
+        except lmdb.Error as exc:
+            self.env.close()
+            _raise_lmdb(exc, path, "opening its databases", opening=not isinstance(exc, lmdb.MapFullError
+                                                                                    | lmdb.DiskError))
 
     # ---- reads (any thread; py-lmdb opens with MDB_NOTLS) ----
 
     def applied_lsn(self) -> int:
-        with self.env.begin(db=self.meta) as txn:
-            raw = txn.get(APPLIED_KEY)
+        try:
+            with self.env.begin(db=self.meta) as txn:
+                raw = txn.get(APPLIED_KEY)
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "reading applied_lsn")
+        if raw is not None and len(raw) != _U64.size:
+            raise CorruptionError(f"the LMDB state in {self.path} holds an applied_lsn of {len(raw)} bytes, not 8",
+                                  path=os.path.join(self.path, "data.mdb"), reason="state damaged")
         return _U64.unpack(raw)[0] if raw else 0
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
-        with self.env.begin(db=self.data) as txn:
-            raw = txn.get(key)
+        try:
+            with self.env.begin(db=self.data) as txn:
+                raw = txn.get(key)
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "reading a key")
         if raw is None:
             return None
+        if len(raw) < _U64.size:
+            raise CorruptionError(f"the LMDB state in {self.path} holds key {key!r} without its 8-byte version",
+                                  path=os.path.join(self.path, "data.mdb"), reason="state damaged")
         return _U64.unpack_from(raw)[0], raw[8:]
 
     def scan_chunk(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, int, bytes]]:
         """Up to `limit` (key, version, value) with `prefix`, in key order, keys > `after`."""
         out: list[tuple[bytes, int, bytes]] = []
-        with self.env.begin(db=self.data) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(after if after is not None else prefix):
-                return out
-            for key, raw in cur:
-                if after is not None and key == after:
-                    continue
-                if not key.startswith(prefix):
-                    break
-                out.append((key, _U64.unpack_from(raw)[0], raw[8:]))
-                if len(out) >= limit:
-                    break
+        try:
+            with self.env.begin(db=self.data) as txn:
+                cur = txn.cursor()
+                if not cur.set_range(after if after is not None else prefix):
+                    return out
+                for key, raw in cur:
+                    if after is not None and key == after:
+                        continue
+                    if not key.startswith(prefix):
+                        break
+                    if len(raw) < _U64.size:
+                        raise CorruptionError(
+                            f"the LMDB state in {self.path} holds key {key!r} without its 8-byte version",
+                            path=os.path.join(self.path, "data.mdb"), reason="state damaged")
+                    out.append((key, _U64.unpack_from(raw)[0], raw[8:]))
+                    if len(out) >= limit:
+                        break
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "scanning keys")
         return out
 
     def idempotency(self, key: bytes) -> tuple[int, int] | None:
-        with self.env.begin(db=self.idem) as txn:
-            raw = txn.get(key)
-        if raw is None:
-            return None
-        lsn, time_ms = _IDEM.unpack(raw)
+        try:
+            with self.env.begin(db=self.idem) as txn:
+                raw = txn.get(key)
+            if raw is None:
+                return None
+            lsn, time_ms = _IDEM.unpack(raw)
+        except (lmdb.Error, struct.error) as exc:
+            _raise_lmdb(exc, self.path, "reading an idempotency key")
         return lsn, time_ms
 
     def meta_get(self, key: bytes) -> bytes | None:
-        with self.env.begin(db=self.meta) as txn:
-            raw = txn.get(key)
+        try:
+            with self.env.begin(db=self.meta) as txn:
+                raw = txn.get(key)
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "reading its metadata")
         return bytes(raw) if raw is not None else None
 
     def meta_put(self, key: bytes, value: bytes) -> None:
-        with self.env.begin(write=True, db=self.meta) as txn:
-            txn.put(key, value)
+        try:
+            with self.env.begin(write=True, db=self.meta) as txn:
+                txn.put(key, value)
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "writing its metadata")
 
     # ---- the one writer ----
 
@@ -123,6 +190,12 @@ class State:
 
         LMDB's fsync is paid once per batch, never per commit. Returns the new applied LSN.
         """
+        try:
+            return self._apply(batch, durable_lsn)
+        except (lmdb.Error, struct.error) as exc:
+            _raise_lmdb(exc, self.path, "applying log records to it")
+
+    def _apply(self, batch: Iterable[tuple[int, record.Txn]], durable_lsn: Callable[[], int]) -> int:
         with self.env.begin(write=True) as txn:
             raw = txn.get(APPLIED_KEY, db=self.meta)
             applied = _U64.unpack(raw)[0] if raw else 0
@@ -151,23 +224,33 @@ class State:
     def expire_idempotency(self, older_than_ms: int) -> int:
         """Forget idempotency keys of commits older than `older_than_ms` (wall clock)."""
         removed = 0
-        with self.env.begin(write=True, db=self.idem) as txn:
-            cur = txn.cursor()
-            for key, raw in cur:
-                if _IDEM.unpack(raw)[1] < older_than_ms:
-                    txn.delete(key)
-                    removed += 1
+        try:
+            with self.env.begin(write=True, db=self.idem) as txn:
+                cur = txn.cursor()
+                for key, raw in cur:
+                    if _IDEM.unpack(raw)[1] < older_than_ms:
+                        txn.delete(key)
+                        removed += 1
+        except (lmdb.Error, struct.error) as exc:
+            _raise_lmdb(exc, self.path, "expiring idempotency keys")
         return removed
 
     def sync(self) -> None:
         """Make the last commit durable, meta page included (checkpoints need this)."""
-        self.env.sync(True)
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "syncing it")
 
     def stat(self) -> dict[str, int]:
-        with self.env.begin() as txn:
-            entries = txn.stat(self.data)["entries"]
-        info = self.env.info()
-        return {"state_keys": entries, "state_map_bytes_used": (info["last_pgno"] + 1) * self.env.stat()["psize"]}
+        try:
+            with self.env.begin() as txn:
+                entries = txn.stat(self.data)["entries"]
+            info = self.env.info()
+            psize = self.env.stat()["psize"]
+        except lmdb.Error as exc:
+            _raise_lmdb(exc, self.path, "reading its statistics")
+        return {"state_keys": entries, "state_map_bytes_used": (info["last_pgno"] + 1) * psize}
 
     def close(self) -> None:
         self.env.close()

@@ -71,7 +71,7 @@ LOG_DIR = "log"
 STATE_DIR = "state"
 ARCHIVE_DIR = "archive"
 
-MAX_KEY_BYTES = 511  # LMDB's key limit
+MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
 _REPLAY_BATCH_RECORDS = 20_000
 _REPLAY_BATCH_BYTES = 32 << 20
@@ -791,8 +791,8 @@ def _check_store_file(root: str, *, create: bool) -> None:
     """The STORE file names the store format and version (FORMAT.md, "Store layout")."""
     path = os.path.join(root, STORE_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        with open(path, "rb") as f:
+            meta = json.loads(f.read(1 << 16))  # a real one is ~40 bytes
     except FileNotFoundError:
         if not create:
             raise FileNotFoundError(f"no agentwal store at {root} (no {STORE_FILE} file)") from None
@@ -805,11 +805,11 @@ def _check_store_file(root: str, *, create: bool) -> None:
         os.replace(tmp, path)
         fsync_dir(root)
         return
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RecursionError) as exc:
         raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",
                               path=path, reason="bad store file") from exc
     if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
-        raise CorruptionError(f"{path} does not describe an agentwal store: {meta!r}", path=path,
+        raise CorruptionError(f"{path} does not describe an agentwal store: {meta!r:.200}", path=path,
                               reason="bad store file")
     version = meta.get("version")
     if version != STORE_VERSION:
