@@ -676,8 +676,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 # ---- checkpoint / repair -------------------------------------------------------------------------------
 
 _CHECKPOINT_DESCRIPTION = f"""\
-Apply every commit in the log to the state, make the state durable, and delete the log
-segments wholly below its applied LSN, so the next open replays less and the log takes
+Apply every commit in the log to the state, make the state durable, and release the log
+segments wholly below its applied LSN (deleted, or moved to STORE/archive/ when that
+directory exists, as with archive=True), so the next open replays less and the log takes
 less space. A running writer checkpoints by itself every checkpoint_bytes of log; this is
 for a store whose writer is stopped.
 

@@ -48,7 +48,7 @@ from wal._bindings import ffi, lib
 from wal.errors import ArgumentError, CorruptionError, LockedError, WalError
 from wal.log import LOCK_NAME
 from wal.state import APPLIED_KEY
-from wal.store import LOG_DIR, MAX_KEY_BYTES, MAX_VALUE_BYTES, STATE_DIR, STORE_FILE
+from wal.store import ARCHIVE_DIR, LOG_DIR, MAX_KEY_BYTES, MAX_VALUE_BYTES, STATE_DIR, STORE_FILE
 
 HEADER_SIZE = 64  # FORMAT.md section 4 (native/format.h WAL_SEGMENT_HEADER_SIZE)
 RECORD_HEADER_SIZE = 24  # FORMAT.md section 5; a SEAL record is just a record header
@@ -156,9 +156,13 @@ def locked_message(target: Target, command: str) -> str:
 
 
 def open_writer(target: Target, command: str) -> wal.Store:
-    """Open the store as its writer, translating LockedError into a message that says who and what to do."""
+    """Open the store as its writer, translating LockedError into a message that says who and what to do.
+
+    A store whose application archives released segments (``archive=True``: an ``archive/``
+    directory exists) is opened the same way, so a checkpoint from here archives them too.
+    """
     try:
-        return wal.open(target.path)
+        return wal.open(target.path, archive=os.path.isdir(os.path.join(target.path, ARCHIVE_DIR)))
     except LockedError as exc:
         raise LockedError(locked_message(target, command)) from exc
 
@@ -309,7 +313,7 @@ def _synthetic_header(buf: Any, segment_no: int) -> bytes | None:
     if len(buf) < HEADER_SIZE + RECORD_HEADER_SIZE:
         return None
     rec = bytes(buf[HEADER_SIZE:HEADER_SIZE + RECORD_HEADER_SIZE])
-    lsn = _U64.unpack_from(rec, 8)[0]
+    lsn, _ = _resume_lsn(buf, HEADER_SIZE)
     salt_check = struct.unpack_from("<I", rec, 20)[0]
     if not lsn or not salt_check or not segment_no:
         return None

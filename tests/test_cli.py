@@ -1,0 +1,711 @@
+"""The operator's command line: `agentwal info`, `verify`, `dump`, `get`/`put`/`delete`/`scan`, `export`/`import`,
+`checkpoint`, `repair`, `tail`, `stats`.
+
+Every test runs the real command (``python -m wal ...``) as a subprocess against a real store
+made here, damaged by hand where the test says so, the way a person at a terminal would.
+Tests marked "while a writer runs" start a second process that holds the writer lock and
+commits, to check that the read-only commands never need it and the writing ones refuse
+clearly.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+
+import wal
+from wal import cli, ops
+
+COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "repair",
+            "tail", "stats")
+
+
+def run(*args: str, stdin: str | bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`agentwal ARGS` in a subprocess; stdin defaults to /dev/null (never a terminal)."""
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    proc = subprocess.run([sys.executable, "-m", "wal", *args], input=data,
+                          stdin=subprocess.DEVNULL if data is None else None, capture_output=True,
+                          timeout=timeout, check=False)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"),
+                                       proc.stderr.decode(errors="replace"))
+
+
+def run_bytes(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "wal", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=60, check=False)
+
+
+BINARY_KEY = b"\xff\x00bin/key"
+BINARY_VALUE = bytes(range(256))
+
+
+def make_store(path: Path, commits: int = 120, segment_bytes: int = 4096) -> Path:
+    """A closed store with several sealed segments: agent keys, a deletion, binary data, an idempotent txn."""
+    with wal.open(path, segment_bytes=segment_bytes) as store:
+        for i in range(commits):
+            store.put(f"agent/{i % 4}/step", str(i).encode())
+        store.put("agent/7/msg/000001", b'{"role": "user", "content": "hi\\nthere"}')
+        store.put("scratch", b"x")
+        store.delete("scratch")
+        store.put(BINARY_KEY, BINARY_VALUE)
+        with store.transaction(idempotency_key="step-1") as tx:
+            tx.put("agent/7/step", b"1")
+            tx.put("agent/7/tool/000001", b"{}")
+    return path
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return make_store(tmp_path / "store")
+
+
+def records(path: Path) -> list[dict[str, object]]:
+    """The log's records with their segment and offset, read in-process (no LMDB handle involved)."""
+    return list(ops.dump(str(path)))
+
+
+def segment_files(path: Path) -> list[Path]:
+    return sorted((path / "log").glob("*.wal"))
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(1)
+        f.seek(offset)
+        f.write(bytes([old[0] ^ 0x5A]))
+
+
+def damage_sealed_segment(store_path: Path) -> tuple[Path, int, int]:
+    """Flip a payload byte of a record in the first (sealed) segment; returns (segment, record offset, LSN)."""
+    first_segment = segment_files(store_path)[0].name
+    recs = [r for r in records(store_path) if r["segment"] == first_segment]
+    victim = recs[len(recs) // 2]
+    seg = store_path / "log" / first_segment
+    flip_byte(seg, int(victim["offset"]) + 24 + 2)  # type: ignore[call-overload]
+    return seg, int(victim["offset"]), int(victim["lsn"])  # type: ignore[call-overload]
+
+
+def tear_tail(store_path: Path) -> tuple[Path, int]:
+    """Write a partial record after the last one of the newest segment, as a crash mid-write leaves."""
+    last = segment_files(store_path)[-1]
+    end = max(int(r["offset"]) + 24 + ((int(r["bytes"]) + 7) & ~7)  # type: ignore[call-overload]
+              for r in records(store_path) if r["segment"] == last.name)
+    with open(last, "r+b") as f:
+        f.seek(end)
+        f.write(b"\x11\x22\x33\x44" + b"\x40\x00\x00\x00" + b"partial record")
+    return last, end
+
+
+# ---- a writer in another process ----------------------------------------------------------------------
+
+# Commits one put per line read on stdin ("put KEY VALUE"), prints "ok LSN"; exits on EOF.
+STEPPED_WRITER = r"""
+import sys, wal
+store = wal.open(sys.argv[1])
+print("ready", flush=True)
+for line in sys.stdin:
+    _, key, value = line.split()
+    print("ok", store.put(key, value.encode()), flush=True)
+store.close()
+"""
+
+
+class Writer:
+    """A process holding the store's writer lock; `put` commits through it."""
+
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", STEPPED_WRITER, str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def put(self, key: str, value: str) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"put {key} {value}\n")
+        self.proc.stdin.flush()
+        word, lsn = self.proc.stdout.readline().split()
+        assert word == "ok"
+        return int(lsn)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def writer(store: Path) -> Iterator[Writer]:
+    w = Writer(store)
+    try:
+        yield w
+    finally:
+        if w.proc.poll() is None:
+            w.close()
+
+
+class LineReader:
+    """Lines of a running process's stdout, read by one thread, taken with a timeout."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self._lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def take(self, count: int, timeout: float) -> list[str]:
+        """Up to `count` lines, waiting at most `timeout` seconds in all."""
+        out: list[str] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            try:
+                out.append(self._lines.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return out
+
+
+# ---- help -------------------------------------------------------------------------------------------------
+
+
+def test_every_command_has_help_saying_what_it_does_and_whether_it_needs_the_writer_lock() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    for name in COMMANDS:
+        assert name in top.stdout
+        result = run(name, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "example" in result.stdout
+        assert ("Read-only" in result.stdout) != ("Writes: opens the store as its one writer" in result.stdout), name
+
+
+def test_the_command_table_keeps_the_demo() -> None:
+    assert cli.COMMANDS[0].name == "demo"
+    assert {c.name for c in cli.COMMANDS} == {"demo", *COMMANDS}
+
+
+def test_a_path_that_is_not_a_store_is_a_usage_error(tmp_path: Path) -> None:
+    result = run("info", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert "no such directory" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = run("get", str(tmp_path / "empty"), "k")
+    assert result.returncode == 2
+    assert "not an agentwal store" in result.stderr
+
+
+# ---- info ----------------------------------------------------------------------------------------------
+
+
+def test_info_shows_versions_watermarks_segments_and_size(store: Path) -> None:
+    result = run("info", str(store))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "store format 1" in out and "log format 1" in out
+    assert "writer:      not running" in out
+    assert "applied LSN" in out and "to replay" in out
+    for seg in segment_files(store):
+        assert seg.name in out
+    data = json.loads(run("info", str(store), "--json").stdout)
+    assert data["kind"] == "store"
+    assert data["log"]["last_lsn"] == data["watermarks"]["applied_lsn"] == len(records(store))
+    assert data["log"]["segments"] == len(segment_files(store)) > 2
+    assert [s["status"] for s in data["segments"]][:-1] == ["sealed"] * (len(data["segments"]) - 1)
+    assert data["total_bytes"] > 0
+    assert isinstance(data["warnings"], list)
+
+
+def test_info_verify_dump_and_tail_work_on_a_bare_log(tmp_path: Path) -> None:
+    with wal.Log.open(tmp_path / "log") as log:
+        log.append_many([b"event-%d" % i for i in range(5)])
+    info = json.loads(run("info", str(tmp_path / "log"), "--json").stdout)
+    assert info["kind"] == "log" and info["log"]["records"] == 5
+    assert run("verify", str(tmp_path / "log")).returncode == 0
+    dumped = [json.loads(line) for line in run("dump", str(tmp_path / "log")).stdout.splitlines()]
+    assert [d["payload"] for d in dumped] == [f"event-{i}" for i in range(5)]
+    tailed = [json.loads(line) for line in run("tail", str(tmp_path / "log"), "-n", "2").stdout.splitlines()]
+    assert [d["lsn"] for d in tailed] == [4, 5]
+
+
+# ---- verify --------------------------------------------------------------------------------------------
+
+
+def test_verify_says_a_sound_store_is_sound(store: Path) -> None:
+    result = run("verify", str(store))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "result: sound" in result.stdout
+    report = json.loads(run("verify", str(store), "--json").stdout)
+    assert report["sound"] is True and report["problems"] == []
+    assert report["keys_checked"] == report["state_keys"] > 0
+
+
+def test_verify_finds_a_flipped_byte_in_a_sealed_segment_naming_file_and_offset(store: Path) -> None:
+    seg, offset, _lsn = damage_sealed_segment(store)
+    result = run("verify", str(store))
+    assert result.returncode == 1, result.stdout
+    assert "DAMAGED" in result.stdout
+    damage = [line for line in result.stdout.splitlines() if "DAMAGE (log)" in line]
+    assert damage and str(seg) in damage[0] and f"offset {offset}" in damage[0]
+    report = json.loads(run("verify", str(store), "--json").stdout)
+    assert report["sound"] is False
+    assert any(p["path"] == str(seg) and p["offset"] == offset for p in report["problems"])
+
+
+def test_verify_finds_the_state_disagreeing_with_the_log(store: Path) -> None:
+    env = lmdb.open(str(store / "state"), max_dbs=4, subdir=True)
+    data = env.open_db(b"data")
+    with env.begin(write=True, db=data) as txn:
+        raw = txn.get(b"agent/1/step")
+        txn.put(b"agent/1/step", raw[:8] + b"tampered")
+    env.close()
+    result = run("verify", str(store))
+    assert result.returncode == 1
+    assert "agent/1/step" in result.stdout and "differs" in result.stdout
+
+
+def test_verify_reports_a_torn_tail_as_a_warning_and_strict_makes_it_damage(store: Path) -> None:
+    tear_tail(store)
+    result = run("verify", str(store))
+    assert result.returncode == 0, result.stdout
+    assert "warning: torn tail" in result.stdout
+    assert run("verify", str(store), "--strict").returncode == 1
+
+
+# ---- dump ----------------------------------------------------------------------------------------------
+
+
+def test_dump_prints_transactions_as_json_lines_with_binary_data_marked(store: Path) -> None:
+    result = run("dump", str(store))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["lsn"] for r in lines] == list(range(1, len(lines) + 1))
+    ops_seen = [op for r in lines for op in r["ops"]]
+    assert {"op": "delete", "key": "scratch"} in ops_seen
+    binary = next(op for op in ops_seen if op["op"] == "put" and isinstance(op["key"], dict))
+    assert base64.b64decode(binary["key"]["base64"]) == BINARY_KEY
+    assert base64.b64decode(binary["value"]["base64"]) == BINARY_VALUE
+    assert lines[-1]["idempotency_key"] == "step-1"
+    assert {"time", "time_ms", "segment", "offset", "bytes"} <= set(lines[-1])
+    assert any(op.get("value") == '{"role": "user", "content": "hi\\nthere"}' for op in ops_seen)
+
+
+def test_dump_from_and_to_lsn_and_raw(store: Path) -> None:
+    lines = [json.loads(x) for x in run("dump", str(store), "--from-lsn", "5", "--to-lsn", "9").stdout.splitlines()]
+    assert [r["lsn"] for r in lines] == [5, 6, 7, 8, 9]
+    raw = [json.loads(x) for x in
+           run("dump", str(store), "--from-lsn", "5", "--to-lsn", "5", "--raw").stdout.splitlines()]
+    assert "payload" in raw[0] and "ops" not in raw[0]
+    assert run("dump", str(store), "--from-lsn", "9", "--to-lsn", "5").returncode == 2
+
+
+def test_dump_stops_at_damage_and_salvage_reads_past_it(store: Path) -> None:
+    total = len(records(store))
+    seg, offset, lsn = damage_sealed_segment(store)
+    strict = run("dump", str(store))
+    assert strict.returncode == 1
+    assert [json.loads(x)["lsn"] for x in strict.stdout.splitlines()] == list(range(1, lsn))
+    assert "--salvage" in strict.stderr and str(seg) in strict.stderr
+    salvage = run("dump", str(store), "--salvage")
+    assert salvage.returncode == 0, salvage.stderr
+    got = [json.loads(x)["lsn"] for x in salvage.stdout.splitlines()]
+    assert got == [n for n in range(1, total + 1) if n != lsn]  # everything but the damaged record
+    assert f"skipped {seg.name} bytes {offset}.." in salvage.stderr
+    assert f"LSN {lsn} lost" in salvage.stderr
+
+
+def test_dump_salvage_reads_records_of_a_segment_whose_header_is_damaged(store: Path) -> None:
+    total = len(records(store))
+    second = segment_files(store)[1]
+    in_second = [int(r["lsn"]) for r in records(store) if r["segment"] == second.name]  # type: ignore[call-overload]
+    flip_byte(second, 40)  # the salt, under the header CRC
+    salvage = run("dump", str(store), "--salvage")
+    assert salvage.returncode == 0
+    assert [json.loads(x)["lsn"] for x in salvage.stdout.splitlines()] == list(range(1, total + 1))
+    assert "segment header" in salvage.stderr
+    assert in_second
+
+
+# ---- get / put / delete / scan ----------------------------------------------------------------------------
+
+
+def test_get_prints_the_value_exactly_and_json_on_request(store: Path) -> None:
+    result = run_bytes("get", str(store), "agent/7/step")
+    assert result.returncode == 0 and result.stdout == b"1"
+    key64 = base64.b64encode(BINARY_KEY).decode()
+    assert run_bytes("get", str(store), key64, "--base64-key").stdout == BINARY_VALUE
+    data = json.loads(run("get", str(store), "agent/7/step", "--json").stdout)
+    assert data["key"] == "agent/7/step" and data["value"] == "1" and data["version"] == len(records(store))
+    missing = run("get", str(store), "no/such/key")
+    assert missing.returncode == 1 and "no key" in missing.stderr
+
+
+def test_get_sees_commits_the_state_has_not_applied_yet(tmp_path: Path) -> None:
+    """After a writer is killed, the log may hold commits LMDB does not; get reads them from the log."""
+    path = tmp_path / "store"
+    child = subprocess.run([sys.executable, "-c", (
+        "import os, sys, wal\n"
+        "s = wal.open(sys.argv[1], apply_interval_ms=60000)\n"
+        "s.put('k', b'v1')\n"
+        "s.put('late', b'only in the log')\n"
+        "os._exit(0)\n"), str(path)], check=False, timeout=60)
+    assert child.returncode == 0
+    assert run_bytes("get", str(path), "late").stdout == b"only in the log"
+    assert "late" in run("scan", str(path)).stdout
+
+
+def test_put_from_argument_file_and_stdin_then_delete(store: Path, tmp_path: Path) -> None:
+    result = run("put", str(store), "agent/9/note", "hello")
+    assert result.returncode == 0, result.stderr
+    lsn = int(re.search(r"at LSN (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert json.loads(run("get", str(store), "agent/9/note", "--json").stdout)["version"] == lsn
+    (tmp_path / "plan.bin").write_bytes(b"\x00\x01plan")
+    assert run("put", str(store), "agent/9/plan", "--file", str(tmp_path / "plan.bin")).returncode == 0
+    assert run_bytes("get", str(store), "agent/9/plan").stdout == b"\x00\x01plan"
+    assert run("put", str(store), "agent/9/piped", stdin='{"paused": true}').returncode == 0
+    assert run("get", str(store), "agent/9/piped").stdout == '{"paused": true}'
+    # The commit went through the log like any other.
+    assert records(store)[-1]["ops"] == [{"op": "put", "key": "agent/9/piped", "value": '{"paused": true}'}]
+    deleted = run("delete", str(store), "agent/9/note")
+    assert deleted.returncode == 0 and "deleted" in deleted.stdout
+    assert run("get", str(store), "agent/9/note").returncode == 1
+    again = run("delete", str(store), "agent/9/note")
+    assert again.returncode == 1 and "nothing was committed" in again.stderr
+
+
+def test_put_if_version_refuses_a_stale_version(store: Path) -> None:
+    version = json.loads(run("get", str(store), "agent/7/step", "--json").stdout)["version"]
+    stale = run("put", str(store), "agent/7/step", "2", "--if-version", str(version - 1))
+    assert stale.returncode == 1 and "if_version failed" in stale.stderr
+    assert run("put", str(store), "agent/7/step", "2", "--if-version", str(version)).returncode == 0
+    assert run("put", str(store), "brand/new", "x", "--if-version", "0").returncode == 0
+
+
+def test_put_needs_a_value_and_an_existing_store_unless_create(tmp_path: Path) -> None:
+    assert run("put", str(tmp_path / "new"), "k", "v").returncode == 2
+    assert run("put", str(tmp_path / "new"), "k", "v", "--create").returncode == 0
+    assert run("get", str(tmp_path / "new"), "k").stdout == "v"
+
+
+def test_scan_lists_keys_under_a_prefix_in_order(store: Path) -> None:
+    result = run("scan", str(store), "agent/")
+    assert result.returncode == 0
+    keys = [line.split(" = ")[0] for line in result.stdout.splitlines()]
+    assert keys == sorted(keys) and keys[0] == "agent/0/step" and "agent/7/tool/000001" in keys
+    assert "scratch" not in run("scan", str(store)).stdout
+    assert run("scan", str(store), "agent/", "--keys-only", "--limit", "2").stdout.split() == [
+        "agent/0/step", "agent/1/step"]
+    as_json = [json.loads(x) for x in run("scan", str(store), "agent/7/", "--json").stdout.splitlines()]
+    assert [x["key"] for x in as_json] == ["agent/7/msg/000001", "agent/7/step", "agent/7/tool/000001"]
+
+
+# ---- export / import -----------------------------------------------------------------------------------
+
+
+def test_export_import_round_trip_with_binary_keys_and_values(store: Path, tmp_path: Path) -> None:
+    with wal.open(store) as s:
+        s.put(b"\x00\x01", b"\xff\xfe\x00")
+        s.put("text/\u00e9t\u00e9", "\u00e9t\u00e9 \u2603\n".encode())
+        s.put("bell", b"ring\x07")
+        expected = {k: v for k, v in s.scan()}
+    exported = run("export", str(store), "-o", str(tmp_path / "backup.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    lines = (tmp_path / "backup.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(expected)
+    assert any(json.loads(x)["key"] == {"base64": base64.b64encode(b"\x00\x01").decode()} for x in lines)
+    imported = run("import", str(tmp_path / "copy"), str(tmp_path / "backup.jsonl"), "--create")
+    assert imported.returncode == 0, imported.stderr
+    with wal.open(tmp_path / "copy", readonly=True) as copy:
+        assert dict(copy.scan()) == expected
+    # stdin works too, and importing twice changes nothing.
+    piped = run("import", str(tmp_path / "copy"), "--batch", "2", stdin=(tmp_path / "backup.jsonl").read_text())
+    assert piped.returncode == 0 and f"imported {len(expected)} key(s)" in piped.stdout
+    again = run("export", str(tmp_path / "copy")).stdout.splitlines()
+    assert [{k: v for k, v in json.loads(x).items() if k != "version"} for x in again] == [
+        {k: v for k, v in json.loads(x).items() if k != "version"} for x in lines]
+
+
+def test_import_checks_every_line_before_writing_anything(store: Path, tmp_path: Path) -> None:
+    before = len(records(store))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": "a", "value": "1"}\n{"key": "b"}\n', encoding="utf-8")
+    result = run("import", str(store), str(bad))
+    assert result.returncode == 2 and "line 2" in result.stderr
+    assert len(records(store)) == before
+
+
+# ---- checkpoint ------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_releases_old_segments(store: Path) -> None:
+    before = segment_files(store)
+    result = run("checkpoint", str(store))
+    assert result.returncode == 0, result.stderr
+    assert "segment(s) removed" in result.stdout
+    after = segment_files(store)
+    assert len(after) < len(before)
+    assert run("verify", str(store)).returncode == 0
+    assert run("get", str(store), "agent/7/step").stdout == "1"
+
+
+def test_checkpoint_of_an_archiving_store_archives(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with wal.open(path, segment_bytes=4096, archive=True) as s:
+        for i in range(100):
+            s.put(f"k{i}", b"v" * 40)
+        s.checkpoint()  # the application's own checkpoint creates archive/
+        for i in range(100):
+            s.put(f"j{i}", b"v" * 40)
+    first_archived = {p.name for p in (path / "archive").glob("*.wal")}
+    before = {p.name for p in segment_files(path)}
+    assert first_archived and run("checkpoint", str(path)).returncode == 0
+    archived = {p.name for p in (path / "archive").glob("*.wal")} - first_archived
+    assert archived and archived <= before
+
+
+# ---- repair --------------------------------------------------------------------------------------------
+
+
+def test_repair_cuts_a_torn_tail_after_a_backup(store: Path) -> None:
+    seg, offset = tear_tail(store)
+    result = run("repair", str(store), "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "torn tail cut" in result.stdout
+    backups = list(store.glob("log.backup-*"))
+    assert len(backups) == 1
+    assert (backups[0] / seg.name).read_bytes()[offset:offset + 4] == b"\x11\x22\x33\x44"  # the backup has it
+    assert (store / "log" / f"{seg.name}.{offset:016x}.broken").exists()
+    assert "WARNING: torn tail cut" in result.stderr  # the library's log line
+    assert run("verify", str(store), "--strict").returncode == 0
+    assert run("repair", str(store), "--yes").stdout.endswith("nothing to repair\n")
+
+
+def test_repair_cuts_mid_log_damage_at_the_last_good_record_then_verify_passes(store: Path) -> None:
+    _seg, _offset, lsn = damage_sealed_segment(store)
+    assert run("verify", str(store)).returncode == 1
+    result = run("repair", str(store), "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"the log now ends at LSN {lsn - 1}" in result.stdout
+    assert f"gave up LSNs {lsn}.." in result.stdout
+    assert list(store.glob("log.backup-*")) and list(store.glob("state.backup-*"))
+    export = next(store.glob("state.backup-*.jsonl"))  # the old state, to import again if wanted
+    assert any(json.loads(x)["key"] == "agent/7/step" for x in export.read_text().splitlines())
+    verify = run("verify", str(store))
+    assert verify.returncode == 0, verify.stdout
+    # The store opens and takes writes again.
+    assert run("put", str(store), "after/repair", "ok").returncode == 0
+    assert run("import", str(store), str(export)).returncode == 0
+    assert run("get", str(store), "agent/7/step").stdout == "1"
+
+
+def test_repair_asks_first_and_refuses_without_a_terminal_or_yes(store: Path) -> None:
+    damage_sealed_segment(store)
+    before = {p.name: p.read_bytes() for p in (store / "log").iterdir() if p.is_file()}
+    result = run("repair", str(store))  # stdin is /dev/null, not a terminal
+    assert result.returncode == 2
+    assert "--yes" in result.stderr and "will:" in result.stdout
+    assert {p.name: p.read_bytes() for p in (store / "log").iterdir() if p.is_file()} == before
+    assert not list(store.glob("log.backup-*"))
+
+
+@pytest.mark.parametrize("answer", ["y", "n"])
+def test_repair_on_a_terminal_proceeds_only_when_the_answer_is_yes(store: Path, answer: str) -> None:
+    tear_tail(store)
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "wal", "repair", str(store)], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.write(master, f"{answer}\n".encode())
+        out, _err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert "Proceed? [y/N]" in out
+    if answer == "y":
+        assert proc.returncode == 0 and "torn tail cut" in out
+        assert run("verify", str(store), "--strict").returncode == 0
+    else:
+        assert proc.returncode == 2 and "nothing was changed" in out
+        assert not list(store.glob("log.backup-*"))
+        assert run("verify", str(store), "--strict").returncode == 1
+
+
+# ---- the writer lock -----------------------------------------------------------------------------------
+
+
+def test_writes_while_another_process_holds_the_writer_lock_fail_clearly(store: Path, writer: Writer) -> None:
+    for args in (("put", str(store), "k", "v"), ("delete", str(store), "agent/1/step"), ("checkpoint", str(store)),
+                 ("import", str(store), os.devnull)):
+        result = run(*args)
+        assert result.returncode == 1, args
+        assert f"process {writer.proc.pid}" in result.stderr, result.stderr
+        assert "stop it" in result.stderr
+    tear_tail_free = run("repair", str(store), "--yes", "--rebuild-state")
+    assert tear_tail_free.returncode == 1 and f"process {writer.proc.pid}" in tear_tail_free.stderr
+
+
+def test_read_commands_work_while_a_writer_process_runs(store: Path, writer: Writer) -> None:
+    lsn = writer.put("live/k", "v1")
+    assert run("get", str(store), "live/k").stdout == "v1"
+    assert "live/k = v1" in run("scan", str(store), "live/").stdout
+    dumped = run("dump", str(store), "--from-lsn", str(lsn))
+    assert dumped.returncode == 0 and json.loads(dumped.stdout.splitlines()[0])["lsn"] == lsn
+    info = json.loads(run("info", str(store), "--json").stdout)
+    assert info["writer_pid"] == writer.proc.pid
+    tail = run("tail", str(store), "-n", "1")
+    assert json.loads(tail.stdout)["ops"][0]["key"] == "live/k"
+    assert run("verify", str(store)).returncode == 0
+    assert json.loads(run("stats", str(store), "--format", "json").stdout)["writer_running"] is True
+    assert run("export", str(store)).returncode == 0
+
+
+# ---- tail -f ----------------------------------------------------------------------------------------------
+
+
+def test_tail_follows_commits_another_process_makes_after_it_started(store: Path, writer: Writer) -> None:
+    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(store), "-n", "0", "--interval", "0.05"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # let it start and reach the end of the log
+        lsns = [writer.put(f"followed/{i}", f"v{i}") for i in range(5)]
+        lines = LineReader(tail).take(5, timeout=30)
+        got = [json.loads(line) for line in lines]
+        assert [g["lsn"] for g in got] == lsns
+        assert [g["ops"][0]["key"] for g in got] == [f"followed/{i}" for i in range(5)]
+    finally:
+        tail.send_signal(signal.SIGINT)
+        assert tail.wait(timeout=30) == 0  # Ctrl-C is the normal way out
+    assert tail.stderr is not None and "Traceback" not in tail.stderr.read()
+
+
+def test_tail_follows_across_segments_and_checkpoints_without_gaps(tmp_path: Path) -> None:
+    """The follower crosses sealed segments and survives checkpoints deleting them behind it: no gap."""
+    path = tmp_path / "store"
+    with wal.open(path, segment_bytes=4096):
+        pass
+    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(path), "--interval", "0.01"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        reader = LineReader(tail)
+        time.sleep(1.0)
+        got: list[int] = []
+        with wal.open(path, segment_bytes=4096) as store:
+            for batch in range(6):
+                for i in range(50):
+                    store.put(f"k/{batch}/{i}", b"x" * 40)  # about two segments per batch
+                # Once the follower printed the batch, the checkpoint deletes segments it read or holds open.
+                got += [json.loads(line)["lsn"] for line in reader.take(50, timeout=30)]
+                store.checkpoint()
+        assert got == list(range(1, 301))
+    finally:
+        tail.send_signal(signal.SIGINT)
+        assert tail.wait(timeout=30) == 0
+    assert tail.stderr is not None and tail.stderr.read() == ""
+
+
+def test_a_follower_that_starts_behind_the_oldest_segment_reports_what_it_cannot_show(tmp_path: Path) -> None:
+    with wal.open(tmp_path, segment_bytes=4096) as store:
+        for i in range(200):
+            store.put(f"k/{i}", b"x" * 40)
+        store.checkpoint()
+    first, last = ops.last_lsn(str(tmp_path / "log"))
+    assert first > 1
+    skips: list[ops.Skip] = []
+    follower = ops.Follower(str(tmp_path / "log"), 1, on_skip=skips.append)
+    try:
+        assert [r.lsn for r in follower.poll()] == list(range(first, last + 1))
+    finally:
+        follower.close()
+    assert [s.lost for s in skips] == [(1, first - 1)]
+    assert "removed by a checkpoint" in skips[0].describe()
+
+
+# ---- stats -----------------------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*=\"(?:[^\"\\]|\\.)*\""
+                     r"(,[a-zA-Z_][a-zA-Z0-9_]*=\"(?:[^\"\\]|\\.)*\")*\})? [-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|NaN|Inf)$")
+
+
+def test_stats_prometheus_output_parses(store: Path) -> None:
+    result = run("stats", str(store), "--format", "prometheus")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    samples = [line for line in lines if not line.startswith("#")]
+    assert samples
+    for line in samples:
+        assert _SAMPLE.match(line), line
+    for line in lines:
+        if line.startswith("# TYPE"):
+            assert line.split()[3] in ("counter", "gauge")
+    assert any(line.startswith("agentwal_applied_lsn{") for line in samples)
+
+
+def test_stats_text_and_json(store: Path) -> None:
+    data = json.loads(run("stats", str(store), "--format", "json").stdout)
+    assert data["applied_lsn"] == data["log_last_lsn"] == len(records(store))
+    assert data["unapplied_records"] == 0 and data["writer_running"] is False
+    text = run("stats", str(store)).stdout
+    assert re.search(r"^state_keys\s+\d+$", text, re.M)
+
+
+# ---- ops as a library --------------------------------------------------------------------------------------
+
+
+def test_the_progress_bar_shows_only_on_a_terminal_and_only_for_long_work() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    quiet = io.StringIO()
+    cli._ProgressBar(quiet)("scanning the log", 5, 10)
+    assert quiet.getvalue() == ""  # not a terminal
+    term = Terminal()
+    bar = cli._ProgressBar(term)
+    bar("scanning the log", 5, 10)
+    assert term.getvalue() == ""  # the work has not lasted half a second yet
+    bar.started -= 1.0
+    bar("scanning the log", 5, 10)
+    assert "scanning the log" in term.getvalue() and "50.0%" in term.getvalue()
+    bar.close()
+    assert term.getvalue().endswith("\r")
+
+
+def test_render_and_parse_bytes_round_trip() -> None:
+    for data in (b"", b"text", "\u00e9\n\t".encode(), b"\x00", b"\xff", b"bell\x07", BINARY_VALUE):
+        rendered = ops.render_bytes(data)
+        assert ops.parse_bytes(json.loads(json.dumps(rendered)), "x") == data
+    assert ops.render_bytes(b"plain") == "plain"
+    assert ops.render_bytes(b"\x00") == {"base64": "AA=="}
+
+
+def test_repair_of_a_bare_log_backs_it_up_beside_it(tmp_path: Path) -> None:
+    log_dir = tmp_path / "events"
+    with wal.Log.open(log_dir) as log:
+        log.append_many([b"e%d" % i for i in range(10)])
+    seg = sorted(log_dir.glob("*.wal"))[0]
+    end = max(int(r["offset"]) + 24 + 8 for r in ops.dump(str(log_dir)))  # type: ignore[call-overload]
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(b"\x01torn")
+    result = run("repair", str(log_dir), "-y")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert list(tmp_path.glob("events.backup-*"))
+    shutil.rmtree(next(tmp_path.glob("events.backup-*")))
+    assert run("verify", str(log_dir), "--strict").returncode == 0
