@@ -423,15 +423,20 @@ def test_a_forked_child_that_never_uses_the_store_does_not_keep_it_locked_after_
     store = wal.open(tmp_path)
     store.put(b"k", b"v")
     read_fd, write_fd = os.pipe()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # a worker forked for something else: waits until the parent is done
         try:
             os.close(write_fd)
+            os.write(ready_w, b"r")  # the after-fork hooks have run by the time child code runs
             os.read(read_fd, 1)
         finally:
             os._exit(0)
     os.close(read_fd)
+    os.close(ready_w)
     try:
+        assert os.read(ready_r, 1) == b"r"
+        os.close(ready_r)
         store.close()
         with wal.open(tmp_path) as again:  # LockedError while the child lives
             assert again.get(b"k") == b"v"
