@@ -259,7 +259,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         if c["newest"]:
             print(f"  commits:     newest {c['newest']} ({_ago(c['newest_age_s'])}), oldest retained "
                   f"{c['oldest_retained']} ({_ago(c['oldest_retained_age_s'])})")
-        print(f"  checkpoint:  {data['checkpoint']}")
+        ckpt = data["checkpoint"]
+        if isinstance(ckpt, dict):
+            ckpt = f"last at {ckpt['last']} ({ckpt['age_s']} s ago), applied LSN {ckpt['applied_lsn']}"
+        print(f"  checkpoint:  {ckpt}")
     print(f"  total size:  {h(data['total_bytes'])} ({h(data['total_disk_bytes'])} allocated)")
     if data["segments"]:
         print("  segments:")

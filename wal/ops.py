@@ -757,7 +757,7 @@ def info(path: str) -> dict[str, Any]:
     out: dict[str, Any] = {"path": target.path, "kind": target.kind, "log_dir": target.log_dir}
     holder = lock_holder(target.log_dir) if os.path.isdir(target.log_dir) else None
     out["writer_pid"] = holder
-    out["durability"] = "chosen by each writer when it opens the store (not recorded on disk)"
+    out["durability"] = "chosen by each writer when it opens the store"
     if target.is_store:
         out["store_format"] = _store_meta(target)
     opened = _open_segments(target.log_dir) if os.path.isdir(target.log_dir) else []
@@ -800,8 +800,19 @@ def info(path: str) -> dict[str, Any]:
             "newest": _iso(newest) if newest else None,
             "newest_age_s": round((now_ms - newest) / 1000, 3) if newest else None,
         }
-        out["checkpoint"] = ("not timestamped on disk; the log retains the commits since "
-                             f"{out['commits']['oldest_retained'] or '(none)'} (a checkpoint releases older ones)")
+        writer = stats.get("last_writer")
+        if writer:
+            out["durability"] = (f"{writer['durability']}"
+                                 + (f", rpo_ms={writer['rpo_ms']}" if writer.get("rpo_ms") else "")
+                                 + f" (as last opened for writing, pid {writer.get('pid')}, "
+                                 + f"{_iso(writer['opened_unix_ms'])})")
+        ckpt = stats.get("last_checkpoint")
+        if ckpt:
+            out["checkpoint"] = {"last": _iso(ckpt["unix_ms"]), "age_s": round((now_ms - ckpt["unix_ms"]) / 1000, 3),
+                                 "applied_lsn": ckpt["applied_lsn"]}
+        else:
+            out["checkpoint"] = ("none yet; the log retains the commits since "
+                                 f"{out['commits']['oldest_retained'] or '(none)'}")
     apparent, allocated = _tree_bytes(target.path)
     out["total_bytes"] = apparent
     out["total_disk_bytes"] = allocated

@@ -319,6 +319,9 @@ class Store:
             state.close()
             log.close()
             raise
+        # Recorded for operators (`agentwal info`): the level is chosen per open, not stored elsewhere.
+        state.meta_put(b"writer", json.dumps({"durability": level.level, "rpo_ms": level.rpo_ms,
+                                              "pid": os.getpid(), "opened_unix_ms": _now_ms()}).encode())
         store._thread = threading.Thread(target=store._materializer, name=f"agentwal-apply:{root}", daemon=True)
         store._thread.start()
         return store
@@ -697,6 +700,7 @@ class Store:
             pass
         with self._apply_lock:
             applied = self._applied
+            self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
             self._state.sync()  # applied_lsn durable before any segment holding it goes
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
             removed = self._log.remove_segments_before(applied + 1, self._archive)
@@ -738,6 +742,8 @@ class Store:
             "unapplied_commits": len(self._queue),
             "overlay_keys": len(self._overlay),
             "seconds_since_checkpoint": time.time() - self._last_checkpoint,
+            "last_checkpoint": _meta_json(self._state, b"checkpoint"),
+            "last_writer": _meta_json(self._state, b"writer"),
             "failed": str(self._failure) if self._failure is not None else out.get("failed"),
         })
         return out
@@ -785,6 +791,15 @@ class Store:
     def __repr__(self) -> str:
         mode = "read-only" if self._log is None else self._durability.level
         return f"<wal.Store {self._path!r} {mode}{' closed' if self._closed else ''}>"
+
+
+def _meta_json(state: State, key: bytes) -> dict[str, Any] | None:
+    raw = state.meta_get(key)
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _check_store_file(root: str, *, create: bool) -> None:
