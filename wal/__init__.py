@@ -20,6 +20,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
+from wal.state import StateError
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
 
@@ -39,6 +40,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "StateError",
     "Store",
     "Transaction",
     "WalError",

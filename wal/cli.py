@@ -880,6 +880,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 COMMANDS: tuple[Command, ...] = (
     Command("demo", "run agents, SIGKILL their process at random, prove no acknowledged step is lost",
             _DEMO_DESCRIPTION, _demo_arguments, cmd_demo),
+    Command("crashtest", "the crash drill on your disk: kills and simulated power cuts per durability level",
+            "Run `agentwal crashtest --help` for its options (DIR, --level, --kills, --power-cuts, ...).",
+            lambda p: None, lambda args: EXIT_USAGE),
     Command("info", "show versions, watermarks, segments, sizes and storage warnings (read-only)",
             _INFO_DESCRIPTION, _info_arguments, cmd_info),
     Command("verify", "check every CRC and LSN, and the state against the log; exit 1 if damaged (read-only)",
@@ -987,6 +990,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["crashtest"]:
+        # The drill has its own parser (wal.crashtest.build_parser): hand it the rest as is.
+        from wal.crashtest import main_crashtest  # noqa: PLC0415 - heavy; only this command needs it
+
+        return main_crashtest(argv[1:])
     args, extras = parser.parse_known_args(argv)
     if extras:
         # argparse cannot take an optional between two positionals of which the second is optional

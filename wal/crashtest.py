@@ -63,10 +63,12 @@ The exhaustive mode (`run_exhaustive`)
 A short scripted workload -- 20 commits with a checkpoint in the middle, tiny segments so
 it rolls and removes segments, small sleeps so the RPO flusher runs -- runs once under the
 shim, noting every ack and a clock tick every 2 ms in the journal (`wal.crashsim.note`).
-Then, for every fsync/fdatasync/directory fsync the journal holds (cut just before it
-returned: what it was syncing may or may not be on disk) and for the end of the journal,
-and for every power-cut mode, a copy is cut there (``apply_power_cut(at=...)``) and checked
-by the oracle with the acks noted before the cut; the cut's time is the last note before it.
+Then, for every fsync/fdatasync/directory fsync the journal holds -- cut just before it
+returned (what it was syncing may or may not be on disk) and just after -- and for the end
+of the journal, and for every power-cut mode, a copy is cut there (``apply_power_cut(at=...)``)
+and checked by the oracle with the acks noted before the cut; the cut's time is the last note
+before it. At the end of the journal the child had closed the store, so nothing acknowledged
+may be missing at any level. ``at="all"`` cuts before every journal record instead.
 
 `storage_stack` reports what is under a directory (filesystem, device, write cache,
 measured fdatasync latency) and warns where the declared guarantee cannot be trusted;
@@ -525,7 +527,7 @@ class LevelResult:
     rpo_ms: int
     threads: int
     kills: int = 0
-    kills_in_recovery: int = 0  # children killed after OPEN, before READY: inside wal.open's recovery
+    kills_in_recovery: int = 0  # crashes (kills or power cuts) after OPEN, before READY: inside wal.open
     power_cuts: int = 0
     exhaustive_cuts: int = 0
     acknowledged: int = 0
@@ -582,8 +584,9 @@ class LevelResult:
         return (f"{self.level}: {self.acknowledged} commits acknowledged, {self.lost} lost "
                 f"(after kills {self.lost_after_kills}, after power cuts {self.lost_after_power_cuts}); "
                 f"worst loss {self.worst_loss_ms:.1f} ms vs RPO {rpo}; recovery p50 {self.recovery_p50_ms:.1f} ms, "
-                f"max {self.recovery_max_ms:.1f} ms; {self.kills} kills ({self.kills_in_recovery} during recovery), "
-                f"{self.power_cuts} power cuts, {self.exhaustive_cuts} exhaustive cuts; {self.status}")
+                f"max {self.recovery_max_ms:.1f} ms; {self.kills} kills and {self.power_cuts} power cuts "
+                f"({self.kills_in_recovery} of them during a recovery), {self.exhaustive_cuts} exhaustive cuts, "
+                f"{self.torn_tails} torn tails cut; {self.status}")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -809,10 +812,11 @@ def run_power_cuts(directory: str | os.PathLike[str], level: str, rpo_ms: int, c
 
 def run_exhaustive(directory: str | os.PathLike[str], level: str, rpo_ms: int, *,
                    modes: Sequence[Mode] = MODES, seed: int = 0, every: int = 1,
-                   result: LevelResult | None = None) -> LevelResult:
+                   at: Literal["fsync", "all"] = "fsync", result: LevelResult | None = None) -> LevelResult:
     """The scripted workload once under the shim, then a power cut at every fsync boundary x mode.
 
-    `every` > 1 checks only every `every`-th boundary (the journal's end is always checked).
+    `every` > 1 checks only every `every`-th boundary (the journal's end is always checked);
+    ``at="all"`` cuts before every journal record instead (every write, rename, unlink...).
     """
     result = result or LevelResult(level, rpo_ms, 1)
     work = os.path.abspath(os.fspath(directory))
@@ -834,7 +838,9 @@ def run_exhaustive(directory: str | os.PathLike[str], level: str, rpo_ms: int, *
     kinds = (crashsim.FSYNC, crashsim.DIRSYNC, crashsim.SYNCALL)
     boundaries = set()
     for i, r in enumerate(records):
-        if r.kind in kinds:
+        if at == "all" and r.kind != crashsim.NOTE:
+            boundaries.add(r.pos)
+        elif r.kind in kinds:
             boundaries.add(r.pos)
             if i + 1 < len(records):
                 boundaries.add(records[i + 1].pos)
@@ -848,8 +854,8 @@ def run_exhaustive(directory: str | os.PathLike[str], level: str, rpo_ms: int, *
             if ack is not None:
                 acks_all.append((pos, ack))
     case = 0
-    for at in positions:
-        end = at if at is not None else 1 << 62
+    for cut in positions:
+        end = cut if cut is not None else 1 << 62
         acks = [a for pos, a in acks_all if pos < end]
         times = [int(text.split()[1]) for pos, text in notes if pos < end and len(text.split()) >= 2]
         cut_ns = max(times, default=0)
@@ -860,15 +866,15 @@ def run_exhaustive(directory: str | os.PathLike[str], level: str, rpo_ms: int, *
             _rmtree(new_journal + ".side")
             crashsim.clone(root, journal, new_root, new_journal)
             cut_seed = (seed * 1_000_003 + case) & 0xFFFFFFF
-            crashsim.apply_power_cut(new_root, new_journal, mode=mode, seed=cut_seed, at=at)
+            crashsim.apply_power_cut(new_root, new_journal, mode=mode, seed=cut_seed, at=cut)
             got = recover(os.path.join(new_root, "store"))
             if got.error is None:
                 result.recovery_ms.append(got.seconds * 1000)
                 result.torn_tails += got.torn_tail is not None
             # After the child's clean close everything acknowledged is durable at every level.
-            oracle = Oracle(level if at is not None else "sync", rpo_ms, seed, pad=SCRIPT_PAD)
+            oracle = Oracle(level if cut is not None else "sync", rpo_ms, seed, pad=SCRIPT_PAD)
             child = ChildOutput(open_ns=0, ready_ns=0, acks=acks)
-            where = f"exhaustive {level} at={at if at is not None else 'end'} mode={mode} seed={cut_seed}"
+            where = f"exhaustive {level} at={cut if cut is not None else 'end'} mode={mode} seed={cut_seed}"
             outcome = oracle.check(got, 1, child, cut_ns, "power", where=where)
             result.record(outcome, "power")
             result.exhaustive_cuts += 1
@@ -1190,6 +1196,13 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         print("agentwal crashtest: error: --threads must be >= 1", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    shim_note = None
+    if args.power_cuts or args.exhaustive:
+        try:
+            crashsim.shim_path()
+        except FileNotFoundError as exc:  # a build without the simulator: kills only, and say so
+            shim_note = f"power cuts skipped: {exc}"
+            args.power_cuts, args.exhaustive = 0, False
 
     def say(text: str = "") -> None:
         print(text, file=stream, flush=True)
@@ -1204,9 +1217,13 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
     say(f"seed {seed}; per level: {args.kills} kills, {args.power_cuts} simulated power cuts"
         + (", exhaustive cuts" if args.exhaustive else "") + f"; {args.threads} committing thread(s); "
         f"rpo {args.rpo_ms} ms for interval/buffered")
+    if not args.dir:
+        say("(to test the disk your store will live on, pass a directory on it: agentwal crashtest DIR)")
     say(f"rerun: agentwal crashtest {args.dir or ''} --seed {seed} --level {','.join(args.level)} "
-        f"--kills {args.kills} --power-cuts {args.power_cuts} --threads {args.threads} --rpo-ms {args.rpo_ms}"
-        .replace("crashtest  ", "crashtest "))
+        f"--kills {args.kills} --power-cuts {args.power_cuts} --threads {args.threads} --rpo-ms {args.rpo_ms} "
+        f"--run-ms {args.run_ms}{' --exhaustive' if args.exhaustive else ''}".replace("crashtest  ", "crashtest "))
+    if shim_note:
+        say(shim_note)
     say()
     results: list[LevelResult] = []
     try:
@@ -1224,6 +1241,9 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except OSError as exc:  # the drill's own I/O (a full disk, a directory it may not write): not a verdict
+        say(f"the drill could not run in {work}: {exc}")
+        return 1
     finally:
         if not args.keep:
             _rmtree(work)

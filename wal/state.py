@@ -33,6 +33,7 @@ neither: see the known limitations in that test.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -62,10 +63,19 @@ _DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.
            lmdb.IncompatibleError, lmdb.BadDbiError, lmdb.PanicError, lmdb.BadValsizeError, lmdb.InvalidParameterError)
 
 
+# py-lmdb reports an operating-system error as a bare lmdb.Error ending in strerror(): not damage.
+_OS_ERRORS = tuple(os.strerror(e) for e in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                                             errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EIO, errno.ENOMEM,
+                                             errno.EAGAIN, errno.EBUSY, errno.ENOTDIR))
+
+
 def _raise_lmdb(exc: lmdb.Error | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
     """Re-raise an LMDB error (or a stored value of the wrong size) as a WalError that says what to do.
-    On open every error is damage: the same call succeeds on any file LMDB wrote."""
+    On open every error but an operating-system one is damage: the same call succeeds on any file
+    LMDB wrote."""
     data = os.path.join(path, "data.mdb")
+    if isinstance(exc, lmdb.Error) and str(exc).endswith(_OS_ERRORS):
+        raise StateError(f"the LMDB state in {path} failed while {doing}: {exc}") from exc
     if opening or isinstance(exc, (*_DAMAGE, struct.error)) or type(exc) is lmdb.Error:
         raise CorruptionError(
             f"the LMDB state {data} is damaged ({exc}) -- found while {doing}. LMDB keeps no checksums, so this "

@@ -1,0 +1,163 @@
+"""`agentwal crashtest` as a new user runs it (here as ``python -m wal.crashtest``, which is what the
+``crashtest`` subcommand calls): small numbers, exit status 0, a PASS line per level, the storage
+stack of the directory; and the storage-stack report itself on made-up mount tables and sysfs trees
+(partitions, device-mapper, tmpfs, network and overlay filesystems).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wal import crashtest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drill's power cuts need Linux")
+
+
+def test_a_small_crashtest_passes_every_level_and_reports_the_storage_stack(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "wal.crashtest", str(tmp_path), "--kills", "3", "--power-cuts", "2",
+         "--threads", "2", "--seed", "11"],
+        capture_output=True, text=True, timeout=300, check=False)
+    out = proc.stdout
+    print(out, proc.stderr)
+    assert proc.returncode == 0, out + proc.stderr
+    for level in ("sync", "interval", "buffered"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(level + " "))
+        assert line.rstrip().endswith("PASS"), line
+    assert "storage stack of " in out and "filesystem" in out and "fdatasync   p50" in out
+    assert "worst loss / RPO" in out and "recovery p50 / max" in out
+    assert "--seed 11" in out  # how to rerun it
+    assert list(tmp_path.iterdir()) == [], "the drill's stores are removed afterwards"
+
+
+def test_a_crashtest_of_one_level_prints_one_level_and_keep_leaves_the_stores(tmp_path: Path) -> None:
+    out = io.StringIO()
+    status = crashtest.main_crashtest([str(tmp_path), "--level", "sync", "--kills", "2", "--power-cuts", "1",
+                                       "--threads", "1", "--seed", "3", "--keep"], out=out)
+    text = out.getvalue()
+    assert status == 0, text
+    rows = [ln for ln in text.splitlines() if ln.split()[:1] in (["sync"], ["interval"], ["buffered"])]
+    assert len(rows) == 1 and rows[0].startswith("sync") and rows[0].rstrip().endswith("PASS")
+    (kept,) = tmp_path.iterdir()
+    assert (kept / "sync" / "kill" / "root" / "store" / "STORE").exists()
+
+
+def test_crashtest_refuses_bad_arguments_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert crashtest.main_crashtest(["--level", "fast"]) == 2
+    assert "unknown level 'fast'" in capsys.readouterr().err
+    assert crashtest.main_crashtest(["--level", "buffered", "--rpo-ms", "0"]) == 2
+    assert crashtest.main_crashtest(["--kills", "-1"]) == 2
+
+
+def test_the_default_directory_is_a_fresh_one_under_the_system_temp_dir() -> None:
+    help_text = crashtest.build_parser().format_help()
+    assert "$TMPDIR or /tmp" in help_text and "--power-cuts" in help_text and "--kills" in help_text
+
+
+# ---- the storage stack on made-up systems --------------------------------------------------------------
+
+
+def _mountinfo(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "mountinfo"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def _fake_sysfs(root: Path) -> None:
+    """sda (write back, FUA) with partition sda1 = 8:1; dm-0 = 253:0 over sda1; vdb = 252:16 write through."""
+    devices = root / "devices"
+    sda = devices / "pci0" / "host0" / "block" / "sda"
+    (sda / "sda1").mkdir(parents=True)
+    (sda / "sda1" / "partition").write_text("1\n")
+    (sda / "sda1" / "dev").write_text("8:1\n")
+    (sda / "queue").mkdir()
+    (sda / "queue" / "write_cache").write_text("write back\n")
+    (sda / "queue" / "fua").write_text("1\n")
+    dm = devices / "virtual" / "block" / "dm-0"
+    (dm / "slaves").mkdir(parents=True)
+    (dm / "queue").mkdir()
+    (dm / "queue" / "write_cache").write_text("write back\n")
+    os.symlink(sda / "sda1", dm / "slaves" / "sda1")
+    vdb = devices / "pci0" / "virtio3" / "block" / "vdb"
+    (vdb / "queue").mkdir(parents=True)
+    (vdb / "queue" / "write_cache").write_text("write through\n")
+    (root / "dev" / "block").mkdir(parents=True)
+    os.symlink(sda / "sda1", root / "dev" / "block" / "8:1")
+    os.symlink(dm, root / "dev" / "block" / "253:0")
+    os.symlink(vdb, root / "dev" / "block" / "252:16")
+
+
+def test_storage_stack_climbs_from_a_partition_to_its_disk_and_warns_about_its_volatile_cache(tmp_path: Path) -> None:
+    _fake_sysfs(tmp_path / "sys")
+    info = _mountinfo(tmp_path, "27 1 254:0 / / rw - ext4 /dev/vda rw",
+                      f"40 27 8:1 / {tmp_path} rw,noatime - xfs /dev/sda1 rw")
+    st = crashtest.storage_stack(tmp_path, measure=False, mountinfo=info, sys_root=str(tmp_path / "sys"))
+    assert (st.fstype, st.source, st.mount_point) == ("xfs", "/dev/sda1", str(tmp_path))
+    assert [(d.name, d.write_cache, d.fua) for d in st.devices] == [("sda", "write back", True)]
+    assert any("volatile write cache" in w and "honours cache flushes" in w for w in st.warnings)
+    assert "device      sda (disk): write cache \"write back\", FUA yes" in "\n".join(st.lines())
+
+
+def test_storage_stack_follows_device_mapper_to_the_disks_below(tmp_path: Path) -> None:
+    _fake_sysfs(tmp_path / "sys")
+    info = _mountinfo(tmp_path, f"40 1 253:0 / {tmp_path} rw - ext4 /dev/mapper/vg-root rw")
+    st = crashtest.storage_stack(tmp_path, measure=False, mountinfo=info, sys_root=str(tmp_path / "sys"))
+    assert [d.name for d in st.devices] == ["dm-0", "sda"]
+    assert st.devices[0].kind == "dm"
+
+
+def test_storage_stack_without_sysfs_entries_or_write_cache_says_so_instead_of_failing(tmp_path: Path) -> None:
+    _fake_sysfs(tmp_path / "sys")
+    info = _mountinfo(tmp_path, f"40 1 252:16 / {tmp_path} rw - ext4 /dev/vdb rw",
+                      f"41 40 9:9 / {tmp_path}/sub rw - ext4 /dev/nowhere rw")
+    st = crashtest.storage_stack(tmp_path, measure=False, mountinfo=info, sys_root=str(tmp_path / "sys"))
+    assert [(d.name, d.kind, d.write_cache) for d in st.devices] == [("vdb", "virtio", "write through")]
+    assert st.warnings == []
+    (tmp_path / "sub").mkdir()
+    st = crashtest.storage_stack(tmp_path / "sub", measure=False, mountinfo=info, sys_root=str(tmp_path / "sys"))
+    assert st.devices == [] and "no block device" in "\n".join(st.lines())
+
+
+@pytest.mark.parametrize(("fstype", "source", "options", "expect"), [
+    ("tmpfs", "tmpfs", "rw", "nothing survives a power cut"),
+    ("ramfs", "none", "rw", "nothing survives a power cut"),
+    ("nfs4", "server:/export", "rw,vers=4.2", "network or shared filesystem"),
+    ("cifs", "//server/share", "rw", "network or shared filesystem"),
+    ("fuse.sshfs", "me@host:/", "rw", "network or shared filesystem"),
+    ("ceph", "10.0.0.1:/", "rw", "network or shared filesystem"),
+    ("overlay", "overlay", "rw,lowerdir=/l,upperdir=/var/lib/docker/u,workdir=/w", "overlay (container) filesystem"),
+    ("fuse.myfs", "myfs", "rw", "FUSE filesystem"),
+    ("ext4", "/dev/sdz1", "rw,nobarrier", "nobarrier"),
+])
+def test_storage_stack_warns_where_the_guarantee_cannot_be_trusted(
+        tmp_path: Path, fstype: str, source: str, options: str, expect: str) -> None:
+    info = _mountinfo(tmp_path, f"40 1 0:99 / {tmp_path} rw - {fstype} {source} {options}")
+    st = crashtest.storage_stack(tmp_path, measure=False, mountinfo=info, sys_root=str(tmp_path / "nosys"))
+    assert st.fstype == fstype
+    assert any(expect in w for w in st.warnings), st.warnings
+    if fstype == "overlay":
+        assert any("/var/lib/docker/u" in w for w in st.warnings)
+
+
+def test_storage_stack_unescapes_mount_points_with_spaces(tmp_path: Path) -> None:
+    spaced = tmp_path / "my disk"
+    spaced.mkdir()
+    info = _mountinfo(tmp_path, "27 1 254:0 / / rw - ext4 /dev/vda rw",
+                      f"40 27 0:50 / {str(spaced).replace(' ', chr(92) + '040')} rw - tmpfs tmpfs rw")
+    st = crashtest.storage_stack(spaced, measure=False, mountinfo=info)
+    assert (st.mount_point, st.fstype) == (str(spaced), "tmpfs")
+
+
+def test_storage_stack_measures_fdatasync_on_this_machine(tmp_path: Path) -> None:
+    st = crashtest.storage_stack(tmp_path)
+    assert st.fdatasync_samples >= 10
+    assert st.fdatasync_p50_ms is not None and st.fdatasync_p99_ms is not None
+    assert 0 <= st.fdatasync_p50_ms <= st.fdatasync_p99_ms
+    assert st.fstype != "?" and st.mount_point != "?"
+    assert not list(tmp_path.iterdir()), "the probe file is removed"
