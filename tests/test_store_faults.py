@@ -1,0 +1,90 @@
+"""Injected I/O failures through the store (BRIEF §5, I5): nothing acknowledged is lost, the store
+stops cleanly, and once the fault is gone a reopen gives a consistent, usable store."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+import wal
+from wal import testing
+
+
+@pytest.fixture(autouse=True)
+def _disarm() -> object:
+    yield
+    testing.clear()
+
+
+def _fill(store: wal.Store, n: int, prefix: str = "k") -> dict[bytes, bytes]:
+    acked = {}
+    for i in range(n):
+        key, value = f"{prefix}{i:04d}".encode(), b"v%d" % i * 10
+        store.put(key, value)
+        acked[key] = value
+    return acked
+
+
+@pytest.mark.parametrize("durability", [{"durability": "sync"}, {"durability": "interval", "rpo_ms": 50}])
+def test_enospc_in_the_middle_of_a_commit_loses_nothing_acknowledged_and_a_reopen_is_usable(
+        tmp_path: Path, durability: dict[str, object]) -> None:
+    store = wal.open(tmp_path, **durability)  # type: ignore[arg-type]
+    acked = _fill(store, 50)
+    with store.transaction() as tx:  # a transaction acknowledged just before the fault
+        tx.put("t/a", b"1")
+        tx.put("t/b", b"2")
+    acked.update({b"t/a": b"1", b"t/b": b"2"})
+    testing.arm("write", errno.ENOSPC, partial=True)  # the next write: half of it lands, then ENOSPC
+    with pytest.raises(wal.FailedError, match="No space left"):
+        with store.transaction() as tx:
+            tx.put("lost/a", b"x" * 5000)
+            tx.put("lost/b", b"y" * 5000)
+    with pytest.raises(wal.FailedError):  # fail-stop: no further writes until reopened
+        store.put("after", b"1")
+    assert store.get("t/a") == b"1"  # reads still work
+    testing.clear()  # "space returns"
+    with pytest.raises(wal.FailedError):
+        store.close()
+    with wal.open(tmp_path) as again:
+        assert {k: v for k, v in again.scan() if not k.startswith(b"lost/")} == acked
+        lost = dict(again.scan(b"lost/"))
+        assert lost in ({}, {b"lost/a": b"x" * 5000, b"lost/b": b"y" * 5000})  # all or nothing (I3)
+        again.put("after", b"1")  # usable again
+        assert again.get("after") == b"1"
+
+
+def test_fsync_eio_fail_stops_the_store_and_a_reopen_recovers_every_acknowledged_commit(tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    acked = _fill(store, 30)
+    testing.arm("fsync", errno.EIO)
+    with pytest.raises(wal.FailedError, match="Input/output error"):
+        store.put("unacked", b"?")
+    testing.clear()
+    with pytest.raises(wal.FailedError):  # never retried and trusted (I5)
+        store.put("later", b"1")
+    with pytest.raises(wal.FailedError):
+        store.close()
+    with wal.open(tmp_path) as again:
+        got = dict(again.scan(b"k"))
+        assert got == acked
+        assert again.get("unacked") in (None, b"?")  # never acknowledged: may or may not be there
+        assert again.watermarks.applied <= again.watermarks.durable
+
+
+def test_a_failed_segment_creation_stops_writes_and_the_log_reopens(tmp_path: Path) -> None:
+    store = wal.open(tmp_path, segment_bytes=1 << 16)
+    acked = _fill(store, 20)
+    testing.arm("rename", errno.EIO)  # the next new segment cannot be put in place
+    with pytest.raises(wal.FailedError):
+        for i in range(2000):  # enough to roll to a new segment
+            key = f"r{i:05d}".encode()
+            store.put(key, b"z" * 100)
+            acked[key] = b"z" * 100
+    testing.clear()
+    with pytest.raises(wal.FailedError):
+        store.close()
+    with wal.open(tmp_path, segment_bytes=1 << 16) as again:
+        assert {k: v for k, v in again.scan() if k in acked} == acked
+        again.put("after", b"ok")
