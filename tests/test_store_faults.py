@@ -37,10 +37,9 @@ def test_enospc_in_the_middle_of_a_commit_loses_nothing_acknowledged_and_a_reope
         tx.put("t/b", b"2")
     acked.update({b"t/a": b"1", b"t/b": b"2"})
     testing.arm("write", errno.ENOSPC, partial=True)  # the next write: half of it lands, then ENOSPC
-    with pytest.raises(wal.FailedError, match="No space left"):
-        with store.transaction() as tx:
-            tx.put("lost/a", b"x" * 5000)
-            tx.put("lost/b", b"y" * 5000)
+    with pytest.raises(wal.FailedError, match="No space left"), store.transaction() as tx:
+        tx.put("lost/a", b"x" * 5000)
+        tx.put("lost/b", b"y" * 5000)
     with pytest.raises(wal.FailedError):  # fail-stop: no further writes until reopened
         store.put("after", b"1")
     assert store.get("t/a") == b"1"  # reads still work
