@@ -27,14 +27,13 @@ What must hold, for the log and STORE cases:
   and never a crash of the interpreter.
 
 Known limitation (asserted as such, not hidden): damage that leaves the newest segment ending
-*cleanly* -- zeros from a record boundary to the end of the file, or a truncation at a record
-boundary -- looks exactly like a log whose writer never got further, so commits made durable but
-not yet applied to the state vanish without a report. Nothing after the damage vouches for them
-(the MARK records of FORMAT.md section 10 only vouch for what precedes them); loss of commits the
-state already holds is caught ("state ahead of log"). `_clean_end` checks that every unreported
-loss is of exactly this kind. (A truncation could be told apart -- a segment is created at the
-preallocated size its header records and never shrinks -- but FORMAT.md section 10 counts a short
-newest segment among what a crash leaves, so recovery does not use that; a format decision.)
+*cleanly* -- zeros from a record boundary to the end of the file -- looks exactly like a log
+whose writer never got further, so commits made durable but not yet applied to the state vanish
+without a report. Nothing after the damage vouches for them (the MARK records of FORMAT.md
+section 10 only vouch for what precedes them); loss of commits the state already holds is caught
+("state ahead of log"). `_clean_end` checks that every unreported loss is of exactly this kind.
+A truncated newest segment is no longer among them: a segment never shrinks below the size its
+header records, so FORMAT.md rule S6 makes that a `CorruptionError` ("segment truncated").
 
 The LMDB state has no checksums: LMDB trusts its pages. A flipped byte in ``data.mdb`` can be
 refused (a `wal.WalError`: the store turns LMDB's errors into `CorruptionError`/`StateError`,

@@ -83,13 +83,6 @@ def write_at(path: Path, offset: int, data: bytes) -> None:
 # ---- torn tails ----------------------------------------------------------------
 
 
-def torn_truncated_file(seg: Path, off: int, size: int) -> bytes:
-    """The file ends in the middle of the last record (the OS never extended it further)."""
-    data = seg.read_bytes()
-    os.truncate(seg, off + size // 2)
-    return data[off : off + size // 2].rstrip(b"\0")
-
-
 def torn_zero_after_cut(seg: Path, off: int, size: int) -> bytes:
     """Only the first part of the last record reached the preallocated (zero) file."""
     data = seg.read_bytes()
@@ -106,7 +99,6 @@ def torn_zeroed_middle(seg: Path, off: int, size: int) -> bytes:
 
 
 TORN_SHAPES = {
-    "truncated-file": torn_truncated_file,
     "cut-in-zero-filled-file": torn_zero_after_cut,
     "zeroed-part": torn_zeroed_middle,
 }
@@ -139,6 +131,27 @@ def test_torn_last_record_is_cut_kept_as_broken_and_appends_continue_with_its_ls
         assert list(log.read()) == [*records[:4], (5, b"after the cut")]
         assert log.append(b"six") == 6
     assert broken.read_bytes() == cut
+
+
+@pytest.mark.parametrize("where", ["mid-record", "record-boundary"])
+def test_a_newest_segment_shorter_than_its_preallocated_size_is_corruption_not_a_torn_tail(
+    tmp_path: Path, where: str
+) -> None:
+    """S6: a segment's size is durable before it is named and never shrinks, so no crash makes it
+    shorter; a cut file lost records that were durable, even when it ends on a record boundary."""
+    records = make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    _, off, size = record_offsets(seg)[-1]
+    os.truncate(seg, off + size // 2 if where == "mid-record" else off)
+    before = snapshot(tmp_path)
+    with pytest.raises(wal.CorruptionError, match="segment truncated") as exc:
+        wal.Log.open(tmp_path)
+    assert exc.value.reason == "segment truncated" and exc.value.lsn == 5
+    assert snapshot(tmp_path) == before  # nothing changed
+    with wal.Log.open(tmp_path, recovery="truncate") as log:
+        assert log.recovery_report.lost_lsns is not None and log.recovery_report.lost_lsns[0] == 5
+        assert list(log.read()) == records[:4]
+        assert log.append(b"after") == 5
 
 
 def test_garbage_after_the_last_record_is_cut_and_kept_and_no_record_is_lost(tmp_path: Path) -> None:

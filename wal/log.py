@@ -588,6 +588,14 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
             cut = recovery.cut_tail(bad.path, damage.offset, bad.size)
             if cut:
                 broken.append(cut)
+            if bad.size < bad.prealloc_bytes <= recovery.MAX_PREALLOC:  # cut short by someone: give it back its size (S6 holds again)
+                fd = os.open(bad.path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(fd, bad.prealloc_bytes)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                bad.size = bad.prealloc_bytes
             bad.status, bad.end_offset = "open", damage.offset
             segments = segments[: damage.index + 1]
         first_lost = damage.lsn

@@ -29,6 +29,7 @@ from wal._fs import fsync_dir
 from wal.errors import CorruptionError, FormatVersionError
 
 SEGMENT_SUFFIX = ".wal"
+MAX_PREALLOC = 1 << 40  # a larger preallocated-size field is not one our writer wrote: S6 ignores it
 STATUS_NAMES = {lib.WAL_SCAN_OPEN: "open", lib.WAL_SCAN_SEALED: "sealed", lib.WAL_SCAN_TORN: "torn",
                 lib.WAL_SCAN_CORRUPT: "corrupt"}
 
@@ -101,6 +102,7 @@ class SegmentScan:
     salt: int
     header_ok: bool
     header_segment_no: int = 0
+    prealloc_bytes: int = 0
     next_valid_offset: int = 0
     next_valid_lsn: int = 0
 
@@ -126,6 +128,7 @@ def scan_segment_file(path: str, segment_no: int) -> SegmentScan:
         reason=ffi.string(res.reason).decode(), end_offset=res.end_offset, bad_offset=res.bad_offset,
         damage_end=res.damage_end, records=res.records, first_lsn=h.first_lsn, last_lsn=res.last_lsn,
         log_id=h.log_id, salt=h.salt, header_ok=bool(res.header_ok), header_segment_no=h.segment_no,
+        prealloc_bytes=h.prealloc_bytes,
         next_valid_offset=res.next_valid_offset, next_valid_lsn=res.next_valid_lsn,
     )
 
@@ -256,6 +259,13 @@ def scan_directory(directory: str) -> DirectoryScan:
             if scan.status == "torn":
                 text += f" ({_describe(scan)})"
             problem = Damage(i, scan.end_offset, reason, scan.last_lsn + 1, text)
+        elif scan.status != "sealed" and 0 < scan.size < scan.prealloc_bytes <= MAX_PREALLOC:
+            # S6: a segment's size is made durable before it gets its name and never shrinks, so
+            # no crash leaves it shorter than the size in its header: someone cut it, and the
+            # records that were there (durable, perhaps acknowledged) are gone.
+            problem = Damage(i, scan.end_offset, "segment truncated", scan.last_lsn + 1,
+                             f"segment truncated: {path} is {scan.size} bytes but was created with "
+                             f"{scan.prealloc_bytes}; records after LSN {scan.last_lsn} may have been cut off")
         if problem is not None:
             result.damage = problem
             break
