@@ -588,7 +588,8 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
             cut = recovery.cut_tail(bad.path, damage.offset, bad.size)
             if cut:
                 broken.append(cut)
-            if bad.size < bad.prealloc_bytes <= recovery.MAX_PREALLOC:  # cut short by someone: give it back its size (S6 holds again)
+            if bad.size < bad.prealloc_bytes <= recovery.MAX_PREALLOC:
+                # Cut short by someone: give it back its size, so rule S6 holds again.
                 fd = os.open(bad.path, os.O_RDWR | os.O_CLOEXEC)
                 try:
                     os.ftruncate(fd, bad.prealloc_bytes)
