@@ -199,7 +199,7 @@ def test_every_command_has_help_saying_what_it_does_and_whether_it_needs_the_wri
 
 def test_the_command_table_keeps_the_demo() -> None:
     assert cli.COMMANDS[0].name == "demo"
-    assert {c.name for c in cli.COMMANDS} == {"demo", *COMMANDS}
+    assert {c.name for c in cli.COMMANDS} == {"demo", "crashtest", *COMMANDS}
 
 
 def test_a_path_that_is_not_a_store_is_a_usage_error(tmp_path: Path) -> None:
