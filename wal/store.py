@@ -34,6 +34,7 @@ applied_lsn and the next open continues from there (I4).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import json
 import logging
@@ -75,7 +76,7 @@ MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
 _REPLAY_BATCH_RECORDS = 20_000
 _REPLAY_BATCH_BYTES = 32 << 20
-_APPLY_BATCH_RECORDS = 50_000
+_APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short lock holds
 _SCAN_CHUNK = 512
 
 Version = int
@@ -135,6 +136,10 @@ def _if_version(v: Any) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ArgumentError(f"if_version must be None, 0 (key absent) or an LSN, got {v!r}")
     return v
+
+
+def _entry_lsn(entry: tuple[int, bytes | None]) -> int:
+    return entry[0]
 
 
 def _now_ms() -> int:
@@ -628,16 +633,20 @@ class Store:
                 self._failure = exc
                 raise
             applied = self._applied
+            # Each key once, dropping the applied prefix of its chain (chains are in LSN order):
+            # a hot key written by every commit must not cost O(batch x chain) under the lock.
+            touched = {key for _, txn in batch for _, key, _ in txn.ops}
             with self._commit_lock:
+                for key in touched:
+                    chain = self._overlay.get(key)
+                    if chain is None:
+                        continue
+                    cut = bisect.bisect_right(chain, applied, key=_entry_lsn)
+                    if cut == len(chain):
+                        del self._overlay[key]
+                    elif cut:
+                        self._overlay[key] = chain[cut:]  # a new list: readers hold snapshots of the old
                 for lsn, txn in batch:
-                    for _, key, _ in txn.ops:
-                        chain = self._overlay.get(key)
-                        if chain is not None:
-                            kept = [e for e in chain if e[0] > applied]
-                            if kept:
-                                self._overlay[key] = kept
-                            else:
-                                del self._overlay[key]
                     if txn.idempotency_key is not None and self._idem_pending.get(txn.idempotency_key) == lsn:
                         del self._idem_pending[txn.idempotency_key]
             self._counters["apply_batches"] += 1
