@@ -4,6 +4,8 @@ stops cleanly, and once the fault is gone a reopen gives a consistent, usable st
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,38 @@ def test_a_failed_segment_creation_stops_writes_and_the_log_reopens(tmp_path: Pa
     with wal.open(tmp_path, segment_bytes=1 << 16) as again:
         assert {k: v for k, v in again.scan() if k in acked} == acked
         again.put("after", b"ok")
+
+
+CHILD = """
+import os, sys, wal
+store = wal.open(sys.argv[1], apply_interval_ms=3_600_000)   # the materializer stays asleep
+for i in range(10):
+    store.put(f"k{i}", b"v")                                  # LSNs 1..10, all durable (sync)
+store._apply_ready(limit=9)      # LSNs 1..9 reach LMDB while 10 is already durable: mark = 10
+os._exit(0)                      # a kill: LSN 10 is durable in the log only
+"""
+
+
+def test_a_log_tail_zeroed_below_the_durable_mark_is_corruption_not_silent_loss(tmp_path: Path) -> None:
+    """A zeroed tail looks like unwritten space; the state's record of the durable LSN it last saw
+    makes the loss of durable records visible (strict), or reported (recovery="truncate")."""
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], check=True)
+    seg = sorted((tmp_path / "log").glob("*.wal"))[-1]
+    data = bytearray(seg.read_bytes())
+    with wal.Log.open(tmp_path / "log", readonly=True) as log:
+        assert [lsn for lsn, _ in log.read()] == list(range(1, 11))
+    offsets = [off for off in range(64, len(data), 8) if data[off + 8 : off + 16] == (10).to_bytes(8, "little")
+               and data[off + 16] == 1]
+    start = offsets[0]  # the DATA record of LSN 10; zero it and everything after
+    end = len(data.rstrip(b"\0"))
+    data[start:end] = bytes(end - start)
+    seg.write_bytes(bytes(data))
+    with pytest.raises(wal.CorruptionError) as exc:
+        wal.open(tmp_path)
+    assert exc.value.reason == "log behind durable mark"
+    with wal.open(tmp_path, recovery="truncate") as store:
+        assert store.stats()["lost_durable_lsns"] == (10, 10)
+        assert store.get("k8") == b"v" and store.get("k9") is None
+        store.put("after", b"1")
+    with wal.open(tmp_path) as store:  # strict opens again: the mark was moved to what is left
+        assert store.get("after") == b"1"

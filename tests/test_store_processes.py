@@ -84,7 +84,7 @@ def read_applied_lsn(env: lmdb.Environment) -> int:
 
 def lmdb_dump(state_dir: Path) -> dict[str, object]:
     """Every database of the store's LMDB, read directly: data, idem and meta (less the operator
-    notes `writer` and `checkpoint`, which record when and by whom, not state)."""
+    notes `writer` and `checkpoint`, and `durable_seen`, the log's durable LSN as last seen)."""
     env = lmdb.open(str(state_dir), readonly=True, max_dbs=4, lock=True)
     try:
         out: dict[str, object] = {}
@@ -92,7 +92,7 @@ def lmdb_dump(state_dir: Path) -> dict[str, object]:
             db = env.open_db(name, create=False)
             with env.begin(db=db) as txn:
                 out[name.decode()] = [(k, v) for k, v in txn.cursor()
-                                      if name != b"meta" or k not in (b"writer", b"checkpoint")]
+                                      if name != b"meta" or k not in (b"writer", b"checkpoint", b"durable_seen")]
         return out
     finally:
         env.close()

@@ -47,6 +47,9 @@ from wal.errors import CorruptionError, LockedError, WalError
 _U64 = struct.Struct("<Q")
 _IDEM = struct.Struct("<QQ")
 APPLIED_KEY = b"applied_lsn"
+# The log's durable LSN as seen at the last apply: a log that later ends below it lost durable
+# records (a zeroed or cut tail looks like unwritten space; this mark makes the loss visible).
+DURABLE_SEEN_KEY = b"durable_seen"
 DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
 
 
@@ -229,7 +232,13 @@ class State:
             if applied > durable:
                 raise InvariantError(f"I1 violated: would store applied_lsn {applied} > durable_lsn {durable}")
             txn.put(APPLIED_KEY, _U64.pack(applied), db=self.meta)
+            txn.put(DURABLE_SEEN_KEY, _U64.pack(durable), db=self.meta)
         return applied
+
+    def durable_seen(self) -> int:
+        """The log's durable LSN when the state was last applied to (0 if never recorded)."""
+        raw = self.meta_get(DURABLE_SEEN_KEY)
+        return _U64.unpack(raw)[0] if raw is not None and len(raw) == _U64.size else 0
 
     def expire_idempotency(self, older_than_ms: int) -> int:
         """Forget idempotency keys of commits older than `older_than_ms` (wall clock)."""

@@ -63,7 +63,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import MAX_PAYLOAD, Log
-from wal.state import State
+from wal.state import DURABLE_SEEN_KEY, State
 
 STORE_FORMAT = "agentwal-store"
 STORE_VERSION = 1
@@ -271,6 +271,7 @@ class Store:
             ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
              "auto_checkpoints", "segments_removed"), 0))
         self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0}
+        self._recovery_mode = "strict"
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -317,6 +318,7 @@ class Store:
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        store._recovery_mode = recovery
         _open_stores.add(store)
         try:
             store._replay()
@@ -345,6 +347,20 @@ class Store:
                 "cannot happen through agentwal; restore the log, or move state/ aside to rebuild it from the log.",
                 lsn=last + 1, reason="state ahead of log",
             )
+        seen = self._state.durable_seen()
+        if seen > last:
+            if self._recovery_mode != "truncate":
+                raise CorruptionError(
+                    f"the log in {self._path} ends at LSN {last}, but LSNs up to {seen} were durable in it when "
+                    "the state was last updated: records were lost from the log (its tail zeroed or cut?). "
+                    "Nothing was changed. Open with recovery='truncate' to accept the loss of LSNs "
+                    f"{last + 1}..{seen}.",
+                    lsn=last + 1, reason="log behind durable mark",
+                )
+            _logger.warning("recovery='truncate': %s lost LSNs %d..%d, which had been durable", self._path,
+                           last + 1, seen)
+            self._state.meta_put(DURABLE_SEEN_KEY, last.to_bytes(8, "little"))
+            self._recovery["lost_durable_lsns"] = (last + 1, seen)
         first = self._log.first_lsn
         if applied + 1 < first and last > applied:
             raise CorruptionError(
@@ -368,11 +384,11 @@ class Store:
                 self._state.apply(batch, lambda: durable)
                 replayed += len(batch)
         self._applied = self._state.applied_lsn()
-        self._recovery = {
+        self._recovery.update({
             "recovery_seconds": report.seconds + (time.monotonic() - started),
             "records_replayed": replayed,
             "log_scan_seconds": report.seconds,
-        }
+        })
         _logger.info("opened store %s: replayed %d record(s) into the state (applied LSN %d) in %.3f s",
                      self._path, replayed, self._applied, self._recovery["recovery_seconds"])
 
