@@ -566,68 +566,61 @@ class Store:
         ):
             self._wake.set()
 
+    def _try_commit(self, log: Log, txn: record.Txn, payload: bytes, checks: dict[bytes, int],
+                    durability: str | None, *, for_async: bool) -> tuple[int, bool] | None:
+        """The ordered, in-memory part of a commit, under the commit lock (no I/O, no blocking):
+        an earlier commit with the same idempotency key, or validation + LSN + overlay entry.
+        Returns (lsn, deduplicated), or None when the log pushes back (wait, then try again)."""
+        with self._commit_lock:
+            self._writable()
+            idem = txn.idempotency_key
+            prior = self._prior_commit(idem) if idem is not None else None
+            if prior is not None:
+                self._counters["idempotent_hits"] += 1
+                return prior, True
+            self._validate(checks)
+            got = log.enqueue(payload, durability=durability, block=False, for_async=for_async)
+            if got is None:
+                return None
+            self._enter(got, txn, len(payload))
+            return got, False
+
+    def _failed(self, exc: FailedError) -> None:
+        """I5: the log stopped; the store refuses writes from now on (reads keep working)."""
+        self._log_failure(exc)
+        self._failure = exc
+
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None) -> tuple[int, bool]:
         log = self._writable()
         self._durability.allows(durability)
         payload = _encode(txn)
-        idem = txn.idempotency_key
         if len(self._queue) > self._max_unapplied:
             self._apply_ready()  # the materializer fell behind: help it (bounded memory)
-        while True:
-            with self._commit_lock:
-                self._writable()
-                prior = self._prior_commit(idem) if idem is not None else None
-                if prior is not None:
-                    self._counters["idempotent_hits"] += 1
-                    lsn, dup = prior, True
-                    break
-                self._validate(checks)
-                got = log.enqueue(payload, durability=durability, block=False)
-                if got is not None:
-                    self._enter(got, txn, len(payload))
-                    lsn, dup = got, False
-                    break
+        while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
             # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
             log.wait(log.watermarks.appended, durability="sync")
         try:
             if (durability or self._durability.level) != "buffered":  # buffered: acknowledged once queued
-                log.wait(lsn, durability=durability)
+                log.wait(done[0], durability=durability)
         except FailedError as exc:
-            self._log_failure(exc)
-            self._failure = exc
+            self._failed(exc)
             raise
-        return lsn, dup
+        return done
 
     async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int],
                             durability: str | None) -> tuple[int, bool]:
         log = self._writable()
         self._durability.allows(durability)
         payload = _encode(txn)
-        idem = txn.idempotency_key
-        while True:
-            # The lock is only held for in-memory work (no I/O, no blocking enqueue), so taking
-            # it here does not stall the loop.
-            with self._commit_lock:
-                self._writable()
-                prior = self._prior_commit(idem) if idem is not None else None
-                if prior is not None:
-                    self._counters["idempotent_hits"] += 1
-                    lsn, dup = prior, True
-                    break
-                self._validate(checks)
-                got = log.enqueue(payload, durability=durability, for_async=True)
-                if got is not None:
-                    self._enter(got, txn, len(payload))
-                    lsn, dup = got, False
-                    break
+        # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
+        while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
             await log.progress_async()
         try:
-            await log.wait_async(lsn, durability=durability)
+            await log.wait_async(done[0], durability=durability)
         except FailedError as exc:
-            self._log_failure(exc)
-            self._failure = exc
+            self._failed(exc)
             raise
-        return lsn, dup
+        return done
 
     # ---- materializer --------------------------------------------------------------------------
 
