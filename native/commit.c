@@ -67,6 +67,11 @@ struct wal_log {
     lag_mark *marks;
     size_t mark_head, mark_tail;
     int failed, failed_errno;
+    /* A write that failed for lack of space is not fatal: its batch goes back in front of the
+     * pending one and is rewritten, at the same offsets, by the next write. Its waiters get
+     * WAL_ENOSPC (not acknowledged; the records may still reach the disk later). */
+    uint64_t write_failed_through; /* last LSN of the batch whose write failed */
+    uint64_t n_write_errors;
     char detail[512];
     int closing, closed;
     pthread_t flusher;
@@ -152,6 +157,11 @@ static uint64_t oldest_unsynced_ns(wal_log *log) {
     return log->marks[log->mark_head % MARK_RING].ns;
 }
 
+/* The write of `lsn` failed for lack of space and has not been redone yet. mu held. */
+static int write_failed_for(wal_log *log, uint64_t lsn) {
+    return log->written < lsn && log->write_failed_through >= lsn;
+}
+
 /* ---- the two I/O slots; each called with mu held, returns with mu held ---- */
 
 static void do_write(wal_log *log) {
@@ -168,7 +178,18 @@ static void do_write(wal_log *log) {
     int rc = wal_writer_write(&log->w, &b, &synced);
 
     pthread_mutex_lock(&log->mu);
-    if (rc) {
+    uint64_t failed_last = b.last_lsn; /* before the concat below moves it */
+    if (rc && b.rolls == 0 && (rc == -ENOSPC || rc == -EDQUOT) && failed_last &&
+        wal_batch_concat(&b, &log->pending) == 0) {
+        log->write_failed_through = failed_last;
+        wal_batch tmp = log->pending;
+        log->pending = b; /* the failed bytes first, then what queued up meanwhile */
+        b = tmp;
+        log->n_write_errors++;
+        snprintf(log->detail, sizeof log->detail, "write of %s/%016llx.wal failed: %s; the commit was not "
+                 "acknowledged and is rewritten when space returns", log->w.dir,
+                 (unsigned long long)log->w.fd_segno, strerror(-rc));
+    } else if (rc) {
         fail(log, rc, "write", log->w.fd_segno);
     } else {
         if (b.last_lsn) log->written = b.last_lsn;
@@ -266,6 +287,7 @@ static int admit(wal_log *log, size_t bytes, int wait) {
         }
         if (full) progress_step(log, log->appended, 0);
         else progress_step(log, log->appended, log->appended);
+        if (write_failed_for(log, log->appended)) return WAL_ENOSPC; /* the disk is full: say so */
     }
     if (t_start) log->bp_ns += now_ns() - t_start;
     return 0;
@@ -277,6 +299,7 @@ static int wait_level(wal_log *log, uint64_t lsn, int level) {
     uint64_t d = level == WAL_LEVEL_SYNC ? lsn : 0;
     while (log->written < lsn || log->durable < d) {
         if (log->failed) return WAL_EFAILED;
+        if (write_failed_for(log, lsn)) return WAL_ENOSPC;
         progress_step(log, lsn, d);
     }
     return 0;
@@ -367,6 +390,7 @@ int wal_log_sync(wal_log *log) {
     int rc = 0;
     while (log->durable < target) {
         if (log->failed) { rc = WAL_EFAILED; break; }
+        if (write_failed_for(log, target)) { rc = WAL_ENOSPC; break; }
         progress_step(log, target, target);
     }
     if (!rc && log->closed) rc = WAL_ECLOSED;
@@ -390,6 +414,14 @@ static void *flusher_main(void *arg) {
         if (w < d) w = d;
         if (d > log->durable || w > log->written) {
             progress_step(log, w, d);
+            if (log->written < log->write_failed_through) { /* no space: retry in 10 ms, not in a spin */
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                uint64_t abs = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + 10000000ull;
+                ts.tv_sec = (time_t)(abs / 1000000000ull);
+                ts.tv_nsec = (long)(abs % 1000000000ull);
+                pthread_cond_timedwait(&log->wake, &log->mu, &ts);
+            }
             continue;
         }
         if (log->closing) break;
@@ -467,8 +499,11 @@ int wal_log_close(wal_log *log) {
     log->closing = 1;
     pthread_cond_broadcast(&log->progress);
     /* Everything acknowledged becomes durable before close returns. */
-    while (!log->failed && (log->durable < log->appended || log->write_busy || log->sync_busy))
+    while (!log->failed && (log->durable < log->appended || log->write_busy || log->sync_busy)) {
         progress_step(log, log->appended, log->appended);
+        if (write_failed_for(log, log->appended)) /* still no space: what is left cannot be kept */
+            fail(log, -ENOSPC, "write at close", log->w.fd_segno);
+    }
     int rc = log->failed ? WAL_EFAILED : WAL_OK;
     log->closed = 1;
     pthread_cond_broadcast(&log->wake);
@@ -511,6 +546,7 @@ void wal_log_get_stats(wal_log *log, wal_log_stats *s) {
     s->backpressure_waits = log->bp_waits;
     s->backpressure_ns = log->bp_ns;
     s->rpo_overruns = log->rpo_overruns;
+    s->write_errors = log->n_write_errors;
     s->segments_created = log->w.segments_created;
     uint64_t oldest = oldest_unsynced_ns(log);
     s->lag_ns = oldest ? (int64_t)(now_ns() - oldest) : 0;

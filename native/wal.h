@@ -117,6 +117,7 @@ typedef struct {
     uint64_t backpressure_waits; /* appends that waited for the RPO bound or the buffer cap */
     uint64_t backpressure_ns;
     uint64_t rpo_overruns;       /* syncs that finished with the durable lag over rpo_ms */
+    uint64_t write_errors;       /* writes that failed for lack of space (retried, not fatal) */
     uint64_t segments_created;
     int64_t lag_ns;              /* now - oldest acknowledged but not durable commit (0: none) */
     uint64_t appended_lsn;

@@ -59,6 +59,23 @@ void wal_batch_reset(wal_batch *b) {
     b->rolls = 0;
 }
 
+int wal_batch_concat(wal_batch *dst, const wal_batch *src) {
+    if (batch_reserve(dst, src->len)) return -ENOMEM;
+    size_t base = dst->len;
+    if (src->len) memcpy(dst->bytes + base, src->bytes, src->len);
+    dst->len += src->len;
+    for (size_t i = 0; i < src->nspans; i++) {
+        wal_span *s = batch_new_span(dst);
+        if (!s) return -ENOMEM;
+        *s = src->spans[i];
+        s->start += base;
+    }
+    dst->records += src->records;
+    if (src->last_lsn) dst->last_lsn = src->last_lsn;
+    dst->rolls += src->rolls;
+    return 0;
+}
+
 void wal_batch_free(wal_batch *b) {
     free(b->bytes);
     free(b->spans);

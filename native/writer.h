@@ -66,6 +66,8 @@ int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn);
 int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through);
 
 void wal_batch_reset(wal_batch *b);
+/* Append src's records (bytes and spans, placement unchanged) to dst. Returns 0 or -ENOMEM. */
+int wal_batch_concat(wal_batch *dst, const wal_batch *src);
 void wal_batch_free(wal_batch *b);
 
 #endif

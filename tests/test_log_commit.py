@@ -548,25 +548,33 @@ def test_failed_fsync_fails_every_thread_waiting_in_the_same_group(tmp_path: Pat
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["whole", "half-written"])
-def test_failed_write_enospc_stops_the_log_and_reopen_recovers_every_acknowledged_record(
+def test_enospc_on_write_fails_the_commit_and_the_log_goes_on_once_space_returns(
     tmp_path: Path, partial: bool
 ) -> None:
+    """A write that fails for lack of space is not fatal (unlike a failed fsync): the commit gets
+    NoSpaceError, nothing acknowledged is lost, and once space returns the same log goes on; the
+    unacknowledged record is rewritten at its place (a half-written one included)."""
     acknowledged: dict[int, bytes] = {}
     sent: dict[int, bytes] = {}
     log = wal.Log.open(tmp_path)
     for i in range(1, 21):
         sent[i] = acknowledged[i] = payload(i, 300)
         log.append(sent[i])
-    with wal.testing.failpoint("write", errno.ENOSPC, partial=partial):
+    with wal.testing.failpoint("write", errno.ENOSPC, partial=partial, repeat=True):
         sent[21] = payload(21, 300)
-        with pytest.raises(wal.FailedError) as info:
+        with pytest.raises(wal.NoSpaceError, match="No space left"):
             log.append(sent[21])
-        assert "No space left" in str(info.value) or "ENOSPC" in str(info.value) or "space" in str(info.value)
-        with pytest.raises(wal.FailedError):
-            log.append(payload(22))
-        with pytest.raises(wal.FailedError):
-            log.close()
+        sent[22] = payload(22)
+        with pytest.raises(wal.NoSpaceError):  # still full: refused clearly, every time
+            log.append(sent[22])
+        assert log.stats()["write_errors"] >= 2
+    # space returns: the same log accepts commits, and the refused ones are written before them
+    sent[23] = acknowledged[23] = payload(23)
+    assert log.append(sent[23]) == 23
+    log.close()
     _reopen_and_check(tmp_path, acknowledged, sent)
+    with wal.Log.open(tmp_path) as again:
+        assert [lsn for lsn, _ in again.read()][:24] == list(range(1, 25))  # 21 and 22 reached the disk too
 
 
 def test_failed_fsync_in_the_flusher_stops_an_interval_log(tmp_path: Path) -> None:

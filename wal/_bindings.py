@@ -24,6 +24,7 @@ _BY_CODE: dict[int, type[errors.WalError]] = {
     lib.WAL_ECLOSED: errors.ClosedError,
     lib.WAL_EINVAL: errors.ArgumentError,
     lib.WAL_ETOOBIG: errors.RecordTooLargeError,
+    lib.WAL_ENOSPC: errors.NoSpaceError,
 }
 
 
@@ -36,7 +37,7 @@ def raise_code(code: int, context: str, detail: str = "") -> NoReturn:
     cls = _BY_CODE.get(code)
     if cls is not None:
         raise cls(message)
-    if code in (lib.WAL_EIO, lib.WAL_ENOSPC, lib.WAL_EOS):
+    if code in (lib.WAL_EIO, lib.WAL_EOS):
         raise OSError(message)
     raise errors.WalError(message)
 

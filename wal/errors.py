@@ -71,6 +71,12 @@ class FailedError(WalError):
     """
 
 
+class NoSpaceError(WalError, OSError):
+    """A write failed for lack of disk space (ENOSPC/EDQUOT). The commit was not acknowledged;
+    nothing acknowledged was lost, and the log stays open: its unwritten records are written
+    again (they may still become durable) once space returns, so free space and retry."""
+
+
 class ClosedError(WalError):
     """The log or store is closed."""
 

@@ -428,6 +428,7 @@ class Log:
             "backpressure_waits": s.backpressure_waits,
             "backpressure_ms": s.backpressure_ns / 1e6,
             "rpo_overruns": s.rpo_overruns,
+            "write_errors": s.write_errors,
             "segments_created": s.segments_created,
             "segment_no": s.segment_no,
             "segment_offset": s.segment_offset,
