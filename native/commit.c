@@ -572,6 +572,13 @@ int wal_log_watermarks(wal_log *log, uint64_t *out) {
     return failed;
 }
 
+uint64_t wal_log_write_failed_through(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    uint64_t v = log->write_failed_through > log->written ? log->write_failed_through : 0;
+    pthread_mutex_unlock(&log->mu);
+    return v;
+}
+
 size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out, size_t cap) {
     pthread_mutex_lock(&log->mu);
     size_t n = log->lat_n < LAT_RING ? (size_t)log->lat_n : LAT_RING;

@@ -621,3 +621,19 @@ def test_failed_segment_creation_on_roll_stops_the_log_and_reopen_recovers(tmp_p
             log.close()
     assert not list(tmp_path.glob("*.tmp"))  # the half-made segment was removed
     _reopen_and_check(tmp_path, acknowledged, sent)
+
+
+def test_an_async_append_while_the_disk_is_full_raises_no_space_and_later_ones_succeed(tmp_path: Path) -> None:
+    log = wal.Log.open(tmp_path)
+
+    async def scenario() -> tuple[int, int]:
+        first = await log.append_async(b"before")
+        with wal.testing.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
+            await asyncio.wait_for(log.append_async(b"refused"), timeout=30)
+        return first, await asyncio.wait_for(log.append_async(b"after"), timeout=30)
+
+    first, after = asyncio.run(scenario())
+    assert (first, after) == (1, 3)
+    log.close()
+    with wal.Log.open(tmp_path) as again:
+        assert [p for _, p in again.read()] == [b"before", b"refused", b"after"]  # rewritten in place

@@ -35,6 +35,7 @@ from wal.errors import (
     CorruptionError,
     FailedError,
     LockedError,
+    NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
 )
@@ -758,6 +759,7 @@ class _AsyncWaiters:
         self._wake_progress()
         failed = lib.wal_log_watermarks(self._handle, self._marks)
         written, durable = int(self._marks[1]), int(self._marks[2])
+        no_space_through = int(lib.wal_log_write_failed_through(self._handle))
         pending: list[tuple[int, int, int, asyncio.Future[None]]] = []
         while self._heap:
             lsn, level, seq, fut = heapq.heappop(self._heap)
@@ -766,6 +768,9 @@ class _AsyncWaiters:
                 continue
             if mark >= lsn:
                 fut.set_result(None)
+            elif written < lsn <= no_space_through:
+                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+                fut.set_exception(NoSpaceError(f"append to the log in {self._log.directory}: {detail}"))
             elif failed:
                 detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
                 fut.set_exception(FailedError(f"append to the log in {self._log.directory} failed: {detail}")
