@@ -53,6 +53,7 @@ KNOWN_FINDINGS = {
     "log-id-zero": "a log whose id is 0 gets a new segment with a random id when resumed (F7)",
     "segment-no-max": "segment number 2**64-1: OverflowError, or the next segment wraps to 0 (F8)",
     "readonly-damage": "Log.open(readonly=True) accepts non-torn damage in the newest segment (F9)",
+    "idem-key-size": "store replay: an idempotency key LMDB cannot hold fails in LMDB, blaming the state (F10)",
 }
 
 

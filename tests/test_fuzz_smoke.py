@@ -38,6 +38,7 @@ FIXED_FINDINGS = {
     "log-id-zero": ("F7-log-id-zero.open.bin",),
     "segment-no-max": ("F8-segment-no-max.open.bin",),
     "readonly-damage": ("F9-readonly-damage.open.bin",),
+    "idem-key-size": ("F10-idem-key-size.open.bin",),
 }
 RANDOM_INPUTS = {"segment": 3000, "open": 1000}
 

@@ -63,6 +63,8 @@ def decode(payload: bytes, lsn: int) -> Txn:
         if flags & FLAG_IDEMPOTENCY:
             (ilen,) = _U16.unpack_from(payload, pos)
             idem = payload[pos + 2 : pos + 2 + ilen]
+            if not 0 < ilen <= MAX_KEY_BYTES or len(idem) != ilen:
+                raise ValueError(f"idempotency key of {ilen} bytes")
             pos += 2 + ilen
         ops: list[Op] = []
         for _ in range(n):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import wal
 import wal.format as wf
+import wal.record
 from wal import record
 from wal.recovery import scan_buffer
 
@@ -60,7 +61,7 @@ def f2_store_key_size() -> None:
     d = tempfile.mkdtemp()
     wal.open(d).close()
     with wal.Log.open(os.path.join(d, "log")) as log:
-        log.append(record.encode([(record.OP_PUT, b"", b"v")], 0, None))
+        log.append(wal.record.encode([(record.OP_PUT, b"", b"v")], 0, None))
     try:
         wal.open(d).close()
     except wal.CorruptionError as exc:
@@ -152,6 +153,20 @@ def f9_readonly_damage() -> None:
     raise AssertionError(f"read-only open read {got}: an LSN gap")
 
 
+def f10_idem_key_size() -> None:
+    """A store record whose idempotency key LMDB cannot hold is 'bad store record', not a blamed state."""
+    d = tempfile.mkdtemp()
+    wal.open(d).close()
+    with wal.Log.open(os.path.join(d, "log")) as log:
+        log.append(wal.record.encode([(record.OP_PUT, b"k", b"v")], 0, b"i" * 600))
+    try:
+        wal.open(d).close()
+    except wal.CorruptionError as exc:
+        assert exc.reason == "bad store record", exc
+        return
+    raise AssertionError("a 600-byte idempotency key was accepted")
+
+
 FINDINGS: dict[str, Callable[[], None]] = {
     "lsn-wrap": f1_lsn_wrap,
     "store-key-size": f2_store_key_size,
@@ -162,6 +177,7 @@ FINDINGS: dict[str, Callable[[], None]] = {
     "log-id-zero": f7_log_id_zero,
     "segment-no-max": f8_segment_no_max,
     "readonly-damage": f9_readonly_damage,
+    "idem-key-size": f10_idem_key_size,
 }
 
 
