@@ -34,23 +34,19 @@ SEED = int(os.environ.get("AGENTWAL_CRASH_SEED", "20261122"))
 LEVELS = [("sync", 0), ("interval", 50), ("buffered", 50)]
 
 
-def _report(r: crashtest.LevelResult) -> str:
-    return r.summary() + "".join(f"\n  - {v}" for v in r.violations)
-
-
 @pytest.mark.parametrize("threads", [1, 8])
 @pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
 def test_sigkill_at_random_moments_loses_nothing_the_level_promises(
         tmp_path: Path, level: str, rpo_ms: int, threads: int) -> None:
     r = crashtest.run_kills(tmp_path, level, rpo_ms, KILLS, threads=threads, seed=SEED)
     print(r.summary())
-    assert r.violation_count == 0, _report(r)
+    assert r.violation_count == 0, r.report()
     assert r.kills == KILLS
     assert r.acknowledged > 0 and r.committed > 0, "no commit was ever acknowledged before a kill"
     if level in ("sync", "interval"):
         assert r.lost == 0  # a process kill loses nothing acknowledged at these levels
     else:
-        assert r.worst_kill_loss_ms <= rpo_ms + crashtest.SLACK_MS, _report(r)
+        assert r.worst_kill_loss_ms <= rpo_ms + crashtest.SLACK_MS, r.report()
 
 
 def test_kills_during_recovery_then_recovery_again_give_the_state_of_a_clean_recovery(tmp_path: Path) -> None:
@@ -59,7 +55,7 @@ def test_kills_during_recovery_then_recovery_again_give_the_state_of_a_clean_rec
     may end in a torn write."""
     r = crashtest.run_kills(tmp_path, "buffered", 50, KILLS, threads=4, seed=SEED + 1, recovery_kill_fraction=0.7)
     print(r.summary())
-    assert r.violation_count == 0, _report(r)
+    assert r.violation_count == 0, r.report()
     assert r.kills_in_recovery >= 3, f"too few kills landed inside a recovery: {r.summary()}"
 
 

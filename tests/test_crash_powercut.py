@@ -41,22 +41,18 @@ SEED = int(os.environ.get("AGENTWAL_CRASH_SEED", "20261122"))
 LEVELS = [("sync", 0), ("interval", 50), ("buffered", 50)]
 
 
-def _report(r: crashtest.LevelResult) -> str:
-    return r.summary() + "".join(f"\n  - {v}" for v in r.violations)
-
-
 @pytest.mark.parametrize("threads", [1, 8])
 @pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
 def test_random_power_cuts_lose_nothing_at_sync_and_only_the_last_rpo_ms_otherwise(
         tmp_path: Path, level: str, rpo_ms: int, threads: int) -> None:
     r = crashtest.run_power_cuts(tmp_path, level, rpo_ms, CUTS, threads=threads, seed=SEED)
     print(r.summary())
-    assert r.violation_count == 0, _report(r)
+    assert r.violation_count == 0, r.report()
     assert r.power_cuts == CUTS and r.acknowledged > 0
     if level == "sync":
         assert r.lost == 0
     else:
-        assert r.worst_power_loss_ms <= rpo_ms + crashtest.SLACK_MS, _report(r)
+        assert r.worst_power_loss_ms <= rpo_ms + crashtest.SLACK_MS, r.report()
 
 
 @pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
@@ -64,7 +60,7 @@ def test_a_cut_at_every_fsync_boundary_of_a_scripted_workload_in_every_mode_keep
         tmp_path: Path, level: str, rpo_ms: int) -> None:
     r = crashtest.run_exhaustive(tmp_path, level, rpo_ms, modes=crashtest.MODES, seed=SEED)
     print(r.summary())
-    assert r.violation_count == 0, _report(r)
+    assert r.violation_count == 0, r.report()
     # ~20 fdatasyncs of the log alone at sync; the flusher's at the others; plus segment and
     # directory syncs, LMDB's and the checkpoint's -- each cut before and after, in 4 modes.
     assert r.exhaustive_cuts >= 4 * 40, r.summary()

@@ -654,7 +654,8 @@ def _undo_entry(root: str, side: str, r: Record, orphans: str, report: PowerCutR
 # ---- trying several power cuts on one crash ---------------------------------------------------------
 
 
-def _copy_sparse(src: str, dst: str) -> None:
+def copy_sparse(src: str, dst: str) -> None:
+    """Copy a file, leaving its all-zero megabytes as holes (preallocated segments stay sparse)."""
     chunk = 1 << 20
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
@@ -699,7 +700,7 @@ def clone(root: str | os.PathLike[str], journal: str | os.PathLike[str],
                     if key in copied:
                         os.link(copied[key], t)
                     else:
-                        _copy_sparse(s, t)
+                        copy_sparse(s, t)
                         copied[key] = t
                         mapping[f"{key[0]}:{key[1]}"] = [tag, os.path.relpath(t, dst)]
 

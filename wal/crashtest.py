@@ -579,6 +579,10 @@ class LevelResult:
             self.lost_after_power_cuts += outcome.lost
             self.worst_power_loss_ms = max(self.worst_power_loss_ms, outcome.loss_ms)
 
+    def report(self) -> str:
+        """The summary, then one line per violation (for assertion messages)."""
+        return self.summary() + "".join(f"\n  - {v}" for v in self.violations)
+
     def summary(self) -> str:
         rpo = f"{self.rpo_ms} ms" if self.level != "sync" else "0 (nothing may be lost)"
         return (f"{self.level}: {self.acknowledged} commits acknowledged, {self.lost} lost "
@@ -663,26 +667,11 @@ def _child_argv(store: str, level: str, rpo_ms: int, *, threads: int, seed: int,
     return argv
 
 
-def _copy_sparse(src: str, dst: str) -> None:
-    chunk = 1 << 20
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        size = os.fstat(fin.fileno()).st_size
-        while True:
-            buf = fin.read(chunk)
-            if not buf:
-                break
-            if buf.count(0) == len(buf):
-                fout.seek(len(buf), os.SEEK_CUR)
-            else:
-                fout.write(buf)
-        fout.truncate(size)
-
-
 def copy_store(src: str, dst: str) -> None:
     """Copy a (crashed) store directory, keeping preallocated segments sparse. No-op if src is missing."""
     if not os.path.isdir(src):
         return
-    shutil.copytree(src, dst, copy_function=_copy_sparse)
+    shutil.copytree(src, dst, copy_function=crashsim.copy_sparse)
 
 
 def _rmtree(path: str) -> None:
@@ -784,30 +773,33 @@ class _Loop:
         return not outcome.violations
 
 
+def _run_rounds(directory: str | os.PathLike[str], level: str, rpo_ms: int, rounds: int,
+                crash: Literal["kill", "power"], *,
+                threads: int, seed: int, run_max_s: float, recovery_kill_fraction: float,
+                result: LevelResult | None) -> LevelResult:
+    result = result or LevelResult(level, rpo_ms, threads)
+    loop = _Loop(os.fspath(directory), level, rpo_ms, threads=threads, seed=seed, result=result, crash=crash,
+                 run_max_s=run_max_s, recovery_kill_fraction=recovery_kill_fraction)
+    for round_no in range(1, rounds + 1):
+        if not loop.round(round_no):
+            break
+    return result
+
+
 def run_kills(directory: str | os.PathLike[str], level: str, rpo_ms: int, kills: int, *, threads: int = 1,
               seed: int = 0, run_max_s: float = 0.25, recovery_kill_fraction: float = 0.3,
               result: LevelResult | None = None) -> LevelResult:
     """`kills` rounds of: a child commits, SIGKILL at a random moment, recover a copy, check."""
-    result = result or LevelResult(level, rpo_ms, threads)
-    loop = _Loop(os.fspath(directory), level, rpo_ms, threads=threads, seed=seed, result=result, crash="kill",
-                 run_max_s=run_max_s, recovery_kill_fraction=recovery_kill_fraction)
-    for round_no in range(1, kills + 1):
-        if not loop.round(round_no):
-            break
-    return result
+    return _run_rounds(directory, level, rpo_ms, kills, "kill", threads=threads, seed=seed, run_max_s=run_max_s,
+                       recovery_kill_fraction=recovery_kill_fraction, result=result)
 
 
 def run_power_cuts(directory: str | os.PathLike[str], level: str, rpo_ms: int, cuts: int, *, threads: int = 1,
                    seed: int = 0, run_max_s: float = 0.25, recovery_kill_fraction: float = 0.3,
                    result: LevelResult | None = None) -> LevelResult:
     """`cuts` rounds of: a child under the shim commits, SIGKILL, a simulated power cut, recover, check."""
-    result = result or LevelResult(level, rpo_ms, threads)
-    loop = _Loop(os.fspath(directory), level, rpo_ms, threads=threads, seed=seed, result=result, crash="power",
-                 run_max_s=run_max_s, recovery_kill_fraction=recovery_kill_fraction)
-    for round_no in range(1, cuts + 1):
-        if not loop.round(round_no):
-            break
-    return result
+    return _run_rounds(directory, level, rpo_ms, cuts, "power", threads=threads, seed=seed, run_max_s=run_max_s,
+                       recovery_kill_fraction=recovery_kill_fraction, result=result)
 
 
 def run_exhaustive(directory: str | os.PathLike[str], level: str, rpo_ms: int, *,
