@@ -12,4 +12,12 @@ crashsim = Extension(
     extra_link_args=["-pthread"],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim])
+# Non-blocking appends without cffi's GIL release (see native/gilheld.c for why and when).
+gilheld = Extension(
+    "wal._gilheld",
+    sources=["native/gilheld.c"],
+    include_dirs=["native"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
+)
+
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, gilheld])

@@ -183,6 +183,39 @@ def test_buffered_appends_are_held_back_when_the_buffer_cap_is_reached(tmp_path:
         assert log.stats()["backpressure_waits"] > 0
 
 
+def test_gil_held_append_refuses_every_mode_that_may_block_and_appends_nothing(tmp_path: Path) -> None:
+    # native/gilheld.c's contract: only WAL_WAIT_TRY / WAL_WAIT_NONE run with the GIL held.
+    from wal._bindings import append_nowait, handle_address, lib
+
+    with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000) as log:
+        address = handle_address(log._handle)
+        for mode in (lib.WAL_WAIT_LEVEL, lib.WAL_WAIT_LATER, 99):
+            assert append_nowait(address, b"x", lib.WAL_LEVEL_BUFFERED, mode) == lib.WAL_EINVAL
+        assert log.watermarks.appended == 0
+        with pytest.raises(TypeError, match="must be bytes"):
+            append_nowait(address, "text", lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY)  # type: ignore[arg-type]
+        assert append_nowait(address, b"x", lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY) == 1
+        log.sync()
+        assert list(log.read(1)) == [(1, b"x")]
+
+
+def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_waits(tmp_path: Path) -> None:
+    from wal._bindings import append_nowait, handle_address, lib
+
+    cap = 4096
+    with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000, max_pending_bytes=cap) as log:
+        address = handle_address(log._handle)
+        codes = [append_nowait(address, payload(i, 1000), lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY)
+                 for i in range(10)]
+        accepted = [c for c in codes if c > 0]
+        assert accepted == list(range(1, len(accepted) + 1))  # LSNs in order, then refusals only
+        assert codes[len(accepted):] == [lib.WAL_EAGAIN] * (10 - len(accepted))
+        assert 1 <= len(accepted) < 10
+        assert log.watermarks.appended == len(accepted)  # a refused append left nothing behind
+        # Log.append falls back to the blocking call and gets through.
+        assert log.append(b"after") == len(accepted) + 1
+
+
 def test_per_append_sync_in_an_interval_log_is_durable_at_return(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         log.append(payload(1))

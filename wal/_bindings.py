@@ -10,14 +10,27 @@ from typing import Any, NoReturn
 from wal import errors
 
 try:
+    from wal import _gilheld
     from wal._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
-        "agentwal's C core (wal._native) is not built; install the package with "
+        "agentwal's C core (wal._native, wal._gilheld) is not built; install the package with "
         "`pip install .` (needs a C compiler) rather than running from a source tree"
     ) from exc
 
-__all__ = ["check", "ffi", "lib", "raise_code"]
+__all__ = ["append_nowait", "check", "ffi", "handle_address", "lib", "raise_code"]
+
+_gilheld.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "wal_log_append"))))
+
+# append_nowait(handle_address, payload: bytes, level, wait) -> LSN or a negative WAL_E* code.
+# wal_log_append without releasing the GIL; only WAL_WAIT_TRY and WAL_WAIT_NONE (others give
+# WAL_EINVAL). For the hot, non-blocking append paths: native/gilheld.c says why it is safe.
+append_nowait = _gilheld.append_nowait
+
+
+def handle_address(handle: Any) -> int:
+    """The address of a wal_log* handle, as append_nowait takes it."""
+    return int(ffi.cast("uintptr_t", handle))
 
 _BY_CODE: dict[int, type[errors.WalError]] = {
     lib.WAL_EFAILED: errors.FailedError,

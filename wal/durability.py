@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from wal.errors import ArgumentError, ArgumentTypeError
@@ -23,10 +23,11 @@ DEFAULT_RPO_MS = 1000
 class Durability:
     level: Level
     rpo_ms: int  # 0 for sync
+    code: int = field(init=False, compare=False)  # the C level code: LEVELS.index(level)
 
-    @property
-    def code(self) -> int:
-        return LEVELS.index(self.level)
+    def __post_init__(self) -> None:
+        # Computed once: every commit asks for it (allows(None)), so it must not cost a search.
+        object.__setattr__(self, "code", LEVELS.index(self.level))
 
     def allows(self, requested: str | None) -> int:
         """C level code for a per-commit request; only the same or a stronger level may be asked for."""

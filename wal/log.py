@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from wal import durability as dur
 from wal import recovery
-from wal._bindings import check, ffi, lib, raise_code
+from wal._bindings import append_nowait, check, ffi, handle_address, lib, raise_code
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
@@ -66,9 +66,19 @@ class RecoveryReport:
     lost_lsns: tuple[int, int | None] | None  # recovery="truncate": first and last LSN given up (None: unknown)
 
 
+# C constants read once: a `lib.X` attribute lookup on every append is measurable.
+_WAIT_LEVEL = lib.WAL_WAIT_LEVEL
+_WAIT_LATER = lib.WAL_WAIT_LATER
+_WAIT_TRY = lib.WAL_WAIT_TRY
+_WAIT_NONE = lib.WAL_WAIT_NONE
+_EAGAIN = lib.WAL_EAGAIN
+_BUFFERED = lib.WAL_LEVEL_BUFFERED
+
+
 def _after_fork_in_child() -> None:
     for log in list(_open_logs):
         log._forked = True
+        log._writer = None
         # The child's copy of the LOCK fd shares the parent's flock: drop it, or a child that
         # outlives the parent's close() would keep the directory locked.
         if log._lock_fd is not None:
@@ -102,6 +112,10 @@ class Log:
         self._pid = os.getpid()
         self._forked = False
         self._closed = False  # a read-only Log has neither handle nor lock, and is open too
+        # The handle while appends may use it, else None (read-only, closed, forked): the append
+        # paths test this one attribute and fall back to _live() for the error to raise.
+        self._writer: Any = handle
+        self._writer_address = handle_address(handle) if handle is not None else 0
         self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
         _open_logs.add(self)
 
@@ -244,11 +258,19 @@ class Log:
 
     def append(self, payload: bytes, *, durability: str | None = None) -> int:
         """Append one record; returns its LSN once `durability` (default: the log's) holds for it."""
-        h = self._live()
-        data = _as_payload(payload)
+        h = self._writer or self._live()
+        data = payload if type(payload) is bytes else _as_payload(payload)  # the hot path: no call
         if len(data) > MAX_PAYLOAD:
             raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
-        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), lib.WAL_WAIT_LEVEL)
+        level = self._durability.code if durability is None else self._durability.allows(durability)
+        if level == _BUFFERED:
+            # Nothing to wait for unless the log pushes back: keep the GIL (see native/gilheld.c).
+            lsn: int = append_nowait(self._writer_address, data, level, _WAIT_TRY)
+            if lsn != _EAGAIN:
+                if lsn < 0:
+                    check(lsn, f"append to the log in {self._dir}", h)
+                return lsn
+        lsn = lib.wal_log_append(h, data, len(data), level, _WAIT_LEVEL)
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
@@ -305,16 +327,17 @@ class Log:
         progress and try again). for_async: the flusher, not the caller, does the I/O; implies
         block=False.
         """
-        h = self._live()
-        data = _as_payload(payload)
+        h = self._writer or self._live()
+        data = payload if type(payload) is bytes else _as_payload(payload)
         if len(data) > MAX_PAYLOAD:
             raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
-        if for_async:
-            mode = lib.WAL_WAIT_NONE
+        level = self._durability.code if durability is None else self._durability.allows(durability)
+        if for_async or not block:
+            # Never blocks: keep the GIL (see native/gilheld.c).
+            lsn: int = append_nowait(self._writer_address, data, level, _WAIT_NONE if for_async else _WAIT_TRY)
         else:
-            mode = lib.WAL_WAIT_LATER if block else lib.WAL_WAIT_TRY
-        lsn: int = lib.wal_log_append(h, data, len(data), self._durability.allows(durability), mode)
-        if lsn == lib.WAL_EAGAIN and (for_async or not block):
+            lsn = lib.wal_log_append(h, data, len(data), level, _WAIT_LATER)
+        if lsn == _EAGAIN and (for_async or not block):
             return None
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
@@ -322,9 +345,11 @@ class Log:
 
     def wait(self, lsn: int, *, durability: str | None = None) -> None:
         """Block until `durability` (default: the log's) holds for `lsn`; helps with the I/O."""
-        h = self._live()
-        check(lib.wal_log_wait(h, lsn, self._durability.allows(durability)),
-              f"waiting for LSN {lsn} in the log in {self._dir}", h)
+        h = self._writer or self._live()
+        level = self._durability.code if durability is None else self._durability.allows(durability)
+        rc = lib.wal_log_wait(h, lsn, level)
+        if rc < 0:  # the message is only formatted for an error
+            check(rc, f"waiting for LSN {lsn} in the log in {self._dir}", h)
 
     async def wait_async(self, lsn: int, *, durability: str | None = None) -> None:
         """Await, without blocking the loop, until `durability` holds for `lsn`."""
@@ -448,6 +473,7 @@ class Log:
         if self._closed:
             return
         self._closed = True
+        self._writer = None
         for waiters in self._async.values():
             waiters.detach()
         self._async.clear()

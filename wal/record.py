@@ -16,7 +16,7 @@ idempotency-key expiry, so replay reproduces it exactly).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from wal.errors import CorruptionError
 
@@ -33,14 +33,17 @@ _U32 = struct.Struct("<I")
 Op = tuple[int, bytes, bytes | None]  # (OP_PUT | OP_DELETE, key, value or None)
 
 
-@dataclass(frozen=True, slots=True)
-class Txn:
-    ops: list[Op]
+class Txn(NamedTuple):  # a tuple: built on every commit, so it must be cheap to make
+    ops: list[Op] | tuple[Op, ...]
     time_ms: int
     idempotency_key: bytes | None
 
 
-def encode(ops: list[Op], time_ms: int, idempotency_key: bytes | None) -> bytes:
+# A one-op transaction's fixed bytes up to the key: kind, flags, time_ms, n_ops=1, op, klen.
+_ONE_HEAD = struct.Struct("<BBQIBH")
+
+
+def encode(ops: list[Op] | tuple[Op, ...], time_ms: int, idempotency_key: bytes | None) -> bytes:
     parts = [_HEAD.pack(KIND_TXN, FLAG_IDEMPOTENCY if idempotency_key is not None else 0, time_ms, len(ops))]
     if idempotency_key is not None:
         parts += (_U16.pack(len(idempotency_key)), idempotency_key)
@@ -50,6 +53,14 @@ def encode(ops: list[Op], time_ms: int, idempotency_key: bytes | None) -> bytes:
             assert value is not None
             parts += (_U32.pack(len(value)), value)
     return b"".join(parts)
+
+
+def encode_one(kind: int, key: bytes, value: bytes | None, time_ms: int) -> bytes:
+    """`encode([(kind, key, value)], time_ms, None)`, for the commit path of single puts and deletes."""
+    head = _ONE_HEAD.pack(KIND_TXN, 0, time_ms, 1, kind, len(key))
+    if value is None:
+        return head + key
+    return b"".join((head, key, _U32.pack(len(value)), value))
 
 
 def decode(payload: bytes, lsn: int) -> Txn:

@@ -15,8 +15,11 @@ overlay and the apply queue -- all without I/O. It then waits *outside* the lock
 durability level, so concurrent commits share fdatasyncs (group commit).
 
 Reads (I2, read-your-writes). The overlay keeps, per key, the versions not yet in
-LMDB. A read takes the newest version whose LSN is acknowledged under the store's level
-(sync: durable; interval: written; buffered: appended) and otherwise reads LMDB. A commit
+LMDB, newest first, as a chain of immutable `(lsn, value, older)` tuples: entering a
+version is one dict store, and a reader walks the chain it fetched without a lock or a
+copy however the materializer trims it meanwhile. A read takes the newest version whose
+LSN is acknowledged under the store's level (sync: durable; interval: written; buffered:
+appended) and otherwise reads LMDB. A commit
 acknowledged before a read starts always has an LSN at or below the watermark the read
 takes, so the caller sees its own acknowledged commits at every level without waiting
 for LMDB; it never sees another thread's commit before that commit is acknowledged.
@@ -34,7 +37,6 @@ applied_lsn and the next open continues from there (I4).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import json
 import logging
@@ -80,6 +82,10 @@ _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short 
 _SCAN_CHUNK = 512
 
 Version = int
+# One overlay entry: (LSN, value or None for a delete, the next older entry or None).
+_Entry = tuple[int, bytes | None, "_Entry | None"]
+_NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
+_BUFFERED = dur.LEVELS.index("buffered")
 
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -136,10 +142,6 @@ def _if_version(v: Any) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ArgumentError(f"if_version must be None, 0 (key absent) or an LSN, got {v!r}")
     return v
-
-
-def _entry_lsn(entry: tuple[int, bytes | None]) -> int:
-    return entry[0]
 
 
 def _now_ms() -> int:
@@ -260,7 +262,7 @@ class Store:
         self._failure: BaseException | None = None
         self._commit_lock = threading.Lock()
         self._apply_lock = threading.Lock()
-        self._overlay: dict[bytes, list[tuple[int, bytes | None]]] = {}
+        self._overlay: dict[bytes, _Entry] = {}
         self._queue: collections.deque[tuple[int, record.Txn]] = collections.deque()
         self._idem_pending: dict[bytes, int] = {}
         self._applied = state.applied_lsn()
@@ -425,11 +427,14 @@ class Store:
         """(version, value or None if deleted) of key, or None if never written / unknown."""
         if self._log is not None:
             limit = None if newest else self._visible_lsn()  # watermark BEFORE the overlay snapshot
-            chain = self._overlay.get(key)
-            if chain:
-                for lsn, value in reversed(tuple(chain)):
-                    if limit is None or lsn <= limit:
-                        return lsn, value
+            entry = self._overlay.get(key)
+            if limit is not None:
+                while entry is not None and entry[0] > limit:
+                    entry = entry[2]
+            if entry is not None:
+                return entry[0], entry[1]
+        # Not in the overlay, or no version of it visible yet: LMDB holds the newest applied
+        # one, and applied <= durable, so it is acknowledged at every level.
         return self._state.get(key)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
@@ -460,12 +465,13 @@ class Store:
         over: dict[bytes, tuple[int, bytes | None]] = {}
         if self._log is not None:
             limit = self._visible_lsn()
-            for k, chain in list(self._overlay.items()):
+            for k, head in list(self._overlay.items()):
                 if k.startswith(p):
-                    for lsn, value in reversed(tuple(chain)):
-                        if lsn <= limit:
-                            over[k] = (lsn, value)
-                            break
+                    entry: _Entry | None = head
+                    while entry is not None and entry[0] > limit:
+                        entry = entry[2]
+                    if entry is not None:
+                        over[k] = (entry[0], entry[1])
         return self._merge_scan(p, over)
 
     def _merge_scan(self, prefix: bytes, over: dict[bytes, tuple[int, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
@@ -500,13 +506,24 @@ class Store:
 
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """Commit key=value; returns the commit's LSN once its durability level holds."""
-        txn = record.Txn([(record.OP_PUT, _key(key), _value(value))], _now_ms(), None)
-        return self._commit(txn, {}, durability)[0]
+        # The hot path: plain bytes within limits skip the converting checks (same outcome).
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = _key(key)
+        if type(value) is not bytes or len(value) > MAX_VALUE_BYTES:
+            value = _value(value)
+        return self._commit_one(record.OP_PUT, key, value, durability)
 
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         """Commit the deletion of key (a no-op delete still commits); returns the LSN."""
-        txn = record.Txn([(record.OP_DELETE, _key(key), None)], _now_ms(), None)
-        return self._commit(txn, {}, durability)[0]
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = _key(key)
+        return self._commit_one(record.OP_DELETE, key, None, durability)
+
+    def _commit_one(self, kind: int, key: bytes, value: bytes | None, durability: str | None) -> int:
+        """A one-op transaction with no checks and no idempotency key (put, delete)."""
+        now = time.time_ns() // 1_000_000
+        payload = record.encode_one(kind, key, value, now)
+        return self._commit(record.Txn(((kind, key, value),), now, None), _NO_CHECKS, durability, payload)[0]
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """`put` for asyncio: never blocks the event loop."""
@@ -553,54 +570,56 @@ class Store:
                     key=key, expected=expected, actual=actual,
                 )
 
-    def _enter(self, lsn: int, txn: record.Txn, size: int) -> None:
-        """Make an enqueued commit visible to validation and (once acknowledged) to reads. Lock held."""
-        self._queue.append((lsn, txn))
-        for _, key, value in txn.ops:
-            self._overlay.setdefault(key, []).append((lsn, value))
-        if txn.idempotency_key is not None:
-            self._idem_pending[txn.idempotency_key] = lsn
-        self._bytes_since_checkpoint += size
-        if not self._wake.is_set() and (
-            len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes
-        ):
-            self._wake.set()
-
     def _try_commit(self, log: Log, txn: record.Txn, payload: bytes, checks: dict[bytes, int],
                     durability: str | None, *, for_async: bool) -> tuple[int, bool] | None:
         """The ordered, in-memory part of a commit, under the commit lock (no I/O, no blocking):
         an earlier commit with the same idempotency key, or validation + LSN + overlay entry.
         Returns (lsn, deduplicated), or None when the log pushes back (wait, then try again)."""
         with self._commit_lock:
-            self._writable()
+            if self._failure is not None or self._closed:
+                self._writable()  # raises
             idem = txn.idempotency_key
-            prior = self._prior_commit(idem) if idem is not None else None
-            if prior is not None:
-                self._counters["idempotent_hits"] += 1
-                return prior, True
-            self._validate(checks)
-            got = log.enqueue(payload, durability=durability, block=False, for_async=for_async)
-            if got is None:
+            if idem is not None:
+                prior = self._prior_commit(idem)
+                if prior is not None:
+                    self._counters["idempotent_hits"] += 1
+                    return prior, True
+            if checks:
+                self._validate(checks)
+            lsn = log.enqueue(payload, durability=durability, block=False, for_async=for_async)
+            if lsn is None:
                 return None
-            self._enter(got, txn, len(payload))
-            return got, False
+            # Visible to validation now, and to reads once acknowledged (see _lookup).
+            self._queue.append((lsn, txn))
+            overlay = self._overlay
+            for _, key, value in txn.ops:
+                overlay[key] = (lsn, value, overlay.get(key))
+            if idem is not None:
+                self._idem_pending[idem] = lsn
+            self._bytes_since_checkpoint += len(payload)
+            if (len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes) \
+                    and not self._wake.is_set():
+                self._wake.set()
+            return lsn, False
 
     def _failed(self, exc: FailedError) -> None:
         """I5: the log stopped; the store refuses writes from now on (reads keep working)."""
         self._log_failure(exc)
         self._failure = exc
 
-    def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None) -> tuple[int, bool]:
+    def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
+                payload: bytes | None = None) -> tuple[int, bool]:
         log = self._writable()
-        self._durability.allows(durability)
-        payload = _encode(txn)
+        level = self._durability.code if durability is None else self._durability.allows(durability)
+        if payload is None:
+            payload = _encode(txn)
         if len(self._queue) > self._max_unapplied:
             self._apply_ready()  # the materializer fell behind: help it (bounded memory)
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
             # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
             log.wait(log.watermarks.appended, durability="sync")
         try:
-            if (durability or self._durability.level) != "buffered":  # buffered: acknowledged once queued
+            if level != _BUFFERED:  # buffered: acknowledged once queued
                 log.wait(done[0], durability=durability)
         except FailedError as exc:
             self._failed(exc)
@@ -631,8 +650,13 @@ class Store:
             durable = self._log.watermarks.durable
             batch: list[tuple[int, record.Txn]] = []
             with self._commit_lock:
-                while self._queue and self._queue[0][0] <= durable and len(batch) < limit:
-                    batch.append(self._queue.popleft())
+                queue = self._queue
+                if queue and queue[-1][0] <= durable and len(queue) <= limit:
+                    batch = list(queue)  # all of it: one C-level copy, not a pop per commit
+                    queue.clear()
+                else:
+                    while queue and queue[0][0] <= durable and len(batch) < limit:
+                        batch.append(queue.popleft())
             if not batch:
                 return 0
             try:
@@ -642,22 +666,35 @@ class Store:
                 self._failure = exc
                 raise
             applied = self._applied
-            # Each key once, dropping the applied prefix of its chain (chains are in LSN order):
-            # a hot key written by every commit must not cost O(batch x chain) under the lock.
+            # Each key once, dropping the applied tail of its chain (newest first): a hot key
+            # written by every commit must not cost O(batch x chain) under the lock.
             touched = {key for _, txn in batch for _, key, _ in txn.ops}
+            overlay = self._overlay
             with self._commit_lock:
                 for key in touched:
-                    chain = self._overlay.get(key)
-                    if chain is None:
+                    head = overlay.get(key)
+                    if head is None:
                         continue
-                    cut = bisect.bisect_right(chain, applied, key=_entry_lsn)
-                    if cut == len(chain):
-                        del self._overlay[key]
-                    elif cut:
-                        self._overlay[key] = chain[cut:]  # a new list: readers hold snapshots of the old
-                for lsn, txn in batch:
-                    if txn.idempotency_key is not None and self._idem_pending.get(txn.idempotency_key) == lsn:
-                        del self._idem_pending[txn.idempotency_key]
+                    if head[0] <= applied:
+                        del overlay[key]
+                        continue
+                    newer = []
+                    entry: _Entry | None = head
+                    while entry is not None and entry[0] > applied:
+                        newer.append(entry)
+                        entry = entry[2]
+                    if entry is None:
+                        continue  # nothing of this key applied yet
+                    # Rebuild the unapplied versions as a new chain: readers keep the old one.
+                    rebuilt: _Entry | None = None
+                    for lsn, value, _ in reversed(newer):
+                        rebuilt = (lsn, value, rebuilt)
+                    assert rebuilt is not None
+                    overlay[key] = rebuilt
+                if self._idem_pending:
+                    for lsn, txn in batch:
+                        if txn.idempotency_key is not None and self._idem_pending.get(txn.idempotency_key) == lsn:
+                            del self._idem_pending[txn.idempotency_key]
             self._counters["apply_batches"] += 1
             self._counters["applied_commits"] += len(batch)
             return len(batch)
