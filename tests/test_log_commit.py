@@ -128,6 +128,48 @@ def test_sync_append_from_many_threads_returns_only_when_durable(tmp_path: Path)
         run_threads(16, writer)
 
 
+def test_mixed_levels_back_pressure_and_rolls_from_many_threads_every_waiter_is_woken(tmp_path: Path) -> None:
+    # The followers' targeted wake-ups (commit.c, wake_waiters): sync, interval and buffered
+    # commits, enqueue-then-wait, a tiny buffer cap (back-pressure waits) and small segments
+    # (rolls) at once. A lost wake-up shows as a thread still waiting when the deadline passes.
+    done = threading.Event()
+    errors: list[BaseException] = []
+    with wal.Log.open(tmp_path, durability="buffered", rpo_ms=50, max_pending_bytes=8192,
+                      segment_bytes=64 << 10) as log:
+
+        def writer(i: int) -> None:
+            try:
+                for k in range(150):
+                    level = ("sync", "interval", "buffered")[(i + k) % 3]
+                    if k % 4 == 0:
+                        lsn = log.enqueue(payload(f"{i}.{k}", 300), durability=level)
+                        assert lsn is not None
+                        log.wait(lsn, durability=level)
+                    else:
+                        lsn = log.append(payload(f"{i}.{k}", 300), durability=level)
+                    marks = log.watermarks
+                    if level == "sync":
+                        assert marks.durable >= lsn
+                    elif level == "interval":
+                        assert marks.written >= lsn
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(48)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        done.set()
+        stuck = [t.name for t in threads if t.is_alive()]
+        assert not stuck, f"{len(stuck)} thread(s) never woken: {log.stats()}"
+        assert not errors, errors[0]
+        assert log.watermarks.appended == 48 * 150
+        assert log.stats()["backpressure_waits"] > 0
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        assert sum(1 for _ in log.read(1)) == 48 * 150
+
+
 def test_interval_append_returns_once_written_to_the_os(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         for i in range(50):
