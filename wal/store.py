@@ -597,7 +597,10 @@ class Store:
             if idem is not None:
                 self._idem_pending[idem] = lsn
             self._bytes_since_checkpoint += len(payload)
-            if (len(self._queue) >= 1024 or self._bytes_since_checkpoint >= self._checkpoint_bytes) \
+            # Wake the materializer early once per 1,024 queued commits (not on every commit while
+            # the queue is long: at interval/buffered most of it waits for the flusher's fdatasync,
+            # and a materializer woken per commit finds nothing to apply and only steals the GIL).
+            if (len(self._queue) & 1023 == 0 or self._bytes_since_checkpoint >= self._checkpoint_bytes) \
                     and not self._wake.is_set():
                 self._wake.set()
             return lsn, False
@@ -706,7 +709,10 @@ class Store:
             if self._stop:
                 break
             try:
-                while self._apply_ready():
+                # Again at once only while a full batch shows a backlog: looping until nothing is
+                # left would chase each fdatasync with a tiny LMDB transaction (and LMDB's own
+                # fsync), competing with the log for the disk. One batch per interval otherwise.
+                while self._apply_ready() >= _APPLY_BATCH_RECORDS:
                     pass
                 self._check_fsync_latency()
                 if self._bytes_since_checkpoint >= self._checkpoint_bytes:
