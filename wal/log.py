@@ -704,12 +704,12 @@ def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[t
                     n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH, lsns, offs, lens)
                     if n == 0:
                         break
-                    for k in range(n):
-                        lsn = int(lsns[k])
+                    # One C-speed conversion per array, not a cdata index per record.
+                    for lsn, off, size in zip(ffi.unpack(lsns, n), ffi.unpack(offs, n), ffi.unpack(lens, n),
+                                              strict=True):
                         if upto is not None and lsn > upto:
                             return
-                        off = int(offs[k])
-                        yield lsn, bytes(buf[off : off + lens[k]])
+                        yield lsn, buf[off : off + size]
             finally:
                 # The map cannot close while a cffi buffer still exports it (also when the
                 # caller stops iterating early).

@@ -39,6 +39,15 @@ class Txn(NamedTuple):  # a tuple: built on every commit, so it must be cheap to
     idempotency_key: bytes | None
 
 
+# Txn(ops, time_ms, idempotency_key) without NamedTuple's Python-level __new__ (~1 us): the
+# commit path and replay make one per record.
+def make_txn(ops: list[Op] | tuple[Op, ...], time_ms: int, idempotency_key: bytes | None) -> Txn:
+    return _tuple_new(Txn, (ops, time_ms, idempotency_key))
+
+
+_tuple_new = tuple.__new__
+
+
 # A one-op transaction's fixed bytes up to the key: kind, flags, time_ms, n_ops=1, op, klen.
 _ONE_HEAD = struct.Struct("<BBQIBH")
 
@@ -65,6 +74,16 @@ def encode_one(kind: int, key: bytes, value: bytes | None, time_ms: int) -> byte
 
 def decode(payload: bytes, lsn: int) -> Txn:
     """Decode a payload the log vouched for (CRC ok); a malformed one means a bug or foreign data."""
+    # Most records are one put or delete without an idempotency key (encode_one): read those
+    # with one unpack. Anything else, or anything not exactly that shape, takes the full path.
+    if len(payload) >= _ONE_HEAD.size:
+        kind, flags, time_ms, n, op, klen = _ONE_HEAD.unpack_from(payload, 0)
+        if kind == KIND_TXN and flags == 0 and n == 1 and 0 < klen <= MAX_KEY_BYTES:
+            end = _ONE_HEAD.size + klen
+            if op == OP_DELETE and len(payload) == end:
+                return make_txn(((OP_DELETE, payload[_ONE_HEAD.size : end], None),), time_ms, None)
+            if op == OP_PUT and len(payload) >= end + 4 and len(payload) == end + 4 + _U32.unpack_from(payload, end)[0]:
+                return make_txn(((OP_PUT, payload[_ONE_HEAD.size : end], payload[end + 4 :]),), time_ms, None)
     try:
         kind, flags, time_ms, n = _HEAD.unpack_from(payload, 0)
         if kind != KIND_TXN or flags & ~FLAG_IDEMPOTENCY:

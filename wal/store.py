@@ -523,7 +523,7 @@ class Store:
         """A one-op transaction with no checks and no idempotency key (put, delete)."""
         now = time.time_ns() // 1_000_000
         payload = record.encode_one(kind, key, value, now)
-        return self._commit(record.Txn(((kind, key, value),), now, None), _NO_CHECKS, durability, payload)[0]
+        return self._commit(record.make_txn(((kind, key, value),), now, None), _NO_CHECKS, durability, payload)[0]
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """`put` for asyncio: never blocks the event loop."""
