@@ -95,6 +95,7 @@ struct wal_log {
     int flusher_started;
     int flusher_idle; /* the flusher sleeps without a deadline: a new unsynced commit must wake it */
     int notify_fd;
+    int notify_wanted; /* someone asked for notify_fd (asyncio waiters): only then pay a write() per event */
     /* stats */
     uint64_t n_appends, n_commits, n_writes, n_fsyncs, bytes_written, synced_records, group_max;
     uint64_t fsync_ns_total, fsync_ns_max, bp_waits, bp_ns, rpo_overruns;
@@ -181,7 +182,7 @@ static void wait_as_follower(wal_log *log, uint64_t w_lsn, uint64_t d_lsn) {
 }
 
 static void notify(wal_log *log) {
-    if (log->notify_fd >= 0) {
+    if (log->notify_fd >= 0 && log->notify_wanted) {
         uint64_t one = 1;
         (void)!write(log->notify_fd, &one, sizeof one);
     }
@@ -659,4 +660,9 @@ size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out, size_t cap) {
 
 const char *wal_log_error_detail(wal_log *log) { return log->detail; }
 
-int wal_log_notify_fd(wal_log *log) { return log->notify_fd; }
+int wal_log_notify_fd(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    log->notify_wanted = 1; /* from now on every event writes the eventfd */
+    pthread_mutex_unlock(&log->mu);
+    return log->notify_fd;
+}

@@ -45,12 +45,15 @@ typedef struct {
     uint64_t log_id;
     uint64_t segment_bytes;
     int zero_fill;
+    int zero_ahead; /* a sparse segment of a sync log: zero-fill ahead of the tail (writer.c) */
     uint64_t rng; /* salt source when seeded (tests); else getrandom */
     /* placement: only under the commit lock */
     uint64_t p_segno, p_salt, p_first_lsn, p_offset, p_size;
     /* the open segment: only by the thread holding the write slot */
     int fd;
     uint64_t fd_segno;
+    uint64_t fd_size;   /* the open segment's file size */
+    uint64_t fd_zeroed; /* bytes below this offset are data or written zeros, never a hole */
     uint64_t segments_created;
     uint64_t last_mark; /* LSN of the last MARK placed (under the commit lock) */
 } wal_writer;

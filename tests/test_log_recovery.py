@@ -462,3 +462,51 @@ def test_open_after_recovery_finds_an_unchanged_log_idempotent(tmp_path: Path) -
     with wal.Log.open(tmp_path) as log:
         assert log.recovery_report.torn_tail is None
     assert snapshot(tmp_path) == after_first
+
+
+# ---- zero-fill ahead (native/writer.c) ----------------------------------------------------------
+
+
+def _first_hole(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_HOLE)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_sync_log_zero_fills_ahead_of_its_tail_and_recovery_reads_the_same_records(
+    tmp_path: Path, reopen: bool
+) -> None:
+    # Blocks ahead of the tail are allocated (zeros written) so that later sync commits
+    # overwrite instead of allocating; the zeros read as unwritten space, as in "zeros" mode.
+    payloads = [os.urandom(4000) for _ in range(300)]
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        for p in payloads[:150]:
+            log.append(p)
+    if reopen:
+        with wal.Log.open(tmp_path, durability="sync") as log:
+            assert log.recovery_report.torn_tail is None
+            for p in payloads[150:]:
+                log.append(p)
+    (segment,) = [Path(p) for _, p in list_segments(str(tmp_path))]
+    scan = wf.scan_segment(segment.read_bytes())
+    written = len(payloads) if reopen else 150
+    assert scan.status == "open"
+    assert [p for _, p in scan.payloads] == payloads[:written]
+    hole = _first_hole(segment)
+    assert hole % (1 << 20) == 0 and hole >= scan.end_offset + (1 << 19), (hole, scan.end_offset)
+    assert segment.read_bytes()[scan.end_offset:hole] == bytes(hole - scan.end_offset)
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        assert [p for _, p in log.read(1)] == payloads[:written]
+        assert log.recovery_report.torn_tail is None
+
+
+def test_a_buffered_log_does_not_zero_fill_ahead(tmp_path: Path) -> None:
+    with wal.Log.open(tmp_path, durability="buffered", rpo_ms=50) as log:
+        for _ in range(150):
+            log.append(os.urandom(4000))
+    (segment,) = [Path(p) for _, p in list_segments(str(tmp_path))]
+    end = wf.scan_segment(segment.read_bytes()).end_offset
+    assert _first_hole(segment) < end + (64 << 10)  # only the data's own blocks are allocated

@@ -14,6 +14,7 @@ what a writable open must do before the writer resumes:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -80,6 +81,9 @@ def mapped(path: str, *, whole: bool = False) -> Iterator[Any]:
             yield b""
             return
         with mmap.mmap(fd, length, access=mmap.ACCESS_READ) as mm:
+            # Read front to back: ask for aggressive read-ahead, as a sequential read() gets.
+            with contextlib.suppress(OSError, AttributeError):
+                mm.madvise(mmap.MADV_SEQUENTIAL)
             yield mm
     finally:
         os.close(fd)
