@@ -662,7 +662,12 @@ const char *wal_log_error_detail(wal_log *log) { return log->detail; }
 
 int wal_log_notify_fd(wal_log *log) {
     pthread_mutex_lock(&log->mu);
-    log->notify_wanted = 1; /* from now on every event writes the eventfd */
+    if (!log->notify_wanted) {
+        log->notify_wanted = 1; /* from now on every event writes the eventfd */
+        /* ...and one now: events before this call wrote nothing, so the new reader
+         * must look at the watermarks once rather than wait for the next event. */
+        notify(log);
+    }
     pthread_mutex_unlock(&log->mu);
     return log->notify_fd;
 }

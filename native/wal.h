@@ -151,7 +151,7 @@ int wal_log_watermarks(wal_log *log, uint64_t *out);
 uint64_t wal_log_write_failed_through(wal_log *log);
 size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out_ns, size_t cap);
 const char *wal_log_error_detail(wal_log *log);
-int wal_log_notify_fd(wal_log *log); /* readable when watermarks advance; drain by reading 8 bytes */
+int wal_log_notify_fd(wal_log *log); /* readable when watermarks advance (and once right after the first call); drain by reading 8 bytes */
 
 /* ---- failpoints (failpoint.c), test-only ---- */
 int wal_fp_set(const char *name, int err, uint64_t nth, int repeat, uint32_t prob_ppm, uint64_t seed,

@@ -729,6 +729,7 @@ class _AsyncWaiters:
         self._progress: list[asyncio.Future[None]] = []
         self._seq = itertools.count()
         self._marks = ffi.new("uint64_t[3]")
+        lib.wal_log_watermarks(self._handle, self._marks)  # after notify_fd: later progress is an event
         self._attached = False
 
     def _attach(self) -> None:
@@ -760,9 +761,17 @@ class _AsyncWaiters:
         return fut
 
     async def until(self, lsn: int, level: int) -> None:
+        """Resolve once `level` holds for `lsn`, an LSN this loop has just enqueued.
+
+        No C call here (each would release the GIL): the watermarks cached by the last
+        `_on_ready` answer the rare early case; otherwise register. Nothing is missed: any
+        progress past `lsn` happens after its enqueue, and its eventfd write stays readable
+        until `_on_ready` drains it -- which runs on this loop, so after the registration.
+        """
         if level == lib.WAL_LEVEL_BUFFERED:
             return
-        if self._satisfied(lsn, level) is not None:
+        self._attach()
+        if (self._marks[2] if level == lib.WAL_LEVEL_SYNC else self._marks[1]) >= lsn:
             return
         fut: asyncio.Future[None] = self._loop.create_future()
         heapq.heappush(self._heap, (lsn, level, next(self._seq), fut))

@@ -527,12 +527,22 @@ class Store:
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """`put` for asyncio: never blocks the event loop."""
-        txn = record.Txn([(record.OP_PUT, _key(key), _value(value))], _now_ms(), None)
-        return (await self._commit_async(txn, {}, durability))[0]
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = _key(key)
+        if type(value) is not bytes or len(value) > MAX_VALUE_BYTES:
+            value = _value(value)
+        now = time.time_ns() // 1_000_000
+        txn = record.make_txn(((record.OP_PUT, key, value),), now, None)
+        payload = record.encode_one(record.OP_PUT, key, value, now)
+        return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
 
     async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
-        txn = record.Txn([(record.OP_DELETE, _key(key), None)], _now_ms(), None)
-        return (await self._commit_async(txn, {}, durability))[0]
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
+            key = _key(key)
+        now = time.time_ns() // 1_000_000
+        txn = record.make_txn(((record.OP_DELETE, key, None),), now, None)
+        payload = record.encode_one(record.OP_DELETE, key, None, now)
+        return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
 
     def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None) -> Transaction:
         """An atomic transaction (a context manager). durability may be stronger than the store's.
@@ -629,11 +639,12 @@ class Store:
             raise
         return done
 
-    async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int],
-                            durability: str | None) -> tuple[int, bool]:
+    async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
+                            payload: bytes | None = None) -> tuple[int, bool]:
         log = self._writable()
         self._durability.allows(durability)
-        payload = _encode(txn)
+        if payload is None:
+            payload = _encode(txn)
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
             await log.progress_async()
