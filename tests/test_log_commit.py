@@ -22,6 +22,7 @@ import pytest
 
 import wal
 import wal.testing
+from wal._bindings import append_nowait, handle_address, lib
 from wal.format import record_size
 
 
@@ -227,8 +228,6 @@ def test_buffered_appends_are_held_back_when_the_buffer_cap_is_reached(tmp_path:
 
 def test_gil_held_append_refuses_every_mode_that_may_block_and_appends_nothing(tmp_path: Path) -> None:
     # native/gilheld.c's contract: only WAL_WAIT_TRY / WAL_WAIT_NONE run with the GIL held.
-    from wal._bindings import append_nowait, handle_address, lib
-
     with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000) as log:
         address = handle_address(log._handle)
         for mode in (lib.WAL_WAIT_LEVEL, lib.WAL_WAIT_LATER, 99):
@@ -242,8 +241,6 @@ def test_gil_held_append_refuses_every_mode_that_may_block_and_appends_nothing(t
 
 
 def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_waits(tmp_path: Path) -> None:
-    from wal._bindings import append_nowait, handle_address, lib
-
     cap = 4096
     with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000, max_pending_bytes=cap) as log:
         address = handle_address(log._handle)
