@@ -34,7 +34,7 @@ Op = tuple[int, bytes, bytes | None]  # (OP_PUT | OP_DELETE, key, value or None)
 
 
 class Txn(NamedTuple):  # a tuple: built on every commit, so it must be cheap to make
-    ops: list[Op] | tuple[Op, ...]
+    ops: list[Op] | tuple[Op, ...]  # decode gives a list; the commit path may use a tuple
     time_ms: int
     idempotency_key: bytes | None
 
@@ -81,9 +81,9 @@ def decode(payload: bytes, lsn: int) -> Txn:
         if kind == KIND_TXN and flags == 0 and n == 1 and 0 < klen <= MAX_KEY_BYTES:
             end = _ONE_HEAD.size + klen
             if op == OP_DELETE and len(payload) == end:
-                return make_txn(((OP_DELETE, payload[_ONE_HEAD.size : end], None),), time_ms, None)
+                return make_txn([(OP_DELETE, payload[_ONE_HEAD.size : end], None)], time_ms, None)
             if op == OP_PUT and len(payload) >= end + 4 and len(payload) == end + 4 + _U32.unpack_from(payload, end)[0]:
-                return make_txn(((OP_PUT, payload[_ONE_HEAD.size : end], payload[end + 4 :]),), time_ms, None)
+                return make_txn([(OP_PUT, payload[_ONE_HEAD.size : end], payload[end + 4 :])], time_ms, None)
     try:
         kind, flags, time_ms, n = _HEAD.unpack_from(payload, 0)
         if kind != KIND_TXN or flags & ~FLAG_IDEMPOTENCY:
