@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 import wal
@@ -125,3 +126,18 @@ def test_a_log_tail_zeroed_below_the_durable_mark_is_corruption_not_silent_loss(
         store.put("after", b"1")
     with wal.open(tmp_path) as store:  # strict opens again: the mark was moved to what is left
         assert store.get("after") == b"1"
+
+
+def test_a_state_entry_without_its_version_is_corruption_when_scanned(tmp_path: Path) -> None:
+    # LMDB has no checksums, so the store checks the shape of what it reads back. (An empty key,
+    # which LMDB's put refuses, only arises from a damaged page: the LMDB byte-flip matrix of
+    # tests/test_corruption_matrix.py found one, then reported as CorruptionError too.)
+    store = tmp_path / "s"
+    with wal.open(store) as s:
+        s.put(b"a", b"1")
+    env = lmdb.open(str(store / "state"), max_dbs=4, subdir=True)
+    with env.begin(write=True, db=env.open_db(b"data")) as txn:
+        txn.put(b"b", b"xyz")  # no 8-byte version
+    env.close()
+    with wal.open(store) as s, pytest.raises(wal.CorruptionError, match="8-byte version"):
+        list(s.scan())

@@ -159,9 +159,10 @@ class State:
                         continue
                     if not key.startswith(prefix):
                         break
-                    if len(raw) < _U64.size:
+                    if len(raw) < _U64.size or not key:  # the store never writes an empty key
                         raise CorruptionError(
-                            f"the LMDB state in {self.path} holds key {key!r} without its 8-byte version",
+                            f"the LMDB state in {self.path} holds "
+                            + (f"key {key!r} without its 8-byte version" if key else "an empty key"),
                             path=os.path.join(self.path, "data.mdb"), reason="state damaged")
                     out.append((key, _U64.unpack_from(raw)[0], raw[8:]))
                     if len(out) >= limit:
