@@ -38,6 +38,7 @@ import pytest
 
 import wal
 from wal import record
+from wal.state import DEFAULT_MAP_SIZE
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 KILLS = 100 if LONG else 10
@@ -75,6 +76,12 @@ def complete_lines(text: str) -> list[str]:
     return text.split("\n")[:-1]
 
 
+# A reader of the state from outside agentwal must map as much as the writer may grow the file
+# to (wal.state.DEFAULT_MAP_SIZE): py-lmdb's default of 10 MiB gets MDB_MAP_RESIZED once the
+# state outgrows it (found by the long profile: 3,000 polls against an interval writer).
+STATE_MAP_SIZE = DEFAULT_MAP_SIZE
+
+
 def read_applied_lsn(env: lmdb.Environment) -> int:
     meta = env.open_db(b"meta", create=False)
     with env.begin(db=meta) as txn:
@@ -85,7 +92,7 @@ def read_applied_lsn(env: lmdb.Environment) -> int:
 def lmdb_dump(state_dir: Path) -> dict[str, object]:
     """Every database of the store's LMDB, read directly: data, idem and meta (less the operator
     notes `writer` and `checkpoint`, and `durable_seen`, the log's durable LSN as last seen)."""
-    env = lmdb.open(str(state_dir), readonly=True, max_dbs=4, lock=True)
+    env = lmdb.open(str(state_dir), readonly=True, max_dbs=4, lock=True, map_size=STATE_MAP_SIZE)
     try:
         out: dict[str, object] = {}
         for name in (b"data", b"idem", b"meta"):
@@ -226,7 +233,7 @@ def test_a_kill_during_recovery_then_recovery_again_gives_the_uninterrupted_stat
             time.sleep(delay + rng.uniform(0, 0.05))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        env = lmdb.open(str(store_dir / "state"), readonly=True, max_dbs=4, lock=True)
+        env = lmdb.open(str(store_dir / "state"), readonly=True, max_dbs=4, lock=True, map_size=STATE_MAP_SIZE)
         try:
             applied = read_applied_lsn(env)
         finally:
@@ -311,7 +318,7 @@ def test_lmdb_read_directly_never_shows_applied_lsn_above_the_logs_durable_lsn(t
     with child("poll_writer.py", tmp_path, "interval", 200) as writer:
         expect_line(writer, "ready")
         assert writer.stdin is not None
-        env = lmdb.open(str(tmp_path / "state"), readonly=True, max_dbs=4, lock=True)
+        env = lmdb.open(str(tmp_path / "state"), readonly=True, max_dbs=4, lock=True, map_size=STATE_MAP_SIZE)
         try:
             applied_values: set[int] = set()
             checks = 0
