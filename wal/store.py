@@ -107,6 +107,8 @@ class Watermarks(NamedTuple):
 
 
 def _key(key: object, *, allow_empty: bool = False) -> bytes:
+    if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES:
+        return key  # the common case, checked first: every commit passes here
     if isinstance(key, str):
         data = key.encode()
     elif isinstance(key, bytes):
@@ -123,6 +125,8 @@ def _key(key: object, *, allow_empty: bool = False) -> bytes:
 
 
 def _value(value: Any) -> bytes:
+    if type(value) is bytes and len(value) <= MAX_VALUE_BYTES:
+        return value  # the common case, checked first
     if isinstance(value, bytes):
         data = value
     elif isinstance(value, bytearray | memoryview):
@@ -146,6 +150,12 @@ def _if_version(v: Any) -> int | None:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _one_op(kind: int, key: bytes, value: bytes | None) -> tuple[record.Txn, bytes]:
+    """The transaction and log payload of a single put or delete (no checks, no idempotency key)."""
+    now = time.time_ns() // 1_000_000
+    return record.make_txn(((kind, key, value),), now, None), record.encode_one(kind, key, value, now)
 
 
 def _encode(txn: record.Txn) -> bytes:
@@ -506,42 +516,21 @@ class Store:
 
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """Commit key=value; returns the commit's LSN once its durability level holds."""
-        # The hot path: plain bytes within limits skip the converting checks (same outcome).
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = _key(key)
-        if type(value) is not bytes or len(value) > MAX_VALUE_BYTES:
-            value = _value(value)
-        return self._commit_one(record.OP_PUT, key, value, durability)
+        txn, payload = _one_op(record.OP_PUT, _key(key), _value(value))
+        return self._commit(txn, _NO_CHECKS, durability, payload)[0]
 
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         """Commit the deletion of key (a no-op delete still commits); returns the LSN."""
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = _key(key)
-        return self._commit_one(record.OP_DELETE, key, None, durability)
-
-    def _commit_one(self, kind: int, key: bytes, value: bytes | None, durability: str | None) -> int:
-        """A one-op transaction with no checks and no idempotency key (put, delete)."""
-        now = time.time_ns() // 1_000_000
-        payload = record.encode_one(kind, key, value, now)
-        return self._commit(record.make_txn(((kind, key, value),), now, None), _NO_CHECKS, durability, payload)[0]
+        txn, payload = _one_op(record.OP_DELETE, _key(key), None)
+        return self._commit(txn, _NO_CHECKS, durability, payload)[0]
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """`put` for asyncio: never blocks the event loop."""
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = _key(key)
-        if type(value) is not bytes or len(value) > MAX_VALUE_BYTES:
-            value = _value(value)
-        now = time.time_ns() // 1_000_000
-        txn = record.make_txn(((record.OP_PUT, key, value),), now, None)
-        payload = record.encode_one(record.OP_PUT, key, value, now)
+        txn, payload = _one_op(record.OP_PUT, _key(key), _value(value))
         return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
 
     async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
-        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_BYTES:
-            key = _key(key)
-        now = time.time_ns() // 1_000_000
-        txn = record.make_txn(((record.OP_DELETE, key, None),), now, None)
-        payload = record.encode_one(record.OP_DELETE, key, None, now)
+        txn, payload = _one_op(record.OP_DELETE, _key(key), None)
         return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
 
     def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None) -> Transaction:
