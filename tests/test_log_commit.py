@@ -363,6 +363,20 @@ def test_append_async_awaits_the_fdatasync_on_the_loop_instead_of_blocking_it(tm
     assert ran_meanwhile > n // 2
 
 
+def test_the_first_asyncio_waiter_of_a_log_is_told_of_progress_made_before_it_existed(tmp_path: Path) -> None:
+    # The eventfd is only written once asyncio asks for it (commit.c, notify_wanted), so the first
+    # waiter gets one signal on arrival: it must not wait for a "next" progress that may never come
+    # on an idle log, nor miss records made durable before it subscribed.
+    async def main(log: wal.Log, lsn: int) -> None:
+        await asyncio.wait_for(log.progress_async(), 5)
+        await asyncio.wait_for(log.wait_async(lsn), 5)
+
+    with wal.Log.open(tmp_path, durability="interval", rpo_ms=20) as log:
+        lsn = log.append(payload(1))
+        assert wait_until(lambda: log.watermarks.durable >= lsn)  # the flusher synced it, nobody listening
+        asyncio.run(main(log, lsn))
+
+
 def test_append_async_on_an_interval_log_resolves_once_written(tmp_path: Path) -> None:
     async def main(log: wal.Log) -> list[int]:
         async def commit(i: int) -> int:
