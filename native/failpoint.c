@@ -5,8 +5,9 @@
  * A failpoint fails the Nth call of its site from the moment it is armed
  * (and every later call when `repeat`), or each call with a seeded
  * probability. Writes may be made to go half through first, leaving a torn
- * record on disk as a failing device would. Arming is process-wide; tests arm
- * and clear around one scenario.
+ * record on disk as a failing device would. A site may also be made slow (every
+ * call sleeps first), to hold an I/O slot busy while other commits arrive.
+ * Arming is process-wide; tests arm and clear around one scenario.
  */
 #include "io.h"
 
@@ -32,6 +33,7 @@ typedef struct {
 } failpoint;
 
 static failpoint fps[WAL_FP_COUNT];
+static uint32_t delays_us[WAL_FP_COUNT];
 static pthread_mutex_t fp_mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *const fp_names[WAL_FP_COUNT] = {"write", "fsync", "dirsync", "open", "rename", "ftruncate"};
 
@@ -52,9 +54,20 @@ int wal_fp_set(const char *name, int err, uint64_t nth, int repeat, uint32_t pro
     return WAL_OK;
 }
 
+int wal_fp_set_delay(const char *name, uint32_t delay_us) {
+    int s = site_of(name);
+    if (s < 0) return WAL_EINVAL;
+    pthread_mutex_lock(&fp_mu);
+    delays_us[s] = delay_us;
+    if (delay_us) __atomic_store_n(&wal_fp_active, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&fp_mu);
+    return WAL_OK;
+}
+
 void wal_fp_clear(void) {
     pthread_mutex_lock(&fp_mu);
     memset(fps, 0, sizeof fps);
+    memset(delays_us, 0, sizeof delays_us);
     __atomic_store_n(&wal_fp_active, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&fp_mu);
 }
@@ -70,6 +83,10 @@ int64_t wal_fp_count(const char *name, int failures) {
 
 int wal_fp_check(int site, int *partial) {
     int rc = 0;
+    pthread_mutex_lock(&fp_mu);
+    uint32_t delay = delays_us[site];
+    pthread_mutex_unlock(&fp_mu);
+    if (delay) usleep(delay); /* outside fp_mu: other sites and threads go on meanwhile */
     pthread_mutex_lock(&fp_mu);
     failpoint *f = &fps[site];
     if (f->err) {

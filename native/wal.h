@@ -158,6 +158,9 @@ int wal_fp_set(const char *name, int err, uint64_t nth, int repeat, uint32_t pro
                int partial);
 void wal_fp_clear(void);
 int64_t wal_fp_count(const char *name, int failures);
+/* Every call of the site first sleeps delay_us (0: no delay); cleared by wal_fp_clear. For tests that
+ * need an I/O to be slow, e.g. an fdatasync still running while another commit arrives. */
+int wal_fp_set_delay(const char *name, uint32_t delay_us);
 /* CDEF-END */
 
 #endif

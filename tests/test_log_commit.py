@@ -171,6 +171,32 @@ def test_mixed_levels_back_pressure_and_rolls_from_many_threads_every_waiter_is_
         assert sum(1 for _ in log.read(1)) == 48 * 150
 
 
+def test_a_follower_left_behind_by_the_leaders_fdatasync_is_woken_to_lead_the_next_one(tmp_path: Path) -> None:
+    # commit.c's wake_waiters, per free slot, wakes the first follower that needs it. Here A's
+    # fdatasync is slow; B arrives meanwhile, writes its record itself (the write slot is free)
+    # and sleeps as a follower because the sync slot is busy. A's fdatasync does not cover B's
+    # record, and no other thread will come: B must be woken to lead its own fdatasync.
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        log.append(payload(0))
+        wal.testing.slow("fsync", 0.3)
+        done: dict[str, int] = {}
+
+        def commit(name: str) -> None:
+            done[name] = log.append(payload(name))
+
+        a = threading.Thread(target=commit, args=("a",))
+        a.start()
+        assert wait_until(lambda: log.watermarks.written >= 2)  # A has written and is in its fdatasync
+        b = threading.Thread(target=commit, args=("b",))
+        b.start()
+        a.join(timeout=10)
+        b.join(timeout=10)
+        assert not a.is_alive() and not b.is_alive(), f"a commit was never woken: {log.stats()}"
+        assert sorted(done.values()) == [2, 3]
+        assert log.watermarks.durable == 3
+        assert log.stats()["fsyncs"] >= 3  # B's record needed an fdatasync of its own
+
+
 def test_interval_append_returns_once_written_to_the_os(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         for i in range(50):

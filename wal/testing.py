@@ -9,6 +9,7 @@ headers), ``fsync`` (fdatasync/fsync of segment files), ``dirsync``, ``open``,
         ...
     with failpoint("write", errno.ENOSPC, nth=3, repeat=True, partial=True):
         ...
+    slow("fsync", 0.3)                             # every fdatasync takes 300 ms more, until clear()
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def arm(site: str, err: int = _errno.EIO, *, nth: int = 1, repeat: bool = False,
         nth = 0
     if lib.wal_fp_set(site.encode(), err, nth, int(repeat), ppm, seed, int(partial)) != 0:
         raise ArgumentError(f"bad failpoint arguments for {site!r}: err={err}, nth={nth}, probability={probability}")
+
+
+def slow(site: str, seconds: float) -> None:
+    """Make every call of `site` sleep `seconds` first (0 to stop); `clear()` also stops it."""
+    if site not in SITES:
+        raise ArgumentError(f"unknown failpoint {site!r}; sites are {', '.join(SITES)}")
+    if not 0 <= seconds <= 60:
+        raise ArgumentError(f"a failpoint delay must be 0..60 s, got {seconds!r}")
+    lib.wal_fp_set_delay(site.encode(), int(seconds * 1_000_000))
 
 
 def clear() -> None:
