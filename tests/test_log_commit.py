@@ -197,6 +197,30 @@ def test_a_follower_left_behind_by_the_leaders_fdatasync_is_woken_to_lead_the_ne
         assert log.stats()["fsyncs"] >= 3  # B's record needed an fdatasync of its own
 
 
+def test_a_follower_left_behind_by_the_leaders_write_is_woken_to_write_its_record(tmp_path: Path) -> None:
+    # The write slot's turn of the same rule: at interval (no fdatasync folded in) A's slow write
+    # does not carry B's record, and the flusher would not write it for rpo_ms/2 = 30 s.
+    with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
+        log.append(payload(0))
+        wal.testing.slow("write", 0.3)
+        done: dict[str, int] = {}
+
+        def commit(name: str) -> None:
+            done[name] = log.append(payload(name))
+
+        a = threading.Thread(target=commit, args=("a",))
+        a.start()
+        assert wait_until(lambda: log.watermarks.appended >= 2)  # A has enqueued and is writing
+        time.sleep(0.05)
+        b = threading.Thread(target=commit, args=("b",))
+        b.start()
+        a.join(timeout=10)
+        b.join(timeout=10)
+        assert not a.is_alive() and not b.is_alive(), f"a commit was never woken: {log.stats()}"
+        assert sorted(done.values()) == [2, 3]
+        assert log.watermarks.written == 3
+
+
 def test_interval_append_returns_once_written_to_the_os(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         for i in range(50):
