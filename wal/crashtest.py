@@ -98,6 +98,7 @@ from typing import Literal, TextIO
 
 import wal
 from wal import crashsim
+from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
 
 __all__ = [
     "MODES",
@@ -900,13 +901,6 @@ def run_level(directory: str | os.PathLike[str], level: str, rpo_ms: int, *, kil
 
 # ---- the storage stack ----------------------------------------------------------------------------
 
-NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "9p", "afs", "lustre", "gpfs",
-              "beegfs", "ocfs2", "gfs2", "virtiofs", "fuse.sshfs", "fuse.ceph", "fuse.glusterfs", "fuse.s3fs",
-              "fuse.rclone", "fuse.gcsfuse", "fuse.juicefs", "fuse.cephfs", "fuse.smbnetfs", "davfs", "fuse.davfs"}
-MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "shm"}
-OVERLAY_FS = {"overlay", "overlayfs", "aufs", "fuse-overlayfs", "fuse.fuse-overlayfs", "unionfs", "fuse.unionfs"}
-
-
 @dataclass
 class Device:
     name: str
@@ -949,49 +943,6 @@ class StorageStack:
         out.extend(f"  note: {n}" for n in self.notes)
         out.extend(f"  WARNING: {w}" for w in self.warnings)
         return out
-
-
-def _unescape_mount(text: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
-
-
-@dataclass
-class _Mount:
-    majmin: str
-    root: str
-    point: str
-    options: str
-    fstype: str
-    source: str
-    super_options: str
-
-
-def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[_Mount]:
-    found = []
-    with open(mountinfo, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            left, sep, right = line.rstrip("\n").partition(" - ")
-            if not sep:
-                continue
-            a = left.split()
-            b = right.split()
-            if len(a) < 6 or len(b) < 2:
-                continue
-            found.append(_Mount(a[2], _unescape_mount(a[3]), _unescape_mount(a[4]), a[5], b[0],
-                                _unescape_mount(b[1]), b[2] if len(b) > 2 else ""))
-    return found
-
-
-def _mount_of(path: str, mounts: list[_Mount]) -> _Mount | None:
-    """The mount holding path: the longest mount point that is a prefix of its real path (the last
-    such line when several are mounted on one point: later mounts cover earlier ones)."""
-    real = os.path.realpath(path)
-    best: _Mount | None = None
-    for m in mounts:
-        under = m.point in ("/", real) or real.startswith(m.point.rstrip("/") + "/")
-        if under and (best is None or len(m.point) >= len(best.point)):
-            best = m
-    return best
 
 
 def _read(path: str) -> str | None:
@@ -1059,7 +1010,7 @@ def storage_stack(directory: str | os.PathLike[str], *, measure: bool = True,
     st = StorageStack(path)
     w = st.warnings
     try:
-        mount = _mount_of(path, _mounts(mountinfo))
+        mount = mount_of(path, mounts(mountinfo))
     except OSError as exc:
         mount = None
         st.notes.append(f"cannot read {mountinfo}: {exc}")

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import wal
 from wal import record, recovery
 from wal._bindings import ffi, lib
+from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
 from wal.errors import ArgumentError, CorruptionError, LockedError, WalError
 from wal.log import LOCK_NAME
 from wal.state import APPLIED_KEY
@@ -673,46 +674,22 @@ def _extra_files(log_dir: str) -> tuple[list[str], list[str]]:
             [n for n in names if n.endswith(recovery.SEGMENT_SUFFIX + ".tmp")])
 
 
-_VOLATILE_FS = {"tmpfs", "ramfs"}
-_NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "virtiofs"}
-
-
-def _mount_of(path: str) -> tuple[str, str, set[str]] | None:
-    """(mount point, fs type, mount+super options) of the filesystem holding path, from mountinfo."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    real = os.path.realpath(path)
-    best: tuple[str, str, set[str]] | None = None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 6 or len(rfields) < 3:
-            continue
-        point = fields[4].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) >= len(best[0])):
-            best = (point, rfields[0], set(fields[5].split(",")) | set(rfields[2].split(",")))
-    return best
-
-
 def storage_warnings(path: str) -> list[str]:
     """What about the filesystem under `path` could make durability promises false, or commits fail."""
     warnings: list[str] = []
-    mount = _mount_of(path)
+    try:
+        mount = mount_of(path, mounts())
+    except OSError:
+        mount = None
     if mount is not None:
-        point, fstype, options = mount
-        if fstype in _VOLATILE_FS:
+        point, fstype, options = mount.point, mount.fstype, mount.all_options
+        if fstype in MEMORY_FS:
             warnings.append(f"{fstype} at {point}: memory-backed; every commit is lost at reboot or power "
                             "loss whatever the durability level")
-        elif fstype in _NETWORK_FS or fstype.startswith("fuse"):
+        elif fstype in NETWORK_FS or fstype.startswith("fuse"):
             warnings.append(f"{fstype} at {point}: a network or FUSE filesystem; flock (the writer lock) and "
                             "fdatasync may not mean what they mean on a local disk. Use a local filesystem")
-        elif fstype == "overlay":
+        elif fstype in OVERLAY_FS:
             warnings.append(f"overlay at {point}: a container's writable layer, discarded with the container; "
                             "put the store on a mounted volume")
         if "nobarrier" in options or "barrier=0" in options:
