@@ -171,28 +171,35 @@ def test_mixed_levels_back_pressure_and_rolls_from_many_threads_every_waiter_is_
         assert sum(1 for _ in log.read(1)) == 48 * 150
 
 
+def commit_b_while_a_is_slow(log: wal.Log, site: str, a_is_in_it: Callable[[], bool]) -> list[int]:
+    """A commits while `site` takes 300 ms a call; once `a_is_in_it()`, B commits and nothing else
+    comes. Both must return (within 10 s): the LSNs they got, in order."""
+    log.append(payload(0))
+    wal.testing.slow(site, 0.3)
+    done: dict[str, int] = {}
+
+    def commit(name: str) -> None:
+        done[name] = log.append(payload(name))
+
+    a = threading.Thread(target=commit, args=("a",))
+    a.start()
+    assert wait_until(a_is_in_it)
+    b = threading.Thread(target=commit, args=("b",))
+    b.start()
+    a.join(timeout=10)
+    b.join(timeout=10)
+    assert not a.is_alive() and not b.is_alive(), f"a commit was never woken: {log.stats()}"
+    return sorted(done.values())
+
+
 def test_a_follower_left_behind_by_the_leaders_fdatasync_is_woken_to_lead_the_next_one(tmp_path: Path) -> None:
     # commit.c's wake_waiters, per free slot, wakes the first follower that needs it. Here A's
     # fdatasync is slow; B arrives meanwhile, writes its record itself (the write slot is free)
     # and sleeps as a follower because the sync slot is busy. A's fdatasync does not cover B's
     # record, and no other thread will come: B must be woken to lead its own fdatasync.
     with wal.Log.open(tmp_path, durability="sync") as log:
-        log.append(payload(0))
-        wal.testing.slow("fsync", 0.3)
-        done: dict[str, int] = {}
-
-        def commit(name: str) -> None:
-            done[name] = log.append(payload(name))
-
-        a = threading.Thread(target=commit, args=("a",))
-        a.start()
-        assert wait_until(lambda: log.watermarks.written >= 2)  # A has written and is in its fdatasync
-        b = threading.Thread(target=commit, args=("b",))
-        b.start()
-        a.join(timeout=10)
-        b.join(timeout=10)
-        assert not a.is_alive() and not b.is_alive(), f"a commit was never woken: {log.stats()}"
-        assert sorted(done.values()) == [2, 3]
+        # A has written and is in its fdatasync
+        assert commit_b_while_a_is_slow(log, "fsync", lambda: log.watermarks.written >= 2) == [2, 3]
         assert log.watermarks.durable == 3
         assert log.stats()["fsyncs"] >= 3  # B's record needed an fdatasync of its own
 
@@ -201,23 +208,14 @@ def test_a_follower_left_behind_by_the_leaders_write_is_woken_to_write_its_recor
     # The write slot's turn of the same rule: at interval (no fdatasync folded in) A's slow write
     # does not carry B's record, and the flusher would not write it for rpo_ms/2 = 30 s.
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
-        log.append(payload(0))
-        wal.testing.slow("write", 0.3)
-        done: dict[str, int] = {}
 
-        def commit(name: str) -> None:
-            done[name] = log.append(payload(name))
+        def a_is_writing() -> bool:
+            if log.watermarks.appended < 2:
+                return False
+            time.sleep(0.05)  # enqueued; now well inside its 300 ms write
+            return True
 
-        a = threading.Thread(target=commit, args=("a",))
-        a.start()
-        assert wait_until(lambda: log.watermarks.appended >= 2)  # A has enqueued and is writing
-        time.sleep(0.05)
-        b = threading.Thread(target=commit, args=("b",))
-        b.start()
-        a.join(timeout=10)
-        b.join(timeout=10)
-        assert not a.is_alive() and not b.is_alive(), f"a commit was never woken: {log.stats()}"
-        assert sorted(done.values()) == [2, 3]
+        assert commit_b_while_a_is_slow(log, "write", a_is_writing) == [2, 3]
         assert log.watermarks.written == 3
 
 
