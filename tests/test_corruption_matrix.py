@@ -90,13 +90,8 @@ BUILD = textwrap.dedent(f'''
     from wal import crashtest
     s = wal.open(sys.argv[1], segment_bytes=4096, checkpoint_bytes=1 << 16, apply_interval_ms=600000)
     for n in range(1, {N_COMMITS} + 1):
-        with s.transaction() as tx:
-            for k, v in crashtest.txn_ops({SEED}, 1, 0, n, {PAD}):
-                if v is None:
-                    tx.delete(k)
-                else:
-                    tx.put(k, v)
-        assert tx.lsn == n, (tx.lsn, n)
+        lsn = crashtest.commit_ops(s, crashtest.txn_ops({SEED}, 1, 0, n, {PAD}))
+        assert lsn == n, (lsn, n)
         if n == {CHECKPOINT_AT}:
             s.checkpoint()
     os._exit(0)   # no close: the last {N_COMMITS - CHECKPOINT_AT} commits stay unapplied in the log

@@ -165,6 +165,18 @@ def txn_ops(seed: int, round_no: int, tid: int, n: int, pad: int = 0) -> list[tu
     return ops
 
 
+
+def commit_ops(store: wal.Store, ops: list[tuple[bytes, bytes | None]]) -> int:
+    """Commit `ops` (txn_ops' shape) as one transaction; returns its LSN."""
+    with store.transaction() as tx:
+        for key, value in ops:
+            if value is None:
+                tx.delete(key)
+            else:
+                tx.put(key, value)
+    assert tx.lsn is not None
+    return tx.lsn
+
 def _parse_ledger_value(value: bytes) -> tuple[int, int, int] | None:
     tag, _, _ = value.partition(b"|")
     parts = tag.split(b":")
@@ -214,14 +226,9 @@ def _child_main(argv: Sequence[str]) -> int:
             while True:
                 n += 1
                 ops = txn_ops(args.seed, args.round, tid, n)
-                with store.transaction() as tx:
-                    for key, value in ops:
-                        if value is None:
-                            tx.delete(key)
-                        else:
-                            tx.put(key, value)
+                lsn = commit_ops(store, ops)
                 t = time.monotonic_ns()
-                _emit(f"ACK {tx.lsn} {t} " + " ".join(k.decode() for k, _ in ops))
+                _emit(f"ACK {lsn} {t} " + " ".join(k.decode() for k, _ in ops))
         except BaseException as exc:  # the parent reports it; never a silent stop
             _emit(f"ERROR {tid} {type(exc).__name__}: {exc}")
             os._exit(3)
@@ -249,15 +256,10 @@ def _script_main(args: argparse.Namespace) -> int:
     _emit(f"READY {time.monotonic_ns()} {store.watermarks.written}")
     for n in range(1, SCRIPT_COMMITS + 1):
         ops = txn_ops(args.seed, args.round, 0, n, SCRIPT_PAD)
-        with store.transaction() as tx:
-            for key, value in ops:
-                if value is None:
-                    tx.delete(key)
-                else:
-                    tx.put(key, value)
+        lsn = commit_ops(store, ops)
         t = time.monotonic_ns()
-        crashsim.note(f"ack {tx.lsn} {t} " + " ".join(k.decode() for k, _ in ops))
-        _emit(f"ACK {tx.lsn} {t} " + " ".join(k.decode() for k, _ in ops))
+        crashsim.note(f"ack {lsn} {t} " + " ".join(k.decode() for k, _ in ops))
+        _emit(f"ACK {lsn} {t} " + " ".join(k.decode() for k, _ in ops))
         if n == SCRIPT_COMMITS // 2:
             store.checkpoint()
         time.sleep(0.004)
