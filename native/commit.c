@@ -188,6 +188,14 @@ static void notify(wal_log *log) {
     }
 }
 
+/* A watermark moved, a slot freed or the log failed: tell everyone who may be waiting for it --
+ * do_write before a roll (progress), the followers (wake_waiters), asyncio (the eventfd). mu held. */
+static void progress_made(wal_log *log) {
+    pthread_cond_broadcast(&log->progress);
+    wake_waiters(log);
+    notify(log);
+}
+
 /* I5: record the failure once; never let anyone retry and trust. mu held. */
 static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment_no) {
     if (!log->failed) {
@@ -196,10 +204,8 @@ static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment
         snprintf(log->detail, sizeof log->detail, "%s of %s/%016llx.wal failed: %s", what, log->w.dir,
                  (unsigned long long)segment_no, strerror(-neg_errno));
     }
-    pthread_cond_broadcast(&log->progress);
     pthread_cond_broadcast(&log->wake);
-    wake_waiters(log);
-    notify(log);
+    progress_made(log);
 }
 
 /* ---- durable-lag clock ---- */
@@ -267,9 +273,7 @@ static void do_write(wal_log *log) {
     if (with_sync_slot) log->sync_busy = 0;
     log->spare = b;
     wal_batch_reset(&log->spare);
-    pthread_cond_broadcast(&log->progress);
-    wake_waiters(log);
-    notify(log);
+    progress_made(log);
 }
 
 static void do_sync(wal_log *log) {
@@ -302,9 +306,7 @@ static void do_sync(wal_log *log) {
     if (dt > log->fsync_ns_max) log->fsync_ns_max = dt;
     log->lat[log->lat_n++ % LAT_RING] = dt;
     if (oldest && now_ns() - oldest > log->rpo_ns) log->rpo_overruns++;
-    pthread_cond_broadcast(&log->progress);
-    wake_waiters(log);
-    notify(log);
+    progress_made(log);
 }
 
 /* Make one step of progress towards written >= w_lsn and durable >= d_lsn
