@@ -778,16 +778,6 @@ class _AsyncWaiters:
         self._attach()
         await fut
 
-    def _satisfied(self, lsn: int, level: int) -> bool | None:
-        failed = lib.wal_log_watermarks(self._handle, self._marks)
-        mark = self._marks[2] if level == lib.WAL_LEVEL_SYNC else self._marks[1]
-        if mark >= lsn:
-            return True
-        if failed:
-            raise_code(failed, f"append to the log in {self._log.directory}",
-                       ffi.string(lib.wal_log_error_detail(self._handle)).decode())
-        return None
-
     def _on_ready(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.read(self._fd, 8)  # drain the eventfd

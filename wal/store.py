@@ -154,7 +154,7 @@ def _now_ms() -> int:
 
 def _one_op(kind: int, key: bytes, value: bytes | None) -> tuple[record.Txn, bytes]:
     """The transaction and log payload of a single put or delete (no checks, no idempotency key)."""
-    now = time.time_ns() // 1_000_000
+    now = _now_ms()
     return record.make_txn(((kind, key, value),), now, None), record.encode_one(kind, key, value, now)
 
 
