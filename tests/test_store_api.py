@@ -1078,3 +1078,21 @@ def test_an_fsync_failure_stops_writes_until_reopen_and_reopen_recovers_every_ac
         assert store.get(b"c") is None
         store.put(b"d", b"4")
         assert store.get(b"d") == b"4"
+
+
+def test_one_apply_batch_with_several_writes_of_a_key_leaves_each_keys_last_write(tmp_path: Path) -> None:
+    # State.apply collapses a batch to each key's last write before LMDB sees it.
+    with wal.open(tmp_path / "s", apply_interval_ms=600_000) as s:
+        s.put(b"a", b"1")
+        s.delete(b"a")          # put then delete: gone
+        s.delete(b"b")
+        s.put(b"b", b"2")       # delete then put: there
+        for i in range(5):
+            s.put(b"c", b"%d" % i)  # last of many
+        with s.transaction() as tx:
+            tx.put(b"d", b"x")
+            tx.delete(b"c")
+        last = s.put(b"c", b"final")
+    with wal.open(tmp_path / "s", readonly=True) as r:
+        assert dict(r.scan()) == {b"b": b"2", b"c": b"final", b"d": b"x"}
+        assert r.version(b"c") == last and r.watermarks.applied == last
