@@ -20,4 +20,12 @@ gilheld = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, gilheld])
+# The store's commit path, apply queue and record codec (see native/storecore.c).
+storecore = Extension(
+    "wal._storecore",
+    sources=["native/storecore.c"],
+    include_dirs=["native"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
+)
+
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, gilheld, storecore])

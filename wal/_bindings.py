@@ -10,17 +10,25 @@ from typing import Any, NoReturn
 from wal import errors
 
 try:
-    from wal import _gilheld
+    from wal import _gilheld, _storecore
     from wal._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
-        "agentwal's C core (wal._native, wal._gilheld) is not built; install the package with "
+        "agentwal's C core (wal._native, wal._gilheld, wal._storecore) is not built; install the package with "
         "`pip install .` (needs a C compiler) rather than running from a source tree"
     ) from exc
 
-__all__ = ["append_nowait", "check", "ffi", "handle_address", "lib", "raise_code"]
+__all__ = ["append_nowait", "check", "ffi", "handle_address", "lib", "raise_code", "storecore"]
 
-_gilheld.bind(int(ffi.cast("uintptr_t", ffi.addressof(lib, "wal_log_append"))))
+
+def _address(name: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
+_gilheld.bind(_address("wal_log_append"))
+# The store's commit path in C calls the same two functions of the cffi module (native/storecore.c).
+_storecore.bind(_address("wal_log_append"), _address("wal_log_wait"))
+storecore = _storecore
 
 # append_nowait(handle_address, payload: bytes, level, wait) -> LSN or a negative WAL_E* code.
 # wal_log_append without releasing the GIL; only WAL_WAIT_TRY and WAL_WAIT_NONE (others give

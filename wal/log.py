@@ -236,6 +236,14 @@ class Log:
         return LogWatermarks(int(out[0]), int(out[1]), int(out[2]))
 
     @property
+    def native_address(self) -> int:
+        """The address of the C handle while this log takes appends (0 when read-only, closed or
+        forked), for a C extension in this process that appends through it: the store's commit
+        path (native/storecore.c). The handle is freed with this Log object, so such a user
+        keeps a reference to it; after close the handle answers WAL_ECLOSED."""
+        return self._writer_address if self._writer is not None else 0
+
+    @property
     def first_lsn(self) -> int:
         """Oldest LSN still in the log (older segments were removed by checkpoints)."""
         for _, path in recovery.list_segments(self._dir):

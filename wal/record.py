@@ -10,14 +10,15 @@ is replayed.
               | 0x02 klen:u16 key                    delete
 
 All integers little-endian. time_ms is the commit's wall-clock time (for
-idempotency-key expiry, so replay reproduces it exactly).
+idempotency-key expiry, so replay reproduces it exactly). The one encoder and decoder
+of this layout is C (native/storecore.c); this module names its parts for Python.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
+from wal._bindings import storecore
 from wal.errors import CorruptionError
 
 MAX_KEY_BYTES = 511  # LMDB's key limit; the store refuses longer keys before writing
@@ -26,11 +27,11 @@ FLAG_IDEMPOTENCY = 0x01
 OP_PUT = 0x01
 OP_DELETE = 0x02
 
-_HEAD = struct.Struct("<BBQI")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-
 Op = tuple[int, bytes, bytes | None]  # (OP_PUT | OP_DELETE, key, value or None)
+# A batch of consecutive commits collapsed to each key's last write, as `State.apply` takes it:
+# (first LSN, last LSN, commits, puts [(key, u64 version LE + value)], deletes [key],
+#  idempotency keys [(key, lsn, time_ms)]).
+Collapsed = tuple[int, int, int, list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, int, int]]]
 
 
 class Txn(NamedTuple):  # a tuple: built on every commit, so it must be cheap to make
@@ -48,76 +49,39 @@ def make_txn(ops: list[Op] | tuple[Op, ...], time_ms: int, idempotency_key: byte
 _tuple_new = tuple.__new__
 
 
-# A one-op transaction's fixed bytes up to the key: kind, flags, time_ms, n_ops=1, op, klen.
-_ONE_HEAD = struct.Struct("<BBQIBH")
-
-
 def encode(ops: list[Op] | tuple[Op, ...], time_ms: int, idempotency_key: bytes | None) -> bytes:
-    parts = [_HEAD.pack(KIND_TXN, FLAG_IDEMPOTENCY if idempotency_key is not None else 0, time_ms, len(ops))]
-    if idempotency_key is not None:
-        parts += (_U16.pack(len(idempotency_key)), idempotency_key)
-    for kind, key, value in ops:
-        parts += (bytes((kind,)), _U16.pack(len(key)), key)
-        if kind == OP_PUT:
-            assert value is not None
-            parts += (_U32.pack(len(value)), value)
-    return b"".join(parts)
+    """The log payload of a transaction (native/storecore.c is the one encoder of this layout)."""
+    return storecore.encode(ops, time_ms, idempotency_key)
 
 
 def encode_one(kind: int, key: bytes, value: bytes | None, time_ms: int) -> bytes:
-    """`encode([(kind, key, value)], time_ms, None)`, for the commit path of single puts and deletes."""
-    head = _ONE_HEAD.pack(KIND_TXN, 0, time_ms, 1, kind, len(key))
-    if value is None:
-        return head + key
-    return b"".join((head, key, _U32.pack(len(value)), value))
+    """`encode([(kind, key, value)], time_ms, None)`: a single put or delete."""
+    return storecore.encode(((kind, key, value),), time_ms, None)
 
 
 def decode(payload: bytes, lsn: int) -> Txn:
     """Decode a payload the log vouched for (CRC ok); a malformed one means a bug or foreign data."""
-    # Most records are one put or delete without an idempotency key (encode_one): read those
-    # with one unpack. Anything else, or anything not exactly that shape, takes the full path.
-    if len(payload) >= _ONE_HEAD.size:
-        kind, flags, time_ms, n, op, klen = _ONE_HEAD.unpack_from(payload, 0)
-        if kind == KIND_TXN and flags == 0 and n == 1 and 0 < klen <= MAX_KEY_BYTES:
-            end = _ONE_HEAD.size + klen
-            if op == OP_DELETE and len(payload) == end:
-                return make_txn([(OP_DELETE, payload[_ONE_HEAD.size : end], None)], time_ms, None)
-            if op == OP_PUT and len(payload) >= end + 4 and len(payload) == end + 4 + _U32.unpack_from(payload, end)[0]:
-                return make_txn([(OP_PUT, payload[_ONE_HEAD.size : end], payload[end + 4 :])], time_ms, None)
     try:
-        kind, flags, time_ms, n = _HEAD.unpack_from(payload, 0)
-        if kind != KIND_TXN or flags & ~FLAG_IDEMPOTENCY:
-            raise ValueError(f"unknown record kind {kind:#x} or flags {flags:#x}")
-        pos = _HEAD.size
-        idem = None
-        if flags & FLAG_IDEMPOTENCY:
-            (ilen,) = _U16.unpack_from(payload, pos)
-            idem = payload[pos + 2 : pos + 2 + ilen]
-            if not 0 < ilen <= MAX_KEY_BYTES or len(idem) != ilen:
-                raise ValueError(f"idempotency key of {ilen} bytes")
-            pos += 2 + ilen
-        ops: list[Op] = []
-        for _ in range(n):
-            op = payload[pos]
-            (klen,) = _U16.unpack_from(payload, pos + 1)
-            key = payload[pos + 3 : pos + 3 + klen]
-            if not 0 < klen <= MAX_KEY_BYTES or len(key) != klen:
-                raise ValueError(f"key of {klen} bytes")
-            pos += 3 + klen
-            if op == OP_PUT:
-                (vlen,) = _U32.unpack_from(payload, pos)
-                ops.append((OP_PUT, key, payload[pos + 4 : pos + 4 + vlen]))
-                pos += 4 + vlen
-            elif op == OP_DELETE:
-                ops.append((OP_DELETE, key, None))
-            else:
-                raise ValueError(f"unknown op {op:#x}")
-        if pos != len(payload):
-            raise ValueError(f"{len(payload) - pos} trailing bytes")
-        return Txn(ops, time_ms, idem)
-    except (struct.error, IndexError, ValueError) as exc:
-        raise CorruptionError(
-            f"log record LSN {lsn} has a valid CRC but is not a store transaction ({exc}); "
-            "was this log written by something else?",
-            lsn=lsn, reason="bad store record",
-        ) from exc
+        ops, time_ms, idem = storecore.decode(payload)
+    except ValueError as exc:
+        raise _not_a_txn(lsn, str(exc)) from exc
+    return make_txn(ops, time_ms, idem)
+
+
+def collapse(records: list[tuple[int, bytes]]) -> Collapsed:
+    """Decode consecutive (lsn, payload) records and collapse them to each key's last write:
+    (first LSN, last LSN, commits, puts [(key, u64 version LE + value)], deletes, idempotency
+    [(key, lsn, time_ms)]) -- what `State.apply` takes. For replay: no Txn per record."""
+    try:
+        return storecore.collapse(records)
+    except ValueError as exc:
+        lsn, reason = exc.args if len(exc.args) == 2 else (0, str(exc))
+        raise _not_a_txn(lsn, reason) from exc
+
+
+def _not_a_txn(lsn: int, reason: str) -> CorruptionError:
+    return CorruptionError(
+        f"log record LSN {lsn} has a valid CRC but is not a store transaction ({reason}); "
+        "was this log written by something else?",
+        lsn=lsn, reason="bad store record",
+    )

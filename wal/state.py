@@ -36,7 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import NoReturn
 
 import lmdb
@@ -199,8 +199,10 @@ class State:
 
     # ---- the one writer ----
 
-    def apply(self, batch: Iterable[tuple[int, record.Txn]], durable_lsn: Callable[[], int]) -> int:
-        """Apply (lsn, txn) pairs in LSN order in ONE LMDB transaction, with `applied_lsn`.
+    def apply(self, batch: record.Collapsed, durable_lsn: Callable[[], int]) -> int:
+        """Apply a collapsed batch of consecutive commits (`record.collapse`, `Core.take`) in ONE
+        LMDB transaction, with `applied_lsn`. A batch wholly at or below applied_lsn is already
+        in the state (a replay after a crash mid-apply, I4) and changes nothing.
 
         LMDB's fsync is paid once per batch, never per commit. Returns the new applied LSN.
         """
@@ -209,41 +211,33 @@ class State:
         except (lmdb.Error, struct.error) as exc:
             _raise_lmdb(exc, self.path, "applying log records to it")
 
-    def _apply(self, batch: Iterable[tuple[int, record.Txn]], durable_lsn: Callable[[], int]) -> int:
+    def _apply(self, batch: record.Collapsed, durable_lsn: Callable[[], int]) -> int:
+        first, last, commits, puts, deletes, idempotency = batch
         with self.env.begin(write=True) as txn:
             raw = txn.get(APPLIED_KEY, db=self.meta)
             applied = _U64.unpack(raw)[0] if raw else 0
-            # The whole batch is one LMDB transaction, so only each key's last write in it
-            # reaches LMDB: collapse first (a hot key costs one LMDB write per batch), then
-            # hand LMDB the puts in one putmulti call (its loop is C, not Python).
-            last_write: dict[bytes, tuple[int, bytes | None]] = {}
-            idempotency: list[tuple[bytes, bytes]] = []
-            for lsn, t in batch:
-                if lsn <= applied:
-                    continue  # already in the state (a replay after a crash mid-apply): I4
-                if lsn != applied + 1:
-                    raise InvariantError(f"apply of LSN {lsn} after applied LSN {applied}: a gap (I3)")
-                for _, key, value in t.ops:
-                    last_write[key] = (lsn, value)  # value None: a delete
-                if t.idempotency_key is not None:
-                    idempotency.append((t.idempotency_key, _IDEM.pack(lsn, t.time_ms)))
-                applied = lsn
-            puts = [(key, _U64.pack(lsn) + value) for key, (lsn, value) in last_write.items() if value is not None]
+            if last <= applied:
+                return applied
+            # I3: the batch is the commits applied+1..last, every one of them.
+            if first != applied + 1 or commits != last - first + 1:
+                raise InvariantError(f"apply of {commits} commit(s) LSN {first}..{last} after applied LSN "
+                                     f"{applied}: a gap (I3)")
+            # Only each key's last write in the batch reaches LMDB (collapsed in C), the puts in
+            # one putmulti call (its loop is C, not Python).
             if puts:
                 txn.cursor(db=self.data).putmulti(puts)
-            if len(puts) < len(last_write):
-                for key, (_, value) in last_write.items():
-                    if value is None:
-                        txn.delete(key, db=self.data)
+            for key in deletes:
+                txn.delete(key, db=self.data)
             if idempotency:
-                txn.cursor(db=self.idem).putmulti(idempotency)
+                txn.cursor(db=self.idem).putmulti([(key, _IDEM.pack(lsn, time_ms))
+                                                   for key, lsn, time_ms in idempotency])
             # I1 log before state: never commit the effect of a record the log could still lose.
             durable = durable_lsn()
-            if applied > durable:
-                raise InvariantError(f"I1 violated: would store applied_lsn {applied} > durable_lsn {durable}")
-            txn.put(APPLIED_KEY, _U64.pack(applied), db=self.meta)
+            if last > durable:
+                raise InvariantError(f"I1 violated: would store applied_lsn {last} > durable_lsn {durable}")
+            txn.put(APPLIED_KEY, _U64.pack(last), db=self.meta)
             txn.put(DURABLE_SEEN_KEY, _U64.pack(durable), db=self.meta)
-        return applied
+        return last
 
     def durable_seen(self) -> int:
         """The log's durable LSN when the state was last applied to (0 if never recorded)."""

@@ -46,10 +46,11 @@ import time
 import weakref
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from wal import durability as dur
 from wal import record
+from wal._bindings import storecore
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
@@ -95,6 +96,7 @@ _logger = logging.getLogger("wal.store")  # under the "wal" logger: recovery, ch
 def _after_fork_in_child() -> None:
     for store in list(_open_stores):
         store._forked = True
+        store._core.disable()  # the parent's log handle: never append through it here
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -273,10 +275,14 @@ class Store:
         self._commit_lock = threading.Lock()
         self._apply_lock = threading.Lock()
         self._overlay: dict[bytes, _Entry] = {}
-        self._queue: collections.deque[tuple[int, record.Txn]] = collections.deque()
+        self._wake = threading.Event()
+        # The commit path of single puts and deletes, and the apply queue of every commit, in C
+        # (native/storecore.c); it shares the overlay, the commit lock and the wake-up event.
+        self._core = storecore.Core(log, log.native_address if log is not None else 0, self._overlay,
+                                    self._commit_lock, self._wake, level.code, max_unapplied, checkpoint_bytes)
+        self._commit_fast = self._core.commit
         self._idem_pending: dict[bytes, int] = {}
         self._applied = state.applied_lsn()
-        self._bytes_since_checkpoint = 0
         self._last_checkpoint = time.time()
         # Store-level counters, all present from the start (stats() merges them over the log's own).
         self._counters = collections.Counter[str](dict.fromkeys(
@@ -284,7 +290,6 @@ class Store:
              "auto_checkpoints", "segments_removed"), 0))
         self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0}
         self._recovery_mode = "strict"
-        self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -382,18 +387,20 @@ class Store:
             )
         durable = self._log.watermarks.durable
         replayed = 0
-        batch: list[tuple[int, record.Txn]] = []
+        batch: list[tuple[int, bytes]] = []
         size = 0
         if last > applied:
+            # Decoded and collapsed to each key's last write in C (record.collapse), one LMDB
+            # transaction per batch.
             for lsn, payload in self._log.read(applied + 1):
-                batch.append((lsn, record.decode(payload, lsn)))
+                batch.append((lsn, payload))
                 size += len(payload)
                 if len(batch) >= _REPLAY_BATCH_RECORDS or size >= _REPLAY_BATCH_BYTES:
-                    self._state.apply(batch, lambda: durable)
+                    self._state.apply(record.collapse(batch), lambda: durable)
                     replayed += len(batch)
                     batch, size = [], 0
             if batch:
-                self._state.apply(batch, lambda: durable)
+                self._state.apply(record.collapse(batch), lambda: durable)
                 replayed += len(batch)
         self._applied = self._state.applied_lsn()
         self._recovery.update({
@@ -514,24 +521,59 @@ class Store:
 
     # ---- writes --------------------------------------------------------------------------------
 
+    # Single puts and deletes at the store's level first try the C commit path (one call: the
+    # record, the append, the overlay entry, the apply queue, the wait). It answers 0 when it
+    # did nothing and the Python path must decide: a key or value that is not plain bytes, a
+    # busy commit lock, back-pressure, a closed or failed store.
+
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """Commit key=value; returns the commit's LSN once its durability level holds."""
+        if durability is None:
+            lsn: int = self._commit_fast(record.OP_PUT, key, value, False)
+            if lsn > 0:
+                return lsn
+            if lsn < 0:
+                self._fast_wait_failed()
         txn, payload = _one_op(record.OP_PUT, _key(key), _value(value))
         return self._commit(txn, _NO_CHECKS, durability, payload)[0]
 
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         """Commit the deletion of key (a no-op delete still commits); returns the LSN."""
+        if durability is None:
+            lsn: int = self._commit_fast(record.OP_DELETE, key, None, False)
+            if lsn > 0:
+                return lsn
+            if lsn < 0:
+                self._fast_wait_failed()
         txn, payload = _one_op(record.OP_DELETE, _key(key), None)
         return self._commit(txn, _NO_CHECKS, durability, payload)[0]
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         """`put` for asyncio: never blocks the event loop."""
+        if durability is None and (lsn := self._commit_fast(record.OP_PUT, key, value, True)) > 0:
+            await self._acknowledged_async(lsn, None)
+            return lsn
         txn, payload = _one_op(record.OP_PUT, _key(key), _value(value))
         return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
 
     async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
+        if durability is None and (lsn := self._commit_fast(record.OP_DELETE, key, None, True)) > 0:
+            await self._acknowledged_async(lsn, None)
+            return lsn
         txn, payload = _one_op(record.OP_DELETE, _key(key), None)
         return (await self._commit_async(txn, _NO_CHECKS, durability, payload))[0]
+
+    def _fast_wait_failed(self) -> NoReturn:
+        """A C-path commit is in the log but waiting for its level failed. A log that fails
+        stays failed (I5) and a closed one stays closed, so waiting again through the log
+        reports the failure with the log's own detail."""
+        assert self._log is not None
+        try:
+            self._log.wait(self._log.watermarks.appended)
+        except FailedError as exc:
+            self._failed(exc)
+            raise
+        raise FailedError(f"a commit to the store in {self._path} failed while waiting for its durability level")
 
     def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None) -> Transaction:
         """An atomic transaction (a context manager). durability may be stronger than the store's.
@@ -589,17 +631,19 @@ class Store:
             if lsn is None:
                 return None
             # Visible to validation now, and to reads once acknowledged (see _lookup).
-            self._queue.append((lsn, txn))
+            core = self._core
+            core.enqueue_txn(lsn, txn)
             overlay = self._overlay
             for _, key, value in txn.ops:
                 overlay[key] = (lsn, value, overlay.get(key))
             if idem is not None:
                 self._idem_pending[idem] = lsn
-            self._bytes_since_checkpoint += len(payload)
+            core.bytes_since_checkpoint += len(payload)
             # Wake the materializer early once per 1,024 queued commits (not on every commit while
             # the queue is long: at interval/buffered most of it waits for the flusher's fdatasync,
             # and a materializer woken per commit finds nothing to apply and only steals the GIL).
-            if (len(self._queue) & 1023 == 0 or self._bytes_since_checkpoint >= self._checkpoint_bytes) \
+            # The C path (native/storecore.c, core_maybe_wake) follows the same rule.
+            if (len(core) & 1023 == 0 or core.bytes_since_checkpoint >= self._checkpoint_bytes) \
                     and not self._wake.is_set():
                 self._wake.set()
             return lsn, False
@@ -607,7 +651,11 @@ class Store:
     def _failed(self, exc: FailedError) -> None:
         """I5: the log stopped; the store refuses writes from now on (reads keep working)."""
         self._log_failure(exc)
+        self._fail_stop(exc)
+
+    def _fail_stop(self, exc: BaseException) -> None:
         self._failure = exc
+        self._core.disable()  # from now on every commit takes the Python path, which refuses it
 
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
                 payload: bytes | None = None) -> tuple[int, bool]:
@@ -615,7 +663,7 @@ class Store:
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
-        if len(self._queue) > self._max_unapplied:
+        if len(self._core) > self._max_unapplied:
             self._apply_ready()  # the materializer fell behind: help it (bounded memory)
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
             # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
@@ -637,12 +685,16 @@ class Store:
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
             await log.progress_async()
+        await self._acknowledged_async(done[0], durability)
+        return done
+
+    async def _acknowledged_async(self, lsn: int, durability: str | None) -> None:
+        assert self._log is not None
         try:
-            await log.wait_async(done[0], durability=durability)
+            await self._log.wait_async(lsn, durability=durability)
         except FailedError as exc:
             self._failed(exc)
             raise
-        return done
 
     # ---- materializer --------------------------------------------------------------------------
 
@@ -651,56 +703,25 @@ class Store:
         assert self._log is not None
         with self._apply_lock:
             durable = self._log.watermarks.durable
-            batch: list[tuple[int, record.Txn]] = []
-            with self._commit_lock:
-                queue = self._queue
-                if queue and queue[-1][0] <= durable and len(queue) <= limit:
-                    batch = list(queue)  # all of it: one C-level copy, not a pop per commit
-                    queue.clear()
-                else:
-                    while queue and queue[0][0] <= durable and len(batch) < limit:
-                        batch.append(queue.popleft())
-            if not batch:
-                return 0
             try:
+                with self._commit_lock:
+                    batch = self._core.take(durable, limit)  # collapsed to each key's last write, in C
+                if batch is None:
+                    return 0
                 self._applied = self._state.apply(batch, lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
-            except BaseException as exc:
+            except BaseException as exc:  # the batch is out of the queue: only a reopen replays it
                 self._log_failure(exc)
-                self._failure = exc
+                self._fail_stop(exc)
                 raise
-            applied = self._applied
-            # Each key once, dropping the applied tail of its chain (newest first): a hot key
-            # written by every commit must not cost O(batch x chain) under the lock.
-            touched = {key for _, txn in batch for _, key, _ in txn.ops}
-            overlay = self._overlay
+            _, _, commits, puts, deletes, idempotency = batch
             with self._commit_lock:
-                for key in touched:
-                    head = overlay.get(key)
-                    if head is None:
-                        continue
-                    if head[0] <= applied:
-                        del overlay[key]
-                        continue
-                    newer = []
-                    entry: _Entry | None = head
-                    while entry is not None and entry[0] > applied:
-                        newer.append(entry)
-                        entry = entry[2]
-                    if entry is None:
-                        continue  # nothing of this key applied yet
-                    # Rebuild the unapplied versions as a new chain: readers keep the old one.
-                    rebuilt: _Entry | None = None
-                    for lsn, value, _ in reversed(newer):
-                        rebuilt = (lsn, value, rebuilt)
-                    assert rebuilt is not None
-                    overlay[key] = rebuilt
-                if self._idem_pending:
-                    for lsn, txn in batch:
-                        if txn.idempotency_key is not None and self._idem_pending.get(txn.idempotency_key) == lsn:
-                            del self._idem_pending[txn.idempotency_key]
+                self._core.prune(self._applied, puts, deletes)
+                for key, lsn, _ in idempotency:
+                    if self._idem_pending.get(key) == lsn:
+                        del self._idem_pending[key]
             self._counters["apply_batches"] += 1
-            self._counters["applied_commits"] += len(batch)
-            return len(batch)
+            self._counters["applied_commits"] += commits
+            return commits
 
     def _materializer(self) -> None:
         while not self._stop:
@@ -715,7 +736,7 @@ class Store:
                 while self._apply_ready() >= _APPLY_BATCH_RECORDS:
                     pass
                 self._check_fsync_latency()
-                if self._bytes_since_checkpoint >= self._checkpoint_bytes:
+                if self._core.bytes_since_checkpoint >= self._checkpoint_bytes:
                     self._checkpoint(sync_log=False)
                     self._counters["auto_checkpoints"] += 1
             except FailedError as exc:
@@ -723,7 +744,7 @@ class Store:
                 return  # the log stopped; commits already report it
             except BaseException as exc:  # LMDB error: stop writes (fail-stop), keep reads working
                 self._log_failure(exc)
-                self._failure = exc
+                self._fail_stop(exc)
                 return
 
     def _log_failure(self, exc: BaseException) -> None:
@@ -765,7 +786,7 @@ class Store:
             self._state.sync()  # applied_lsn durable before any segment holding it goes
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
             removed = self._log.remove_segments_before(applied + 1, self._archive)
-            self._bytes_since_checkpoint = 0
+            self._core.bytes_since_checkpoint = 0
             self._last_checkpoint = time.time()
             self._counters["checkpoints"] += 1
             self._counters["segments_removed"] += len(removed)
@@ -800,7 +821,7 @@ class Store:
             "durability": self._durability.level,
             "rpo_ms": self._durability.rpo_ms,
             "applied_lsn": self._applied if self._log is not None else self._state.applied_lsn(),
-            "unapplied_commits": len(self._queue),
+            "unapplied_commits": len(self._core),
             "overlay_keys": len(self._overlay),
             "seconds_since_checkpoint": time.time() - self._last_checkpoint,
             "last_checkpoint": _meta_json(self._state, b"checkpoint"),
@@ -819,6 +840,7 @@ class Store:
             self._closed = True  # the parent owns the files, the lock and the LMDB handle
             return
         self._closed = True
+        self._core.disable()
         self._stop = True
         self._wake.set()
         if self._thread is not None:

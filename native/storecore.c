@@ -1,0 +1,982 @@
+/*
+ * storecore.c -- wal._storecore: the store's per-commit and per-apply work, in C.
+ *
+ * Why it exists. A `Store.put` at `interval` or `buffered` has a budget of about one
+ * microsecond (BRIEF §7: 1.5x LevelDB's unsynced put). In Python the commit path
+ * (record, lock, overlay entry, apply queue) cost ~3 us and the materializer's share
+ * (collapse each key to its last write, build LMDB's putmulti list, trim the overlay)
+ * ~1.5 us, both under the one GIL. This module does that work in C; wal/store.py keeps
+ * the policy (what is checked, when to wake whom, the LMDB transaction and I1) and the
+ * slow paths (if_version, idempotency keys, multi-op transactions, back-pressure).
+ *
+ * Store records (FORMAT.md §15; all integers little-endian):
+ *
+ *     txn  := kind:u8 = 0x54  flags:u8  time_ms:u64  n_ops:u32  [idem]  op*
+ *     idem := len:u16 key                  (present when flags & 1)
+ *     op   := 0x01 klen:u16 key vlen:u32 value   put
+ *           | 0x02 klen:u16 key                  delete
+ *
+ * This file is the one encoder and decoder of that layout (wal/record.py wraps it).
+ *
+ * Contracts.
+ *  - Core.commit runs with the GIL held except around wal_log_wait, and only takes the
+ *    store's commit lock with a non-blocking acquire: when the lock is busy, the value is
+ *    not plain bytes, the log pushes back or the apply queue is over its bound, it
+ *    returns 0 and the caller takes the Python path, which waits properly.
+ *  - The append is made with WAL_WAIT_TRY / WAL_WAIT_NONE, which never block
+ *    (native/gilheld.c argues why that is safe with the GIL held).
+ *  - The overlay stays a Python dict of immutable (lsn, value, older) chains, so readers
+ *    in wal/store.py walk it without a lock; this module only ever replaces a chain.
+ *  - The apply queue holds, in LSN order, one-op commits (key, value) and whole
+ *    transactions (a wal.record.Txn) from the Python path. `take` and `prune` are called
+ *    with the commit lock held by the caller.
+ *  - Core holds a reference to the wal.Log whose handle it uses: the handle is freed only
+ *    with that object, so a commit still waiting when the store closes cannot touch
+ *    freed memory (the closed log answers it with WAL_ECLOSED).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "wal.h"
+
+#define KIND_TXN 0x54
+#define FLAG_IDEMPOTENCY 0x01
+#define OP_PUT 0x01
+#define OP_DELETE 0x02
+#define MAX_KEY_BYTES 511
+#define TXN_HEAD_BYTES 14 /* kind, flags, time_ms, n_ops */
+#define VERSION_BYTES 8   /* LMDB value = u64 version (LSN) + value (FORMAT.md §16) */
+/* A queue length that is a multiple of this wakes the materializer (see wal/store.py). */
+#define WAKE_EVERY 1024
+
+typedef int64_t (*append_fn)(wal_log *log, const char *data, size_t len, int level, int wait);
+typedef int (*wait_fn)(wal_log *log, uint64_t lsn, int level);
+
+static append_fn g_append;
+static wait_fn g_wait;
+
+/* ---- little-endian helpers -------------------------------------------------------------- */
+
+static void put_u16(char *p, uint16_t v) {
+    p[0] = (char)(v & 0xff);
+    p[1] = (char)(v >> 8);
+}
+
+static void put_u32(char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (char)((v >> (8 * i)) & 0xff);
+}
+
+static void put_u64(char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (char)((v >> (8 * i)) & 0xff);
+}
+
+static uint16_t get_u16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+/* Bytes of one op: kind, klen, key, and for a put vlen and value. */
+static size_t op_bytes(Py_ssize_t klen, Py_ssize_t vlen, int kind) {
+    return 1 + 2 + (size_t)klen + (kind == OP_PUT ? 4 + (size_t)vlen : 0);
+}
+
+static char *write_head(char *p, uint8_t flags, uint64_t time_ms, uint32_t n_ops) {
+    p[0] = (char)KIND_TXN;
+    p[1] = (char)flags;
+    put_u64(p + 2, time_ms);
+    put_u32(p + 10, n_ops);
+    return p + TXN_HEAD_BYTES;
+}
+
+static char *write_op(char *p, int kind, const char *key, Py_ssize_t klen, const char *val, Py_ssize_t vlen) {
+    *p++ = (char)kind;
+    put_u16(p, (uint16_t)klen);
+    p += 2;
+    memcpy(p, key, (size_t)klen);
+    p += klen;
+    if (kind == OP_PUT) {
+        put_u32(p, (uint32_t)vlen);
+        p += 4;
+        memcpy(p, val, (size_t)vlen);
+        p += vlen;
+    }
+    return p;
+}
+
+/* Check one (kind, key, value) op of a transaction; on success kind, key and val are set. */
+static int parse_op(PyObject *op, int *kind, PyObject **key, PyObject **val) {
+    if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) != 3) {
+        PyErr_SetString(PyExc_TypeError, "an op must be a (kind, key, value) tuple");
+        return -1;
+    }
+    long k = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+    if (k == -1 && PyErr_Occurred()) return -1;
+    *key = PyTuple_GET_ITEM(op, 1);
+    *val = PyTuple_GET_ITEM(op, 2);
+    /* Only what the layout can hold: the key limits are the store's to enforce (and the fuzz
+     * findings build records over them on purpose, to check the decoder refuses them). */
+    if (!PyBytes_Check(*key) || PyBytes_GET_SIZE(*key) > UINT16_MAX) {
+        PyErr_SetString(PyExc_ValueError, "an op's key must be bytes of at most 65535 bytes");
+        return -1;
+    }
+    if (k == OP_PUT) {
+        if (!PyBytes_Check(*val) || (uint64_t)PyBytes_GET_SIZE(*val) > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a put's value must be bytes");
+            return -1;
+        }
+    } else if (k == OP_DELETE) {
+        if (*val != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "a delete's value must be None");
+            return -1;
+        }
+    } else {
+        PyErr_Format(PyExc_ValueError, "unknown op kind %ld", k);
+        return -1;
+    }
+    *kind = (int)k;
+    return 0;
+}
+
+/* encode(ops, time_ms, idempotency_key) -> bytes */
+static PyObject *sc_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode takes (ops, time_ms, idempotency_key)");
+        return NULL;
+    }
+    PyObject *ops = PySequence_Fast(args[0], "encode: ops must be a sequence");
+    if (ops == NULL) return NULL;
+    PyObject *result = NULL;
+    uint64_t time_ms = PyLong_AsUnsignedLongLong(args[1]);
+    PyObject *idem = args[2];
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ops);
+    size_t total = TXN_HEAD_BYTES;
+    if (time_ms == (uint64_t)-1 && PyErr_Occurred()) goto done;
+    if (idem != Py_None) {
+        if (!PyBytes_Check(idem) || PyBytes_GET_SIZE(idem) > UINT16_MAX) {
+            PyErr_SetString(PyExc_ValueError, "an idempotency key must be bytes of at most 65535 bytes");
+            goto done;
+        }
+        total += 2 + (size_t)PyBytes_GET_SIZE(idem);
+    }
+    if ((uint64_t)n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many ops");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int kind;
+        PyObject *key, *val;
+        if (parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val) < 0) goto done;
+        total += op_bytes(PyBytes_GET_SIZE(key), kind == OP_PUT ? PyBytes_GET_SIZE(val) : 0, kind);
+    }
+    if (total > (size_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL) goto done;
+    char *p = write_head(PyBytes_AS_STRING(result), idem != Py_None ? FLAG_IDEMPOTENCY : 0, time_ms,
+                         (uint32_t)n);
+    if (idem != Py_None) {
+        put_u16(p, (uint16_t)PyBytes_GET_SIZE(idem));
+        memcpy(p + 2, PyBytes_AS_STRING(idem), (size_t)PyBytes_GET_SIZE(idem));
+        p += 2 + PyBytes_GET_SIZE(idem);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PySequence_Fast_GET_ITEM(ops, i);
+        int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+        PyObject *key = PyTuple_GET_ITEM(op, 1), *val = PyTuple_GET_ITEM(op, 2);
+        p = write_op(p, kind, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                     kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL, kind == OP_PUT ? PyBytes_GET_SIZE(val) : 0);
+    }
+done:
+    Py_DECREF(ops);
+    return result;
+}
+
+/* ---- decoding ------------------------------------------------------------------------------ */
+
+/* One op as the decoder found it: pointers into the payload. */
+typedef struct {
+    int kind;
+    const char *key;
+    Py_ssize_t klen;
+    const char *val;
+    Py_ssize_t vlen;
+} raw_op;
+
+typedef int (*op_sink)(void *ctx, const raw_op *op);
+
+/* Walk one payload. Returns NULL when it is a well-formed transaction (each op handed to
+ * `sink`, which may fail with a Python error: then *sink_failed is set), else the reason. */
+static const char *walk_txn(const char *data, Py_ssize_t len, uint64_t *time_ms, const char **idem,
+                            Py_ssize_t *idem_len, op_sink sink, void *ctx, int *sink_failed) {
+    const unsigned char *p = (const unsigned char *)data;
+    *sink_failed = 0;
+    if (len < TXN_HEAD_BYTES) return "shorter than a transaction header";
+    if (p[0] != KIND_TXN) return "unknown record kind";
+    if (p[1] & ~FLAG_IDEMPOTENCY) return "unknown flags";
+    *time_ms = get_u64(p + 2);
+    uint32_t n = get_u32(p + 10);
+    Py_ssize_t pos = TXN_HEAD_BYTES;
+    *idem = NULL;
+    *idem_len = 0;
+    if (p[1] & FLAG_IDEMPOTENCY) {
+        if (len - pos < 2) return "truncated idempotency key";
+        uint16_t ilen = get_u16(p + pos);
+        if (ilen == 0 || ilen > MAX_KEY_BYTES || len - pos - 2 < ilen) return "bad idempotency key length";
+        *idem = data + pos + 2;
+        *idem_len = ilen;
+        pos += 2 + ilen;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        raw_op op;
+        if (len - pos < 3) return "truncated op";
+        op.kind = p[pos];
+        op.klen = get_u16(p + pos + 1);
+        pos += 3;
+        if (op.klen == 0 || op.klen > MAX_KEY_BYTES || len - pos < op.klen) return "bad key length";
+        op.key = data + pos;
+        pos += op.klen;
+        op.val = NULL;
+        op.vlen = 0;
+        if (op.kind == OP_PUT) {
+            if (len - pos < 4) return "truncated value length";
+            uint32_t vlen = get_u32(p + pos);
+            pos += 4;
+            if ((uint64_t)(len - pos) < vlen) return "value runs past the record";
+            op.val = data + pos;
+            op.vlen = (Py_ssize_t)vlen;
+            pos += (Py_ssize_t)vlen;
+        } else if (op.kind != OP_DELETE) {
+            return "unknown op";
+        }
+        if (sink(ctx, &op) < 0) {
+            *sink_failed = 1;
+            return "";
+        }
+    }
+    if (pos != len) return "trailing bytes";
+    return NULL;
+}
+
+static int sink_to_list(void *ctx, const raw_op *op) {
+    PyObject *item = op->kind == OP_PUT ? Py_BuildValue("(iy#y#)", op->kind, op->key, op->klen, op->val, op->vlen)
+                                        : Py_BuildValue("(iy#O)", op->kind, op->key, op->klen, Py_None);
+    if (item == NULL) return -1;
+    int rc = PyList_Append((PyObject *)ctx, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static PyObject *bad_record(const char *reason) {
+    PyErr_SetString(PyExc_ValueError, reason);
+    return NULL;
+}
+
+/* decode(payload) -> (ops: list, time_ms, idempotency_key | None); ValueError(reason) if malformed. */
+static PyObject *sc_decode(PyObject *self, PyObject *payload) {
+    (void)self;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(payload, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *ops = PyList_New(0), *result = NULL;
+    uint64_t time_ms;
+    const char *idem;
+    Py_ssize_t idem_len;
+    int sink_failed;
+    if (ops == NULL) goto done;
+    const char *why = walk_txn(buf.buf, buf.len, &time_ms, &idem, &idem_len, sink_to_list, ops, &sink_failed);
+    if (sink_failed) goto done;
+    if (why != NULL) {
+        bad_record(why);
+        goto done;
+    }
+    if (idem != NULL)
+        result = Py_BuildValue("(OKy#)", ops, (unsigned long long)time_ms, idem, idem_len);
+    else
+        result = Py_BuildValue("(OKO)", ops, (unsigned long long)time_ms, Py_None);
+done:
+    Py_XDECREF(ops);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ---- collapsing a batch to each key's last write ---------------------------------------- */
+
+/* One write in a batch, in LSN order. `key` is a new reference when `owns_key`. */
+typedef struct {
+    uint64_t lsn;
+    int kind;
+    int owns_key;
+    PyObject *key;
+    const char *val;
+    Py_ssize_t vlen;
+} flat_op;
+
+typedef struct {
+    flat_op *ops;
+    size_t n, cap;
+    PyObject *idem; /* list of (idempotency key, lsn, time_ms), LSN order */
+    uint64_t first, last, commits;
+} flat_batch;
+
+static int flat_init(flat_batch *b) {
+    memset(b, 0, sizeof *b);
+    b->idem = PyList_New(0);
+    return b->idem == NULL ? -1 : 0;
+}
+
+static void flat_free(flat_batch *b) {
+    for (size_t i = 0; i < b->n; i++)
+        if (b->ops[i].owns_key) Py_DECREF(b->ops[i].key);
+    PyMem_Free(b->ops);
+    Py_XDECREF(b->idem);
+    b->ops = NULL;
+    b->n = b->cap = 0;
+    b->idem = NULL;
+}
+
+static int flat_push(flat_batch *b, const flat_op *op) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 256;
+        flat_op *ops = PyMem_Realloc(b->ops, cap * sizeof *ops);
+        if (ops == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->ops = ops;
+        b->cap = cap;
+    }
+    b->ops[b->n++] = *op;
+    return 0;
+}
+
+static void flat_commit(flat_batch *b, uint64_t lsn) {
+    if (b->commits == 0) b->first = lsn;
+    b->last = lsn;
+    b->commits++;
+}
+
+static int flat_idem(flat_batch *b, PyObject *key, uint64_t lsn, uint64_t time_ms) {
+    PyObject *t = Py_BuildValue("(OKK)", key, (unsigned long long)lsn, (unsigned long long)time_ms);
+    if (t == NULL) return -1;
+    int rc = PyList_Append(b->idem, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* The batch as (first, last, commits, puts, deletes, idem): each key once, with its last
+ * write; puts as (key, u64 version LE + value) ready for LMDB's putmulti. */
+static PyObject *flat_collapse(flat_batch *b) {
+    PyObject *seen = PySet_New(NULL), *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
+    if (seen == NULL || puts == NULL || dels == NULL) goto done;
+    for (size_t i = b->n; i-- > 0;) { /* newest first: the first sighting of a key is its last write */
+        flat_op *op = &b->ops[i];
+        int found = PySet_Contains(seen, op->key);
+        if (found < 0) goto done;
+        if (found) continue;
+        if (PySet_Add(seen, op->key) < 0) goto done;
+        if (op->kind == OP_DELETE) {
+            if (PyList_Append(dels, op->key) < 0) goto done;
+            continue;
+        }
+        PyObject *stored = PyBytes_FromStringAndSize(NULL, VERSION_BYTES + op->vlen);
+        if (stored == NULL) goto done;
+        put_u64(PyBytes_AS_STRING(stored), op->lsn);
+        memcpy(PyBytes_AS_STRING(stored) + VERSION_BYTES, op->val, (size_t)op->vlen);
+        PyObject *pair = PyTuple_Pack(2, op->key, stored);
+        Py_DECREF(stored);
+        if (pair == NULL) goto done;
+        int rc = PyList_Append(puts, pair);
+        Py_DECREF(pair);
+        if (rc < 0) goto done;
+    }
+    result = Py_BuildValue("(KKKOOO)", (unsigned long long)b->first, (unsigned long long)b->last,
+                           (unsigned long long)b->commits, puts, dels, b->idem);
+done:
+    Py_XDECREF(seen);
+    Py_XDECREF(puts);
+    Py_XDECREF(dels);
+    return result;
+}
+
+typedef struct {
+    flat_batch *batch;
+    uint64_t lsn;
+    PyObject *payload; /* keeps the op values' memory alive */
+} decode_ctx;
+
+static int sink_to_batch(void *ctx, const raw_op *op) {
+    decode_ctx *d = ctx;
+    flat_op f = {d->lsn, op->kind, 1, PyBytes_FromStringAndSize(op->key, op->klen), op->val, op->vlen};
+    if (f.key == NULL) return -1;
+    if (flat_push(d->batch, &f) < 0) {
+        Py_DECREF(f.key);
+        return -1;
+    }
+    return 0;
+}
+
+/* collapse(records: list[(lsn, payload: bytes)]) -> (first, last, commits, puts, deletes, idem)
+ * For replay: decodes each payload and collapses the lot. A malformed payload raises
+ * ValueError(lsn, reason). The records list keeps the payloads alive while this runs. */
+static PyObject *sc_collapse(PyObject *self, PyObject *records) {
+    (void)self;
+    if (!PyList_Check(records)) {
+        PyErr_SetString(PyExc_TypeError, "collapse takes a list of (lsn, payload)");
+        return NULL;
+    }
+    flat_batch b;
+    if (flat_init(&b) < 0) return NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(rec, 1))) {
+            PyErr_SetString(PyExc_TypeError, "collapse takes a list of (lsn, payload: bytes)");
+            goto done;
+        }
+        uint64_t lsn = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 0));
+        if (lsn == (uint64_t)-1 && PyErr_Occurred()) goto done;
+        PyObject *payload = PyTuple_GET_ITEM(rec, 1);
+        decode_ctx ctx = {&b, lsn, payload};
+        uint64_t time_ms;
+        const char *idem;
+        Py_ssize_t idem_len;
+        int sink_failed;
+        const char *why = walk_txn(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), &time_ms, &idem,
+                                   &idem_len, sink_to_batch, &ctx, &sink_failed);
+        if (sink_failed) goto done;
+        if (why != NULL) {
+            PyObject *err = Py_BuildValue("(Ks)", (unsigned long long)lsn, why);
+            if (err != NULL) {
+                PyErr_SetObject(PyExc_ValueError, err);
+                Py_DECREF(err);
+            }
+            goto done;
+        }
+        flat_commit(&b, lsn);
+        if (idem != NULL) {
+            PyObject *key = PyBytes_FromStringAndSize(idem, idem_len);
+            if (key == NULL) goto done;
+            int rc = flat_idem(&b, key, lsn, time_ms);
+            Py_DECREF(key);
+            if (rc < 0) goto done;
+        }
+    }
+    result = flat_collapse(&b);
+done:
+    flat_free(&b);
+    return result;
+}
+
+/* ---- the commit core ------------------------------------------------------------------------ */
+
+/* One queued commit: a single put/delete (key, value or NULL), or a whole transaction (txn). */
+typedef struct {
+    uint64_t lsn;
+    int kind; /* OP_PUT, OP_DELETE, or 0: `txn` is a wal.record.Txn */
+    PyObject *key;
+    PyObject *value;
+    PyObject *txn;
+} qentry;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *log;       /* the wal.Log: kept alive so its handle is (see the contracts above) */
+    wal_log *handle;     /* NULL: the fast path is off (read-only, closed, failed, forked) */
+    PyObject *overlay;   /* dict: key -> (lsn, value | None, older entry | None) */
+    PyObject *acquire;   /* the commit lock's bound acquire / release */
+    PyObject *release;
+    PyObject *wake_set;  /* the materializer's Event: bound set / is_set */
+    PyObject *wake_is_set;
+    int level;
+    Py_ssize_t max_unapplied;
+    long long checkpoint_bytes;
+    long long bytes_since_checkpoint;
+    qentry *q; /* ring buffer */
+    size_t head, len, cap;
+} Core;
+
+static void q_clear_entry(qentry *e) {
+    Py_XDECREF(e->key);
+    Py_XDECREF(e->value);
+    Py_XDECREF(e->txn);
+    memset(e, 0, sizeof *e);
+}
+
+/* Append an entry; steals nothing (takes its own references). */
+static int q_push(Core *c, uint64_t lsn, int kind, PyObject *key, PyObject *value, PyObject *txn) {
+    if (c->len == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 1024;
+        qentry *q = PyMem_Malloc(cap * sizeof *q);
+        if (q == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < c->len; i++) q[i] = c->q[(c->head + i) % c->cap];
+        PyMem_Free(c->q);
+        c->q = q;
+        c->cap = cap;
+        c->head = 0;
+    }
+    qentry *e = &c->q[(c->head + c->len) % c->cap];
+    e->lsn = lsn;
+    e->kind = kind;
+    e->key = key;
+    e->value = value;
+    e->txn = txn;
+    Py_XINCREF(key);
+    Py_XINCREF(value);
+    Py_XINCREF(txn);
+    c->len++;
+    return 0;
+}
+
+static int overlay_enter(Core *c, PyObject *key, uint64_t lsn, PyObject *value) {
+    PyObject *older = PyDict_GetItemWithError(c->overlay, key); /* borrowed */
+    if (older == NULL && PyErr_Occurred()) return -1;
+    PyObject *entry = Py_BuildValue("(KOO)", (unsigned long long)lsn, value, older ? older : Py_None);
+    if (entry == NULL) return -1;
+    int rc = PyDict_SetItem(c->overlay, key, entry);
+    Py_DECREF(entry);
+    return rc;
+}
+
+static int core_maybe_wake(Core *c) {
+    if ((c->len % WAKE_EVERY) != 0 && c->bytes_since_checkpoint < c->checkpoint_bytes) return 0;
+    PyObject *set = PyObject_CallNoArgs(c->wake_is_set);
+    if (set == NULL) return -1;
+    int is_set = PyObject_IsTrue(set);
+    Py_DECREF(set);
+    if (is_set) return is_set < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallNoArgs(c->wake_set);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static int core_release(Core *c) {
+    PyObject *r = PyObject_CallNoArgs(c->release);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* commit(kind, key, value, for_async) -> int
+ * One put (value: bytes) or delete (value: None) at the store's level. Returns the LSN once
+ * the level holds (for_async: once queued; the caller awaits the level), 0 when the caller
+ * must take the Python path instead (nothing was done), or a negative WAL_E* code when the
+ * commit was queued but waiting for its level failed. */
+static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *value, int for_async);
+
+static PyObject *core_commit(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "commit takes (kind, key, value, for_async)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    int for_async = PyObject_IsTrue(args[3]);
+    if ((kind == -1 && PyErr_Occurred()) || for_async < 0) return NULL;
+    if (!PyUnicode_CheckExact(args[1])) return commit_bytes_key(c, kind, args[1], args[2], for_async);
+    /* A str key is stored as its UTF-8 bytes, as wal/store.py's _key does. */
+    PyObject *key = PyUnicode_AsUTF8String(args[1]);
+    if (key == NULL) {
+        PyErr_Clear(); /* e.g. a lone surrogate: the Python path reports it */
+        return PyLong_FromLong(0);
+    }
+    PyObject *r = commit_bytes_key(c, kind, key, args[2], for_async);
+    Py_DECREF(key);
+    return r;
+}
+
+static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *value, int for_async) {
+    wal_log *handle = c->handle;
+    if (handle == NULL || !PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) == 0 ||
+        PyBytes_GET_SIZE(key) > MAX_KEY_BYTES || (Py_ssize_t)c->len > c->max_unapplied)
+        return PyLong_FromLong(0);
+    Py_ssize_t vlen = 0;
+    if (kind == OP_PUT) {
+        if (!PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > WAL_MAX_PAYLOAD_BYTES - 4096)
+            return PyLong_FromLong(0);
+        vlen = PyBytes_GET_SIZE(value);
+    } else if (kind != OP_DELETE || value != Py_None) {
+        return PyLong_FromLong(0);
+    }
+    PyObject *got = PyObject_CallOneArg(c->acquire, Py_False);
+    if (got == NULL) return NULL;
+    int locked = got == Py_True;
+    Py_DECREF(got);
+    if (!locked) return PyLong_FromLong(0); /* a Python-path commit or the materializer has it */
+
+    Py_ssize_t klen = PyBytes_GET_SIZE(key);
+    size_t n = TXN_HEAD_BYTES + op_bytes(klen, vlen, (int)kind);
+    char small[1024];
+    char *buf = n <= sizeof small ? small : PyMem_Malloc(n);
+    if (buf == NULL) {
+        core_release(c);
+        return PyErr_NoMemory();
+    }
+    write_op(write_head(buf, 0, now_ms(), 1), (int)kind, PyBytes_AS_STRING(key), klen,
+             kind == OP_PUT ? PyBytes_AS_STRING(value) : NULL, vlen);
+    int64_t lsn = g_append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
+    if (buf != small) PyMem_Free(buf);
+    if (lsn < 0) { /* back-pressure or a stopped log: the Python path waits or reports it */
+        if (core_release(c) < 0) return NULL;
+        return PyLong_FromLong(0);
+    }
+    /* Visible to validation now, and to reads once acknowledged (wal/store.py, _lookup). From
+     * here on the commit is in the log: a failure below is a bug or out-of-memory, reported as
+     * an exception after the lock is released. */
+    int failed = overlay_enter(c, key, (uint64_t)lsn, value) < 0 ||
+                 q_push(c, (uint64_t)lsn, (int)kind, key, kind == OP_PUT ? value : NULL, NULL) < 0;
+    c->bytes_since_checkpoint += (long long)n;
+    if (!failed) failed = core_maybe_wake(c) < 0;
+    if (failed) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        core_release(c);
+        PyErr_Restore(et, ev, tb);
+        return NULL;
+    }
+    if (core_release(c) < 0) return NULL;
+    if (for_async || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
+    int rc;
+    int level = c->level;
+    Py_BEGIN_ALLOW_THREADS
+    rc = g_wait(handle, (uint64_t)lsn, level);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(rc < 0 ? rc : lsn);
+}
+
+/* enqueue_txn(lsn, txn): queue a commit made on the Python path (the caller holds the lock). */
+static PyObject *core_enqueue_txn(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "enqueue_txn takes (lsn, txn)");
+        return NULL;
+    }
+    uint64_t lsn = PyLong_AsUnsignedLongLong(args[0]);
+    if (lsn == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "enqueue_txn: txn must be a wal.record.Txn");
+        return NULL;
+    }
+    if (q_push(c, lsn, 0, NULL, NULL, args[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Add a queued transaction's ops and idempotency key to the batch (borrowing its objects). */
+static int flat_add_txn(flat_batch *b, uint64_t lsn, PyObject *txn) {
+    PyObject *ops = PySequence_Fast(PyTuple_GET_ITEM(txn, 0), "a Txn's ops must be a sequence");
+    if (ops == NULL) return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ops) && rc == 0; i++) {
+        int kind;
+        PyObject *key, *val;
+        rc = parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
+        if (rc == 0) {
+            flat_op f = {lsn, kind, 0, key, kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL,
+                         kind == OP_PUT ? PyBytes_GET_SIZE(val) : 0};
+            rc = flat_push(b, &f);
+        }
+    }
+    Py_DECREF(ops);
+    PyObject *idem = PyTuple_GET_ITEM(txn, 2);
+    if (rc == 0 && idem != Py_None) {
+        uint64_t time_ms = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(txn, 1));
+        if (time_ms == (uint64_t)-1 && PyErr_Occurred()) return -1;
+        rc = flat_idem(b, idem, lsn, time_ms);
+    }
+    return rc;
+}
+
+/* take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) | None
+ * Removes up to `limit` queued commits with LSN <= durable_lsn, oldest first, and returns
+ * them collapsed (see flat_collapse). The caller holds the commit lock. */
+static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take takes (durable_lsn, limit)");
+        return NULL;
+    }
+    uint64_t durable = PyLong_AsUnsignedLongLong(args[0]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if ((durable == (uint64_t)-1 || limit == -1) && PyErr_Occurred()) return NULL;
+    size_t n = 0;
+    while (n < c->len && (Py_ssize_t)n < limit && c->q[(c->head + n) % c->cap].lsn <= durable) n++;
+    if (n == 0) Py_RETURN_NONE;
+    qentry *taken = PyMem_Malloc(n * sizeof *taken);
+    if (taken == NULL) return PyErr_NoMemory();
+    for (size_t i = 0; i < n; i++) taken[i] = c->q[(c->head + i) % c->cap];
+    c->head = (c->head + n) % c->cap;
+    c->len -= n;
+    /* The entries are out of the queue: whatever happens below, they are released here, and
+     * an error fails the store (wal/store.py), whose reopen replays them from the log. */
+    flat_batch b;
+    PyObject *result = NULL;
+    if (flat_init(&b) == 0) {
+        int rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            qentry *e = &taken[i];
+            flat_commit(&b, e->lsn);
+            if (e->kind == 0) {
+                rc = flat_add_txn(&b, e->lsn, e->txn);
+            } else {
+                flat_op f = {e->lsn, e->kind, 0, e->key, e->value ? PyBytes_AS_STRING(e->value) : NULL,
+                             e->value ? PyBytes_GET_SIZE(e->value) : 0};
+                rc = flat_push(&b, &f);
+            }
+        }
+        if (rc == 0) result = flat_collapse(&b);
+        flat_free(&b);
+    }
+    for (size_t i = 0; i < n; i++) q_clear_entry(&taken[i]);
+    PyMem_Free(taken);
+    return result;
+}
+
+/* Drop the versions of `key` at or below `applied` from its overlay chain. */
+static int prune_key(Core *c, PyObject *key, uint64_t applied) {
+    PyObject *head = PyDict_GetItemWithError(c->overlay, key);
+    if (head == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_ssize_t newer = 0; /* entries above `applied`, newest first */
+    PyObject *e = head;
+    while (e != Py_None) {
+        uint64_t lsn = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 0));
+        if (lsn == (uint64_t)-1 && PyErr_Occurred()) return -1;
+        if (lsn <= applied) break;
+        newer++;
+        e = PyTuple_GET_ITEM(e, 2);
+    }
+    if (e == Py_None) return 0; /* nothing of this key applied yet */
+    if (newer == 0) return PyDict_DelItem(c->overlay, key);
+    /* Rebuild the unapplied versions as a new chain: readers keep walking the old one. */
+    PyObject **keep = PyMem_Malloc((size_t)newer * sizeof *keep);
+    if (keep == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    e = head;
+    for (Py_ssize_t i = 0; i < newer; i++, e = PyTuple_GET_ITEM(e, 2)) keep[i] = e;
+    PyObject *chain = Py_None;
+    Py_INCREF(chain);
+    int rc = 0;
+    for (Py_ssize_t i = newer; i-- > 0;) {
+        PyObject *rebuilt = PyTuple_Pack(3, PyTuple_GET_ITEM(keep[i], 0), PyTuple_GET_ITEM(keep[i], 1), chain);
+        Py_DECREF(chain);
+        if (rebuilt == NULL) {
+            rc = -1;
+            chain = NULL;
+            break;
+        }
+        chain = rebuilt;
+    }
+    PyMem_Free(keep);
+    if (rc == 0) {
+        rc = PyDict_SetItem(c->overlay, key, chain);
+        Py_DECREF(chain);
+    }
+    return rc;
+}
+
+/* prune(applied_lsn, puts, deletes): after a batch from `take` is in LMDB, drop its keys'
+ * applied versions from the overlay. The caller holds the commit lock. */
+static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "prune takes (applied_lsn, puts: list, deletes: list)");
+        return NULL;
+    }
+    uint64_t applied = PyLong_AsUnsignedLongLong(args[0]);
+    if (applied == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[1]); i++)
+        if (prune_key(c, PyTuple_GET_ITEM(PyList_GET_ITEM(args[1], i), 0), applied) < 0) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[2]); i++)
+        if (prune_key(c, PyList_GET_ITEM(args[2], i), applied) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_disable(Core *c, PyObject *unused) {
+    (void)unused;
+    c->handle = NULL;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t core_len(Core *c) { return (Py_ssize_t)c->len; }
+
+static int core_init(Core *c, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"log", "handle_address", "overlay", "lock", "wake", "level", "max_unapplied",
+                             "checkpoint_bytes", NULL};
+    PyObject *log, *address, *overlay, *lock, *wake;
+    int level;
+    Py_ssize_t max_unapplied;
+    long long checkpoint_bytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOinL", kwlist, &log, &address, &PyDict_Type, &overlay,
+                                     &lock, &wake, &level, &max_unapplied, &checkpoint_bytes))
+        return -1;
+    if (g_append == NULL || g_wait == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "wal._storecore.Core before bind()");
+        return -1;
+    }
+    void *handle = PyLong_AsVoidPtr(address);
+    if (handle == NULL && PyErr_Occurred()) return -1;
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    PyObject *release = PyObject_GetAttrString(lock, "release");
+    PyObject *wake_set = PyObject_GetAttrString(wake, "set");
+    PyObject *wake_is_set = PyObject_GetAttrString(wake, "is_set");
+    if (!acquire || !release || !wake_set || !wake_is_set) {
+        Py_XDECREF(acquire);
+        Py_XDECREF(release);
+        Py_XDECREF(wake_set);
+        Py_XDECREF(wake_is_set);
+        return -1;
+    }
+    Py_XSETREF(c->acquire, acquire);
+    Py_XSETREF(c->release, release);
+    Py_XSETREF(c->wake_set, wake_set);
+    Py_XSETREF(c->wake_is_set, wake_is_set);
+    Py_INCREF(log);
+    Py_XSETREF(c->log, log);
+    Py_INCREF(overlay);
+    Py_XSETREF(c->overlay, overlay);
+    c->handle = handle;
+    c->level = level;
+    c->max_unapplied = max_unapplied;
+    c->checkpoint_bytes = checkpoint_bytes;
+    return 0;
+}
+
+static int core_traverse(Core *c, visitproc visit, void *arg) {
+    Py_VISIT(c->log);
+    Py_VISIT(c->overlay);
+    Py_VISIT(c->acquire);
+    Py_VISIT(c->release);
+    Py_VISIT(c->wake_set);
+    Py_VISIT(c->wake_is_set);
+    for (size_t i = 0; i < c->len; i++) {
+        qentry *e = &c->q[(c->head + i) % c->cap];
+        Py_VISIT(e->key);
+        Py_VISIT(e->value);
+        Py_VISIT(e->txn);
+    }
+    return 0;
+}
+
+static int core_clear(Core *c) {
+    c->handle = NULL;
+    Py_CLEAR(c->log);
+    Py_CLEAR(c->overlay);
+    Py_CLEAR(c->acquire);
+    Py_CLEAR(c->release);
+    Py_CLEAR(c->wake_set);
+    Py_CLEAR(c->wake_is_set);
+    for (size_t i = 0; i < c->len; i++) q_clear_entry(&c->q[(c->head + i) % c->cap]);
+    c->len = 0;
+    return 0;
+}
+
+static void core_dealloc(Core *c) {
+    PyObject_GC_UnTrack(c);
+    core_clear(c);
+    PyMem_Free(c->q);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyMethodDef core_methods[] = {
+    {"commit", (PyCFunction)(void (*)(void))core_commit, METH_FASTCALL,
+     "commit(kind, key, value, for_async) -> LSN, 0 (take the Python path) or a WAL_E* code from the wait."},
+    {"enqueue_txn", (PyCFunction)(void (*)(void))core_enqueue_txn, METH_FASTCALL,
+     "enqueue_txn(lsn, txn): queue a Python-path commit for the materializer (commit lock held)."},
+    {"take", (PyCFunction)(void (*)(void))core_take, METH_FASTCALL,
+     "take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) or None (commit lock held)."},
+    {"prune", (PyCFunction)(void (*)(void))core_prune, METH_FASTCALL,
+     "prune(applied_lsn, puts, deletes): drop applied versions of those keys from the overlay (lock held)."},
+    {"disable", (PyCFunction)core_disable, METH_NOARGS,
+     "Turn the fast path off for good (close, failure, fork): commit returns 0 from now on."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef core_members[] = {
+    {"bytes_since_checkpoint", T_LONGLONG, offsetof(Core, bytes_since_checkpoint), 0,
+     "Log bytes committed since the last checkpoint (the store resets it)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods core_as_sequence = {.sq_length = (lenfunc)core_len};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wal._storecore.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The store's commit path and apply queue in C (see native/storecore.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)core_init,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_methods = core_methods,
+    .tp_members = core_members,
+    .tp_as_sequence = &core_as_sequence,
+};
+
+/* ---- module ---------------------------------------------------------------------------------- */
+
+static PyObject *sc_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "bind takes (address of wal_log_append, address of wal_log_wait)");
+        return NULL;
+    }
+    void *append = PyLong_AsVoidPtr(args[0]);
+    void *wait = PyLong_AsVoidPtr(args[1]);
+    if (append == NULL || wait == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind: a null function address");
+        return NULL;
+    }
+    g_append = (append_fn)(uintptr_t)append;
+    g_wait = (wait_fn)(uintptr_t)wait;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef sc_methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
+     "bind(append_address, wait_address): the cffi module's wal_log_append and wal_log_wait."},
+    {"encode", (PyCFunction)(void (*)(void))sc_encode, METH_FASTCALL,
+     "encode(ops, time_ms, idempotency_key) -> the transaction's log payload."},
+    {"decode", sc_decode, METH_O, "decode(payload) -> (ops, time_ms, idempotency_key); ValueError if malformed."},
+    {"collapse", sc_collapse, METH_O,
+     "collapse(records: list[(lsn, payload)]) -> (first, last, commits, puts, deletes, idem)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef sc_module = {
+    PyModuleDef_HEAD_INIT, "wal._storecore", "The store's commit path and record codec in C (native/storecore.c).",
+    -1, sc_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__storecore(void) {
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&sc_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
