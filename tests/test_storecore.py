@@ -1,0 +1,196 @@
+"""The store's C core (native/storecore.c): the record codec, the collapse of a batch to each
+key's last write, the overlay pruning, and the commit path's fallback to Python.
+
+The codec is checked against bytes built here from FORMAT.md §15 with `struct` (an oracle
+independent of the C), the collapse against a dict model, and the commit path through the
+public API (its other behaviour -- read-your-writes, fail-stop, fork, close -- is covered
+by the store tests, which all run through it).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from pathlib import Path
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+import wal
+from wal import record
+from wal._bindings import storecore
+
+KEYS = st.binary(min_size=1, max_size=record.MAX_KEY_BYTES)
+SMALL_KEYS = st.sampled_from([b"a", b"b", b"c", b"\x00", b"\xff\xff"])
+VALUES = st.binary(max_size=300)
+OPS = st.lists(st.one_of(st.tuples(st.just(record.OP_PUT), KEYS, VALUES),
+                         st.tuples(st.just(record.OP_DELETE), KEYS, st.none())), max_size=6)
+IDEM = st.one_of(st.none(), KEYS)
+TIME_MS = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+def reference_encoding(ops: list[record.Op], time_ms: int, idem: bytes | None) -> bytes:
+    """FORMAT.md §15, written out with struct: the oracle for the C encoder."""
+    out = struct.pack("<BBQI", 0x54, 1 if idem is not None else 0, time_ms, len(ops))
+    if idem is not None:
+        out += struct.pack("<H", len(idem)) + idem
+    for kind, key, value in ops:
+        out += struct.pack("<BH", kind, len(key)) + key
+        if kind == record.OP_PUT:
+            assert value is not None
+            out += struct.pack("<I", len(value)) + value
+    return out
+
+
+def test_a_known_transaction_encodes_to_the_bytes_format_md_specifies() -> None:
+    payload = record.encode([(record.OP_PUT, b"k", b"vv"), (record.OP_DELETE, b"gone", None)], 0x0102, b"job")
+    assert payload == bytes.fromhex(
+        "54" "01" "0201000000000000" "02000000"  # kind, flags (idempotency key), time_ms, n_ops
+        "0300" "6a6f62"  # idempotency key "job"
+        "01" "0100" "6b" "02000000" "7676"  # put k = vv
+        "02" "0400" "676f6e65"  # delete gone
+    )
+
+
+@given(OPS, TIME_MS, IDEM)
+def test_encode_matches_the_format_and_decode_inverts_it(ops: list[record.Op], time_ms: int,
+                                                         idem: bytes | None) -> None:
+    payload = record.encode(ops, time_ms, idem)
+    assert payload == reference_encoding(ops, time_ms, idem)
+    if ops:
+        assert record.encode_one(*ops[0], time_ms) == reference_encoding(ops[:1], time_ms, None)
+    txn = record.decode(payload, 7)
+    assert (list(txn.ops), txn.time_ms, txn.idempotency_key) == (ops, time_ms, idem)
+
+
+@settings(max_examples=50)
+@given(OPS.filter(bool), TIME_MS, IDEM)
+def test_every_truncation_and_any_trailing_byte_is_refused_as_a_bad_store_record(
+        ops: list[record.Op], time_ms: int, idem: bytes | None) -> None:
+    payload = record.encode(ops, time_ms, idem)
+    for bad in [payload[:n] for n in range(len(payload))] + [payload + b"\x00"]:
+        with pytest.raises(wal.CorruptionError) as info:
+            record.decode(bad, 42)
+        assert info.value.reason == "bad store record" and info.value.lsn == 42
+        with pytest.raises(wal.CorruptionError) as info:
+            record.collapse([(41, record.encode_one(record.OP_PUT, b"x", b"y", 0)), (42, bad)])
+        assert info.value.lsn == 42
+
+
+@pytest.mark.parametrize(("payload", "why"), [
+    (b"\x55" + bytes(13), "unknown record kind"),
+    (b"\x54\x02" + bytes(12), "unknown flags"),
+    (struct.pack("<BBQI", 0x54, 0, 0, 1) + b"\x03\x01\x00k", "unknown op"),
+    (struct.pack("<BBQI", 0x54, 0, 0, 1) + b"\x02\x00\x00", "bad key length"),  # an empty key
+    (struct.pack("<BBQI", 0x54, 0, 0, 1) + b"\x02\x00\x02" + b"k" * 512, "bad key length"),  # over 511
+    (struct.pack("<BBQIH", 0x54, 1, 0, 0, 512) + b"i" * 512, "bad idempotency key length"),
+])
+def test_a_malformed_record_names_what_is_wrong(payload: bytes, why: str) -> None:
+    with pytest.raises(wal.CorruptionError, match=why):
+        record.decode(payload, 1)
+
+
+def model_collapse(txns: list[tuple[list[record.Op], int, bytes | None]], first: int) -> record.Collapsed:
+    last_write: dict[bytes, tuple[int, bytes | None]] = {}
+    idem = []
+    for lsn, (ops, time_ms, key) in enumerate(txns, first):
+        for _, k, v in ops:
+            last_write[k] = (lsn, v)
+        if key is not None:
+            idem.append((key, lsn, time_ms))
+    puts = [(k, struct.pack("<Q", lsn) + v) for k, (lsn, v) in last_write.items() if v is not None]
+    deletes = sorted(k for k, (_, v) in last_write.items() if v is None)
+    return first, first + len(txns) - 1, len(txns), puts, deletes, idem
+
+
+TXNS = st.lists(st.tuples(st.lists(st.one_of(st.tuples(st.just(record.OP_PUT), SMALL_KEYS, VALUES),
+                                             st.tuples(st.just(record.OP_DELETE), SMALL_KEYS, st.none())),
+                                   min_size=1, max_size=4),
+                          st.integers(min_value=0, max_value=2**40),
+                          st.one_of(st.none(), st.sampled_from([b"job-1", b"job-2"]))),
+                min_size=1, max_size=30)
+
+
+@given(TXNS, st.integers(min_value=1, max_value=2**40))
+def test_collapse_leaves_each_keys_last_write_with_its_lsn_as_version(
+        txns: list[tuple[list[record.Op], int, bytes | None]], first: int) -> None:
+    records = [(lsn, record.encode(ops, t, idem)) for lsn, (ops, t, idem) in enumerate(txns, first)]
+    got = record.collapse(records)
+    want = model_collapse(txns, first)
+    assert got[:3] == want[:3]
+    assert sorted(got[3]) == sorted(want[3])
+    versions = [struct.unpack_from("<Q", stored)[0] for _, stored in got[3]]
+    assert versions == sorted(versions)  # LSN order: what LMDB likes when keys grow with time
+    assert sorted(got[4]) == want[4]
+    assert got[5] == want[5]
+
+
+def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_unapplied_versions(
+        tmp_path: Path) -> None:
+    log = wal.Log.open(str(tmp_path / "log"), durability="buffered", rpo_ms=1000)
+    overlay: dict[bytes, object] = {}
+    lock, wake = threading.Lock(), threading.Event()
+    core = storecore.Core(log, log.native_address, overlay, lock, wake, 2, 1000, 1 << 30)
+    try:
+        lsns = [core.commit(record.OP_PUT, b"k", b"v%d" % i, False) for i in range(1, 4)]
+        assert lsns == [1, 2, 3]
+        assert core.commit(record.OP_DELETE, "other", None, False) == 4  # a str key: its UTF-8 bytes
+        txn = record.make_txn([(record.OP_PUT, b"t", b"x"), (record.OP_DELETE, b"k", None)], 9, b"idem")
+        lsn = log.append(record.encode(txn.ops, txn.time_ms, txn.idempotency_key))
+        with lock:
+            core.enqueue_txn(lsn, txn)
+        assert len(core) == 5
+        assert overlay[b"k"] == (3, b"v3", (2, b"v2", (1, b"v1", None)))
+        assert overlay[b"other"] == (4, None, None)
+
+        with lock:
+            assert core.take(0, 100) is None  # nothing durable yet
+            batch = core.take(2, 100)
+        assert batch == (1, 2, 2, [(b"k", struct.pack("<Q", 2) + b"v2")], [], [])
+        with lock:
+            core.prune(2, batch[3], batch[4])
+        assert overlay[b"k"] == (3, b"v3", None)  # rebuilt without the applied versions
+        with lock:
+            batch = core.take(5, 100)
+        assert batch == (3, 5, 3, [(b"t", struct.pack("<Q", 5) + b"x")], [b"k", b"other"], [(b"idem", 5, 9)])
+        with lock:
+            core.prune(5, batch[3], batch[4])
+        assert overlay == {}  # every version applied (the store's Python path enters its own, like t's)
+        assert len(core) == 0
+    finally:
+        log.close()
+
+
+def test_the_commit_path_answers_0_and_does_nothing_for_what_python_must_decide(tmp_path: Path) -> None:
+    log = wal.Log.open(str(tmp_path / "log"), durability="buffered", rpo_ms=1000)
+    overlay: dict[bytes, object] = {}
+    lock = threading.Lock()
+    core = storecore.Core(log, log.native_address, overlay, lock, threading.Event(), 2, 2, 1 << 30)
+    try:
+        for key, value in [(bytearray(b"k"), b"v"), (b"k", bytearray(b"v")), (b"", b"v"), (b"k" * 512, b"v"),
+                           (1, b"v"), ("\ud800", b"v")]:
+            assert core.commit(record.OP_PUT, key, value, False) == 0
+        assert core.commit(record.OP_DELETE, b"k", b"not None", False) == 0
+        with lock:
+            assert core.commit(record.OP_PUT, b"k", b"v", False) == 0  # the commit lock is busy
+        assert [core.commit(record.OP_PUT, b"k", b"v", False) for _ in range(4)] == [1, 2, 3, 0]  # over max_unapplied
+        core.disable()
+        with lock:
+            core.take(10, 10)
+        assert core.commit(record.OP_PUT, b"k", b"v", False) == 0
+        assert log.watermarks.appended == 3 and overlay[b"k"][0] == 3
+    finally:
+        log.close()
+
+
+def test_a_put_meeting_a_held_commit_lock_waits_for_it_and_then_commits(tmp_path: Path) -> None:
+    with wal.open(tmp_path, durability="buffered", rpo_ms=100) as store:
+        done: list[int] = []
+        with store._commit_lock:
+            worker = threading.Thread(target=lambda: done.append(store.put(b"k", b"v")))
+            worker.start()
+            worker.join(0.3)
+            assert worker.is_alive() and not done  # the Python path waits for the lock
+        worker.join(10)
+        assert done and store.get(b"k") == b"v" and store.version(b"k") == done[0]
