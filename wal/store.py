@@ -78,7 +78,7 @@ ARCHIVE_DIR = "archive"
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
 _REPLAY_BATCH_RECORDS = 100_000
-_REPLAY_BATCH_BYTES = 64 << 20
+_REPLAY_BATCH_BYTES = 32 << 20
 _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short lock holds
 _SCAN_CHUNK = 512
 
