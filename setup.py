@@ -1,6 +1,12 @@
 """Only here to hook the native builds into `pip install .`; metadata is in pyproject.toml."""
 
+import os
+
 from setuptools import Extension, setup
+
+# The sanitizer builds (fuzz/build_asan.sh) instrument the CPython extensions too, like the
+# cffi module (native/build.py reads the same variable).
+SAN_FLAGS = os.environ.get("AGENTWAL_CFLAGS", "").split()
 
 # The power-cut simulator's LD_PRELOAD shim (test-only). Built like an extension module so it
 # lands in the package as wal/_crashsim*.so, but it is plain C: never imported, no Python.h use.
@@ -17,7 +23,7 @@ gilheld = Extension(
     "wal._gilheld",
     sources=["native/gilheld.c"],
     include_dirs=["native"],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
 # The store's commit path, apply queue and record codec (see native/storecore.c).
@@ -25,7 +31,7 @@ storecore = Extension(
     "wal._storecore",
     sources=["native/storecore.c"],
     include_dirs=["native"],
-    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
 setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, gilheld, storecore])
