@@ -571,6 +571,10 @@ static int overlay_enter(Core *c, PyObject *key, uint64_t lsn, PyObject *value) 
     return rc;
 }
 
+/* Wake the materializer early once per WAKE_EVERY queued commits, or once a checkpoint is due
+ * -- not on every commit while the queue is long: at interval/buffered most of it waits for the
+ * flusher's fdatasync, and a materializer woken per commit finds nothing to apply and only
+ * steals the GIL. Both commit paths go through here. */
 static int core_maybe_wake(Core *c) {
     if ((c->len % WAKE_EVERY) != 0 && c->bytes_since_checkpoint < c->checkpoint_bytes) return 0;
     PyObject *set = PyObject_CallNoArgs(c->wake_is_set);
@@ -675,19 +679,24 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     return PyLong_FromLongLong(rc < 0 ? rc : lsn);
 }
 
-/* enqueue_txn(lsn, txn): queue a commit made on the Python path (the caller holds the lock). */
+/* enqueue_txn(lsn, txn, payload_bytes): queue a commit made on the Python path, count its log
+ * bytes toward the next checkpoint and wake the materializer by the same rule as the C path
+ * (the caller holds the lock). */
 static PyObject *core_enqueue_txn(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "enqueue_txn takes (lsn, txn)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "enqueue_txn takes (lsn, txn, payload_bytes)");
         return NULL;
     }
     uint64_t lsn = PyLong_AsUnsignedLongLong(args[0]);
-    if (lsn == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    long long payload_bytes = PyLong_AsLongLong(args[2]);
+    if ((lsn == (uint64_t)-1 || payload_bytes == -1) && PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 3) {
         PyErr_SetString(PyExc_TypeError, "enqueue_txn: txn must be a wal.record.Txn");
         return NULL;
     }
     if (q_push(c, lsn, 0, NULL, NULL, args[1]) < 0) return NULL;
+    c->bytes_since_checkpoint += payload_bytes;
+    if (core_maybe_wake(c) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -911,7 +920,7 @@ static PyMethodDef core_methods[] = {
     {"commit", (PyCFunction)(void (*)(void))core_commit, METH_FASTCALL,
      "commit(kind, key, value, for_async) -> LSN, 0 (take the Python path) or a WAL_E* code from the wait."},
     {"enqueue_txn", (PyCFunction)(void (*)(void))core_enqueue_txn, METH_FASTCALL,
-     "enqueue_txn(lsn, txn): queue a Python-path commit for the materializer (commit lock held)."},
+     "enqueue_txn(lsn, txn, payload_bytes): queue a Python-path commit for the materializer (commit lock held)."},
     {"take", (PyCFunction)(void (*)(void))core_take, METH_FASTCALL,
      "take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) or None (commit lock held)."},
     {"prune", (PyCFunction)(void (*)(void))core_prune, METH_FASTCALL,

@@ -139,7 +139,7 @@ def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_un
         txn = record.make_txn([(record.OP_PUT, b"t", b"x"), (record.OP_DELETE, b"k", None)], 9, b"idem")
         lsn = log.append(record.encode(txn.ops, txn.time_ms, txn.idempotency_key))
         with lock:
-            core.enqueue_txn(lsn, txn)
+            core.enqueue_txn(lsn, txn, 40)
         assert len(core) == 5
         assert overlay[b"k"] == (3, b"v3", (2, b"v2", (1, b"v1", None)))
         assert overlay[b"other"] == (4, None, None)
