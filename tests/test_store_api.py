@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 import wal
+from wal import record
+from wal.state import InvariantError, State
 from wal.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from wal.testing import failpoint
 
@@ -1096,3 +1098,37 @@ def test_one_apply_batch_with_several_writes_of_a_key_leaves_each_keys_last_writ
     with wal.open(tmp_path / "s", readonly=True) as r:
         assert dict(r.scan()) == {b"b": b"2", b"c": b"final", b"d": b"x"}
         assert r.version(b"c") == last and r.watermarks.applied == last
+
+
+def _batch(first: int, *puts: bytes) -> list[tuple[int, bytes]]:
+    """Consecutive one-put records from LSN `first`, key k<i>, as the log would hand them over."""
+    return [(lsn, record.encode_one(record.OP_PUT, b"k%d" % lsn, value, 0)) for lsn, value in enumerate(puts, first)]
+
+
+def test_state_apply_refuses_a_batch_not_yet_durable_in_the_log_and_changes_nothing(tmp_path: Path) -> None:
+    # I1 log before state, enforced in State.apply right before the LMDB commit.
+    state = State(str(tmp_path / "state"))
+    try:
+        assert state.apply(record.collapse(_batch(1, b"a", b"b")), lambda: 2) == 2
+        with pytest.raises(InvariantError, match="I1"):
+            state.apply(record.collapse(_batch(3, b"c", b"d")), lambda: 3)
+        assert state.applied_lsn() == 2 and state.get(b"k3") is None and state.durable_seen() == 2
+    finally:
+        state.close()
+
+
+def test_state_apply_refuses_a_gap_and_skips_a_batch_it_already_holds(tmp_path: Path) -> None:
+    # I3 no holes (a batch must start right after applied_lsn and hold every LSN up to its last);
+    # I4 a batch wholly applied already (a replay after a crash mid-apply) changes nothing.
+    state = State(str(tmp_path / "state"))
+    try:
+        state.apply(record.collapse(_batch(1, b"a", b"b")), lambda: 10)
+        with pytest.raises(InvariantError, match="gap"):
+            state.apply(record.collapse(_batch(4, b"d")), lambda: 10)  # LSN 3 missing
+        first, last, commits, puts, deletes, idem = record.collapse(_batch(3, b"c", b"d", b"e"))
+        with pytest.raises(InvariantError, match="gap"):
+            state.apply((first, last, commits - 1, puts, deletes, idem), lambda: 10)  # a hole inside
+        assert state.apply(record.collapse(_batch(1, b"x", b"y")), lambda: 10) == 2
+        assert state.applied_lsn() == 2 and state.get(b"k1") == (1, b"a") and state.get(b"k3") is None
+    finally:
+        state.close()
