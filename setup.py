@@ -29,7 +29,7 @@ gilheld = Extension(
 # The store's commit path, apply queue and record codec (see native/storecore.c).
 storecore = Extension(
     "wal._storecore",
-    sources=["native/storecore.c"],
+    sources=["native/storecore.c", "native/collapse.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "collapse.h"
 #include "wal.h"
 
 #define KIND_TXN 0x54
@@ -425,34 +426,108 @@ done:
     return result;
 }
 
-typedef struct {
-    flat_batch *batch;
-    uint64_t lsn;
-    PyObject *payload; /* keeps the op values' memory alive */
-} decode_ctx;
+/* ---- collapsing raw records (replay) --------------------------------------------------------- */
 
-static int sink_to_batch(void *ctx, const raw_op *op) {
-    decode_ctx *d = ctx;
-    flat_op f = {d->lsn, op->kind, 1, PyBytes_FromStringAndSize(op->key, op->klen), op->val, op->vlen};
-    if (f.key == NULL) return -1;
-    if (flat_push(d->batch, &f) < 0) {
-        Py_DECREF(f.key);
+/* Replay works on records in memory the log maps: each op goes into a ctab (native/collapse.h)
+ * as pointers, and only each key's last write becomes Python objects, in emit_collapsed. */
+
+typedef struct {
+    ctab *table;
+    uint64_t lsn;
+} ctab_ctx;
+
+static int sink_to_ctab(void *ctx, const raw_op *op) {
+    ctab_ctx *c = ctx;
+    if (ctab_put(c->table, c->lsn, op->kind, op->key, (uint32_t)op->klen, op->val, (uint32_t)op->vlen) < 0) {
+        PyErr_NoMemory();
         return -1;
     }
     return 0;
 }
 
+/* Add one payload's ops to `table` and count the commit; a malformed payload raises
+ * ValueError(lsn, reason). */
+static int collapse_payload(ctab *table, flat_batch *counts, const char *data, Py_ssize_t len, uint64_t lsn) {
+    ctab_ctx ctx = {table, lsn};
+    uint64_t time_ms;
+    const char *idem;
+    Py_ssize_t idem_len;
+    int sink_failed;
+    const char *why = walk_txn(data, len, &time_ms, &idem, &idem_len, sink_to_ctab, &ctx, &sink_failed);
+    if (sink_failed) return -1;
+    if (why != NULL) {
+        PyObject *err = Py_BuildValue("(Ks)", (unsigned long long)lsn, why);
+        if (err != NULL) {
+            PyErr_SetObject(PyExc_ValueError, err);
+            Py_DECREF(err);
+        }
+        return -1;
+    }
+    flat_commit(counts, lsn);
+    if (idem == NULL) return 0;
+    PyObject *key = PyBytes_FromStringAndSize(idem, idem_len);
+    if (key == NULL) return -1;
+    int rc = flat_idem(counts, key, lsn, time_ms);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* The table's winners as a Collapsed tuple (see flat_collapse): puts and deletes in the order
+ * of their last write. */
+static PyObject *emit_collapsed(ctab *table, flat_batch *counts) {
+    size_t n;
+    ctab_slot **won = ctab_sorted(table, &n);
+    if (won == NULL && n == SIZE_MAX) return PyErr_NoMemory();
+    PyObject *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
+    if (puts == NULL || dels == NULL) goto done;
+    for (size_t i = 0; i < n; i++) {
+        ctab_slot *s = won[i];
+        PyObject *key = PyBytes_FromStringAndSize(s->key, s->klen);
+        if (key == NULL) goto done;
+        if (s->kind == OP_DELETE) {
+            int rc = PyList_Append(dels, key);
+            Py_DECREF(key);
+            if (rc < 0) goto done;
+            continue;
+        }
+        PyObject *stored = PyBytes_FromStringAndSize(NULL, VERSION_BYTES + (Py_ssize_t)s->vlen);
+        if (stored == NULL) {
+            Py_DECREF(key);
+            goto done;
+        }
+        put_u64(PyBytes_AS_STRING(stored), s->lsn);
+        if (s->vlen) memcpy(PyBytes_AS_STRING(stored) + VERSION_BYTES, s->val, s->vlen);
+        PyObject *pair = PyTuple_Pack(2, key, stored);
+        Py_DECREF(key);
+        Py_DECREF(stored);
+        if (pair == NULL) goto done;
+        PyObject_GC_UnTrack(pair); /* two bytes objects: no cycle possible */
+        int rc = PyList_Append(puts, pair);
+        Py_DECREF(pair);
+        if (rc < 0) goto done;
+    }
+    result = Py_BuildValue("(KKKOOO)", (unsigned long long)counts->first, (unsigned long long)counts->last,
+                           (unsigned long long)counts->commits, puts, dels, counts->idem);
+done:
+    free(won);
+    Py_XDECREF(puts);
+    Py_XDECREF(dels);
+    return result;
+}
+
 /* collapse(records: list[(lsn, payload: bytes)]) -> (first, last, commits, puts, deletes, idem)
- * For replay: decodes each payload and collapses the lot. A malformed payload raises
- * ValueError(lsn, reason). The records list keeps the payloads alive while this runs. */
+ * Decodes each payload and collapses the lot. A malformed payload raises ValueError(lsn,
+ * reason). The records list keeps the payloads alive while this runs. */
 static PyObject *sc_collapse(PyObject *self, PyObject *records) {
     (void)self;
     if (!PyList_Check(records)) {
         PyErr_SetString(PyExc_TypeError, "collapse takes a list of (lsn, payload)");
         return NULL;
     }
-    flat_batch b;
-    if (flat_init(&b) < 0) return NULL;
+    ctab table;
+    ctab_init(&table);
+    flat_batch counts;
+    if (flat_init(&counts) < 0) return NULL;
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
         PyObject *rec = PyList_GET_ITEM(records, i);
@@ -463,36 +538,211 @@ static PyObject *sc_collapse(PyObject *self, PyObject *records) {
         uint64_t lsn = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(rec, 0));
         if (lsn == (uint64_t)-1 && PyErr_Occurred()) goto done;
         PyObject *payload = PyTuple_GET_ITEM(rec, 1);
-        decode_ctx ctx = {&b, lsn, payload};
-        uint64_t time_ms;
-        const char *idem;
-        Py_ssize_t idem_len;
-        int sink_failed;
-        const char *why = walk_txn(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), &time_ms, &idem,
-                                   &idem_len, sink_to_batch, &ctx, &sink_failed);
-        if (sink_failed) goto done;
-        if (why != NULL) {
-            PyObject *err = Py_BuildValue("(Ks)", (unsigned long long)lsn, why);
-            if (err != NULL) {
-                PyErr_SetObject(PyExc_ValueError, err);
-                Py_DECREF(err);
-            }
+        if (collapse_payload(&table, &counts, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), lsn) < 0)
             goto done;
-        }
-        flat_commit(&b, lsn);
-        if (idem != NULL) {
-            PyObject *key = PyBytes_FromStringAndSize(idem, idem_len);
-            if (key == NULL) goto done;
-            int rc = flat_idem(&b, key, lsn, time_ms);
-            Py_DECREF(key);
-            if (rc < 0) goto done;
-        }
     }
-    result = flat_collapse(&b);
+    result = emit_collapsed(&table, &counts);
 done:
-    flat_free(&b);
+    ctab_reset(&table);
+    flat_free(&counts);
     return result;
 }
+
+/* Collapser: the same over many spans of records in mapped log segments (Log.read_spans), so
+ * that replay makes no Python object per record. It holds a buffer view of the span's
+ * segment image while slots point into it; a span with count 0 (the log's "this segment
+ * ends") or `detach` copies those winners and lets the view go, before the log unmaps it. */
+typedef struct {
+    PyObject_HEAD
+    ctab table;
+    flat_batch counts;
+    Py_buffer view;
+    int has_view;
+} Collapser;
+
+static int collapser_detach_view(Collapser *c) {
+    if (!c->has_view) return 0;
+    if (ctab_own_all(&c->table) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyBuffer_Release(&c->view);
+    c->has_view = 0;
+    return 0;
+}
+
+static void collapser_reset(Collapser *c) {
+    ctab_reset(&c->table);
+    flat_free(&c->counts);
+}
+
+static int collapser_init(Collapser *c, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return -1;
+    if (c->has_view) {
+        PyBuffer_Release(&c->view);
+        c->has_view = 0;
+    }
+    collapser_reset(c);
+    ctab_init(&c->table);
+    return flat_init(&c->counts);
+}
+
+static void collapser_dealloc(Collapser *c) {
+    if (c->has_view) PyBuffer_Release(&c->view);
+    collapser_reset(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* An array argument of at least `need` bytes. */
+static int array_arg(PyObject *obj, Py_buffer *b, size_t need, const char *name) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_SIMPLE) < 0) return -1;
+    if ((size_t)b->len < need) {
+        PyErr_Format(PyExc_ValueError, "add: %s holds %zd bytes, %zu needed", name, b->len, need);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* add(buffer, lsns: u64[], offsets: u64[], lengths: u32[], count)
+ * Collapse `count` records whose payloads lie at buffer[offsets[i] : offsets[i] + lengths[i]],
+ * in LSN order after everything added before. count == 0: the buffer is going away (detach). */
+static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "add takes (buffer, lsns, offsets, lengths, count)");
+        return NULL;
+    }
+    if (c->counts.idem == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Collapser used after a failure (make a new one)");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[4]);
+    if (count < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "add: count must be >= 0");
+        return NULL;
+    }
+    if (count == 0) {
+        if (collapser_detach_view(c) < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (c->has_view && c->view.obj != args[0] && collapser_detach_view(c) < 0) return NULL;
+    if (!c->has_view) {
+        if (PyObject_GetBuffer(args[0], &c->view, PyBUF_SIMPLE) < 0) return NULL;
+        c->has_view = 1;
+    }
+    Py_buffer lsns, offs, lens;
+    size_t n = (size_t)count;
+    if (array_arg(args[1], &lsns, n * 8, "lsns") < 0) return NULL;
+    if (array_arg(args[2], &offs, n * 8, "offsets") < 0) {
+        PyBuffer_Release(&lsns);
+        return NULL;
+    }
+    if (array_arg(args[3], &lens, n * 4, "lengths") < 0) {
+        PyBuffer_Release(&lsns);
+        PyBuffer_Release(&offs);
+        return NULL;
+    }
+    int rc = 0;
+    const char *base = c->view.buf;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uint64_t lsn, off;
+        uint32_t len;
+        memcpy(&lsn, (const char *)lsns.buf + 8 * i, 8);
+        memcpy(&off, (const char *)offs.buf + 8 * i, 8);
+        memcpy(&len, (const char *)lens.buf + 4 * i, 4);
+        if (off > (uint64_t)c->view.len || len > (uint64_t)c->view.len - off) {
+            PyErr_Format(PyExc_ValueError, "add: record LSN %llu at %llu+%u lies outside the buffer",
+                         (unsigned long long)lsn, (unsigned long long)off, len);
+            rc = -1;
+            break;
+        }
+        rc = collapse_payload(&c->table, &c->counts, base + off, (Py_ssize_t)len, lsn);
+    }
+    PyBuffer_Release(&lsns);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&lens);
+    if (rc < 0) { /* half a record may be in the table: nothing here can be applied any more */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        collapser_reset(c);
+        if (c->has_view) {
+            PyBuffer_Release(&c->view);
+            c->has_view = 0;
+        }
+        PyErr_Restore(et, ev, tb);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *collapser_detach(Collapser *c, PyObject *unused) {
+    (void)unused;
+    if (collapser_detach_view(c) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* take() -> Collapsed | None: what was added since the last take, and start afresh. */
+static PyObject *collapser_take(Collapser *c, PyObject *unused) {
+    (void)unused;
+    if (c->counts.idem == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Collapser used after a failure (make a new one)");
+        return NULL;
+    }
+    if (c->counts.commits == 0) Py_RETURN_NONE;
+    PyObject *result = emit_collapsed(&c->table, &c->counts);
+    if (result == NULL) return NULL;
+    collapser_reset(c);
+    if (flat_init(&c->counts) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static PyObject *collapser_get_commits(Collapser *c, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(c->counts.commits);
+}
+
+static PyObject *collapser_get_keys(Collapser *c, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(c->table.used);
+}
+
+static PyObject *collapser_get_held_bytes(Collapser *c, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(c->table.held_bytes);
+}
+
+static PyMethodDef collapser_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))collapser_add, METH_FASTCALL,
+     "add(buffer, lsns, offsets, lengths, count): collapse a span of records (count 0: detach)."},
+    {"detach", (PyCFunction)collapser_detach, METH_NOARGS,
+     "Copy what still points into the last buffer and release it."},
+    {"take", (PyCFunction)collapser_take, METH_NOARGS,
+     "take() -> (first, last, commits, puts, deletes, idem) or None; starts a new batch."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef collapser_getset[] = {
+    {"commits", (getter)collapser_get_commits, NULL, "Records added since the last take.", NULL},
+    {"keys", (getter)collapser_get_keys, NULL, "Distinct keys among them.", NULL},
+    {"held_bytes", (getter)collapser_get_held_bytes, NULL, "Key and value bytes of their last writes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CollapserType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wal._storecore.Collapser",
+    .tp_basicsize = sizeof(Collapser),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Each key's last write over spans of store records in mapped memory (replay).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)collapser_init,
+    .tp_dealloc = (destructor)collapser_dealloc,
+    .tp_methods = collapser_methods,
+    .tp_getset = collapser_getset,
+};
 
 /* ---- the commit core ------------------------------------------------------------------------ */
 
@@ -989,12 +1239,18 @@ static struct PyModuleDef sc_module = {
 };
 
 PyMODINIT_FUNC PyInit__storecore(void) {
-    if (PyType_Ready(&CoreType) < 0) return NULL;
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&CollapserType) < 0) return NULL;
     PyObject *m = PyModule_Create(&sc_module);
     if (m == NULL) return NULL;
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CollapserType);
+    if (PyModule_AddObject(m, "Collapser", (PyObject *)&CollapserType) < 0) {
+        Py_DECREF(&CollapserType);
         Py_DECREF(m);
         return NULL;
     }

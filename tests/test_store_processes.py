@@ -228,7 +228,7 @@ def test_a_kill_during_recovery_then_recovery_again_gives_the_uninterrupted_stat
     mid_recovery = 0
     delay = 0.05
     for _ in range(40):
-        with child("open_store.py", store_dir) as proc:
+        with child("open_store.py", store_dir, "1000") as proc:
             expect_line(proc, "start")
             time.sleep(delay + rng.uniform(0, 0.05))
             proc.send_signal(signal.SIGKILL)

@@ -9,8 +9,10 @@ by the store tests, which all run through it).
 
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -20,6 +22,7 @@ from hypothesis import given, settings
 import wal
 from wal import record
 from wal._bindings import storecore
+from wal.log import RecordSpan
 
 KEYS = st.binary(min_size=1, max_size=record.MAX_KEY_BYTES)
 SMALL_KEYS = st.sampled_from([b"a", b"b", b"c", b"\x00", b"\xff\xff"])
@@ -194,3 +197,133 @@ def test_a_put_meeting_a_held_commit_lock_waits_for_it_and_then_commits(tmp_path
             assert worker.is_alive() and not done  # the Python path waits for the lock
         worker.join(10)
         assert done and store.get(b"k") == b"v" and store.version(b"k") == done[0]
+
+
+# ---- replay: the Collapser over spans of mapped segments (native/collapse.c) ----------------------------
+
+
+def spans_of(payloads: list[tuple[int, bytes]], cut: int) -> Iterator[tuple[bytes, int, list[tuple[int, int, int]]]]:
+    """(buffer, records, [(lsn, offset, length)]) spans: `cut` records per buffer, each buffer
+    with a few bytes of junk before every payload, as a segment has frame headers."""
+    for start in range(0, len(payloads), cut):
+        buf, index = b"", []
+        for lsn, payload in payloads[start:start + cut]:
+            buf += b"\xee" * 5
+            index.append((lsn, len(buf), len(payload)))
+            buf += payload
+        yield buf, len(index), index
+
+
+def feed(collapser: record.Collapser, buf: object, index: list[tuple[int, int, int]]) -> None:
+    lsns, offs, lens = zip(*index, strict=True) if index else ((), (), ())
+    collapser.add(RecordSpan(buf, struct.pack(f"={len(lsns)}Q", *lsns), struct.pack(f"={len(offs)}Q", *offs),
+                             struct.pack(f"={len(lens)}I", *lens), len(index)))
+
+
+@settings(max_examples=150)
+@given(TXNS, st.integers(min_value=1, max_value=2**40), st.integers(min_value=1, max_value=7),
+       st.integers(min_value=1, max_value=5))
+def test_the_collapser_over_spans_of_buffers_equals_collapse_of_the_records(
+        txns: list[tuple[list[record.Op], int, bytes | None]], first: int, per_buffer: int, per_span: int) -> None:
+    records = [(lsn, record.encode(ops, t, idem)) for lsn, (ops, t, idem) in enumerate(txns, first)]
+    c = record.Collapser()
+    for buf, _, index in spans_of(records, per_buffer):
+        for i in range(0, len(index), per_span):
+            feed(c, buf, index[i:i + per_span])
+        feed(c, buf, [])  # the segment ends: what points into it is copied
+    got = c.take()
+    want = record.collapse(records)
+    assert got == want
+    model = model_collapse(txns, first)
+    assert got is not None and got[:3] == model[:3] and sorted(got[3]) == sorted(model[3])
+    assert sorted(got[4]) == model[4] and got[5] == model[5]
+    assert c.take() is None and c.keys == 0 and c.held_bytes == 0  # take starts afresh
+
+
+def test_the_collapser_keeps_the_last_of_many_writes_to_tens_of_thousands_of_keys() -> None:
+    n = 30_000  # the table grows many times
+    records = [(lsn, record.encode_one(record.OP_PUT, b"k%06d" % (i % n), b"v%d" % lsn, 0))
+               for lsn, i in enumerate(range(2 * n), 1)]
+    records.append((2 * n + 1, record.encode_one(record.OP_DELETE, b"k000007", None, 0)))
+    c = record.Collapser()
+    for buf, _, index in spans_of(records, 10_000):
+        feed(c, buf, index)
+        feed(c, buf, [])
+    held = sum(7 + len(b"v%d" % lsn) for lsn in range(n + 1, 2 * n + 1)) - len(b"v%d" % (n + 8))  # k000007 deleted
+    assert c.keys == n and c.held_bytes == held
+    first, last, commits, puts, deletes, _ = c.take()  # type: ignore[misc]
+    assert (first, last, commits) == (1, 2 * n + 1, 2 * n + 1)
+    assert deletes == [b"k000007"]
+    assert len(puts) == n - 1
+    assert all(stored == struct.pack("<Q", lsn) + b"v%d" % lsn
+               for (key, stored), lsn in zip(puts, [x for x in range(n + 1, 2 * n + 1) if x != n + 8], strict=True))
+    assert puts[0][0] == b"k000000" and puts[-1][0] == b"k%06d" % (n - 1)
+
+
+def test_the_collapser_pins_a_mapped_segment_until_its_end_and_copies_what_it_still_needs(tmp_path: Path) -> None:
+    records = [(lsn, record.encode_one(record.OP_PUT, b"key", b"value-%d" % lsn, 0)) for lsn in (1, 2, 3)]
+    ((buf, _, index),) = spans_of(records, 3)
+    path = tmp_path / "segment"
+    path.write_bytes(buf)
+    c = record.Collapser()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        feed(c, mm, index)
+        with pytest.raises(BufferError):
+            mm.close()  # the table points into the map: it cannot go away under it
+        feed(c, mm, [])  # the segment ends
+        mm.close()
+    assert c.take() == (1, 3, 3, [(b"key", struct.pack("<Q", 3) + b"value-3")], [], [])
+
+
+def test_the_collapser_refuses_a_record_outside_its_buffer_and_a_malformed_one_then_any_use() -> None:
+    good = record.encode_one(record.OP_PUT, b"k", b"v", 0)
+    c = record.Collapser()
+    with pytest.raises(wal.CorruptionError, match="outside the buffer"):
+        feed(c, good, [(1, 3, len(good))])
+    c = record.Collapser()
+    with pytest.raises(wal.CorruptionError, match="unknown record kind") as info:
+        feed(c, good + b"\x55" + bytes(13), [(1, 0, len(good)), (2, len(good), 14)])
+    assert info.value.lsn == 2
+    with pytest.raises(RuntimeError, match="after a failure"):
+        c.take()
+
+
+def test_log_read_spans_yield_what_read_yields_and_end_each_segment_with_an_empty_span(tmp_path: Path) -> None:
+    payloads = [b"p%05d" % i * (1 + i % 50) for i in range(3_000)]
+    with wal.Log.open(tmp_path / "log", durability="buffered", segment_bytes=64 << 10) as lg:
+        lg.append_many(payloads)
+        lg.sync()
+        assert lg.stats()["segments_created"] > 3
+        for start in (1, 1_500, 2_999):
+            seen, ends = [], 0
+            spans = lg.read_spans(start)
+            for span in spans:
+                if span.records == 0:
+                    ends += 1
+                    continue
+                lsns, offs, lens = span.lsns.cast("Q"), span.offsets.cast("Q"), span.lengths.cast("I")
+                seen += [(lsn, bytes(span.buffer[o:o + n])) for lsn, o, n in zip(lsns, offs, lens, strict=True)]
+            assert seen == list(lg.read(start)) == list(enumerate(payloads, 1))[start - 1:]
+            assert ends >= 1
+        last = lg.append(b"only in the process buffer")  # buffered: not yet written to the OS
+        assert all(lsn < last for span in lg.read_spans(2_990) for lsn in span.lsns.cast("Q"))
+
+
+def test_replay_in_many_small_batches_rebuilds_the_same_state(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wal.store, "_REPLAY_BATCH_KEYS", 7)
+    monkeypatch.setattr(wal.store, "_REPLAY_BATCH_BYTES", 300)
+    model: dict[bytes, bytes] = {}
+    wal.open(tmp_path / "s").close()
+    with wal.Log.open(tmp_path / "s" / "log", durability="buffered") as lg:  # records the state never saw
+        for i in range(2_000):
+            key = b"k%03d" % (i * 7919 % 150)
+            if i % 11 == 0:
+                lg.append(record.encode_one(record.OP_DELETE, key, None, 0))
+                model.pop(key, None)
+            else:
+                lg.append(record.encode_one(record.OP_PUT, key, b"v%d" % i * (i % 40), 0))
+                model[key] = b"v%d" % i * (i % 40)
+    with wal.open(tmp_path / "s") as store:
+        assert store.stats()["records_replayed"] == 2_000
+        assert dict(store.scan(b"")) == model

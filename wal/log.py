@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -43,6 +43,7 @@ from wal.errors import (
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
 _READ_BATCH = 1024
+_NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 _logger = logging.getLogger("wal.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
 
@@ -413,12 +414,23 @@ class Log:
         record still in the process buffer is not yet in the files; `sync` first to see it).
         On a read-only log: everything valid in the files, a torn tail in progress excluded.
         """
+        upto = self._read_bounds(from_lsn)
+        return _read_records(self._dir, from_lsn, upto)
+
+    def read_spans(self, from_lsn: int = 1) -> Generator[RecordSpan, None, None]:
+        """The records of `read`, as spans of a mapped segment (see `RecordSpan`), for readers
+        that decode in C: no Python object per record. Replay uses it (wal.record.Collapser)."""
+        upto = self._read_bounds(from_lsn)
+        return _read_spans(self._dir, from_lsn, upto)
+
+    def _read_bounds(self, from_lsn: int) -> int | None:
+        """The last LSN a read may return (None on a read-only log: whatever the files hold)."""
         if not isinstance(from_lsn, int) or from_lsn < 1:
             raise ArgumentError(f"from_lsn must be an int >= 1, got {from_lsn!r}")
         upto = self.watermarks.written if self._handle is not None else None
         if self._closed:
             raise ClosedError(f"the log in {self._dir} is closed")
-        return _read_records(self._dir, from_lsn, upto)
+        return upto
 
     # ---- stats -----------------------------------------------------------------------------
 
@@ -678,7 +690,34 @@ def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, 
     return report, cfg
 
 
+class RecordSpan(NamedTuple):
+    """Up to `records` consecutive records of one segment, as `Log.read_spans` yields them.
+
+    Record i's payload is ``buffer[offsets[i] : offsets[i] + lengths[i]]``; `lsns`, `offsets`
+    (u64) and `lengths` (u32) are native-endian arrays that support the buffer protocol. The
+    buffer is the mapped segment image: it and the arrays are valid only until the next span
+    is asked for. A span of 0 records ends a segment: views of its buffer must be released
+    then (the log unmaps it next).
+    """
+
+    buffer: Any
+    lsns: Any
+    offsets: Any
+    lengths: Any
+    records: int
+
+
 def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[tuple[int, bytes]]:
+    for span in _read_spans(directory, from_lsn, upto):
+        if span.records:
+            buf = span.buffer
+            # One C-speed conversion per array, not a cdata index per record.
+            for lsn, off, size in zip(span.lsns.cast("Q"), span.offsets.cast("Q"), span.lengths.cast("I"),
+                                      strict=True):
+                yield lsn, buf[off : off + size]
+
+
+def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[RecordSpan, None, None]:
     segments = recovery.list_segments(directory)
     firsts = [_segment_first_lsn(p) for _, p in segments]
     if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
@@ -708,16 +747,18 @@ def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[t
             data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
             try:
                 cursor[0] = 0
-                while True:
-                    n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH, lsns, offs, lens)
-                    if n == 0:
-                        break
-                    # One C-speed conversion per array, not a cdata index per record.
-                    for lsn, off, size in zip(ffi.unpack(lsns, n), ffi.unpack(offs, n), ffi.unpack(lens, n),
-                                              strict=True):
-                        if upto is not None and lsn > upto:
-                            return
-                        yield lsn, buf[off : off + size]
+                while n := lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH,
+                                                   lsns, offs, lens):
+                    past_end = upto is not None and lsns[n - 1] > upto
+                    if past_end:  # LSNs ascend: keep those up to `upto`
+                        n = next(j for j in range(n) if lsns[j] > upto)
+                    if n:
+                        yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
+                                         memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
+                    if past_end:
+                        yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
+                        return
+                yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
             finally:
                 # The map cannot close while a cffi buffer still exports it (also when the
                 # caller stops iterating early).

@@ -16,10 +16,13 @@ of this layout is C (native/storecore.c); this module names its parts for Python
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from wal._bindings import storecore
 from wal.errors import CorruptionError
+
+if TYPE_CHECKING:
+    from wal.log import RecordSpan
 
 MAX_KEY_BYTES = 511  # LMDB's key limit; the store refuses longer keys before writing
 KIND_TXN = 0x54
@@ -75,8 +78,51 @@ def collapse(records: list[tuple[int, bytes]]) -> Collapsed:
     try:
         return storecore.collapse(records)
     except ValueError as exc:
-        lsn, reason = exc.args if len(exc.args) == 2 else (0, str(exc))
-        raise _not_a_txn(lsn, reason) from exc
+        raise _bad_payload(exc) from exc
+
+
+class Collapser:
+    """`collapse` over a whole log, span by span (`Log.read_spans`), for replay.
+
+    Works on the mapped segments: a Python object is made for each key's last write, at
+    `take`, never for a record. Memory: the table of last writes (watch `keys` and
+    `held_bytes`, then `take`) plus the segment being read. Call `detach` before the spans'
+    source goes away early (an exception, a break); a span of 0 records does it in order.
+    After a malformed record raised CorruptionError the collapser refuses further use.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(self) -> None:
+        self._c = storecore.Collapser()
+
+    def add(self, span: RecordSpan) -> None:
+        try:
+            self._c.add(span.buffer, span.lsns, span.offsets, span.lengths, span.records)
+        except ValueError as exc:
+            raise _bad_payload(exc) from exc
+
+    def take(self) -> Collapsed | None:
+        """The records added since the last take, collapsed (None if there were none)."""
+        return self._c.take()
+
+    def detach(self) -> None:
+        self._c.detach()
+
+    @property
+    def keys(self) -> int:
+        """Distinct keys added since the last take."""
+        return self._c.keys
+
+    @property
+    def held_bytes(self) -> int:
+        """Key and value bytes of their last writes."""
+        return self._c.held_bytes
+
+
+def _bad_payload(exc: ValueError) -> CorruptionError:
+    lsn, reason = exc.args if len(exc.args) == 2 else (0, str(exc))
+    return _not_a_txn(lsn, reason)
 
 
 def _not_a_txn(lsn: int, reason: str) -> CorruptionError:

@@ -77,7 +77,7 @@ ARCHIVE_DIR = "archive"
 
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
-_REPLAY_BATCH_RECORDS = 100_000
+_REPLAY_BATCH_KEYS = 100_000
 _REPLAY_BATCH_BYTES = 32 << 20
 _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short lock holds
 _SCAN_CHUNK = 512
@@ -350,6 +350,13 @@ class Store:
         store._thread.start()
         return store
 
+    def _apply_replayed(self, batch: record.Collapsed | None, durable: int) -> int:
+        """Apply one replay batch (None: nothing); returns how many commits it held."""
+        if batch is None:
+            return 0
+        self._state.apply(batch, lambda: durable)
+        return batch[2]
+
     def _replay(self) -> None:
         """Replay (applied_lsn, last LSN] of the log into LMDB, in batches (I4: restartable)."""
         assert self._log is not None
@@ -387,21 +394,22 @@ class Store:
             )
         durable = self._log.watermarks.durable
         replayed = 0
-        batch: list[tuple[int, bytes]] = []
-        size = 0
         if last > applied:
-            # Decoded and collapsed to each key's last write in C (record.collapse), one LMDB
-            # transaction per batch.
-            for lsn, payload in self._log.read(applied + 1):
-                batch.append((lsn, payload))
-                size += len(payload)
-                if len(batch) >= _REPLAY_BATCH_RECORDS or size >= _REPLAY_BATCH_BYTES:
-                    self._state.apply(record.collapse(batch), lambda: durable)
-                    replayed += len(batch)
-                    batch, size = [], 0
-            if batch:
-                self._state.apply(record.collapse(batch), lambda: durable)
-                replayed += len(batch)
+            # Records are decoded and collapsed to each key's last write in C, straight from the
+            # mapped segments (record.Collapser): no Python object per record. One LMDB
+            # transaction per batch; a batch ends when its last writes hold too many keys or
+            # bytes, so memory stays flat however long the log is.
+            collapser = record.Collapser()
+            spans = self._log.read_spans(applied + 1)
+            try:
+                for span in spans:
+                    collapser.add(span)
+                    if collapser.keys >= _REPLAY_BATCH_KEYS or collapser.held_bytes >= _REPLAY_BATCH_BYTES:
+                        replayed += self._apply_replayed(collapser.take(), durable)
+                replayed += self._apply_replayed(collapser.take(), durable)
+            finally:
+                collapser.detach()  # before the log unmaps the segment its slots may point into
+                spans.close()
         self._applied = self._state.applied_lsn()
         self._recovery.update({
             "recovery_seconds": report.seconds + (time.monotonic() - started),
