@@ -4,7 +4,9 @@ usage: open_store.py STORE [BATCH_KEYS]
 
 BATCH_KEYS caps the distinct keys of one replay batch (one LMDB transaction): the test's
 log has few keys, which replay would otherwise apply in one transaction, leaving no
-"mid-replay" for a kill to land in. Prints ``start`` right before `wal.open` (the parent times its SIGKILL from there) and
+"mid-replay" for a kill to land in.
+
+Prints ``start`` right before `wal.open` (the parent times its SIGKILL from there) and
 ``opened REPLAYED`` once recovery is done.
 """
 
