@@ -387,6 +387,21 @@ static int flat_idem(flat_batch *b, PyObject *key, uint64_t lsn, uint64_t time_m
     return rc;
 }
 
+/* Append (key, u64 version LE + value) -- LMDB's stored form (FORMAT.md §16) -- to `puts`. */
+static int append_put(PyObject *puts, PyObject *key, uint64_t lsn, const char *val, Py_ssize_t vlen) {
+    PyObject *stored = PyBytes_FromStringAndSize(NULL, VERSION_BYTES + vlen);
+    if (stored == NULL) return -1;
+    put_u64(PyBytes_AS_STRING(stored), lsn);
+    if (vlen) memcpy(PyBytes_AS_STRING(stored) + VERSION_BYTES, val, (size_t)vlen);
+    PyObject *pair = PyTuple_Pack(2, key, stored);
+    Py_DECREF(stored);
+    if (pair == NULL) return -1;
+    PyObject_GC_UnTrack(pair); /* two bytes objects: no cycle possible */
+    int rc = PyList_Append(puts, pair);
+    Py_DECREF(pair);
+    return rc;
+}
+
 /* The batch as (first, last, commits, puts, deletes, idem): each key once, with its last
  * write; puts as (key, u64 version LE + value) ready for LMDB's putmulti. */
 static PyObject *flat_collapse(flat_batch *b) {
@@ -402,17 +417,7 @@ static PyObject *flat_collapse(flat_batch *b) {
             if (PyList_Append(dels, op->key) < 0) goto done;
             continue;
         }
-        PyObject *stored = PyBytes_FromStringAndSize(NULL, VERSION_BYTES + op->vlen);
-        if (stored == NULL) goto done;
-        put_u64(PyBytes_AS_STRING(stored), op->lsn);
-        memcpy(PyBytes_AS_STRING(stored) + VERSION_BYTES, op->val, (size_t)op->vlen);
-        PyObject *pair = PyTuple_Pack(2, op->key, stored);
-        Py_DECREF(stored);
-        if (pair == NULL) goto done;
-        PyObject_GC_UnTrack(pair); /* two bytes objects: no cycle possible */
-        int rc = PyList_Append(puts, pair);
-        Py_DECREF(pair);
-        if (rc < 0) goto done;
+        if (append_put(puts, op->key, op->lsn, op->val, op->vlen) < 0) goto done;
     }
     /* Newest first is how they were found; LSN order is what LMDB likes best when keys grow
      * with time (message ids, step numbers): each insert lands at the end of a page. */
@@ -484,26 +489,9 @@ static PyObject *emit_collapsed(ctab *table, flat_batch *counts) {
         ctab_slot *s = won[i];
         PyObject *key = PyBytes_FromStringAndSize(s->key, s->klen);
         if (key == NULL) goto done;
-        if (s->kind == OP_DELETE) {
-            int rc = PyList_Append(dels, key);
-            Py_DECREF(key);
-            if (rc < 0) goto done;
-            continue;
-        }
-        PyObject *stored = PyBytes_FromStringAndSize(NULL, VERSION_BYTES + (Py_ssize_t)s->vlen);
-        if (stored == NULL) {
-            Py_DECREF(key);
-            goto done;
-        }
-        put_u64(PyBytes_AS_STRING(stored), s->lsn);
-        if (s->vlen) memcpy(PyBytes_AS_STRING(stored) + VERSION_BYTES, s->val, s->vlen);
-        PyObject *pair = PyTuple_Pack(2, key, stored);
+        int rc = s->kind == OP_DELETE ? PyList_Append(dels, key)
+                                      : append_put(puts, key, s->lsn, s->val, (Py_ssize_t)s->vlen);
         Py_DECREF(key);
-        Py_DECREF(stored);
-        if (pair == NULL) goto done;
-        PyObject_GC_UnTrack(pair); /* two bytes objects: no cycle possible */
-        int rc = PyList_Append(puts, pair);
-        Py_DECREF(pair);
         if (rc < 0) goto done;
     }
     result = Py_BuildValue("(KKKOOO)", (unsigned long long)counts->first, (unsigned long long)counts->last,
@@ -700,11 +688,6 @@ static PyObject *collapser_take(Collapser *c, PyObject *unused) {
     return result;
 }
 
-static PyObject *collapser_get_commits(Collapser *c, void *closure) {
-    (void)closure;
-    return PyLong_FromUnsignedLongLong(c->counts.commits);
-}
-
 static PyObject *collapser_get_keys(Collapser *c, void *closure) {
     (void)closure;
     return PyLong_FromSize_t(c->table.used);
@@ -726,7 +709,6 @@ static PyMethodDef collapser_methods[] = {
 };
 
 static PyGetSetDef collapser_getset[] = {
-    {"commits", (getter)collapser_get_commits, NULL, "Records added since the last take.", NULL},
     {"keys", (getter)collapser_get_keys, NULL, "Distinct keys among them.", NULL},
     {"held_bytes", (getter)collapser_get_held_bytes, NULL, "Key and value bytes of their last writes.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

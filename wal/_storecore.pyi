@@ -21,7 +21,6 @@ class Core:
     def __len__(self) -> int: ...
 
 class Collapser:
-    commits: int
     keys: int
     held_bytes: int
     def add(self, buffer: Any, lsns: Any, offsets: Any, lengths: Any, count: int, /) -> None: ...
