@@ -18,10 +18,10 @@ crashsim = Extension(
     extra_link_args=["-pthread"],
 )
 
-# Non-blocking appends without cffi's GIL release (see native/gilheld.c for why and when).
-gilheld = Extension(
-    "wal._gilheld",
-    sources=["native/gilheld.c"],
+# The log's hot append calls without cffi's generic call (see native/appendcall.c for why and when).
+appendcall = Extension(
+    "wal._appendcall",
+    sources=["native/appendcall.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
@@ -34,4 +34,4 @@ storecore = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, gilheld, storecore])
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, storecore])

@@ -24,7 +24,7 @@
  *    not plain bytes, the log pushes back or the apply queue is over its bound, it
  *    returns 0 and the caller takes the Python path, which waits properly.
  *  - The append is made with WAL_WAIT_TRY / WAL_WAIT_NONE, which never block
- *    (native/gilheld.c argues why that is safe with the GIL held).
+ *    (native/appendcall.c argues why that is safe with the GIL held).
  *  - The overlay stays a Python dict of immutable (lsn, value, older) chains, so readers
  *    in wal/store.py walk it without a lock; this module only ever replaces a chain.
  *  - The apply queue holds, in LSN order, one-op commits (key, value) and whole

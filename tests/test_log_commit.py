@@ -22,8 +22,9 @@ import pytest
 
 import wal
 import wal.testing
-from wal._bindings import append_nowait, handle_address, lib
+from wal._bindings import append_nowait, append_record, handle_address, lib
 from wal.format import record_size
+from wal.log import MAX_PAYLOAD
 
 
 def payload(tag: int | str, size: int = 128) -> bytes:
@@ -275,7 +276,7 @@ def test_buffered_appends_are_held_back_when_the_buffer_cap_is_reached(tmp_path:
 
 
 def test_gil_held_append_refuses_every_mode_that_may_block_and_appends_nothing(tmp_path: Path) -> None:
-    # native/gilheld.c's contract: only WAL_WAIT_TRY / WAL_WAIT_NONE run with the GIL held.
+    # native/appendcall.c's contract: only WAL_WAIT_TRY / WAL_WAIT_NONE run with the GIL held.
     with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000) as log:
         address = handle_address(log._handle)
         for mode in (lib.WAL_WAIT_LEVEL, lib.WAL_WAIT_LATER, 99):
@@ -771,3 +772,25 @@ def test_an_async_append_while_the_disk_is_full_raises_no_space_and_later_ones_s
     log.close()
     with wal.Log.open(tmp_path) as again:
         assert [p for _, p in again.read()] == [b"before", b"refused", b"after"]  # rewritten in place
+
+
+@pytest.mark.parametrize("level", ["sync", "interval", "buffered"])
+def test_log_append_at_every_level_takes_bytes_likes_refuses_bad_payloads_and_writes_nothing_for_them(
+        tmp_path: Path, level: str) -> None:
+    # Log.append is one call into native/appendcall.c at every level: what it refuses must be
+    # refused before anything is written, with the same errors as the other append paths.
+    with wal.Log.open(tmp_path, durability=level, rpo_ms=None if level == "sync" else 60_000) as log:
+        assert log.append(b"a") == 1
+        assert log.append(bytearray(b"b")) == 2
+        assert log.append(memoryview(b"xcx")[1:2]) == 3
+        with pytest.raises(wal.RecordTooLargeError, match=f"payload of {MAX_PAYLOAD + 1} bytes"):
+            log.append(bytes(MAX_PAYLOAD + 1))
+        with pytest.raises(TypeError):
+            log.append("text")  # type: ignore[arg-type]
+        assert log.watermarks.appended == 3
+        with pytest.raises(TypeError, match="must be bytes"):
+            append_record(handle_address(log._handle), "text", lib.WAL_LEVEL_SYNC)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="takes"):
+            append_record(handle_address(log._handle), b"x")  # type: ignore[call-arg]
+        log.sync()
+        assert list(log.read(1)) == [(1, b"a"), (2, b"b"), (3, b"c")]

@@ -10,34 +10,37 @@ from typing import Any, NoReturn
 from wal import errors
 
 try:
-    from wal import _gilheld, _storecore
+    from wal import _appendcall, _storecore
     from wal._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
-        "agentwal's C core (wal._native, wal._gilheld, wal._storecore) is not built; install the package with "
+        "agentwal's C core (wal._native, wal._appendcall, wal._storecore) is not built; install the package with "
         "`pip install .` (needs a C compiler) rather than running from a source tree"
     ) from exc
 
-__all__ = ["append_nowait", "check", "ffi", "handle_address", "lib", "raise_code", "storecore"]
+__all__ = ["append_nowait", "append_record", "check", "ffi", "handle_address", "lib", "raise_code", "storecore"]
 
 
 def _address(name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
-_gilheld.bind(_address("wal_log_append"))
+_appendcall.bind(_address("wal_log_append"))
 # The store's commit path in C calls the same two functions of the cffi module (native/storecore.c).
 _storecore.bind(_address("wal_log_append"), _address("wal_log_wait"))
 storecore = _storecore
 
+# append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*
+# code: Log.append's one call. The GIL is kept for a buffered copy, released for anything that waits.
+append_record = _appendcall.append
 # append_nowait(handle_address, payload: bytes, level, wait) -> LSN or a negative WAL_E* code.
 # wal_log_append without releasing the GIL; only WAL_WAIT_TRY and WAL_WAIT_NONE (others give
-# WAL_EINVAL). For the hot, non-blocking append paths: native/gilheld.c says why it is safe.
-append_nowait = _gilheld.append_nowait
+# WAL_EINVAL). For the non-blocking append paths: native/appendcall.c says why it is safe.
+append_nowait = _appendcall.append_nowait
 
 
 def handle_address(handle: Any) -> int:
-    """The address of a wal_log* handle, as append_nowait takes it."""
+    """The address of a wal_log* handle, as append_record and append_nowait take it."""
     return int(ffi.cast("uintptr_t", handle))
 
 _BY_CODE: dict[int, type[errors.WalError]] = {

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from wal import durability as dur
 from wal import recovery
-from wal._bindings import append_nowait, check, ffi, handle_address, lib, raise_code
+from wal._bindings import append_nowait, append_record, check, ffi, handle_address, lib, raise_code
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
@@ -73,7 +73,7 @@ _WAIT_LATER = lib.WAL_WAIT_LATER
 _WAIT_TRY = lib.WAL_WAIT_TRY
 _WAIT_NONE = lib.WAL_WAIT_NONE
 _EAGAIN = lib.WAL_EAGAIN
-_BUFFERED = lib.WAL_LEVEL_BUFFERED
+_ETOOBIG = lib.WAL_ETOOBIG
 
 
 def _after_fork_in_child() -> None:
@@ -107,6 +107,7 @@ class Log:
         self._dir = directory
         self._handle = handle
         self._durability = durability
+        self._level = durability.code  # read on every append
         self._lock_fd = lock_fd
         self._report = report
         self._segment_bytes = segment_bytes
@@ -269,18 +270,13 @@ class Log:
         """Append one record; returns its LSN once `durability` (default: the log's) holds for it."""
         h = self._writer or self._live()
         data = payload if type(payload) is bytes else _as_payload(payload)  # the hot path: no call
-        if len(data) > MAX_PAYLOAD:
-            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
-        level = self._durability.code if durability is None else self._durability.allows(durability)
-        if level == _BUFFERED:
-            # Nothing to wait for unless the log pushes back: keep the GIL (see native/gilheld.c).
-            lsn: int = append_nowait(self._writer_address, data, level, _WAIT_TRY)
-            if lsn != _EAGAIN:
-                if lsn < 0:
-                    check(lsn, f"append to the log in {self._dir}", h)
-                return lsn
-        lsn = lib.wal_log_append(h, data, len(data), level, _WAIT_LEVEL)
+        level = self._level if durability is None else self._durability.allows(durability)
+        # One call into C (native/appendcall.c): the GIL is kept for a buffered copy and
+        # released for a write or an fdatasync; oversize payloads come back as WAL_ETOOBIG.
+        lsn: int = append_record(self._writer_address, data, level)
         if lsn < 0:
+            if lsn == _ETOOBIG:
+                raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
 
@@ -294,7 +290,7 @@ class Log:
         if not lens:
             return self.watermarks.appended
         lsn: int = lib.wal_log_append_many(h, data, lens, len(lens), self._durability.allows(durability),
-                                           lib.WAL_WAIT_LEVEL)
+                                           _WAIT_LEVEL)
         if lsn < 0:
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
@@ -342,7 +338,7 @@ class Log:
             raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if for_async or not block:
-            # Never blocks: keep the GIL (see native/gilheld.c).
+            # Never blocks: keep the GIL (see native/appendcall.c).
             lsn: int = append_nowait(self._writer_address, data, level, _WAIT_NONE if for_async else _WAIT_TRY)
         else:
             lsn = lib.wal_log_append(h, data, len(data), level, _WAIT_LATER)
