@@ -123,7 +123,16 @@ static int corrupt_at(size_t off, const char *reason, wal_scan_result *res) {
     return res->status;
 }
 
-int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
+/* Where validated DATA records go, for wal_scan_records; NULL for a plain scan. */
+typedef struct {
+    uint64_t from_lsn;
+    size_t cap, n;
+    uint64_t *lsns, *offsets;
+    uint32_t *lengths;
+} record_sink;
+
+/* The header rules (H*): on success the scan resumes from the first record. */
+static int scan_start(const uint8_t *d, size_t len, wal_scan_result *res) {
     memset(res, 0, sizeof *res);
     res->reason = "";
     const char *why;
@@ -132,13 +141,20 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
         return corrupt_at(0, why, res);
     }
     res->header_ok = 1;
+    res->last_lsn = res->header.first_lsn - 1;
+    res->end_offset = WAL_SEGMENT_HEADER_SIZE;
+    return WAL_SCAN_MORE;
+}
+
+/* The record rules (R*), from res->end_offset with the next DATA LSN res->last_lsn + 1. */
+static int scan_records(const uint8_t *d, size_t len, wal_scan_result *res, record_sink *sink) {
     const uint32_t salt_check = (uint32_t)res->header.salt;
-    uint64_t expected = res->header.first_lsn;
-    res->last_lsn = expected - 1;
-    size_t off = WAL_SEGMENT_HEADER_SIZE;
+    uint64_t expected = res->last_lsn + 1;
+    size_t off = (size_t)res->end_offset;
 
     for (;;) {
         res->end_offset = off;
+        if (sink && sink->n == sink->cap) { res->status = WAL_SCAN_MORE; return res->status; }
         if (off == len) { res->status = WAL_SCAN_OPEN; return res->status; }                 /* R1 */
         if (len - off < WAL_RECORD_HEADER_SIZE) {                                              /* R2 */
             if (all_zero(d + off, len - off)) { res->status = WAL_SCAN_OPEN; return res->status; }
@@ -171,6 +187,12 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
             res->records++;
             res->last_lsn = lsn;
             expected++;
+            if (sink && lsn >= sink->from_lsn) {
+                sink->lsns[sink->n] = lsn;
+                sink->offsets[sink->n] = off + WAL_RECORD_HEADER_SIZE;
+                sink->lengths[sink->n] = length;
+                sink->n++;
+            }
             off += size;
             continue;
         }
@@ -193,6 +215,21 @@ int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
         res->status = WAL_SCAN_SEALED;
         return res->status;
     }
+}
+
+int wal_scan_segment(const uint8_t *d, size_t len, wal_scan_result *res) {
+    if (scan_start(d, len, res) != WAL_SCAN_MORE) return res->status;
+    return scan_records(d, len, res, NULL);
+}
+
+int wal_scan_records(const uint8_t *d, size_t len, wal_scan_result *res, uint64_t from_lsn, size_t cap,
+                     uint64_t *lsns, uint64_t *offsets, uint32_t *lengths, size_t *count) {
+    *count = 0;
+    if (res->status != WAL_SCAN_MORE && scan_start(d, len, res) != WAL_SCAN_MORE) return res->status;
+    record_sink sink = {from_lsn, cap, 0, lsns, offsets, lengths};
+    int status = scan_records(d, len, res, &sink);
+    *count = sink.n;
+    return status;
 }
 
 size_t wal_segment_records(const uint8_t *d, size_t end, uint64_t from_lsn, uint64_t *cursor, size_t cap,

@@ -22,6 +22,12 @@
  * wal_scan_segment never reads outside data[0..len) and returns res->status.
  * wal_segment_records iterates DATA records of bytes that already passed the
  * scan (up to its end_offset) in batches of (lsn, payload offset, length).
+ * wal_scan_records is the same scan in steps that hands out, as it validates
+ * them, the DATA records with lsn >= from_lsn, up to `cap` per call (*count):
+ * one pass over the bytes where scan-then-iterate makes two. Call it first with
+ * *res zeroed and again while it returns WAL_SCAN_MORE; the last call leaves
+ * exactly what wal_scan_segment would. Records handed out before damage was
+ * found are valid ones (the damage comes after them).
  */
 #ifndef WAL_READER_H
 #define WAL_READER_H

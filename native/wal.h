@@ -40,6 +40,7 @@
 #define WAL_SCAN_SEALED 1
 #define WAL_SCAN_TORN 2
 #define WAL_SCAN_CORRUPT 3
+#define WAL_SCAN_MORE 4 /* wal_scan_records only: the arrays are full; call again */
 
 #define WAL_MAX_PAYLOAD_BYTES 16777216
 #define WAL_SEGMENT_HEADER_BYTES 64
@@ -81,6 +82,8 @@ typedef struct {
 int wal_scan_segment(const uint8_t *data, size_t len, wal_scan_result *res);
 size_t wal_segment_records(const uint8_t *data, size_t end, uint64_t from_lsn, uint64_t *cursor,
                            size_t cap, uint64_t *lsns, uint64_t *offsets, uint32_t *lengths);
+int wal_scan_records(const uint8_t *data, size_t len, wal_scan_result *res, uint64_t from_lsn, size_t cap,
+                     uint64_t *lsns, uint64_t *offsets, uint32_t *lengths, size_t *count);
 
 /* ---- the log (writer.c, commit.c) ---- */
 typedef struct wal_log wal_log;

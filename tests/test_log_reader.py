@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -248,6 +249,61 @@ def test_segment_records_from_lsn_yields_exactly_the_records_at_or_after_it(
     data, records = case
     end = c_scan(data).end_offset
     assert c_records(data, end, from_lsn) == [r for r in records if r[0] >= from_lsn]
+
+
+def c_scan_records(data: bytes, from_lsn: int, cap: int) -> tuple[Any, list[tuple[int, bytes]]]:
+    """lib.wal_scan_records to the end, `cap` records a call: the final result and what it handed out."""
+    buf = ffi.from_buffer("uint8_t[]", data) if data else ffi.NULL
+    res = ffi.new("wal_scan_result *")
+    lsns = ffi.new("uint64_t[]", cap)
+    offs = ffi.new("uint64_t[]", cap)
+    lens = ffi.new("uint32_t[]", cap)
+    count = ffi.new("size_t *")
+    out: list[tuple[int, bytes]] = []
+    while True:
+        status = lib.wal_scan_records(buf, len(data), res, from_lsn, cap, lsns, offs, lens, count)
+        n = int(count[0])
+        assert n <= cap
+        out += [(int(lsns[k]), data[int(offs[k]) : int(offs[k]) + int(lens[k])]) for k in range(n)]
+        if status != lib.WAL_SCAN_MORE:
+            assert status == res.status
+            return res, out
+        assert n == cap, "MORE only when the arrays are full"
+
+
+def assert_stepwise_scan_equals_the_whole_scan(data: bytes, from_lsn: int, cap: int) -> None:
+    whole = c_scan(data)
+    res, got = c_scan_records(data, from_lsn, cap)
+    assert (STATUS_NAMES[res.status], ffi.string(res.reason).decode(), res.end_offset, res.bad_offset,
+            res.damage_end, res.records, res.last_lsn, res.next_valid_offset, res.next_valid_lsn,
+            bool(res.header_ok)) == (
+        whole.status, whole.reason, whole.end_offset, whole.bad_offset, whole.damage_end, whole.records,
+        whole.last_lsn, whole.next_valid_offset, whole.next_valid_lsn, whole.header_ok)
+    # Exactly the valid records before the stop, damage or not: none past it, none twice.
+    assert got == [r for r in whole.payloads if r[0] >= from_lsn]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clean_segments(), st.integers(0, 2**41), st.integers(1, 5))
+def test_stepwise_scan_hands_out_the_records_and_ends_as_the_whole_scan_on_clean_segments(
+    case: tuple[bytes, list[tuple[int, bytes]]], from_lsn: int, cap: int
+) -> None:
+    data, records = case
+    if records and from_lsn % 2:
+        from_lsn = records[from_lsn % len(records)][0]  # often inside the segment, not only past or before it
+    assert_stepwise_scan_equals_the_whole_scan(data, from_lsn, cap)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_segments(), st.integers(1, 4))
+def test_stepwise_scan_stops_at_damage_exactly_where_the_whole_scan_does(data: bytes, cap: int) -> None:
+    assert_stepwise_scan_equals_the_whole_scan(data, 0, cap)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_stepwise_scan_of_arbitrary_bytes_ends_as_the_whole_scan(data: bytes) -> None:
+    assert_stepwise_scan_equals_the_whole_scan(data, 0, 2)
 
 
 # ---- named edge cases, through the C reader -----------------------------------

@@ -314,6 +314,45 @@ def test_damaged_segment_is_never_read_as_wrong_data_by_a_readonly_reader(tmp_pa
         wal.Log.open(tmp_path, readonly=True)
 
 
+def test_damage_found_by_a_later_read_raises_after_the_records_before_it_and_never_yields_wrong_data(
+        tmp_path: Path) -> None:
+    # Damage that appears after the open (bit rot under a running process): a read validates
+    # each sealed segment as it hands it out, so it gives every record before the damage,
+    # then CorruptionError naming the segment and the first LSN it cannot vouch for.
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        target = segments(tmp_path)[1]
+        lsn, off, _ = record_offsets(target)[2]
+        flip(target, off + 50)
+        got: list[tuple[int, bytes]] = []
+        with pytest.raises(wal.CorruptionError) as info:
+            for item in log.read(1):
+                got.append(item)
+        assert got == records[: lsn - 1]
+        assert info.value.path == str(target)
+        assert info.value.lsn == lsn
+        assert list(log.read(1 + len(records) - 10)) == records[-10:]  # segments past it still read
+
+
+def test_a_segment_cut_short_after_the_open_is_a_gap_a_read_refuses_not_a_skip(tmp_path: Path) -> None:
+    # Zeros from a record to the end of a sealed segment look like a clean end inside that one
+    # segment; only the next segment's first LSN shows the hole. A read must not step over it.
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        target = segments(tmp_path)[1]
+        lsn, off, _ = record_offsets(target)[2]
+        data = bytearray(target.read_bytes())
+        data[off:] = bytes(len(data) - off)
+        target.write_bytes(bytes(data))
+        got: list[tuple[int, bytes]] = []
+        with pytest.raises(wal.CorruptionError, match="starts at LSN") as info:
+            for item in log.read(1):
+                got.append(item)
+        assert got == records[: lsn - 1]
+        assert info.value.path == str(target)
+        assert info.value.lsn == lsn
+
+
 def test_recovery_truncate_opens_at_the_last_good_record_and_reports_lost_lsns(tmp_path: Path) -> None:
     records = make_log(tmp_path, 200, segment_bytes=SMALL)
     segs = segments(tmp_path)

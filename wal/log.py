@@ -725,27 +725,54 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
     offs = ffi.new("uint64_t[]", _READ_BATCH)
     lens = ffi.new("uint32_t[]", _READ_BATCH)
     cursor = ffi.new("uint64_t *")
+    count = ffi.new("size_t *")
+
+    def refuse_damage(res: Any, path: str, number: int) -> None:
+        if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
+            scan = recovery.scan_segment_file(path, number)
+            raise CorruptionError(
+                f"log damaged while reading: {recovery._describe(scan)}",
+                path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
+            )
+
+    ended: tuple[str, int] | None = None  # (path, last LSN) of the segment read before this one
     for i, (number, path) in enumerate(segments):
         if i + 1 < len(firsts) and firsts[i + 1] <= from_lsn:
             continue  # wholly before from_lsn
         if upto is not None and firsts[i] > upto:
             return
+        if ended is not None and firsts[i] != ended[1] + 1:
+            # A segment cut short after the open (a torn tail is only ever the newest one's):
+            # never hand out what follows a hole (I3).
+            raise CorruptionError(
+                f"log damaged while reading: {ended[0]} ends at LSN {ended[1]} but the next segment, {path}, "
+                f"starts at LSN {firsts[i]}", path=ended[0], lsn=ended[1] + 1, reason="lsn gap",
+            )
+        # The tail of a log another process may be writing is scanned whole first, and the
+        # scan repeated until its verdict holds still (a record caught mid-write looks like
+        # damage). Every other segment is validated and handed out in the same pass
+        # (wal_scan_records): one read of the bytes instead of two. Damage found there
+        # comes after the records already handed out, and is raised when reached.
+        live_tail = upto is None and i == len(segments) - 1
         with recovery.mapped(path) as buf:
-            res = recovery.scan_buffer(buf)
-            if upto is None and i == len(segments) - 1:
-                res = recovery.settled_scan_buffer(buf, res)  # a live writer may be mid-write here
-            if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
-                scan = recovery.scan_segment_file(path, number)
-                raise CorruptionError(
-                    f"log damaged while reading: {recovery._describe(scan)}",
-                    path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
-                )
             data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
             try:
-                cursor[0] = 0
-                while n := lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH,
-                                                   lsns, offs, lens):
-                    past_end = upto is not None and lsns[n - 1] > upto
+                if live_tail:
+                    res = recovery.settled_scan_buffer(buf, recovery.scan_buffer(buf))
+                    refuse_damage(res, path, number)
+                    cursor[0] = 0
+                else:
+                    res = ffi.new("wal_scan_result *")
+                while True:
+                    if live_tail:
+                        n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH,
+                                                    lsns, offs, lens)
+                        more = n > 0
+                    else:
+                        more = lib.wal_scan_records(data, len(buf), res, from_lsn, _READ_BATCH, lsns, offs, lens,
+                                                    count) == lib.WAL_SCAN_MORE
+                        n = count[0]
+                    past_end = n > 0 and upto is not None and lsns[n - 1] > upto
                     if past_end:  # LSNs ascend: keep those up to `upto`
                         n = next(j for j in range(n) if lsns[j] > upto)
                     if n:
@@ -754,6 +781,11 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
                     if past_end:
                         yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
                         return
+                    if not more:
+                        break
+                if not live_tail:
+                    refuse_damage(res, path, number)
+                ended = (path, int(res.last_lsn))
                 yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
             finally:
                 # The map cannot close while a cffi buffer still exports it (also when the
