@@ -276,7 +276,7 @@ class Log:
         lsn: int = append_record(self._writer_address, data, level)
         if lsn < 0:
             if lsn == _ETOOBIG:
-                raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+                raise _too_large(data)
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
 
@@ -335,7 +335,7 @@ class Log:
         h = self._writer or self._live()
         data = payload if type(payload) is bytes else _as_payload(payload)
         if len(data) > MAX_PAYLOAD:
-            raise RecordTooLargeError(f"payload of {len(data)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+            raise _too_large(data)
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if for_async or not block:
             # Never blocks: keep the GIL (see native/appendcall.c).
@@ -537,11 +537,15 @@ class Log:
 # ---- helpers -----------------------------------------------------------------------------------
 
 
+def _too_large(payload: bytes) -> RecordTooLargeError:
+    return RecordTooLargeError(f"payload of {len(payload)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+
+
 def _pack(payloads: Iterable[bytes]) -> tuple[bytes, Any]:
     items = [_as_payload(p) for p in payloads]
     for p in items:
         if len(p) > MAX_PAYLOAD:
-            raise RecordTooLargeError(f"payload of {len(p)} bytes is over the {MAX_PAYLOAD}-byte record limit")
+            raise _too_large(p)
     lens = ffi.new("uint32_t[]", [len(p) for p in items]) if items else []
     return b"".join(items), lens
 
@@ -724,7 +728,6 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
     lsns = ffi.new("uint64_t[]", _READ_BATCH)
     offs = ffi.new("uint64_t[]", _READ_BATCH)
     lens = ffi.new("uint32_t[]", _READ_BATCH)
-    cursor = ffi.new("uint64_t *")
     count = ffi.new("size_t *")
 
     def refuse_damage(res: Any, path: str, number: int) -> None:
@@ -748,30 +751,24 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
                 f"log damaged while reading: {ended[0]} ends at LSN {ended[1]} but the next segment, {path}, "
                 f"starts at LSN {firsts[i]}", path=ended[0], lsn=ended[1] + 1, reason="lsn gap",
             )
-        # The tail of a log another process may be writing is scanned whole first, and the
-        # scan repeated until its verdict holds still (a record caught mid-write looks like
-        # damage). Every other segment is validated and handed out in the same pass
-        # (wal_scan_records): one read of the bytes instead of two. Damage found there
-        # comes after the records already handed out, and is raised when reached.
-        live_tail = upto is None and i == len(segments) - 1
+        # Each segment is validated and handed out in one pass (wal_scan_records); damage
+        # comes after the records already handed out, and is raised when reached. The tail
+        # of a log another process may be writing is scanned whole first, the scan repeated
+        # until its verdict holds still (a record caught mid-write looks like damage), and
+        # only the part that verdict vouches for is handed out.
         with recovery.mapped(path) as buf:
             data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
             try:
-                if live_tail:
-                    res = recovery.settled_scan_buffer(buf, recovery.scan_buffer(buf))
-                    refuse_damage(res, path, number)
-                    cursor[0] = 0
-                else:
-                    res = ffi.new("wal_scan_result *")
+                limit = len(buf)
+                if upto is None and i == len(segments) - 1:
+                    settled = recovery.settled_scan_buffer(buf, recovery.scan_buffer(buf))
+                    refuse_damage(settled, path, number)
+                    limit = settled.end_offset
+                res = ffi.new("wal_scan_result *")
                 while True:
-                    if live_tail:
-                        n = lib.wal_segment_records(data, res.end_offset, from_lsn, cursor, _READ_BATCH,
-                                                    lsns, offs, lens)
-                        more = n > 0
-                    else:
-                        more = lib.wal_scan_records(data, len(buf), res, from_lsn, _READ_BATCH, lsns, offs, lens,
-                                                    count) == lib.WAL_SCAN_MORE
-                        n = count[0]
+                    more = lib.wal_scan_records(data, limit, res, from_lsn, _READ_BATCH, lsns, offs, lens,
+                                                count) == lib.WAL_SCAN_MORE
+                    n = count[0]
                     past_end = n > 0 and upto is not None and lsns[n - 1] > upto
                     if past_end:  # LSNs ascend: keep those up to `upto`
                         n = next(j for j in range(n) if lsns[j] > upto)
@@ -783,8 +780,7 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
                         return
                     if not more:
                         break
-                if not live_tail:
-                    refuse_damage(res, path, number)
+                refuse_damage(res, path, number)
                 ended = (path, int(res.last_lsn))
                 yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
             finally:
