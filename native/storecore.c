@@ -443,38 +443,60 @@ typedef struct {
 
 static int sink_to_ctab(void *ctx, const raw_op *op) {
     ctab_ctx *c = ctx;
-    if (ctab_put(c->table, c->lsn, op->kind, op->key, (uint32_t)op->klen, op->val, (uint32_t)op->vlen) < 0) {
+    return ctab_put(c->table, c->lsn, op->kind, op->key, (uint32_t)op->klen, op->val, (uint32_t)op->vlen);
+}
+
+/* What collapse_raw leaves for the GIL-holding side (collapse_finish) to do. */
+enum { RAW_OK = 0, RAW_IDEM = 1, RAW_BAD = -1, RAW_NOMEM = -2 };
+
+typedef struct {
+    const char *idem; /* RAW_IDEM: the idempotency key, in the payload */
+    Py_ssize_t idem_len;
+    uint64_t time_ms;
+    const char *why; /* RAW_BAD: what is wrong with the payload */
+} raw_result;
+
+/* Add one payload's ops to `table` and count the commit, touching no Python object, so it may
+ * run without the GIL. RAW_IDEM: the commit carries an idempotency key, still to be recorded
+ * by collapse_finish; RAW_BAD: the payload is malformed (half of it may be in the table). */
+static int collapse_raw(ctab *table, flat_batch *counts, const char *data, Py_ssize_t len, uint64_t lsn,
+                        raw_result *r) {
+    ctab_ctx ctx = {table, lsn};
+    int sink_failed;
+    r->why = walk_txn(data, len, &r->time_ms, &r->idem, &r->idem_len, sink_to_ctab, &ctx, &sink_failed);
+    if (sink_failed) return RAW_NOMEM;
+    if (r->why != NULL) return RAW_BAD;
+    flat_commit(counts, lsn);
+    return r->idem != NULL ? RAW_IDEM : RAW_OK;
+}
+
+/* The GIL-holding half: record the idempotency key, or raise -- a malformed payload as
+ * ValueError(lsn, reason). Returns 0 or -1 with an exception set. */
+static int collapse_finish(flat_batch *counts, int raw, uint64_t lsn, const raw_result *r) {
+    if (raw == RAW_OK) return 0;
+    if (raw == RAW_NOMEM) {
         PyErr_NoMemory();
         return -1;
     }
-    return 0;
-}
-
-/* Add one payload's ops to `table` and count the commit; a malformed payload raises
- * ValueError(lsn, reason). */
-static int collapse_payload(ctab *table, flat_batch *counts, const char *data, Py_ssize_t len, uint64_t lsn) {
-    ctab_ctx ctx = {table, lsn};
-    uint64_t time_ms;
-    const char *idem;
-    Py_ssize_t idem_len;
-    int sink_failed;
-    const char *why = walk_txn(data, len, &time_ms, &idem, &idem_len, sink_to_ctab, &ctx, &sink_failed);
-    if (sink_failed) return -1;
-    if (why != NULL) {
-        PyObject *err = Py_BuildValue("(Ks)", (unsigned long long)lsn, why);
+    if (raw == RAW_BAD) {
+        PyObject *err = Py_BuildValue("(Ks)", (unsigned long long)lsn, r->why);
         if (err != NULL) {
             PyErr_SetObject(PyExc_ValueError, err);
             Py_DECREF(err);
         }
         return -1;
     }
-    flat_commit(counts, lsn);
-    if (idem == NULL) return 0;
-    PyObject *key = PyBytes_FromStringAndSize(idem, idem_len);
+    PyObject *key = PyBytes_FromStringAndSize(r->idem, r->idem_len);
     if (key == NULL) return -1;
-    int rc = flat_idem(counts, key, lsn, time_ms);
+    int rc = flat_idem(counts, key, lsn, r->time_ms);
     Py_DECREF(key);
     return rc;
+}
+
+/* Add one payload's ops to `table` and count the commit, with the GIL held. */
+static int collapse_payload(ctab *table, flat_batch *counts, const char *data, Py_ssize_t len, uint64_t lsn) {
+    raw_result r;
+    return collapse_finish(counts, collapse_raw(table, counts, data, len, lsn, &r), lsn, &r);
 }
 
 /* The table's winners as a Collapsed tuple (see flat_collapse): puts and deletes in the order
@@ -546,7 +568,16 @@ typedef struct {
     flat_batch counts;
     Py_buffer view;
     int has_view;
+    int busy; /* add is walking records without the GIL: every other call is refused */
 } Collapser;
+
+/* A Collapser serves one thread at a time; add releases the GIL part-way, so say so clearly
+ * rather than let a second thread in on a table being written. */
+static int collapser_idle(Collapser *c) {
+    if (!c->busy) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "Collapser is in use by another thread");
+    return -1;
+}
 
 static int collapser_detach_view(Collapser *c) {
     if (!c->has_view) return 0;
@@ -566,7 +597,7 @@ static void collapser_reset(Collapser *c) {
 
 static int collapser_init(Collapser *c, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist) || collapser_idle(c) < 0) return -1;
     if (c->has_view) {
         PyBuffer_Release(&c->view);
         c->has_view = 0;
@@ -597,6 +628,7 @@ static int array_arg(PyObject *obj, Py_buffer *b, size_t need, const char *name)
  * Collapse `count` records whose payloads lie at buffer[offsets[i] : offsets[i] + lengths[i]],
  * in LSN order after everything added before. count == 0: the buffer is going away (detach). */
 static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (collapser_idle(c) < 0) return NULL;
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "add takes (buffer, lsns, offsets, lengths, count)");
         return NULL;
@@ -631,22 +663,43 @@ static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t n
         PyBuffer_Release(&offs);
         return NULL;
     }
+    /* The records are walked without the GIL (the replay of a store's open runs in a thread
+     * beside the open's scan, which then need not wait for it), stopping at each record that
+     * needs Python -- an idempotency key to record, an error to raise. The buffers stay
+     * exported to this object meanwhile; `busy` refuses any other use of it until done. */
     int rc = 0;
     const char *base = c->view.buf;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        uint64_t lsn, off;
-        uint32_t len;
-        memcpy(&lsn, (const char *)lsns.buf + 8 * i, 8);
-        memcpy(&off, (const char *)offs.buf + 8 * i, 8);
-        memcpy(&len, (const char *)lens.buf + 4 * i, 4);
-        if (off > (uint64_t)c->view.len || len > (uint64_t)c->view.len - off) {
+    size_t i = 0;
+    c->busy = 1;
+    while (i < n && rc == 0) {
+        int raw = RAW_OK, outside = 0;
+        uint64_t lsn = 0, off = 0;
+        uint32_t len = 0;
+        raw_result r;
+        Py_BEGIN_ALLOW_THREADS
+        for (; i < n; i++) {
+            memcpy(&lsn, (const char *)lsns.buf + 8 * i, 8);
+            memcpy(&off, (const char *)offs.buf + 8 * i, 8);
+            memcpy(&len, (const char *)lens.buf + 4 * i, 4);
+            if (off > (uint64_t)c->view.len || len > (uint64_t)c->view.len - off) {
+                outside = 1;
+                break;
+            }
+            raw = collapse_raw(&c->table, &c->counts, base + off, (Py_ssize_t)len, lsn, &r);
+            if (raw != RAW_OK) break;
+        }
+        Py_END_ALLOW_THREADS
+        if (i == n) break;
+        if (outside) {
             PyErr_Format(PyExc_ValueError, "add: record LSN %llu at %llu+%u lies outside the buffer",
                          (unsigned long long)lsn, (unsigned long long)off, len);
             rc = -1;
-            break;
+        } else {
+            rc = collapse_finish(&c->counts, raw, lsn, &r);
+            i++;
         }
-        rc = collapse_payload(&c->table, &c->counts, base + off, (Py_ssize_t)len, lsn);
     }
+    c->busy = 0;
     PyBuffer_Release(&lsns);
     PyBuffer_Release(&offs);
     PyBuffer_Release(&lens);
@@ -666,6 +719,7 @@ static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t n
 
 static PyObject *collapser_detach(Collapser *c, PyObject *unused) {
     (void)unused;
+    if (collapser_idle(c) < 0) return NULL;
     if (collapser_detach_view(c) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -673,6 +727,7 @@ static PyObject *collapser_detach(Collapser *c, PyObject *unused) {
 /* take() -> Collapsed | None: what was added since the last take, and start afresh. */
 static PyObject *collapser_take(Collapser *c, PyObject *unused) {
     (void)unused;
+    if (collapser_idle(c) < 0) return NULL;
     if (c->counts.idem == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Collapser used after a failure (make a new one)");
         return NULL;
@@ -690,11 +745,13 @@ static PyObject *collapser_take(Collapser *c, PyObject *unused) {
 
 static PyObject *collapser_get_keys(Collapser *c, void *closure) {
     (void)closure;
+    if (collapser_idle(c) < 0) return NULL;
     return PyLong_FromSize_t(c->table.used);
 }
 
 static PyObject *collapser_get_held_bytes(Collapser *c, void *closure) {
     (void)closure;
+    if (collapser_idle(c) < 0) return NULL;
     return PyLong_FromSize_t(c->table.held_bytes);
 }
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from pathlib import Path
@@ -549,3 +550,69 @@ def test_a_buffered_log_does_not_zero_fill_ahead(tmp_path: Path) -> None:
     (segment,) = [Path(p) for _, p in list_segments(str(tmp_path))]
     end = wf.scan_segment(segment.read_bytes()).end_offset
     assert _first_hole(segment) < end + (64 << 10)  # only the data's own blocks are allocated
+
+
+# ---- on_sealed_segment: sealed segments handed out while the open goes on ------------------------------
+
+
+def test_open_hands_out_every_sealed_segment_in_order_each_before_the_next_is_scanned(tmp_path: Path) -> None:
+    records = make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) >= 4
+    handed: list[wal.log.SealedSegment] = []
+    read: list[tuple[int, bytes]] = []
+
+    def on_sealed(seg: wal.log.SealedSegment) -> None:
+        handed.append(seg)
+        for span in seg.read_spans(seg.first_lsn):
+            lsns, offs, lens = span.lsns.cast("Q"), span.offsets.cast("Q"), span.lengths.cast("I")
+            read.extend((lsn, bytes(span.buffer[o:o + n])) for lsn, o, n in zip(lsns, offs, lens, strict=True))
+
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=on_sealed) as log:
+        assert log.watermarks.appended == 200
+    assert [s.path for s in handed] == [str(p) for p in segs[:-1]]  # the newest is the open's own
+    assert [s.number for s in handed] == list(range(1, len(segs)))
+    assert handed[0].first_lsn == 1
+    assert all(a.last_lsn + 1 == b.first_lsn for a, b in itertools.pairwise(handed))
+    assert read == records[: handed[-1].last_lsn]
+
+
+def test_open_stops_handing_out_segments_at_damage_and_still_refuses_the_log(tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    lsn, off, _ = record_offsets(segs[2])[1]
+    flip(segs[2], off + 30)
+    before = snapshot(tmp_path)
+    handed: list[int] = []
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=lambda s: handed.append(s.number))
+    assert info.value.lsn == lsn
+    assert handed == [1, 2]  # the segments before the damage, never the damaged one
+    assert snapshot(tmp_path) == before
+
+
+def test_an_on_sealed_segment_callback_that_raises_fails_the_open_and_leaves_the_log_openable(
+        tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+
+    def refuse(seg: wal.log.SealedSegment) -> None:
+        raise RuntimeError(f"no thanks: {seg.number}")
+
+    with pytest.raises(RuntimeError, match="no thanks: 1"):
+        wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=refuse)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:  # the lock was released
+        assert log.watermarks.appended == 200
+
+
+def test_each_sealed_segment_is_handed_out_before_the_next_one_is_scanned(tmp_path: Path) -> None:
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    lsn, off, _ = record_offsets(segs[1])[2]
+
+    def damage_the_next(seg: wal.log.SealedSegment) -> None:
+        if seg.number == 1:  # the scan has not read segment 2 yet: this damage must be found
+            flip(segs[1], off + 30)
+
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=damage_the_next)
+    assert (info.value.path, info.value.lsn) == (str(segs[1]), lsn)

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 
 import wal
-from wal import record
+from wal import record, replay
 from wal._bindings import storecore
 from wal.log import RecordSpan
 
@@ -309,13 +309,17 @@ def test_log_read_spans_yield_what_read_yields_and_end_each_segment_with_an_empt
         assert all(lsn < last for span in lg.read_spans(2_990) for lsn in span.lsns.cast("Q"))
 
 
-def test_replay_in_many_small_batches_rebuilds_the_same_state(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wal.store, "_REPLAY_BATCH_KEYS", 7)
-    monkeypatch.setattr(wal.store, "_REPLAY_BATCH_BYTES", 300)
+@pytest.mark.parametrize("segment_bytes", [64 << 20, 4096])
+def test_replay_in_many_small_batches_rebuilds_the_same_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                segment_bytes: int) -> None:
+    """One segment: all of it replayed after the log's open. 4 KiB segments: all but the newest
+    replayed by the open's replay thread, batches running on across segment ends."""
+    monkeypatch.setattr(replay, "BATCH_KEYS", 7)
+    monkeypatch.setattr(replay, "BATCH_BYTES", 300)
     model: dict[bytes, bytes] = {}
-    wal.open(tmp_path / "s").close()
-    with wal.Log.open(tmp_path / "s" / "log", durability="buffered") as lg:  # records the state never saw
+    wal.open(tmp_path / "s", segment_bytes=segment_bytes).close()
+    with wal.Log.open(tmp_path / "s" / "log", durability="buffered",  # records the state never saw
+                      segment_bytes=segment_bytes) as lg:
         for i in range(2_000):
             key = b"k%03d" % (i * 7919 % 150)
             if i % 11 == 0:
@@ -324,6 +328,74 @@ def test_replay_in_many_small_batches_rebuilds_the_same_state(tmp_path: Path,
             else:
                 lg.append(record.encode_one(record.OP_PUT, key, b"v%d" % i * (i % 40), 0))
                 model[key] = b"v%d" % i * (i % 40)
-    with wal.open(tmp_path / "s") as store:
+    with wal.open(tmp_path / "s", segment_bytes=segment_bytes) as store:
+        assert (len(list((tmp_path / "s" / "log").glob("*.wal"))) > 10) == (segment_bytes == 4096)
         assert store.stats()["records_replayed"] == 2_000
         assert dict(store.scan(b"")) == model
+
+
+def _unapplied_log(d: Path, n: int, segment_bytes: int = 4096) -> dict[bytes, bytes]:
+    """A closed store whose log holds n put commits (over 50 keys) the state never saw."""
+    model: dict[bytes, bytes] = {}
+    wal.open(d, segment_bytes=segment_bytes).close()
+    with wal.Log.open(d / "log", segment_bytes=segment_bytes) as lg:
+        for i in range(n):
+            key, value = b"k%02d" % (i % 50), b"v%d" % i
+            lg.append(record.encode_one(record.OP_PUT, key, value, 0))
+            model[key] = value
+    return model
+
+
+def test_sealed_segments_are_replayed_while_the_log_opens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replay, "BATCH_KEYS", 10)
+    model = _unapplied_log(tmp_path, 600)
+    applied_when_the_log_had_opened: list[int] = []
+    join = replay.Replay.join
+
+    def spy(self: replay.Replay) -> None:
+        join(self)
+        assert self.state is not None
+        applied_when_the_log_had_opened.append(self.state.applied_lsn())
+
+    monkeypatch.setattr(replay.Replay, "join", spy)
+    with wal.open(tmp_path, segment_bytes=4096) as store:
+        assert dict(store.scan(b"")) == model
+        assert store.stats()["records_replayed"] == 600
+        assert store.watermarks.applied == 600
+    (early,) = applied_when_the_log_had_opened
+    assert 0 < early < 600  # batches of the sealed segments were in the state before the open returned
+
+
+def test_damage_after_sealed_segments_fails_the_open_and_the_state_keeps_only_a_prefix(tmp_path: Path) -> None:
+    model = _unapplied_log(tmp_path, 600)
+    segs = sorted((tmp_path / "log").glob("*.wal"))
+    assert len(segs) >= 5
+    damaged = segs[3]
+    data = bytearray(damaged.read_bytes())
+    data[200] ^= 0x20  # inside a record of a sealed segment: damage, not a torn tail
+    damaged.write_bytes(bytes(data))
+    log_before = {p.name: p.read_bytes() for p in segs}
+    with pytest.raises(wal.CorruptionError) as info:
+        wal.open(tmp_path, segment_bytes=4096)
+    assert info.value.path == str(damaged)
+    assert {p.name: p.read_bytes() for p in segs} == log_before  # the log is not changed
+    with pytest.raises(wal.CorruptionError):  # not LockedError: the failed open let go of everything
+        wal.open(tmp_path, segment_bytes=4096)
+    with wal.open(tmp_path, segment_bytes=4096, recovery="truncate") as store:
+        last = store.watermarks.applied
+        assert 0 < last < 600
+        expected = {b"k%02d" % (i % 50): b"v%d" % i for i in range(last)}
+        assert dict(store.scan(b"")) == expected
+    assert set(expected) <= set(model)
+
+
+def test_a_sealed_segment_holding_a_record_that_is_no_store_transaction_fails_the_open(tmp_path: Path) -> None:
+    wal.open(tmp_path, segment_bytes=4096).close()
+    with wal.Log.open(tmp_path / "log", segment_bytes=4096) as lg:
+        lg.append(record.encode_one(record.OP_PUT, b"a", b"1", 0))
+        lg.append(b"not a store transaction")  # LSN 2, in the first (sealed) segment
+        for i in range(100):
+            lg.append(record.encode_one(record.OP_PUT, b"b", b"%d" % i, 0))
+    for _ in range(2):  # and again: the failed open closed the log and the state it had opened
+        with pytest.raises(wal.CorruptionError, match="LSN 2 has a valid CRC but is not a store transaction"):
+            wal.open(tmp_path, segment_bytes=4096)

@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import weakref
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -135,6 +135,7 @@ class Log:
         recovery: str = "strict",
         preallocate: str = "size",
         max_pending_bytes: int = 4 << 20,
+        on_sealed_segment: Callable[[SealedSegment], None] | None = None,
         _seed: int = 0,
         _new_log_id: int = 0,
         _new_salt: int = 0,
@@ -147,6 +148,12 @@ class Log:
         last good record and reports the lost LSN range in `recovery_report`. preallocate:
         ``"size"`` (extend new segments with ftruncate) or ``"zeros"`` (write zeros: slower to
         create, cheaper fdatasyncs).
+
+        on_sealed_segment: called during the open, in LSN order, with each segment but the
+        newest as soon as the open's scan has verified it (its records are durable), before
+        the next segment is scanned; a caller that hands it to another thread can work on
+        those records while the open reads on (the store's replay does). An exception it
+        raises fails the open. A damaged log can still fail the open after some calls.
         """
         level = dur.parse(durability, rpo_ms)
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -163,7 +170,7 @@ class Log:
         makedirs_durable(path)
         lock_fd = _lock(path)
         try:
-            report, cfg = _recover(path, recovery, segment_bytes)
+            report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment)
             cfg.level = level.code
             cfg.rpo_ms = level.rpo_ms
             cfg.max_pending_bytes = max_pending_bytes
@@ -592,10 +599,15 @@ def _segment_first_lsn(path: str) -> int:
     return int.from_bytes(head[32:40], "little")
 
 
-def _recover(path: str, mode: str, segment_bytes: int) -> tuple[RecoveryReport, Any]:
+def _recover(path: str, mode: str, segment_bytes: int,
+             on_sealed: Callable[[SealedSegment], None] | None) -> tuple[RecoveryReport, Any]:
     """Scan, repair what a torn tail or `recovery="truncate"` allows, and say where to resume."""
     recovery.remove_temp_files(path)
-    scan = recovery.scan_directory(path)
+    hook = None
+    if on_sealed is not None:
+        def hook(seg: recovery.SegmentScan) -> None:
+            on_sealed(SealedSegment(seg.path, seg.segment_no, seg.first_lsn, seg.last_lsn))
+    scan = recovery.scan_directory(path, on_sealed=hook)
     segments = scan.segments
     broken: list[str] = []
     torn: tuple[str, int, int] | None = None
@@ -707,6 +719,20 @@ class RecordSpan(NamedTuple):
     records: int
 
 
+class SealedSegment(NamedTuple):
+    """A segment the open's scan verified whole and sealed (see `Log.open`, on_sealed_segment)."""
+
+    path: str
+    number: int
+    first_lsn: int
+    last_lsn: int  # first_lsn - 1 when it holds no records
+
+    def read_spans(self, from_lsn: int) -> Generator[RecordSpan, None, int | None]:
+        """Its records from `from_lsn` on, as `Log.read_spans` hands them out (checked again as
+        they are read, like every read of the log)."""
+        return _segment_spans(self.path, self.number, from_lsn, None)
+
+
 def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[tuple[int, bytes]]:
     for span in _read_spans(directory, from_lsn, upto):
         if span.records:
@@ -725,19 +751,6 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
             f"LSN {from_lsn} is no longer in the log of {directory}: its oldest record is LSN {firsts[0]} "
             "(older segments were removed by a checkpoint)"
         )
-    lsns = ffi.new("uint64_t[]", _READ_BATCH)
-    offs = ffi.new("uint64_t[]", _READ_BATCH)
-    lens = ffi.new("uint32_t[]", _READ_BATCH)
-    count = ffi.new("size_t *")
-
-    def refuse_damage(res: Any, path: str, number: int) -> None:
-        if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
-            scan = recovery.scan_segment_file(path, number)
-            raise CorruptionError(
-                f"log damaged while reading: {recovery._describe(scan)}",
-                path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
-            )
-
     ended: tuple[str, int] | None = None  # (path, last LSN) of the segment read before this one
     for i, (number, path) in enumerate(segments):
         if i + 1 < len(firsts) and firsts[i + 1] <= from_lsn:
@@ -751,43 +764,69 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None) -> Generator[Re
                 f"log damaged while reading: {ended[0]} ends at LSN {ended[1]} but the next segment, {path}, "
                 f"starts at LSN {firsts[i]}", path=ended[0], lsn=ended[1] + 1, reason="lsn gap",
             )
-        # Each segment is validated and handed out in one pass (wal_scan_records); damage
-        # comes after the records already handed out, and is raised when reached. The tail
-        # of a log another process may be writing is scanned whole first, the scan repeated
-        # until its verdict holds still (a record caught mid-write looks like damage), and
-        # only the part that verdict vouches for is handed out.
-        with recovery.mapped(path) as buf:
-            data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
-            try:
-                limit = len(buf)
-                if upto is None and i == len(segments) - 1:
-                    settled = recovery.settled_scan_buffer(buf, recovery.scan_buffer(buf))
-                    refuse_damage(settled, path, number)
-                    limit = settled.end_offset
-                res = ffi.new("wal_scan_result *")
-                while True:
-                    more = lib.wal_scan_records(data, limit, res, from_lsn, _READ_BATCH, lsns, offs, lens,
-                                                count) == lib.WAL_SCAN_MORE
-                    n = count[0]
-                    past_end = n > 0 and upto is not None and lsns[n - 1] > upto
-                    if past_end:  # LSNs ascend: keep those up to `upto`
-                        n = next(j for j in range(n) if lsns[j] > upto)
-                    if n:
-                        yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
-                                         memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
-                    if past_end:
-                        yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
-                        return
-                    if not more:
-                        break
-                refuse_damage(res, path, number)
-                ended = (path, int(res.last_lsn))
-                yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
-            finally:
-                # The map cannot close while a cffi buffer still exports it (also when the
-                # caller stops iterating early).
-                if data != ffi.NULL:
-                    ffi.release(data)
+        live_tail = upto is None and i == len(segments) - 1
+        last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail)
+        if last is None:
+            return  # past upto
+        ended = (path, last)
+
+
+def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *,
+                   live_tail: bool = False) -> Generator[RecordSpan, None, int | None]:
+    """The records of one segment file from `from_lsn` on, as spans, ending with a span of 0
+    records; returns the segment's last LSN, or None once a record past `upto` was reached.
+
+    The segment is validated and handed out in one pass (wal_scan_records); damage comes
+    after the records already handed out, and is raised when reached. The tail of a log
+    another process may be writing (`live_tail`) is scanned whole first, the scan repeated
+    until its verdict holds still (a record caught mid-write looks like damage), and only
+    the part that verdict vouches for is handed out.
+    """
+    lsns = ffi.new("uint64_t[]", _READ_BATCH)
+    offs = ffi.new("uint64_t[]", _READ_BATCH)
+    lens = ffi.new("uint32_t[]", _READ_BATCH)
+    count = ffi.new("size_t *")
+
+    def refuse_damage(res: Any) -> None:
+        if res.status == lib.WAL_SCAN_CORRUPT and (upto is None or res.last_lsn < upto):
+            scan = recovery.scan_segment_file(path, number)
+            raise CorruptionError(
+                f"log damaged while reading: {recovery._describe(scan)}",
+                path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
+            )
+
+    with recovery.mapped(path) as buf:
+        data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
+        try:
+            limit = len(buf)
+            if live_tail:
+                settled = recovery.settled_scan_buffer(buf, recovery.scan_buffer(buf))
+                refuse_damage(settled)
+                limit = settled.end_offset
+            res = ffi.new("wal_scan_result *")
+            while True:
+                more = lib.wal_scan_records(data, limit, res, from_lsn, _READ_BATCH, lsns, offs, lens,
+                                            count) == lib.WAL_SCAN_MORE
+                n = count[0]
+                past_end = n > 0 and upto is not None and lsns[n - 1] > upto
+                if past_end:  # LSNs ascend: keep those up to `upto`
+                    n = next(j for j in range(n) if lsns[j] > upto)
+                if n:
+                    yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
+                                     memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
+                if past_end:
+                    yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
+                    return None
+                if not more:
+                    break
+            refuse_damage(res)
+            yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
+            return int(res.last_lsn)
+        finally:
+            # The map cannot close while a cffi buffer still exports it (also when the
+            # caller stops iterating early).
+            if data != ffi.NULL:
+                ffi.release(data)
 
 
 class _AsyncWaiters:

@@ -20,7 +20,7 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,8 +220,14 @@ def _header_crc_ok(path: str) -> bool:
     return len(head) == 64 and lib.wal_crc32c(0, head, 60) == int.from_bytes(head[60:64], "little")
 
 
-def scan_directory(directory: str) -> DirectoryScan:
-    """Scan every segment and apply the cross-segment rules S1-S5. Reads only."""
+def scan_directory(directory: str, on_sealed: Callable[[SegmentScan], None] | None = None) -> DirectoryScan:
+    """Scan every segment and apply the cross-segment rules S1-S5. Reads only.
+
+    on_sealed: called, in order, with each segment but the newest once it has passed every
+    rule (so it is SEALED and was fdatasynced before its successor was created), before the
+    next segment is scanned. A caller that works on those records in another thread
+    overlaps that work with the scan's reads of the next segments.
+    """
     started = time.monotonic()
     result = DirectoryScan(directory)
     listed = list_segments(directory)
@@ -273,6 +279,8 @@ def scan_directory(directory: str) -> DirectoryScan:
         if problem is not None:
             result.damage = problem
             break
+        if on_sealed is not None and not is_last:
+            on_sealed(scan)
     result.seconds = time.monotonic() - started
     return result
 

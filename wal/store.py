@@ -66,6 +66,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import MAX_PAYLOAD, Log
+from wal.replay import Replay
 from wal.state import DURABLE_SEEN_KEY, State
 
 STORE_FORMAT = "agentwal-store"
@@ -77,8 +78,6 @@ ARCHIVE_DIR = "archive"
 
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
-_REPLAY_BATCH_KEYS = 100_000
-_REPLAY_BATCH_BYTES = 32 << 20
 _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short lock holds
 _SCAN_CHUNK = 512
 
@@ -322,25 +321,35 @@ class Store:
             # Refuse an unknown or newer format before the log's recovery touches (or misreads
             # as damage) a log laid out by another version.
             _check_store_file(root, create=False)
-        log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
-                       segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate)
+        # Sealed segments are replayed into the state while the open reads the next ones (wal/replay.py).
+        started = time.monotonic()
+        replayer = Replay(os.path.join(root, STATE_DIR))
         try:
+            log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
+                           segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
+                           on_sealed_segment=replayer.sealed)
+        except BaseException:
+            replayer.abandon()
+            raise
+        try:
+            replayer.join()
             _check_store_file(root, create=True)
-            state = State(os.path.join(root, STATE_DIR))
+            state = replayer.open_state()
             # LMDB creates state/ and its files but never fsyncs a directory: make the names
             # durable before a checkpoint can delete the log segments they stand in for.
             fsync_dir(state.path)
             fsync_dir(root)
         except BaseException:
+            replayer.abandon()
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
         store._recovery_mode = recovery
         _open_stores.add(store)
         try:
-            store._replay()
+            store._replay(replayer, started)
         except BaseException:
-            state.close()
+            replayer.abandon()
             log.close()
             raise
         # Recorded for operators (`agentwal info`): the level is chosen per open, not stored elsewhere.
@@ -350,17 +359,10 @@ class Store:
         store._thread.start()
         return store
 
-    def _apply_replayed(self, batch: record.Collapsed | None, durable: int) -> int:
-        """Apply one replay batch (None: nothing); returns how many commits it held."""
-        if batch is None:
-            return 0
-        self._state.apply(batch, lambda: durable)
-        return batch[2]
-
-    def _replay(self) -> None:
-        """Replay (applied_lsn, last LSN] of the log into LMDB, in batches (I4: restartable)."""
+    def _replay(self, replayer: Replay, started: float) -> None:
+        """Replay (applied_lsn, last LSN] of the log into LMDB: what the open's replay thread
+        has not yet (wal/replay.py), after the checks that the state and the log agree."""
         assert self._log is not None
-        started = time.monotonic()
         report = self._log.recovery_report
         applied = self._state.applied_lsn()
         last = report.last_lsn
@@ -377,7 +379,7 @@ class Store:
                 raise CorruptionError(
                     f"the log in {self._path} ends at LSN {last}, but LSNs up to {seen} were durable in it when "
                     "the state was last updated: records were lost from the log (its tail zeroed or cut?). "
-                    "Nothing was changed. Open with recovery='truncate' to accept the loss of LSNs "
+                    "The log was not changed. Open with recovery='truncate' to accept the loss of LSNs "
                     f"{last + 1}..{seen}.",
                     lsn=last + 1, reason="log behind durable mark",
                 )
@@ -392,32 +394,17 @@ class Store:
                 f"segments holding LSNs {applied + 1}..{first - 1} are missing",
                 lsn=applied + 1, reason="missing segments",
             )
-        durable = self._log.watermarks.durable
-        replayed = 0
-        if last > applied:
-            # Records are decoded and collapsed to each key's last write in C, straight from the
-            # mapped segments (record.Collapser): no Python object per record. One LMDB
-            # transaction per batch; a batch ends when its last writes hold too many keys or
-            # bytes, so memory stays flat however long the log is.
-            collapser = record.Collapser()
-            spans = self._log.read_spans(applied + 1)
-            try:
-                for span in spans:
-                    collapser.add(span)
-                    if collapser.keys >= _REPLAY_BATCH_KEYS or collapser.held_bytes >= _REPLAY_BATCH_BYTES:
-                        replayed += self._apply_replayed(collapser.take(), durable)
-                replayed += self._apply_replayed(collapser.take(), durable)
-            finally:
-                collapser.detach()  # before the log unmaps the segment its slots may point into
-                spans.close()
+        if last >= replayer.next_lsn:
+            replayer.feed(self._log.read_spans(replayer.next_lsn), durable=self._log.watermarks.durable)
+        replayer.finish()
         self._applied = self._state.applied_lsn()
         self._recovery.update({
-            "recovery_seconds": report.seconds + (time.monotonic() - started),
-            "records_replayed": replayed,
+            "recovery_seconds": time.monotonic() - started,
+            "records_replayed": replayer.replayed,
             "log_scan_seconds": report.seconds,
         })
         _logger.info("opened store %s: replayed %d record(s) into the state (applied LSN %d) in %.3f s",
-                     self._path, replayed, self._applied, self._recovery["recovery_seconds"])
+                     self._path, replayer.replayed, self._applied, self._recovery["recovery_seconds"])
 
     # ---- guards --------------------------------------------------------------------------------
 

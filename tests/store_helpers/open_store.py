@@ -15,11 +15,12 @@ from __future__ import annotations
 import sys
 
 import wal
+from wal import replay
 
 
 def main() -> int:
     if len(sys.argv) > 2:
-        wal.store._REPLAY_BATCH_KEYS = int(sys.argv[2])
+        replay.BATCH_KEYS = int(sys.argv[2])
     print("start", flush=True)
     store = wal.open(sys.argv[1])
     print(f"opened {store.stats()['records_replayed']}", flush=True)
