@@ -17,6 +17,7 @@ import fcntl
 import heapq
 import itertools
 import logging
+import mmap
 import os
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -43,6 +44,7 @@ from wal.errors import (
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
 _READ_BATCH = 1024
+_DROP_BEHIND_BYTES = 4 << 20  # a reader gives back the pages it has read past in steps of this
 _NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 _logger = logging.getLogger("wal.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
@@ -797,6 +799,12 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *,
 
     with recovery.mapped(path) as buf:
         data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
+        # Pages a reader has moved past leave this process's RSS (they stay in the page cache,
+        # and a pointer into them -- a replay's last write of a key -- still reads the same
+        # bytes, faulted in again): memory stays flat while the store's open scans one
+        # segment and replays another.
+        drop = getattr(buf, "madvise", None)
+        dropped = 0
         try:
             limit = len(buf)
             if live_tail:
@@ -814,6 +822,10 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *,
                 if n:
                     yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
                                      memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
+                    behind = int(offs[n - 1]) // mmap.PAGESIZE * mmap.PAGESIZE
+                    if drop is not None and behind - dropped >= _DROP_BEHIND_BYTES:
+                        drop(mmap.MADV_DONTNEED, dropped, behind - dropped)
+                        dropped = behind
                 if past_end:
                     yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
                     return None
