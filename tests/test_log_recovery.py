@@ -453,14 +453,25 @@ def test_leftover_segment_temp_files_are_removed_on_open(tmp_path: Path) -> None
 
 
 def test_sealed_last_segment_left_by_a_crash_before_the_next_was_made_opens_a_new_segment(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     records = make_log(tmp_path, 200, segment_bytes=SMALL)
     segs = segments(tmp_path)
-    segs[-1].unlink()  # the crash came after the seal was synced, before the next segment existed
+    segs[-1].unlink()  # the crash came after the seal was written, before the next segment existed
     last = record_offsets(segs[-2])[-1][0]
     assert wf.scan_segment(segs[-2].read_bytes()).status == "sealed"
+    synced: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:  # the real one, noting which file it made durable
+        real_fdatasync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        # The seal may have been written and never synced (a kill before its fdatasync): the
+        # open makes the segment durable before a store builds on its records (I1).
+        assert str(segs[-2]) in synced
         assert log.recovery_report.last_lsn == last
         assert log.recovery_report.torn_tail is None
         assert log.append(b"next") == last + 1

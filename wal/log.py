@@ -677,17 +677,18 @@ def _recover(path: str, mode: str, segment_bytes: int,
         last = segments[-1]
         cfg.log_id = last.log_id
         cfg.next_lsn = last.last_lsn + 1
+        # Records found on open may only be in the page cache (written, never synced): make
+        # them durable before anything is built on them (I1). A sealed newest segment too: a
+        # writer killed between writing the seal and its fdatasync leaves exactly that.
+        fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
         if last.status == "sealed":
             cfg.need_new_segment = 1
             cfg.segment_no = last.segment_no + 1
         else:
-            # Records found on open may only be in the page cache (written, never synced):
-            # make them durable before anything is built on them (I1).
-            fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
             cfg.segment_no = last.segment_no
             cfg.segment_salt = last.salt
             cfg.segment_size = last.size
