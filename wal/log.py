@@ -17,7 +17,6 @@ import fcntl
 import heapq
 import itertools
 import logging
-import mmap
 import os
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -44,7 +43,6 @@ from wal.errors import (
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
 _READ_BATCH = 1024
-_DROP_BEHIND_BYTES = 4 << 20  # a reader gives back the pages it has read past in steps of this
 _NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 _logger = logging.getLogger("wal.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
@@ -800,12 +798,7 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *,
 
     with recovery.mapped(path) as buf:
         data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
-        # Pages a reader has moved past leave this process's RSS (they stay in the page cache,
-        # and a pointer into them -- a replay's last write of a key -- still reads the same
-        # bytes, faulted in again): memory stays flat while the store's open scans one
-        # segment and replays another.
-        drop = getattr(buf, "madvise", None)
-        dropped = 0
+        dropped = 0  # pages before this were given back (recovery.give_back_pages)
         try:
             limit = len(buf)
             if live_tail:
@@ -823,10 +816,7 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *,
                 if n:
                     yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
                                      memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
-                    behind = int(offs[n - 1]) // mmap.PAGESIZE * mmap.PAGESIZE
-                    if drop is not None and behind - dropped >= _DROP_BEHIND_BYTES:
-                        drop(mmap.MADV_DONTNEED, dropped, behind - dropped)
-                        dropped = behind
+                    dropped = recovery.give_back_pages(buf, dropped, int(offs[n - 1]))
                 if past_end:
                     yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
                     return None

@@ -123,14 +123,26 @@ def scan_buffer(buf: Any) -> Any:
 
 
 _SCAN_STEP_RECORDS = 8192  # scan_segment_file checks this many records between page drops
-_DROP_BEHIND_BYTES = 4 << 20
+_DROP_BEHIND_BYTES = 4 << 20  # a reader of a mapped segment gives back pages in steps of this
+
+
+def give_back_pages(buf: Any, dropped: int, offset: int) -> int:
+    """A reader of a `mapped` segment has moved past `offset`: once that is _DROP_BEHIND_BYTES
+    beyond `dropped` (what it gave back before), give back the pages in between and return
+    the new mark. They stay in the page cache and leave this process's RSS; a pointer into
+    them still reads the same bytes (faulted in again). That keeps memory flat while a
+    store's open scans one segment and replays another (wal/replay.py)."""
+    behind = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    if behind - dropped < _DROP_BEHIND_BYTES or not isinstance(buf, mmap.mmap):
+        return dropped
+    buf.madvise(mmap.MADV_DONTNEED, dropped, behind - dropped)
+    return behind
 
 
 def _scan_dropping_behind(buf: Any) -> Any:
     """`scan_buffer` of a mapped segment, in steps (wal_scan_records: the same verdict, field
-    by field), giving back the pages already checked: they stay in the page cache, but leave
-    this process's RSS, so an open's scan holds a few MiB of a segment, not all of it --
-    what lets a store's replay run beside it (wal/replay.py) with memory still flat."""
+    by field), giving back the pages already checked (`give_back_pages`): an open's scan
+    holds a few MiB of a segment, not all of it."""
     if not len(buf):
         return scan_buffer(buf)
     res = ffi.new("wal_scan_result *")
@@ -142,10 +154,7 @@ def _scan_dropping_behind(buf: Any) -> Any:
     with ffi.from_buffer("uint8_t[]", buf) as data:  # released before the caller's map closes
         while lib.wal_scan_records(data, len(buf), res, 0, _SCAN_STEP_RECORDS, lsns, offs, lens,
                                    count) == lib.WAL_SCAN_MORE:
-            behind = int(res.end_offset) // mmap.PAGESIZE * mmap.PAGESIZE
-            if behind - dropped >= _DROP_BEHIND_BYTES:
-                buf.madvise(mmap.MADV_DONTNEED, dropped, behind - dropped)
-                dropped = behind
+            dropped = give_back_pages(buf, dropped, int(res.end_offset))
     return res
 
 

@@ -54,7 +54,6 @@ class Replay:
         self._queue: queue.SimpleQueue[SealedSegment | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._stopped = False  # a hole before the first sealed segment: left to the caller's checks
 
     def open_state(self) -> State:
         """The store's state, opened once (by the replay thread, if a sealed segment came first)."""
@@ -75,15 +74,15 @@ class Replay:
 
     def _run(self) -> None:
         while (segment := self._queue.get()) is not None:
-            if self._error is not None or self._stopped:
+            if self._error is not None:
                 continue  # drain: the open goes on, and join reports the error
             try:
                 self.open_state()
                 if segment.last_lsn < self.next_lsn:
                     continue  # already in the state
                 if segment.first_lsn > self.next_lsn:
-                    # LSNs the state lacks are missing from the log: the caller's checks say so.
-                    self._stopped = True
+                    # LSNs the state lacks are missing from the log (and so skipped by every later
+                    # segment too, as next_lsn stays put): the caller's checks say so.
                     continue
                 self.feed(segment.read_spans(self.next_lsn), durable=segment.last_lsn)
                 self.next_lsn = segment.last_lsn + 1
