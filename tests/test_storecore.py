@@ -9,6 +9,8 @@ by the store tests, which all run through it).
 
 from __future__ import annotations
 
+import errno
+import inspect
 import mmap
 import struct
 import threading
@@ -23,6 +25,7 @@ import wal
 from wal import record, replay
 from wal._bindings import storecore
 from wal.log import RecordSpan
+from wal.testing import failpoint
 
 KEYS = st.binary(min_size=1, max_size=record.MAX_KEY_BYTES)
 SMALL_KEYS = st.sampled_from([b"a", b"b", b"c", b"\x00", b"\xff\xff"])
@@ -197,6 +200,44 @@ def test_a_put_meeting_a_held_commit_lock_waits_for_it_and_then_commits(tmp_path
             assert worker.is_alive() and not done  # the Python path waits for the lock
         worker.join(10)
         assert done and store.get(b"k") == b"v" and store.version(b"k") == done[0]
+
+
+def test_store_put_and_delete_are_the_c_path_and_keep_the_python_functions_signature_and_errors(
+        tmp_path: Path) -> None:
+    # Store.put / Store.delete are storecore.FastCommit descriptors wrapping the Python functions.
+    assert isinstance(wal.Store.__dict__["put"], storecore.FastCommit)
+    assert str(inspect.signature(wal.Store.put)) == str(inspect.signature(wal.Store.put.__wrapped__))
+    assert wal.Store.delete.__name__ == "delete" and "deletion" in (wal.Store.delete.__doc__ or "")
+    with wal.open(tmp_path, durability="buffered", rpo_ms=100) as store:
+        lsns = [store.put(b"a", b"1"),                      # the C path
+                store.put("b", b"2"),                       # a str key: the C path, as UTF-8
+                store.put(b"c", b"3", durability="sync"),   # a keyword: the Python function
+                wal.Store.put(store, b"d", b"4"),           # through the class
+                store.delete(b"a"),
+                store.delete(b"b", durability="sync")]
+        bound = store.put
+        lsns.append(bound(b"e", b"5"))
+        assert store._log is not None
+        assert lsns == list(range(1, 8)) and store._log.watermarks.appended == 7  # one commit each
+        assert dict(store.scan()) == {b"c": b"3", b"d": b"4", b"e": b"5"}
+        with pytest.raises(TypeError, match="value"):
+            store.put(b"k")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="positional"):
+            store.put(b"k", b"v", b"x")  # type: ignore[call-arg]
+        with pytest.raises(wal.ArgumentTypeError):
+            store.put(b"k", "not bytes")  # type: ignore[arg-type]
+        assert store._log is not None and store._log.watermarks.appended == 7
+
+
+def test_a_c_path_commit_whose_fdatasync_fails_raises_the_logs_failure_and_is_in_the_log_once(
+        tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    store.put(b"a", b"1")
+    with failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError, match="Input/output error"):
+        store.put(b"b", b"2")  # appended by the C path, then its fdatasync fails
+    assert store._log is not None and store._log.watermarks.appended == 2
+    with pytest.raises(wal.FailedError):
+        store.close()
 
 
 # ---- replay: the Collapser over spans of mapped segments (native/collapse.c) ----------------------------

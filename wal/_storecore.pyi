@@ -1,5 +1,6 @@
 # Stub of the CPython extension built from native/storecore.c (read it for the contracts).
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from wal.record import Collapsed
@@ -19,6 +20,12 @@ class Core:
     def prune(self, applied_lsn: int, puts: list[tuple[bytes, bytes]], deletes: list[bytes], /) -> None: ...
     def disable(self) -> None: ...
     def __len__(self) -> int: ...
+
+class FastCommit:
+    __wrapped__: Callable[..., int]
+    def __init__(self, function: Callable[..., int], kind: int, /) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> int: ...
+    def __get__(self, obj: object, owner: type | None = None) -> Callable[..., int]: ...
 
 class Collapser:
     keys: int
