@@ -26,6 +26,13 @@ appendcall = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
+# A span of log records as Python objects in one call, for Log.read (see native/readcall.c).
+readcall = Extension(
+    "wal._readcall",
+    sources=["native/readcall.c"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
+)
+
 # The store's commit path, apply queue and record codec (see native/storecore.c).
 storecore = Extension(
     "wal._storecore",
@@ -34,4 +41,4 @@ storecore = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, storecore])
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, readcall, storecore])

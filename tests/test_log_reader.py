@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import wal
 import wal.format as wf
-from wal._bindings import ffi, lib
+from wal._bindings import ffi, lib, span_records
 from wal.recovery import STATUS_NAMES, scan_buffer
 
 LOG_ID = 0x5EED5EED12345678
@@ -571,3 +571,46 @@ def test_every_truncation_of_a_segment_with_a_large_record_is_open_or_torn_as_th
     for cut in range(H, len(full), 7):
         res = scan_both(full[:cut])
         assert res.status in ("open", "torn")
+
+
+# ---- a span's records as Python objects (native/readcall.c, Log.read) ------------------------------
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=2**64 - 1), st.binary(max_size=300)), max_size=40),
+       st.binary(max_size=8))
+def test_span_records_are_the_slices_the_arrays_name(records: list[tuple[int, bytes]], gap: bytes) -> None:
+    buf, lsns, offs, lens = b"", [], [], []
+    for lsn, payload in records:
+        buf += gap  # frame headers sit between payloads in a segment
+        lsns.append(lsn)
+        offs.append(len(buf))
+        lens.append(len(payload))
+        buf += payload
+    n = len(records)
+    got = span_records(memoryview(buf), struct.pack(f"={n}Q", *lsns), struct.pack(f"={n}Q", *offs),
+                       struct.pack(f"={n}I", *lens), n)
+    assert got == records and all(type(p) is bytes for _, p in got)
+
+
+def test_span_records_refuses_a_range_outside_the_buffer_and_arrays_shorter_than_count() -> None:
+    one_q, one_i = struct.pack("=Q", 1), struct.pack("=I", 4)
+    assert span_records(b"abcd", one_q, struct.pack("=Q", 0), one_i, 1) == [(1, b"abcd")]
+    for off, length in [(1, 4), (5, 0), (2**63, 4), (0, 2**32 - 1)]:
+        with pytest.raises(ValueError, match="outside"):
+            span_records(b"abcd", one_q, struct.pack("=Q", off), struct.pack("=I", length), 1)
+    with pytest.raises(ValueError, match="needed"):
+        span_records(b"abcd", one_q, struct.pack("=Q", 0), one_i, 2)
+    with pytest.raises(ValueError, match="count"):
+        span_records(b"abcd", one_q, one_q, one_i, -1)
+    assert span_records(b"", b"", b"", b"", 0) == []
+
+
+def test_log_read_after_reopen_equals_what_was_appended_across_segments(tmp_path: Path) -> None:
+    payloads = [bytes([i % 251]) * (i % 700) for i in range(3000)]  # spans of 256 and 1,024 records, 4 segments
+    with wal.Log.open(str(tmp_path), durability="buffered", rpo_ms=50, segment_bytes=1 << 19) as lg:
+        lg.append_many(payloads)
+    with wal.Log.open(str(tmp_path)) as lg:
+        assert len([p for p in tmp_path.iterdir() if p.suffix == ".wal"]) >= 3
+        assert list(lg.read()) == list(enumerate(payloads, start=1))
+        assert list(lg.read(2500)) == list(enumerate(payloads, start=1))[2499:]

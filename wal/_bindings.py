@@ -10,15 +10,16 @@ from typing import Any, NoReturn
 from wal import errors
 
 try:
-    from wal import _appendcall, _storecore
+    from wal import _appendcall, _readcall, _storecore
     from wal._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
-        "agentwal's C core (wal._native, wal._appendcall, wal._storecore) is not built; install the package with "
-        "`pip install .` (needs a C compiler) rather than running from a source tree"
+        "agentwal's C core (wal._native, wal._appendcall, wal._readcall, wal._storecore) is not built; install "
+        "the package with `pip install .` (needs a C compiler) rather than running from a source tree"
     ) from exc
 
-__all__ = ["append_nowait", "append_record", "check", "ffi", "handle_address", "lib", "raise_code", "storecore"]
+__all__ = ["append_nowait", "append_record", "check", "ffi", "handle_address", "lib", "raise_code", "span_records",
+           "storecore"]
 
 
 def _address(name: str) -> int:
@@ -37,6 +38,9 @@ append_record = _appendcall.append
 # wal_log_append without releasing the GIL; only WAL_WAIT_TRY and WAL_WAIT_NONE (others give
 # WAL_EINVAL). For the non-blocking append paths: native/appendcall.c says why it is safe.
 append_nowait = _appendcall.append_nowait
+# span_records(buffer, lsns, offsets, lengths, count) -> [(lsn, payload: bytes)]: a RecordSpan's
+# records as Python objects in one call, every range checked against the buffer (native/readcall.c).
+span_records = _readcall.records
 
 
 def handle_address(handle: Any) -> int:
