@@ -9,6 +9,31 @@
 #include <time.h>
 
 #define CTAB_MIN_CAP 1024
+#define KEY_CHUNK_BYTES (64u << 10)
+
+struct ctab_chunk {
+    ctab_chunk *next;
+    size_t used, cap;
+    char data[];
+};
+
+/* A copy of key in the table's chunks (bump allocation; freed with the table). NULL: out of memory. */
+static const char *keep_key(ctab *t, const char *key, uint32_t klen) {
+    ctab_chunk *c = t->keys;
+    if (c == NULL || c->cap - c->used < klen) {
+        size_t cap = klen > KEY_CHUNK_BYTES ? klen : KEY_CHUNK_BYTES;
+        c = malloc(sizeof *c + cap);
+        if (c == NULL) return NULL;
+        c->next = t->keys;
+        c->used = 0;
+        c->cap = cap;
+        t->keys = c;
+    }
+    char *copy = c->data + c->used;
+    memcpy(copy, key, klen);
+    c->used += klen;
+    return copy;
+}
 
 static uint64_t mix(uint64_t h) {
     h ^= h >> 33;
@@ -65,31 +90,33 @@ int ctab_put(ctab *t, uint64_t lsn, int kind, const char *key, uint32_t klen, co
     if ((t->used + 1) * 2 > t->cap && grow(t) < 0) return -1;
     uint64_t h = key_hash(t->seed, key, klen);
     ctab_slot *s = find(t->slots, t->cap, h, key, klen);
-    if (s->hash) { /* an older write of this key: replaced */
+    const char *kept;
+    if (s->hash) { /* an older write of this key: replaced; its key copy stays */
+        kept = s->key;
         t->held_bytes -= s->klen + s->vlen;
         if (s->owned) free(s->owned);
-        else t->borrowed--;
+        else if (s->vlen) t->borrowed--;
     } else {
+        kept = keep_key(t, key, klen);
+        if (kept == NULL) return -1;
         t->used++;
     }
-    *s = (ctab_slot){.hash = h, .lsn = lsn, .seq = t->seq++, .key = key, .val = val, .klen = klen,
-                     .vlen = vlen, .owned = NULL, .kind = kind};
+    *s = (ctab_slot){.hash = h, .lsn = lsn, .seq = t->seq++, .key = kept, .val = vlen ? val : NULL,
+                     .klen = klen, .vlen = vlen, .owned = NULL, .kind = kind};
     t->held_bytes += (size_t)klen + vlen;
-    t->borrowed++;
+    if (vlen) t->borrowed++;
     return 0;
 }
 
 int ctab_own_all(ctab *t) {
     for (size_t i = 0; i < t->cap && t->borrowed; i++) {
         ctab_slot *s = &t->slots[i];
-        if (s->hash == 0 || s->owned) continue;
-        char *copy = malloc((size_t)s->klen + s->vlen + 1); /* +1: a zero-length delete still gets a block */
+        if (s->hash == 0 || s->owned || s->vlen == 0) continue;
+        char *copy = malloc(s->vlen);
         if (copy == NULL) return -1;
-        memcpy(copy, s->key, s->klen);
-        if (s->vlen) memcpy(copy + s->klen, s->val, s->vlen);
+        memcpy(copy, s->val, s->vlen);
         s->owned = copy;
-        s->key = copy;
-        s->val = s->vlen ? copy + s->klen : NULL;
+        s->val = copy;
         t->borrowed--;
     }
     return 0;
@@ -118,6 +145,10 @@ void ctab_reset(ctab *t) {
     for (size_t i = 0; i < t->cap; i++)
         if (t->slots[i].hash && t->slots[i].owned) free(t->slots[i].owned);
     free(t->slots);
+    for (ctab_chunk *c = t->keys, *next; c != NULL; c = next) {
+        next = c->next;
+        free(c);
+    }
     uint64_t seed = t->seed;
     memset(t, 0, sizeof *t);
     t->seed = seed;

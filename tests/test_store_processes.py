@@ -267,7 +267,10 @@ def test_a_kill_during_recovery_then_recovery_again_gives_the_uninterrupted_stat
 
 def test_a_read_only_opener_in_another_process_reads_consistent_state_while_a_writer_runs(
         tmp_path: Path) -> None:
-    with child("poll_writer.py", tmp_path, "interval", 20) as writer:
+    # Paced at 1 ms a commit: each sample rescans every t/ key, which an unpaced writer grows
+    # by ~10,000 a second (the test then took minutes); a batch applied every 20 ms still
+    # holds many transactions for a reader to catch half-applied.
+    with child("poll_writer.py", tmp_path, "interval", 20, 1) as writer:
         expect_line(writer, "ready")
         seen: list[int] = []
         deadline = time.monotonic() + 60

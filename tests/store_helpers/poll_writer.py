@@ -1,8 +1,8 @@
 """Child writer for the concurrent-reader tests: commits in a thread, answers queries on stdin.
 
-usage: poll_writer.py STORE LEVEL RPO_MS
+usage: poll_writer.py STORE LEVEL RPO_MS [PACE_MS]
 
-A thread commits transaction i = 1, 2, ...: ``g/a``, ``g/b``, ``g/c`` = i and
+A thread commits transaction i = 1, 2, ... (PACE_MS apart, default 0: as fast as it can): ``g/a``, ``g/b``, ``g/c`` = i and
 ``t/{i:08d}/{j}`` = i for j in 0..2, all in one transaction. Once the first commit is
 acknowledged it prints ``ready``. Each stdin line is a query:
 
@@ -21,6 +21,7 @@ import wal
 
 def main() -> int:
     path, level, rpo_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    pace_s = float(sys.argv[4]) / 1000 if len(sys.argv) > 4 else 0.0
     store = wal.open(path, durability=level, rpo_ms=rpo_ms or None)
     stop = threading.Event()
     first = threading.Event()
@@ -38,6 +39,8 @@ def main() -> int:
                     tx.put(f"t/{i:08d}/{j}", value)
             count[0] = i
             first.set()
+            if pace_s:
+                stop.wait(pace_s)
 
     thread = threading.Thread(target=commit)
     thread.start()
