@@ -847,25 +847,31 @@ static int q_push(Core *c, uint64_t lsn, int kind, PyObject *key, PyObject *valu
 }
 
 static int overlay_enter(Core *c, PyObject *key, uint64_t lsn, PyObject *value) {
-    PyObject *older = PyDict_GetItemWithError(c->overlay, key); /* borrowed */
-    if (older == NULL && PyErr_Occurred()) return -1;
     PyObject *lsn_obj = PyLong_FromUnsignedLongLong(lsn);
     PyObject *entry = lsn_obj != NULL ? PyTuple_New(3) : NULL;
     if (entry == NULL) {
         Py_XDECREF(lsn_obj);
         return -1;
     }
-    older = older != NULL ? older : Py_None;
     Py_INCREF(value);
-    Py_INCREF(older);
+    Py_INCREF(Py_None);
     PyTuple_SET_ITEM(entry, 0, lsn_obj);
     PyTuple_SET_ITEM(entry, 1, value);
-    PyTuple_SET_ITEM(entry, 2, older);
+    PyTuple_SET_ITEM(entry, 2, Py_None);
     /* An entry holds an int, bytes or None and an older entry: it can never be part of a
      * cycle, so the cyclic GC need not track it (100k live entries otherwise make every
      * full collection walk them all, ~10% of a put). */
     PyObject_GC_UnTrack(entry);
-    int rc = PyDict_SetItem(c->overlay, key, entry);
+    /* One probe of the (large, cache-cold) dict for a key with no unapplied write, the common
+     * case; a key that has one gets the entry linked in front of its chain, then a second. */
+    PyObject *older = PyDict_SetDefault(c->overlay, key, entry); /* borrowed */
+    int rc = older == NULL ? -1 : 0;
+    if (older != NULL && older != entry) { /* not published: still ours to change */
+        Py_INCREF(older);
+        PyTuple_SET_ITEM(entry, 2, older);
+        Py_DECREF(Py_None);
+        rc = PyDict_SetItem(c->overlay, key, entry);
+    }
     Py_DECREF(entry);
     return rc;
 }
