@@ -2,8 +2,8 @@
 
 usage: poll_writer.py STORE LEVEL RPO_MS [PACE_MS]
 
-A thread commits transaction i = 1, 2, ... (PACE_MS apart, default 0: as fast as it can): ``g/a``, ``g/b``, ``g/c`` = i and
-``t/{i:08d}/{j}`` = i for j in 0..2, all in one transaction. Once the first commit is
+A thread commits transaction i = 1, 2, ... (PACE_MS apart; default 0: as fast as it can):
+``g/a``, ``g/b``, ``g/c`` = i and ``t/{i:08d}/{j}`` = i for j in 0..2, all in one transaction. Once the first commit is
 acknowledged it prints ``ready``. Each stdin line is a query:
 
   ``durable``  -> prints ``durable D`` with D = store.watermarks.durable, read *after*
