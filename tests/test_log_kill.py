@@ -32,7 +32,8 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 sys.path.insert(0, str(HELPERS))
 from kill_child import make_payload, parse_payload  # noqa: E402
 
-KILLS = 300 if os.environ.get("AGENTWAL_LONG") == "1" else 20
+LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")  # as the other crash tests read it
+KILLS = 300 if LONG else 20
 SEGMENT_BYTES = 64 << 10  # small: kills land during segment rolls too
 
 
