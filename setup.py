@@ -30,6 +30,7 @@ appendcall = Extension(
 readcall = Extension(
     "wal._readcall",
     sources=["native/readcall.c"],
+    include_dirs=["native"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 

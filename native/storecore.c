@@ -42,6 +42,7 @@
 #include <time.h>
 
 #include "collapse.h"
+#include "spanargs.h"
 #include "wal.h"
 
 #define KIND_TXN 0x54
@@ -402,8 +403,14 @@ static int append_put(PyObject *puts, PyObject *key, uint64_t lsn, const char *v
     return rc;
 }
 
-/* The batch as (first, last, commits, puts, deletes, idem): each key once, with its last
- * write; puts as (key, u64 version LE + value) ready for LMDB's putmulti. */
+/* The Collapsed tuple wal/record.py names: (first, last, commits, puts, deletes, idem). */
+static PyObject *collapsed_tuple(const flat_batch *b, PyObject *puts, PyObject *dels) {
+    return Py_BuildValue("(KKKOOO)", (unsigned long long)b->first, (unsigned long long)b->last,
+                         (unsigned long long)b->commits, puts, dels, b->idem);
+}
+
+/* The batch as a Collapsed tuple: each key once, with its last write; puts as
+ * (key, u64 version LE + value) ready for LMDB's putmulti. */
 static PyObject *flat_collapse(flat_batch *b) {
     PyObject *seen = PySet_New(NULL), *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
     if (seen == NULL || puts == NULL || dels == NULL) goto done;
@@ -422,8 +429,7 @@ static PyObject *flat_collapse(flat_batch *b) {
     /* Newest first is how they were found; LSN order is what LMDB likes best when keys grow
      * with time (message ids, step numbers): each insert lands at the end of a page. */
     if (PyList_Reverse(puts) < 0) goto done;
-    result = Py_BuildValue("(KKKOOO)", (unsigned long long)b->first, (unsigned long long)b->last,
-                           (unsigned long long)b->commits, puts, dels, b->idem);
+    result = collapsed_tuple(b, puts, dels);
 done:
     Py_XDECREF(seen);
     Py_XDECREF(puts);
@@ -516,8 +522,7 @@ static PyObject *emit_collapsed(ctab *table, flat_batch *counts) {
         Py_DECREF(key);
         if (rc < 0) goto done;
     }
-    result = Py_BuildValue("(KKKOOO)", (unsigned long long)counts->first, (unsigned long long)counts->last,
-                           (unsigned long long)counts->commits, puts, dels, counts->idem);
+    result = collapsed_tuple(counts, puts, dels);
 done:
     free(won);
     Py_XDECREF(puts);
@@ -614,16 +619,6 @@ static void collapser_dealloc(Collapser *c) {
 }
 
 /* An array argument of at least `need` bytes. */
-static int array_arg(PyObject *obj, Py_buffer *b, size_t need, const char *name) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_SIMPLE) < 0) return -1;
-    if ((size_t)b->len < need) {
-        PyErr_Format(PyExc_ValueError, "add: %s holds %zd bytes, %zu needed", name, b->len, need);
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
-}
-
 /* add(buffer, lsns: u64[], offsets: u64[], lengths: u32[], count)
  * Collapse `count` records whose payloads lie at buffer[offsets[i] : offsets[i] + lengths[i]],
  * in LSN order after everything added before. count == 0: the buffer is going away (detach). */
@@ -651,18 +646,9 @@ static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t n
         if (PyObject_GetBuffer(args[0], &c->view, PyBUF_SIMPLE) < 0) return NULL;
         c->has_view = 1;
     }
-    Py_buffer lsns, offs, lens;
+    span_arrays a;
     size_t n = (size_t)count;
-    if (array_arg(args[1], &lsns, n * 8, "lsns") < 0) return NULL;
-    if (array_arg(args[2], &offs, n * 8, "offsets") < 0) {
-        PyBuffer_Release(&lsns);
-        return NULL;
-    }
-    if (array_arg(args[3], &lens, n * 4, "lengths") < 0) {
-        PyBuffer_Release(&lsns);
-        PyBuffer_Release(&offs);
-        return NULL;
-    }
+    if (span_arrays_get(&a, args[1], args[2], args[3], n, "add") < 0) return NULL;
     /* The records are walked without the GIL (the replay of a store's open runs in a thread
      * beside the open's scan, which then need not wait for it), stopping at each record that
      * needs Python -- an idempotency key to record, an error to raise. The buffers stay
@@ -678,10 +664,7 @@ static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t n
         raw_result r;
         Py_BEGIN_ALLOW_THREADS
         for (; i < n; i++) {
-            memcpy(&lsn, (const char *)lsns.buf + 8 * i, 8);
-            memcpy(&off, (const char *)offs.buf + 8 * i, 8);
-            memcpy(&len, (const char *)lens.buf + 4 * i, 4);
-            if (off > (uint64_t)c->view.len || len > (uint64_t)c->view.len - off) {
+            if (span_record(&a, i, (uint64_t)c->view.len, &lsn, &off, &len) < 0) {
                 outside = 1;
                 break;
             }
@@ -700,9 +683,7 @@ static PyObject *collapser_add(Collapser *c, PyObject *const *args, Py_ssize_t n
         }
     }
     c->busy = 0;
-    PyBuffer_Release(&lsns);
-    PyBuffer_Release(&offs);
-    PyBuffer_Release(&lens);
+    span_arrays_release(&a);
     if (rc < 0) { /* half a record may be in the table: nothing here can be applied any more */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
