@@ -12,15 +12,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import itertools
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
 
 import wal
 import wal.format as wf
+from wal import recovery
 from wal.recovery import list_segments
 
 SMALL = 8192
@@ -615,15 +619,67 @@ def test_an_on_sealed_segment_callback_that_raises_fails_the_open_and_leaves_the
         assert log.watermarks.appended == 200
 
 
-def test_each_sealed_segment_is_handed_out_before_the_next_one_is_scanned(tmp_path: Path) -> None:
-    make_log(tmp_path, 200, segment_bytes=SMALL)
+def test_each_sealed_segment_is_handed_out_before_the_scan_runs_more_than_its_lookahead_past_it(
+        tmp_path: Path) -> None:
+    make_log(tmp_path, 300, segment_bytes=SMALL)
     segs = segments(tmp_path)
-    lsn, off, _ = record_offsets(segs[1])[2]
+    later = segs[recovery._SCAN_AHEAD + 1]  # not started while segment 1 is handed out
+    assert later != segs[-1]
+    lsn, off, _ = record_offsets(later)[2]
 
-    def damage_the_next(seg: wal.log.SealedSegment) -> None:
-        if seg.number == 1:  # the scan has not read segment 2 yet: this damage must be found
-            flip(segs[1], off + 30)
+    def damage_a_later_one(seg: wal.log.SealedSegment) -> None:
+        if seg.number == 1:
+            flip(later, off + 30)
 
     with pytest.raises(wal.CorruptionError) as info:
-        wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=damage_the_next)
-    assert (info.value.path, info.value.lsn) == (str(segs[1]), lsn)
+        wal.Log.open(tmp_path, segment_bytes=SMALL, on_sealed_segment=damage_a_later_one)
+    assert (info.value.path, info.value.lsn) == (str(later), lsn)
+
+
+def _scan_fields(scan: recovery.DirectoryScan) -> tuple[object, ...]:
+    return (scan.damage, [dataclasses.astuple(s) for s in scan.segments])
+
+
+def _scan_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("agentwal-scan")]
+
+
+@pytest.mark.parametrize("damaged", [None, 0, 1, 3, "last"])
+def test_the_open_scans_segments_two_at_a_time_with_the_verdict_of_one_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: int | str | None) -> None:
+    make_log(tmp_path, 300, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) >= 6
+    if damaged is not None:
+        seg = segs[-1] if damaged == "last" else segs[int(damaged)]
+        _, off, _ = record_offsets(seg)[1]
+        flip(seg, off + 30)
+    ahead = recovery.scan_directory(str(tmp_path))
+    assert not _scan_threads()  # every scan thread is gone once the open has its verdict
+    monkeypatch.setattr(recovery, "_SCAN_AHEAD", 1)  # one segment at a time, in this thread
+    alone = recovery.scan_directory(str(tmp_path))
+    assert _scan_fields(ahead) == _scan_fields(alone)
+    if damaged in (0, 1, 3):
+        assert ahead.damage is not None and ahead.damage.index == damaged
+        assert len(ahead.segments) == int(damaged) + 1  # nothing scanned past the damage is reported
+    else:
+        assert len(ahead.segments) == len(segs)
+
+
+def test_a_scan_that_fails_stops_the_scans_running_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_log(tmp_path, 300, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    real = recovery.scan_segment_file
+    started: list[int] = []
+
+    def failing(path: str, number: int) -> recovery.SegmentScan:
+        started.append(number)
+        if number == 2:
+            raise OSError(errno.EIO, "Input/output error", path)
+        return real(path, number)
+
+    monkeypatch.setattr(recovery, "scan_segment_file", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        recovery.scan_directory(str(tmp_path))
+    assert not _scan_threads()
+    assert max(started) <= 2 + recovery._SCAN_AHEAD < len(segs)  # the rest were never started

@@ -153,10 +153,11 @@ class Log:
         create, cheaper fdatasyncs).
 
         on_sealed_segment: called during the open, in LSN order, with each segment but the
-        newest as soon as the open's scan has verified it (its records are durable), before
-        the next segment is scanned; a caller that hands it to another thread can work on
-        those records while the open reads on (the store's replay does). An exception it
-        raises fails the open. A damaged log can still fail the open after some calls.
+        newest as soon as the open's scan has verified it (its records are durable), while
+        the scan reads the next segments (two at a time); a caller that hands it to another
+        thread can work on those records while the open reads on (the store's replay does).
+        An exception it raises fails the open. A damaged log can still fail the open after
+        some calls.
         """
         level = dur.parse(durability, rpo_ms)
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:

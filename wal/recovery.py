@@ -20,7 +20,8 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,67 +257,101 @@ def _header_crc_ok(path: str) -> bool:
     return len(head) == 64 and lib.wal_crc32c(0, head, 60) == int.from_bytes(head[60:64], "little")
 
 
+# Segments an open scans at once. One sequential reader leaves a virtio or NVMe disk idle
+# between its requests: two cold 1 GB readers here take ~2.1 GB/s together against ~1.3-1.8
+# for one. The C scan runs without the GIL, so the threads overlap; each gives back the pages
+# it has checked (give_back_pages), so memory stays a few MiB per segment.
+_SCAN_AHEAD = 2
+
+
+def _scans_in_order(listed: list[tuple[int, str]]) -> Generator[SegmentScan, None, None]:
+    """`scan_segment_file` of each listed segment, in order, with up to _SCAN_AHEAD scans running
+    ahead in threads. A caller that stops early (damage) waits for those still running, never
+    for ones not started: no thread touches the files once this generator is closed."""
+    if len(listed) < 2 or _SCAN_AHEAD < 2:
+        for number, path in listed:
+            yield scan_segment_file(path, number)
+        return
+    pool = ThreadPoolExecutor(max_workers=_SCAN_AHEAD, thread_name_prefix="agentwal-scan")
+    try:
+        ahead: list[Future[SegmentScan]] = []
+        todo = iter(listed)
+        for number, path in todo:
+            ahead.append(pool.submit(scan_segment_file, path, number))
+            if len(ahead) == _SCAN_AHEAD:
+                break
+        while ahead:
+            scan = ahead.pop(0).result()
+            for number, path in todo:
+                ahead.append(pool.submit(scan_segment_file, path, number))
+                break
+            yield scan
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def scan_directory(directory: str, on_sealed: Callable[[SegmentScan], None] | None = None) -> DirectoryScan:
     """Scan every segment and apply the cross-segment rules S1-S5. Reads only.
 
     on_sealed: called, in order, with each segment but the newest once it has passed every
-    rule (so it is SEALED and was fdatasynced before its successor was created), before the
-    next segment is scanned. A caller that works on those records in another thread
-    overlaps that work with the scan's reads of the next segments.
+    rule (so it is SEALED and was fdatasynced before its successor was created), while the
+    next segments are being scanned (`_scans_in_order`). A caller that works on those records
+    in another thread overlaps that work with the scan's reads.
     """
     started = time.monotonic()
     result = DirectoryScan(directory)
     listed = list_segments(directory)
-    for i, (number, path) in enumerate(listed):
-        scan = scan_segment_file(path, number)
-        result.segments.append(scan)
-        prev = result.segments[i - 1] if i else None
-        is_last = i == len(listed) - 1
-        problem = None
-        if not scan.header_ok:
-            if scan.reason == "unsupported version" and not _header_crc_ok(path):
-                # Another version number behind a header CRC that does not hold is a damaged
-                # version field (a flipped byte), not a file from another agentwal: corruption.
-                scan.reason = "bad header crc"
-            if scan.reason == "unsupported version":
-                raise FormatVersionError(
-                    f"{path} was written by an unsupported log format version; this agentwal reads "
-                    f"version {lib.WAL_FORMAT_VERSION_CURRENT}. Open it with the agentwal that wrote it."
-                )
-            problem = Damage(i, 0, scan.reason, prev.last_lsn + 1 if prev else 0,
-                             f"{scan.reason} in segment header of {path}")
-        elif scan.segment_no != scan.header_segment_no:
-            problem = Damage(i, 0, "segment name mismatch", scan.first_lsn, f"segment name mismatch: {path}")
-        elif prev is not None and number != prev.segment_no + 1:
-            problem = Damage(i, 0, "segment number gap", prev.last_lsn + 1,
-                             f"segment number gap: {prev.path} is followed by {path}")
-        elif prev is not None and scan.log_id != prev.log_id:
-            problem = Damage(i, 0, "log id mismatch", prev.last_lsn + 1,
-                             f"log id mismatch: {path} belongs to another log than {prev.path}")
-        elif prev is not None and scan.first_lsn != prev.last_lsn + 1:
-            problem = Damage(i, 0, "first lsn mismatch", prev.last_lsn + 1,
-                             f"first lsn mismatch: {path} starts at LSN {scan.first_lsn}, "
-                             f"{prev.path} ended at LSN {prev.last_lsn}")
-        elif scan.status == "corrupt":
-            problem = Damage(i, scan.end_offset, scan.reason, scan.last_lsn + 1, _describe(scan))
-        elif not is_last and scan.status != "sealed":
-            reason = "missing seal"
-            text = f"missing seal: {path} is not the last segment but ends without a seal at offset {scan.end_offset}"
-            if scan.status == "torn":
-                text += f" ({_describe(scan)})"
-            problem = Damage(i, scan.end_offset, reason, scan.last_lsn + 1, text)
-        elif scan.status != "sealed" and 0 < scan.size < scan.prealloc_bytes <= MAX_PREALLOC:
-            # S6: a segment's size is made durable before it gets its name and never shrinks, so
-            # no crash leaves it shorter than the size in its header: someone cut it, and the
-            # records that were there (durable, perhaps acknowledged) are gone.
-            problem = Damage(i, scan.end_offset, "segment truncated", scan.last_lsn + 1,
-                             f"segment truncated: {path} is {scan.size} bytes but was created with "
-                             f"{scan.prealloc_bytes}; records after LSN {scan.last_lsn} may have been cut off")
-        if problem is not None:
-            result.damage = problem
-            break
-        if on_sealed is not None and not is_last:
-            on_sealed(scan)
+    with contextlib.closing(_scans_in_order(listed)) as scans:
+        for i, ((number, path), scan) in enumerate(zip(listed, scans, strict=True)):
+            result.segments.append(scan)
+            prev = result.segments[i - 1] if i else None
+            is_last = i == len(listed) - 1
+            problem = None
+            if not scan.header_ok:
+                if scan.reason == "unsupported version" and not _header_crc_ok(path):
+                    # Another version number behind a header CRC that does not hold is a damaged
+                    # version field (a flipped byte), not a file from another agentwal: corruption.
+                    scan.reason = "bad header crc"
+                if scan.reason == "unsupported version":
+                    raise FormatVersionError(
+                        f"{path} was written by an unsupported log format version; this agentwal reads "
+                        f"version {lib.WAL_FORMAT_VERSION_CURRENT}. Open it with the agentwal that wrote it."
+                    )
+                problem = Damage(i, 0, scan.reason, prev.last_lsn + 1 if prev else 0,
+                                 f"{scan.reason} in segment header of {path}")
+            elif scan.segment_no != scan.header_segment_no:
+                problem = Damage(i, 0, "segment name mismatch", scan.first_lsn, f"segment name mismatch: {path}")
+            elif prev is not None and number != prev.segment_no + 1:
+                problem = Damage(i, 0, "segment number gap", prev.last_lsn + 1,
+                                 f"segment number gap: {prev.path} is followed by {path}")
+            elif prev is not None and scan.log_id != prev.log_id:
+                problem = Damage(i, 0, "log id mismatch", prev.last_lsn + 1,
+                                 f"log id mismatch: {path} belongs to another log than {prev.path}")
+            elif prev is not None and scan.first_lsn != prev.last_lsn + 1:
+                problem = Damage(i, 0, "first lsn mismatch", prev.last_lsn + 1,
+                                 f"first lsn mismatch: {path} starts at LSN {scan.first_lsn}, "
+                                 f"{prev.path} ended at LSN {prev.last_lsn}")
+            elif scan.status == "corrupt":
+                problem = Damage(i, scan.end_offset, scan.reason, scan.last_lsn + 1, _describe(scan))
+            elif not is_last and scan.status != "sealed":
+                reason = "missing seal"
+                text = (f"missing seal: {path} is not the last segment but ends without a seal at offset "
+                        f"{scan.end_offset}")
+                if scan.status == "torn":
+                    text += f" ({_describe(scan)})"
+                problem = Damage(i, scan.end_offset, reason, scan.last_lsn + 1, text)
+            elif scan.status != "sealed" and 0 < scan.size < scan.prealloc_bytes <= MAX_PREALLOC:
+                # S6: a segment's size is made durable before it gets its name and never shrinks, so
+                # no crash leaves it shorter than the size in its header: someone cut it, and the
+                # records that were there (durable, perhaps acknowledged) are gone.
+                problem = Damage(i, scan.end_offset, "segment truncated", scan.last_lsn + 1,
+                                 f"segment truncated: {path} is {scan.size} bytes but was created with "
+                                 f"{scan.prealloc_bytes}; records after LSN {scan.last_lsn} may have been cut off")
+            if problem is not None:
+                result.damage = problem
+                break
+            if on_sealed is not None and not is_last:
+                on_sealed(scan)
     result.seconds = time.monotonic() - started
     return result
 
