@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import mmap
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -274,17 +276,13 @@ def _scans_in_order(listed: list[tuple[int, str]]) -> Generator[SegmentScan, Non
         return
     pool = ThreadPoolExecutor(max_workers=_SCAN_AHEAD, thread_name_prefix="agentwal-scan")
     try:
-        ahead: list[Future[SegmentScan]] = []
         todo = iter(listed)
-        for number, path in todo:
-            ahead.append(pool.submit(scan_segment_file, path, number))
-            if len(ahead) == _SCAN_AHEAD:
-                break
+        ahead: deque[Future[SegmentScan]] = deque(
+            pool.submit(scan_segment_file, path, number) for number, path in itertools.islice(todo, _SCAN_AHEAD))
         while ahead:
-            scan = ahead.pop(0).result()
-            for number, path in todo:
-                ahead.append(pool.submit(scan_segment_file, path, number))
-                break
+            scan = ahead.popleft().result()
+            if (following := next(todo, None)) is not None:
+                ahead.append(pool.submit(scan_segment_file, following[1], following[0]))
             yield scan
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
