@@ -20,10 +20,14 @@
  *    their syscalls), and no C thread of the log ever takes the GIL, so holding the GIL
  *    across the call cannot deadlock and stalls other Python threads for at most a copy.
  *    Any other mode is refused with WAL_EINVAL.
- *  - `append` is Log.append's whole call (WAL_WAIT_LEVEL): at `buffered` it first tries
- *    as append_nowait does and keeps the GIL; a level that waits for I/O, or back-pressure,
- *    makes the call with the GIL released, as cffi would. The payload is a bytes object the
- *    caller's frame holds, so its buffer stays valid while the GIL is released.
+ *  - `append` is Log.append's whole call. At `buffered` and `interval` it appends as
+ *    append_nowait does (WAL_WAIT_TRY), GIL held, then waits for the level as
+ *    native/logcall.h's policy says (an `interval` write it can make at once keeps the GIL;
+ *    any real wait releases it). At `sync`, or under back-pressure, the whole call is made
+ *    with the GIL released (WAL_WAIT_LEVEL), as cffi would: many threads committing at
+ *    `sync` then never hold the GIL while they queue for the log's mutex. The
+ *    payload is a bytes object the caller's frame holds, so its buffer stays valid while
+ *    the GIL is released.
  * The handle is a wal_log* as an int (wal._bindings.handle_address). wal.Log frees it only
  * when the Log object dies, so a call racing close() gets WAL_ECLOSED, never freed memory.
  */
@@ -31,27 +35,21 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "logcall.h"
 #include "wal.h"
 
-typedef int64_t (*append_fn)(wal_log *log, const char *data, size_t len, int level, int wait);
+static log_calls g_log; /* set by bind() */
 
-static append_fn g_append;
-
-static PyObject *appendcall_bind(PyObject *self, PyObject *address) {
+static PyObject *appendcall_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *p = PyLong_AsVoidPtr(address);
-    if (p == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind: a null function address");
-        return NULL;
-    }
-    g_append = (append_fn)(uintptr_t)p;
+    if (log_calls_bind(&g_log, args, nargs) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 /* The arguments both functions share: (handle_address, payload: bytes, level). 0 or -1 with
  * an exception set. */
 static int parse_common(const char *name, PyObject *const *args, wal_log **log, PyObject **payload, int *level) {
-    if (g_append == NULL) {
+    if (g_log.append == NULL) {
         PyErr_Format(PyExc_RuntimeError, "%s before bind", name);
         return -1;
     }
@@ -87,7 +85,7 @@ static PyObject *appendcall_append_nowait(PyObject *self, PyObject *const *args,
     if (wait == -1 && PyErr_Occurred()) return NULL;
     if (wait != WAL_WAIT_TRY && wait != WAL_WAIT_NONE) return PyLong_FromLongLong(WAL_EINVAL);
     return PyLong_FromLongLong(
-        g_append(log, PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload), level, (int)wait));
+        g_log.append(log, PyBytes_AS_STRING(payload), (size_t)PyBytes_GET_SIZE(payload), level, (int)wait));
 }
 
 /* append(handle_address, payload: bytes, level: int) -> int
@@ -105,18 +103,24 @@ static PyObject *appendcall_append(PyObject *self, PyObject *const *args, Py_ssi
     const char *data = PyBytes_AS_STRING(payload);
     size_t len = (size_t)PyBytes_GET_SIZE(payload);
     int64_t r;
-    if (level == WAL_LEVEL_BUFFERED) {
-        r = g_append(log, data, len, level, WAL_WAIT_TRY); /* a copy: keep the GIL */
+    if (level != WAL_LEVEL_SYNC) { /* sync waits for an fdatasync anyway: all of it without the GIL */
+        r = g_log.append(log, data, len, level, WAL_WAIT_TRY); /* a copy: keep the GIL */
+        if (r > 0) {
+            int rc = log_wait_level(&g_log, log, (uint64_t)r, level);
+            return PyLong_FromLongLong(rc < 0 ? rc : r);
+        }
         if (r != WAL_EAGAIN) return PyLong_FromLongLong(r);
     }
     Py_BEGIN_ALLOW_THREADS
-    r = g_append(log, data, len, level, WAL_WAIT_LEVEL);
+    r = g_log.append(log, data, len, level, WAL_WAIT_LEVEL);
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(r);
 }
 
 static PyMethodDef appendcall_methods[] = {
-    {"bind", appendcall_bind, METH_O, "bind(address of wal_log_append): set the function both appends call."},
+    {"bind", (PyCFunction)(void (*)(void))appendcall_bind, METH_FASTCALL,
+     "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, wal_log_wait "
+     "and wal_log_wait_try, which both appends call."},
     {"append", (PyCFunction)(void (*)(void))appendcall_append, METH_FASTCALL,
      "append(handle_address, payload, level) -> LSN once the level holds, or a WAL_E* code (see appendcall.c)."},
     {"append_nowait", (PyCFunction)(void (*)(void))appendcall_append_nowait, METH_FASTCALL,

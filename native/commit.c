@@ -34,6 +34,9 @@
  * falling behind slows writers instead of silently widening the window; a sync
  * that still finishes past rpo is counted as an rpo overrun.
  *
+ * A caller that holds the GIL (native/logcall.h) first tries wal_log_wait_try, which makes
+ * an `interval` write itself when the write slot is free, or answers WAL_EAGAIN, never waits.
+ *
  * I5 fail-stop: a failed write or fdatasync is never retried. The log records
  * the error, wakes everyone, and from then on every append fails with
  * WAL_EFAILED; commits not yet durable are reported failed, not acknowledged.
@@ -111,6 +114,7 @@ struct wal_log {
      * WAL_ENOSPC (not acknowledged; the records may still reach the disk later). */
     uint64_t write_failed_through; /* last LSN of the batch whose write failed */
     uint64_t n_write_errors;
+    uint64_t try_write_resume_ns; /* wal_log_wait_try makes no write before this time */
     char detail[512];
     int closing, closed;
     pthread_t flusher;
@@ -474,6 +478,42 @@ int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
     int unlocked = 0;
     int rc = lsn > log->appended ? WAL_EINVAL : wait_level(log, lsn, level, &unlocked);
     if (!unlocked) pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
+/* The caller of wal_log_wait_try may hold something other threads wait for (the GIL,
+ * native/logcall.h), so a write made there must be quick. One that took longer than
+ * TRY_WRITE_SLOW_NS (the kernel throttling writers, say) stops such writes for ten times as
+ * long, at least TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held,
+ * and the callers' stalls stay under about a tenth of the time. */
+#define TRY_WRITE_SLOW_NS 1000000ull
+#define TRY_WRITE_PAUSE_NS 100000000ull
+
+int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
+    if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
+    pthread_mutex_lock(&log->mu);
+    int rc;
+    if (lsn > log->appended) {
+        rc = WAL_EINVAL;
+    } else if (level == WAL_LEVEL_BUFFERED) {
+        rc = 0;
+    } else {
+        /* Not a roll either: it waits for the sync slot and creates a file. */
+        if (!log->failed && log->written < lsn && !log->write_busy && log->pending.len &&
+            log->pending.rolls == 0 && (!log->try_write_resume_ns || now_ns() >= log->try_write_resume_ns)) {
+            uint64_t t0 = now_ns();
+            do_write(log);
+            uint64_t t1 = now_ns(), took = t1 - t0;
+            log->try_write_resume_ns = 0;
+            if (took > TRY_WRITE_SLOW_NS)
+                log->try_write_resume_ns = t1 + (took * 10 > TRY_WRITE_PAUSE_NS ? took * 10 : TRY_WRITE_PAUSE_NS);
+        }
+        if (log->failed) rc = WAL_EFAILED;
+        else if (write_failed_for(log, lsn)) rc = WAL_ENOSPC;
+        else if (log->written >= lsn && (level != WAL_LEVEL_SYNC || log->durable >= lsn)) rc = 0;
+        else rc = WAL_EAGAIN;
+    }
+    pthread_mutex_unlock(&log->mu);
     return rc;
 }
 

@@ -19,7 +19,8 @@
  * This file is the one encoder and decoder of that layout (wal/record.py wraps it).
  *
  * Contracts.
- *  - Core.commit runs with the GIL held except around wal_log_wait, and only takes the
+ *  - Core.commit runs with the GIL held except where native/logcall.h's policy waits for
+ *    the level with it released (after the commit lock is let go), and only takes the
  *    store's commit lock with a non-blocking acquire: when the lock is busy, the value is
  *    not plain bytes, the log pushes back or the apply queue is over its bound, it
  *    returns 0 and the caller takes the Python path, which waits properly.
@@ -42,6 +43,7 @@
 #include <time.h>
 
 #include "collapse.h"
+#include "logcall.h"
 #include "spanargs.h"
 #include "wal.h"
 
@@ -55,11 +57,7 @@
 /* A queue length that is a multiple of this wakes the materializer (see wal/store.py). */
 #define WAKE_EVERY 1024
 
-typedef int64_t (*append_fn)(wal_log *log, const char *data, size_t len, int level, int wait);
-typedef int (*wait_fn)(wal_log *log, uint64_t lsn, int level);
-
-static append_fn g_append;
-static wait_fn g_wait;
+static log_calls g_log; /* set by bind() */
 
 /* ---- little-endian helpers -------------------------------------------------------------- */
 
@@ -939,7 +937,7 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     }
     write_op(write_head(buf, 0, now_ms(), 1), (int)kind, PyBytes_AS_STRING(key), klen,
              kind == OP_PUT ? PyBytes_AS_STRING(value) : NULL, vlen);
-    int64_t lsn = g_append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
+    int64_t lsn = g_log.append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
     if (buf != small) PyMem_Free(buf);
     if (lsn < 0) { /* back-pressure or a stopped log: the Python path waits or reports it */
         if (core_release(c) < 0) return NULL;
@@ -961,11 +959,7 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     }
     if (core_release(c) < 0) return NULL;
     if (for_async || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
-    int rc;
-    int level = c->level;
-    Py_BEGIN_ALLOW_THREADS
-    rc = g_wait(handle, (uint64_t)lsn, level);
-    Py_END_ALLOW_THREADS
+    int rc = log_wait_level(&g_log, handle, (uint64_t)lsn, c->level);
     return PyLong_FromLongLong(rc < 0 ? rc : lsn);
 }
 
@@ -1138,7 +1132,7 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOinL", kwlist, &log, &address, &PyDict_Type, &overlay,
                                      &lock, &wake, &level, &max_unapplied, &checkpoint_bytes))
         return -1;
-    if (g_append == NULL || g_wait == NULL) {
+    if (g_log.append == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "wal._storecore.Core before bind()");
         return -1;
     }
@@ -1378,24 +1372,14 @@ static PyTypeObject FastCommitType = {
 
 static PyObject *sc_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bind takes (address of wal_log_append, address of wal_log_wait)");
-        return NULL;
-    }
-    void *append = PyLong_AsVoidPtr(args[0]);
-    void *wait = PyLong_AsVoidPtr(args[1]);
-    if (append == NULL || wait == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind: a null function address");
-        return NULL;
-    }
-    g_append = (append_fn)(uintptr_t)append;
-    g_wait = (wait_fn)(uintptr_t)wait;
+    if (log_calls_bind(&g_log, args, nargs) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef sc_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
-     "bind(append_address, wait_address): the cffi module's wal_log_append and wal_log_wait."},
+     "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, "
+     "wal_log_wait and wal_log_wait_try."},
     {"encode", (PyCFunction)(void (*)(void))sc_encode, METH_FASTCALL,
      "encode(ops, time_ms, idempotency_key) -> the transaction's log payload."},
     {"decode", sc_decode, METH_O, "decode(payload) -> (ops, time_ms, idempotency_key); ValueError if malformed."},

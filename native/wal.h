@@ -144,6 +144,11 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
                             int wait);
 /* Block (helping with the I/O) until `level` holds for `lsn`. */
 int wal_log_wait(wal_log *log, uint64_t lsn, int level);
+/* wal_log_wait without blocking, for a caller that would rather not let go of something
+ * (the store keeps Python's GIL): 0 once `level` holds for `lsn`, WAL_EAGAIN when it would
+ * have to wait. When only the write of the pending batch is missing and the write slot is
+ * free, that write (one pwrite, no segment roll) is made here, in the calling thread. */
+int wal_log_wait_try(wal_log *log, uint64_t lsn, int level);
 int wal_log_sync(wal_log *log);   /* everything appended so far is durable on return */
 int wal_log_close(wal_log *log);  /* flush, sync, stop the flusher; idempotent */
 void wal_log_free(wal_log *log);  /* after close, when no thread can call in */

@@ -304,6 +304,65 @@ def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_
         assert log.append(b"after") == len(accepted) + 1
 
 
+def test_wait_try_makes_the_interval_write_itself_and_answers_eagain_for_anything_that_waits(
+        tmp_path: Path) -> None:
+    # native/logcall.h: Log.append and Store.put at interval wait this way with the GIL held.
+    with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
+        h, address = log._handle, handle_address(log._handle)
+        lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        assert lsn == 1 and log.watermarks.written == 0
+        assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == 0
+        assert log.watermarks.written == 1  # written by this call, in this thread
+        assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_BUFFERED) == 0
+        # sync needs an fdatasync, which is never made here
+        assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_SYNC) == lib.WAL_EAGAIN
+        assert log.watermarks.durable == 0
+        assert lib.wal_log_wait_try(h, 2, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EINVAL  # not appended
+        assert lib.wal_log_wait_try(h, lsn, 7) == lib.WAL_EINVAL
+        with wal.Log.open(tmp_path, readonly=True) as ro:  # a process kill now loses nothing
+            assert list(ro.read()) == [(1, b"a")]
+
+
+def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_hold_nothing(tmp_path: Path) -> None:
+    # A caller of wal_log_wait_try holds the GIL: after a write over 1 ms (the kernel throttling
+    # writers, here a failpoint's sleep) it makes none for at least 100 ms (native/commit.c).
+    with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
+        h, address = log._handle, handle_address(log._handle)
+        wal.testing.slow("write", 0.005)
+        first = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        assert lib.wal_log_wait_try(h, first, lib.WAL_LEVEL_INTERVAL) == 0
+        wal.testing.slow("write", 0)
+        second = append_nowait(address, b"b", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        assert lib.wal_log_wait_try(h, second, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EAGAIN
+        assert log.watermarks.written == first
+        assert log.append(b"c") == 3  # Log.append then waits with the GIL released
+        assert log.watermarks.written == 3
+        time.sleep(0.15)  # the pause is over: wait_try writes again
+        fourth = append_nowait(address, b"d", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        assert lib.wal_log_wait_try(h, fourth, lib.WAL_LEVEL_INTERVAL) == 0
+        assert log.watermarks.written == fourth
+        assert [p for _, p in log.read()] == [b"a", b"b", b"c", b"d"]
+
+
+def test_wait_try_reports_a_failed_write_and_a_full_disk(tmp_path: Path) -> None:
+    with wal.Log.open(tmp_path / "full", durability="interval", rpo_ms=60_000) as log:
+        h, address = log._handle, handle_address(log._handle)
+        with wal.testing.failpoint("write", errno.ENOSPC):
+            lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+            assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_ENOSPC
+        assert log.append(b"b") == 2  # space is back: both are written, in order
+        assert list(log.read()) == [(1, b"a"), (2, b"b")]
+    log = wal.Log.open(tmp_path / "eio", durability="interval", rpo_ms=60_000)
+    h, address = log._handle, handle_address(log._handle)
+    with wal.testing.failpoint("write", errno.EIO):
+        lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EFAILED
+    with pytest.raises(wal.FailedError):  # I5: stopped for good
+        log.append(b"b")
+    with pytest.raises(wal.FailedError, match="reopen it to recover"):
+        log.close()
+
+
 def test_per_append_sync_in_an_interval_log_is_durable_at_return(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         log.append(payload(1))

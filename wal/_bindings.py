@@ -26,13 +26,16 @@ def _address(name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
 
 
-_appendcall.bind(_address("wal_log_append"))
-# The store's commit path in C calls the same two functions of the cffi module (native/storecore.c).
-_storecore.bind(_address("wal_log_append"), _address("wal_log_wait"))
+# Log.append's and the store's commit paths in C call these functions of the cffi module
+# (native/logcall.h).
+_LOG_CALLS = (_address("wal_log_append"), _address("wal_log_wait"), _address("wal_log_wait_try"))
+_appendcall.bind(*_LOG_CALLS)
+_storecore.bind(*_LOG_CALLS)
 storecore = _storecore
 
 # append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*
-# code: Log.append's one call. The GIL is kept for a buffered copy, released for anything that waits.
+# code: Log.append's one call. The GIL is kept for a buffered copy and an interval write made at
+# once, released for anything that waits (native/logcall.h).
 append_record = _appendcall.append
 # append_nowait(handle_address, payload: bytes, level, wait) -> LSN or a negative WAL_E* code.
 # wal_log_append without releasing the GIL; only WAL_WAIT_TRY and WAL_WAIT_NONE (others give

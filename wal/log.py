@@ -282,8 +282,9 @@ class Log:
         h = self._writer or self._live()
         data = payload if type(payload) is bytes else _as_payload(payload)  # the hot path: no call
         level = self._level if durability is None else self._durability.allows(durability)
-        # One call into C (native/appendcall.c): the GIL is kept for a buffered copy and
-        # released for a write or an fdatasync; oversize payloads come back as WAL_ETOOBIG.
+        # One call into C (native/appendcall.c): the GIL is kept for a buffered copy and for
+        # an interval write made at once, released for any wait (native/logcall.h); oversize
+        # payloads come back as WAL_ETOOBIG.
         lsn: int = append_record(self._writer_address, data, level)
         if lsn < 0:
             if lsn == _ETOOBIG:
