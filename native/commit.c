@@ -483,11 +483,12 @@ int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
 
 /* The caller of wal_log_wait_try may hold something other threads wait for (the GIL,
  * native/logcall.h), so a write made there must be quick. One that took longer than
- * TRY_WRITE_SLOW_NS (the kernel throttling writers, say) stops such writes for ten times as
- * long, at least TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held,
- * and the callers' stalls stay under about a tenth of the time. */
+ * TRY_WRITE_SLOW_NS (the kernel throttling writers: a buffered write on ext4 cannot be asked
+ * not to wait, RWF_NOWAIT is refused) stops such writes for a hundred times as long, at least
+ * TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held, and the stalls
+ * such a caller causes stay under about 1% of the time. */
 #define TRY_WRITE_SLOW_NS 1000000ull
-#define TRY_WRITE_PAUSE_NS 100000000ull
+#define TRY_WRITE_PAUSE_NS 1000000000ull
 
 int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
     if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
@@ -506,7 +507,7 @@ int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
             uint64_t t1 = now_ns(), took = t1 - t0;
             log->try_write_resume_ns = 0;
             if (took > TRY_WRITE_SLOW_NS)
-                log->try_write_resume_ns = t1 + (took * 10 > TRY_WRITE_PAUSE_NS ? took * 10 : TRY_WRITE_PAUSE_NS);
+                log->try_write_resume_ns = t1 + (took * 100 > TRY_WRITE_PAUSE_NS ? took * 100 : TRY_WRITE_PAUSE_NS);
         }
         if (log->failed) rc = WAL_EFAILED;
         else if (write_failed_for(log, lsn)) rc = WAL_ENOSPC;

@@ -16,8 +16,9 @@
  *    makes the write of the pending batch in this thread, GIL held, when the write slot is
  *    free, no segment roll is due and the last write was quick (native/commit.c). A write
  *    to the page cache takes microseconds; when the kernel throttles writers (dirty pages
- *    over its limits) one can take milliseconds, and commit.c then stops writing under the
- *    GIL until writes are quick again, so one slow write at most stalls the other threads.
+ *    over its limits) one can take milliseconds, and after a write over 1 ms commit.c makes
+ *    none under the GIL for a hundred times as long (at least a second): such stalls stay
+ *    under ~1% of the time.
  *  - Anything that has to wait -- `sync`'s fdatasync, another thread's write in progress,
  *    back-pressure -- waits with the GIL released.
  */
