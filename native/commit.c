@@ -430,21 +430,29 @@ static int admit(wal_log *log, size_t bytes, int wait, uint64_t *now) {
     return 0;
 }
 
+/* Where a waiting (sync or interval) `level` stands for `lsn`: 0 held, WAL_EFAILED or
+ * WAL_ENOSPC it will not be (for now), WAL_EAGAIN not yet. mu held. */
+static int level_status(wal_log *log, uint64_t lsn, int level) {
+    if (log->written >= lsn && (level != WAL_LEVEL_SYNC || log->durable >= lsn)) return 0;
+    if (log->failed) return WAL_EFAILED;
+    if (write_failed_for(log, lsn)) return WAL_ENOSPC;
+    return WAL_EAGAIN;
+}
+
 /* Wait, helping with the I/O, until `level` holds for `lsn`. mu held on entry; on return
  * too, unless *unlocked was set to 1 (woken as a follower with the level reached: 0 is
  * returned and mu is not taken again just to be released). */
 static int wait_level(wal_log *log, uint64_t lsn, int level, int *unlocked) {
     if (level == WAL_LEVEL_BUFFERED) return 0;
     uint64_t d = level == WAL_LEVEL_SYNC ? lsn : 0;
-    while (log->written < lsn || log->durable < d) {
-        if (log->failed) return WAL_EFAILED;
-        if (write_failed_for(log, lsn)) return WAL_ENOSPC;
+    int rc;
+    while ((rc = level_status(log, lsn, level)) == WAL_EAGAIN) {
         if (progress_step(log, lsn, d, 1)) {
             *unlocked = 1;
             return 0;
         }
     }
-    return 0;
+    return rc;
 }
 
 /* Account an append and wait as `wait` says. mu held on entry; released on return. */
@@ -509,10 +517,7 @@ int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
             if (took > TRY_WRITE_SLOW_NS)
                 log->try_write_resume_ns = t1 + (took * 100 > TRY_WRITE_PAUSE_NS ? took * 100 : TRY_WRITE_PAUSE_NS);
         }
-        if (log->failed) rc = WAL_EFAILED;
-        else if (write_failed_for(log, lsn)) rc = WAL_ENOSPC;
-        else if (log->written >= lsn && (level != WAL_LEVEL_SYNC || log->durable >= lsn)) rc = 0;
-        else rc = WAL_EAGAIN;
+        rc = level_status(log, lsn, level);
     }
     pthread_mutex_unlock(&log->mu);
     return rc;

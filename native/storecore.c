@@ -616,7 +616,6 @@ static void collapser_dealloc(Collapser *c) {
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
-/* An array argument of at least `need` bytes. */
 /* add(buffer, lsns: u64[], offsets: u64[], lengths: u32[], count)
  * Collapse `count` records whose payloads lie at buffer[offsets[i] : offsets[i] + lengths[i]],
  * in LSN order after everything added before. count == 0: the buffer is going away (detach). */
