@@ -729,6 +729,7 @@ void wal_log_get_stats(wal_log *log, wal_log_stats *s) {
     s->commits = log->n_commits;
     s->appends = log->n_appends;
     s->writes = log->n_writes;
+    s->mapped_writes = __atomic_load_n(&log->w.mapped_writes, __ATOMIC_RELAXED);
     s->fsyncs = log->n_fsyncs;
     s->bytes_written = log->bytes_written;
     s->synced_records = log->synced_records;

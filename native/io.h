@@ -37,4 +37,11 @@ int wal_io_rename(const char *from, const char *to);
 int wal_io_ftruncate(int fd, uint64_t size);
 int wal_io_close(int fd);
 
+/* A segment written through a shared mapping (mapstore.c says when that is safe). */
+int wal_io_map(int fd, uint64_t off, uint64_t len, uint8_t **out);
+void wal_io_unmap(uint8_t *map, uint64_t len);
+/* Copy len bytes to dst in a mapping: 0, or -EIO when a page could not be had (the kernel's
+ * SIGBUS, caught). Failpoints do not see it: while one is armed, write with wal_io_pwrite_all. */
+int wal_io_store(uint8_t *dst, const void *buf, size_t len);
+
 #endif

@@ -111,6 +111,7 @@ typedef struct {
     uint64_t commits;            /* DATA records acknowledged */
     uint64_t appends;            /* append calls */
     uint64_t writes;             /* batches written to the OS */
+    uint64_t mapped_writes;      /* of which stored through a shared mapping, no write() (writer.c) */
     uint64_t fsyncs;             /* fdatasyncs that made records durable */
     uint64_t bytes_written;
     uint64_t synced_records;     /* records made durable, sum over fsyncs */

@@ -13,6 +13,10 @@
  *                     segment, then creates the next one (segment.c).
  * Placement is decided at encode time because the CRC covers the segment's
  * salt and the LSN.
+ *
+ * An interval log's bytes go out as stores into a shared mapping of a window
+ * of the segment rather than pwrite calls where that is safe (mapstore.c, and
+ * map_at in writer.c); the bytes on disk are the same either way.
  */
 #ifndef WAL_WRITER_H
 #define WAL_WRITER_H
@@ -46,6 +50,7 @@ typedef struct {
     uint64_t segment_bytes;
     int zero_fill;
     int zero_ahead; /* a sparse segment of a sync log: zero-fill ahead of the tail (writer.c) */
+    int map_writes; /* an interval log: bytes below fd_zeroed go through a shared mapping */
     uint64_t rng; /* salt source when seeded (tests); else getrandom */
     /* placement: only under the commit lock */
     uint64_t p_segno, p_salt, p_first_lsn, p_offset, p_size;
@@ -54,7 +59,11 @@ typedef struct {
     uint64_t fd_segno;
     uint64_t fd_size;   /* the open segment's file size */
     uint64_t fd_zeroed; /* bytes below this offset are data or written zeros, never a hole */
+    int mappable;       /* the open segment may take stores through a mapping (writer.c) */
+    uint8_t *map;       /* a window of it mapped MAP_SHARED at file offset map_off, or NULL */
+    uint64_t map_off;
     uint64_t segments_created;
+    uint64_t mapped_writes; /* spans stored through the mapping; atomic: stats read it under the log's lock only */
     uint64_t last_mark; /* LSN of the last MARK placed (under the commit lock) */
 } wal_writer;
 

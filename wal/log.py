@@ -470,6 +470,7 @@ class Log:
             "commits": s.commits,
             "appends": s.appends,
             "writes": s.writes,
+            "mapped_writes": s.mapped_writes,
             "fsyncs": s.fsyncs,
             "bytes_written": s.bytes_written,
             "group_size_mean": (s.synced_records / s.fsyncs) if s.fsyncs else 0.0,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 # Monotonic counters of Log.stats() and Store.stats(): they only grow while the process lives.
 COUNTERS = frozenset({
-    "commits", "appends", "writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
+    "commits", "appends", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
     "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs",
 })
@@ -28,6 +28,7 @@ HELP = {
     "commits": "Commits acknowledged.",
     "appends": "Append calls to the log.",
     "writes": "Batches written to the OS.",
+    "mapped_writes": "Of those, stored through a shared mapping of the segment rather than write() (interval).",
     "fsyncs": "fdatasyncs that made records durable.",
     "bytes_written": "Bytes written to log segments.",
     "group_size_mean": "Mean records made durable per fdatasync (group commit).",
