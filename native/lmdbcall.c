@@ -853,6 +853,73 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     return 0;
 }
 
+/* ---- DurableLsn: the log's durable LSN, readable without the GIL ---- */
+
+/* wal_log_watermarks (native/wal.h): out[0..3) = appended, written, durable; it only takes the
+ * log's own mutex, which no thread holds while it waits for the GIL or for LMDB. */
+typedef int (*watermarks_fn)(void *log, uint64_t *out);
+
+typedef struct {
+    PyObject_HEAD
+    watermarks_fn fn;
+    void *log;
+    PyObject *owner; /* the wal.Log: its C handle lives as long as this object (wal/log.py) */
+} DurableObject;
+
+static PyTypeObject DurableType;
+
+static uint64_t durable_read(DurableObject *d) {
+    uint64_t out[3] = {0, 0, 0};
+    (void)d->fn(d->log, out); /* a failed or closed log still reports the LSN it made durable */
+    return out[2];
+}
+
+static int durable_init(DurableObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"watermarks_address", "handle_address", "owner", NULL};
+    unsigned long long fn, log;
+    PyObject *owner;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKO", kwlist, &fn, &log, &owner)) return -1;
+    if (fn == 0 || log == 0) {
+        PyErr_SetString(PyExc_ValueError, "DurableLsn needs the addresses of wal_log_watermarks and of a live log");
+        return -1;
+    }
+    self->fn = (watermarks_fn)(uintptr_t)fn;
+    self->log = (void *)(uintptr_t)log;
+    Py_INCREF(owner);
+    Py_XSETREF(self->owner, owner);
+    return 0;
+}
+
+static void durable_dealloc(DurableObject *self) {
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *durable_call(DurableObject *self, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "DurableLsn() takes no arguments");
+        return NULL;
+    }
+    if (self->fn == NULL) {
+        PyErr_SetString(PyExc_ValueError, "DurableLsn was not initialised");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(durable_read(self));
+}
+
+static PyTypeObject DurableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "wal._lmdbcall.DurableLsn",
+    .tp_basicsize = sizeof(DurableObject),
+    .tp_dealloc = (destructor)durable_dealloc,
+    .tp_call = (ternaryfunc)durable_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "DurableLsn(watermarks_address, handle_address, owner)() -> the log's durable LSN; apply reads it "
+              "without the GIL",
+    .tp_init = (initproc)durable_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static const char APPLIED_KEY[] = "applied_lsn";
 static const char DURABLE_SEEN_KEY[] = "durable_seen";
 
@@ -861,10 +928,13 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  *   - read applied_lsn; a batch wholly at or below it changes nothing: (APPLY_OK, applied);
  *   - I3: first == applied + 1 and commits == last - first + 1, else (APPLY_GAP, applied);
  *   - write every put, delete and idempotency item;
- *   - I1: with the GIL taken back, durable = durable_lsn(); last > durable gives
- *     (APPLY_NOT_DURABLE, durable) and nothing is committed;
+ *   - I1: durable = durable_lsn(), read right before the commit; last > durable gives
+ *     (APPLY_NOT_DURABLE, durable) and nothing is committed. A DurableLsn is read in C
+ *     without the GIL; any other callable is called with the GIL taken back (the one
+ *     point where apply needs it: taking it back from a thread busy in Python costs up
+ *     to a switch interval, 5 ms by default, which is why the store passes a DurableLsn);
  *   - write applied_lsn = last and durable_seen = durable, commit: (APPLY_OK, last).
- * Everything but the durable_lsn() call runs with the GIL released. */
+ * Everything but a Python durable_lsn() call runs with the GIL released. */
 static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyCallable_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "apply takes (batch: (first, last, commits, puts, deletes, idempotency), "
@@ -919,22 +989,28 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
     }
     /* I1 log before state: never commit the effect of a record the log could still lose.
      * Checked right before the commit, as late as possible. */
-    PyEval_RestoreThread(ts);
-    PyObject *d = PyObject_CallNoArgs(durable_fn);
-    unsigned long long durable = d != NULL ? PyLong_AsUnsignedLongLong(d) : 0;
-    Py_XDECREF(d);
-    if (d == NULL || PyErr_Occurred()) {
-        M.txn_abort(txn); /* no I/O, no waiting: fine with the GIL held */
-        self->busy--;
-        batch_release(&b);
-        return NULL;
+    unsigned long long durable;
+    if (Py_IS_TYPE(durable_fn, &DurableType) && ((DurableObject *)durable_fn)->fn != NULL) {
+        durable = durable_read((DurableObject *)durable_fn); /* the GIL stays released */
+    } else {
+        PyEval_RestoreThread(ts);
+        PyObject *d = PyObject_CallNoArgs(durable_fn);
+        durable = d != NULL ? PyLong_AsUnsignedLongLong(d) : 0;
+        Py_XDECREF(d);
+        if (d == NULL || PyErr_Occurred()) {
+            M.txn_abort(txn); /* no I/O, no waiting: fine with the GIL held */
+            self->busy--;
+            batch_release(&b);
+            return NULL;
+        }
+        ts = PyEval_SaveThread();
     }
     if (last > durable) {
         M.txn_abort(txn);
+        PyEval_RestoreThread(ts);
         status = APPLY_NOT_DURABLE, result = durable;
         goto done;
     }
-    ts = PyEval_SaveThread();
     unsigned char lv[8], dv[8];
     put_le64(lv, last);
     put_le64(dv, durable);
@@ -1152,7 +1228,7 @@ static struct PyModuleDef lc_module = {
 };
 
 PyMODINIT_FUNC PyInit__lmdbcall(void) {
-    if (PyType_Ready(&EnvType) < 0 || PyType_Ready(&SnapshotType) < 0) return NULL;
+    if (PyType_Ready(&EnvType) < 0 || PyType_Ready(&SnapshotType) < 0 || PyType_Ready(&DurableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&lc_module);
     if (m == NULL) return NULL;
     current_pid = getpid();
@@ -1164,7 +1240,8 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
     LmdbError = PyErr_NewException("wal._lmdbcall.LmdbError", NULL, NULL);
     if (LmdbError == NULL || PyModule_AddObjectRef(m, "LmdbError", LmdbError) < 0
         || PyModule_AddObjectRef(m, "Env", (PyObject *)&EnvType) < 0
-        || PyModule_AddObjectRef(m, "Snapshot", (PyObject *)&SnapshotType) < 0) {
+        || PyModule_AddObjectRef(m, "Snapshot", (PyObject *)&SnapshotType) < 0
+        || PyModule_AddObjectRef(m, "DurableLsn", (PyObject *)&DurableType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

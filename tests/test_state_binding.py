@@ -22,6 +22,7 @@ import pytest
 
 import wal
 from wal import _lmdbcall, state
+from wal._bindings import durable_lsn_reader
 from wal.errors import ClosedError, CorruptionError, LockedError
 from wal.state import InvariantError, State, StateError
 
@@ -367,3 +368,23 @@ def test_wal_never_imports_py_lmdb_for_its_own_use() -> None:
     offenders = [p.name for p in sources if any(line.strip().startswith(("import lmdb", "from lmdb"))
                                                for line in p.read_text().splitlines())]
     assert offenders == []
+
+
+def test_the_stores_durable_lsn_reader_reads_the_logs_durable_lsn_and_apply_enforces_i1_with_it(tmp_path: Path) -> None:
+    """The store hands apply a DurableLsn (read in C, the GIL left released): the same I1 check."""
+    log = wal.Log.open(str(tmp_path / "log"), durability="sync")
+    st = State(str(tmp_path / "state"))
+    try:
+        for _ in range(3):
+            log.append(b"record")
+        reader = durable_lsn_reader(log, log.native_address)
+        assert reader() == log.watermarks.durable == 3
+        with pytest.raises(InvariantError, match="I1 violated: would store applied_lsn 4 > durable_lsn 3"):
+            st.apply(_batch(1, 4), reader)
+        assert st.applied_lsn() == 0 and st.get(b"k000000001") is None
+        assert st.apply(_batch(1, 3), reader) == 3 and st.durable_seen() == 3
+        log.append(b"record")
+        assert st.apply(_batch(4, 1), reader) == 4
+    finally:
+        st.close()
+        log.close()
