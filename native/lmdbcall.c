@@ -35,8 +35,9 @@
  *  - GIL: reads (get, scan, snapshots) run with the GIL held (they are short and the GIL
  *    guards the spare read transactions). Everything that begins a WRITE transaction
  *    releases the GIL first: `apply` re-takes the GIL while it holds LMDB's writer mutex
- *    (for durable_lsn), so a thread that waited for the writer mutex with the GIL held
- *    would deadlock it. Syncs and opens release the GIL (fsync, lock-file setup).
+ *    (to call a Python durable_lsn), so a thread that waited for the writer mutex with the
+ *    GIL held would deadlock it. The store passes a `DurableLsn` instead, read in C, so its
+ *    applies never take the GIL back. Syncs and opens release the GIL (fsync, lock files).
  *  - `close` refuses while a GIL-released call is running on the handle (BUSY), aborts
  *    live snapshots (they then fail as CLOSED) and spare read transactions first.
  *  - Values are stored as given: the store's layout (u64 version LE + value, FORMAT.md
