@@ -256,8 +256,9 @@ class State:
         LMDB's fsync is paid once per batch, never per commit. Returns the new applied LSN.
 
         The whole transaction is one C call with the GIL released (native/lmdbcall.c `apply`),
-        which takes the GIL back only to call `durable_lsn` right before the commit. The batch's
-        lists must not be changed by another thread meanwhile (the call pins their items).
+        which reads `durable_lsn` right before the commit: in C if it is the store's
+        `DurableLsn`, else by taking the GIL back to call it. The call pins the batch's items
+        (a tuple of each list) before it lets the GIL go.
         """
         first, last, commits = batch[0], batch[1], batch[2]
         try:
