@@ -42,4 +42,13 @@ storecore = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, readcall, storecore])
+# The package's one LMDB binding (see native/lmdbcall.c): LMDB itself is resolved at import
+# from py-lmdb's extension, so nothing links against it here.
+lmdbcall = Extension(
+    "wal._lmdbcall",
+    sources=["native/lmdbcall.c"],
+    libraries=["dl"],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
+)
+
+setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, readcall, storecore, lmdbcall])

@@ -5,21 +5,22 @@ Nothing here decides policy; callers pass the context that makes a message usefu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from wal import errors
 
 try:
-    from wal import _appendcall, _readcall, _storecore
+    from wal import _appendcall, _lmdbcall, _readcall, _storecore
     from wal._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
-        "agentwal's C core (wal._native, wal._appendcall, wal._readcall, wal._storecore) is not built; install "
-        "the package with `pip install .` (needs a C compiler) rather than running from a source tree"
+        "agentwal's C core (wal._native, wal._appendcall, wal._readcall, wal._storecore, wal._lmdbcall) is not "
+        "built; install the package with `pip install .` (needs a C compiler) rather than running from a source tree"
     ) from exc
 
-__all__ = ["append_nowait", "append_record", "check", "ffi", "handle_address", "lib", "raise_code", "span_records",
-           "storecore"]
+__all__ = ["append_nowait", "append_record", "check", "durable_lsn_reader", "ffi", "handle_address", "lib",
+           "raise_code", "span_records", "storecore"]
 
 
 def _address(name: str) -> int:
@@ -49,6 +50,17 @@ span_records = _readcall.records
 def handle_address(handle: Any) -> int:
     """The address of a wal_log* handle, as append_record and append_nowait take it."""
     return int(ffi.cast("uintptr_t", handle))
+
+_WATERMARKS = _address("wal_log_watermarks")
+
+
+def durable_lsn_reader(log: Any, native_address: int) -> Callable[[], int]:
+    """The durable LSN of `log` (a wal.Log taking appends; `native_address` its handle's
+    address) as a callable that `State.apply` reads in C without taking the GIL back
+    (native/lmdbcall.c, DurableLsn). It keeps `log`, so the handle outlives it."""
+    reader: Callable[[], int] = _lmdbcall.DurableLsn(_WATERMARKS, native_address, log)
+    return reader
+
 
 _BY_CODE: dict[int, type[errors.WalError]] = {
     lib.WAL_EFAILED: errors.FailedError,

@@ -48,7 +48,6 @@ from wal._bindings import ffi, lib
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
 from wal.errors import ArgumentError, CorruptionError, LockedError, WalError
 from wal.log import LOCK_NAME
-from wal.state import APPLIED_KEY
 from wal.store import ARCHIVE_DIR, LOG_DIR, MAX_KEY_BYTES, MAX_VALUE_BYTES, STATE_DIR, STORE_FILE
 
 HEADER_SIZE = 64  # FORMAT.md section 4 (native/format.h WAL_SEGMENT_HEADER_SIZE)
@@ -1096,10 +1095,8 @@ class _StateSnapshot:
 
     def __init__(self, store: wal.Store) -> None:
         self.store = store
-        self._state = store._state
-        self._txn = self._state.env.begin()
-        raw = self._txn.get(APPLIED_KEY, db=self._state.meta)
-        self.applied = _U64.unpack(raw)[0] if raw else 0
+        self._snap = store._state.snapshot()
+        self.applied = self._snap.applied_lsn()
 
     @classmethod
     def open(cls, target: Target) -> _StateSnapshot:
@@ -1114,32 +1111,21 @@ class _StateSnapshot:
             raise
 
     def renew(self) -> None:
-        self._txn.abort()
-        self._txn = self._state.env.begin()
-        raw = self._txn.get(APPLIED_KEY, db=self._state.meta)
-        self.applied = _U64.unpack(raw)[0] if raw else 0
+        self._snap.renew()
+        self.applied = self._snap.applied_lsn()
 
     def entries(self) -> int:
-        return int(self._txn.stat(self._state.data)["entries"])
+        return self._snap.entries()
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
-        raw = self._txn.get(key, db=self._state.data)
-        if raw is None:
-            return None
-        return _U64.unpack_from(raw)[0], bytes(raw[8:])
+        return self._snap.get(key)
 
     def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
-        cur = self._txn.cursor(db=self._state.data)
-        if not cur.set_range(prefix):
-            return
-        for key, raw in cur:
-            if not key.startswith(prefix):
-                break
-            yield bytes(key), _U64.unpack_from(raw)[0], bytes(raw[8:])
+        return self._snap.items(prefix)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self._txn.abort()
+            self._snap.close()
         self.store.close()
 
 

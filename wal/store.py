@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from wal import durability as dur
 from wal import record
-from wal._bindings import storecore
+from wal._bindings import durable_lsn_reader, storecore
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
     ArgumentError,
@@ -280,6 +280,10 @@ class Store:
         self._core = storecore.Core(log, log.native_address if log is not None else 0, self._overlay,
                                     self._commit_lock, self._wake, level.code, max_unapplied, checkpoint_bytes)
         self._commit_fast = self._core.commit
+        # I1's durable LSN for State.apply, read in C without the GIL (native/lmdbcall.c): a
+        # Python callable would make apply take the GIL back from a thread busy putting.
+        self._durable_lsn = (durable_lsn_reader(log, log.native_address) if log is not None and log.native_address
+                             else lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
         self._idem_pending: dict[bytes, int] = {}
         self._applied = state.applied_lsn()
         self._last_checkpoint = time.time()
@@ -696,7 +700,7 @@ class Store:
                     batch = self._core.take(durable, limit)  # collapsed to each key's last write, in C
                 if batch is None:
                     return 0
-                self._applied = self._state.apply(batch, lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
+                self._applied = self._state.apply(batch, self._durable_lsn)
             except BaseException as exc:  # the batch is out of the queue: only a reopen replays it
                 self._log_failure(exc)
                 self._fail_stop(exc)

@@ -1,0 +1,1272 @@
+/*
+ * lmdbcall.c -- wal._lmdbcall: the package's one binding of LMDB (the state, wal/state.py).
+ *
+ * Why it exists. The materializer applies a batch of commits to LMDB. Through py-lmdb
+ * that was `putmulti`, which releases and re-takes the GIL around every item: with a
+ * thread putting in a loop it waited ~30 us per item for the GIL, so the apply queue
+ * filled and the committing thread applied inline, serially (benchmarks/PROFILING.md).
+ * Here `Env.apply` does a whole batch's LMDB transaction in ONE call with the GIL
+ * released, on the other core, taking the GIL back only to ask the log's durable LSN
+ * for invariant I1. py-lmdb does not expose its MDB_env or MDB_txn pointers, and LMDB
+ * forbids opening one environment twice in a process (its fcntl locks are per process: closing
+ * one handle's lock file drops the other's locks), so every LMDB access of the package
+ * goes through this binding; no py-lmdb handle is ever opened by wal/.
+ *
+ * Where LMDB comes from. The `lmdb` package (py-lmdb) links LMDB into its extension
+ * `lmdb/cpython*.so`: py-lmdb 3.x exports LMDB 0.9 as `mdb09_*` (and 1.0 as `mdb10_*`),
+ * older wheels (1.4.x, checked: 1.4.1 bundles 0.9.29) export it as `mdb_*`. `load(path)`
+ * resolves the functions below from that already-loaded file (dlopen RTLD_NOLOAD, so
+ * the process keeps ONE copy of LMDB, shared with py-lmdb if anything else imports it)
+ * and checks the engine is 0.9.x: py-lmdb opens 0.9 by default, so another process that
+ * opens our state with py-lmdb sees the same file format and lock-file layout.
+ * The declarations are ours, written from LMDB 0.9's documented API (lmdb.h).
+ *
+ * Contracts.
+ *  - Errors: every LMDB or errno failure raises `LmdbError(code, message)` with LMDB's
+ *    int code (negative MDB_* or a positive errno); wal/state.py classifies the codes.
+ *    The binding's own refusals use codes below LMDB's range (ALREADY_OPEN, FORKED,
+ *    CLOSED, BUSY, BAD_VALUE), also as LmdbError.
+ *  - One Env per environment and process: a registry keyed by the directory's
+ *    (st_dev, st_ino) refuses a second open in the same process (ALREADY_OPEN).
+ *  - Fork: a child must not use its parent's handles (LMDB: "use the env only in the
+ *    process that opened it"); every call checks the handle's pid (FORKED), and a
+ *    child never closes a parent's handle (mdb_env_close would clear the parent's
+ *    reader slots in the shared lock file, since they carry the parent's pid).
+ *  - GIL: reads (get, scan, snapshots) run with the GIL held (they are short and the GIL
+ *    guards the spare read transactions). Everything that begins a WRITE transaction
+ *    releases the GIL first: `apply` re-takes the GIL while it holds LMDB's writer mutex
+ *    (to call a Python durable_lsn), so a thread that waited for the writer mutex with the
+ *    GIL held would deadlock it. The store passes a `DurableLsn` instead, read in C, so its
+ *    applies never take the GIL back. Syncs and opens release the GIL (fsync, lock files).
+ *  - `close` refuses while a GIL-released call is running on the handle (BUSY), aborts
+ *    live snapshots (they then fail as CLOSED) and spare read transactions first.
+ *  - Values are stored as given: the store's layout (u64 version LE + value, FORMAT.md
+ *    §16) is built by the caller; `applied_lsn`/`durable_seen` are u64 LE here as before.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- LMDB 0.9's public API, as documented in lmdb.h (declared here, not included) ---- */
+
+typedef struct MDB_env MDB_env;
+typedef struct MDB_txn MDB_txn;
+typedef struct MDB_cursor MDB_cursor;
+typedef unsigned int MDB_dbi;
+typedef struct {
+    size_t mv_size;
+    void *mv_data;
+} MDB_val;
+typedef struct {
+    unsigned int ms_psize, ms_depth;
+    size_t ms_branch_pages, ms_leaf_pages, ms_overflow_pages, ms_entries;
+} MDB_stat;
+typedef struct {
+    void *me_mapaddr;
+    size_t me_mapsize, me_last_pgno, me_last_txnid;
+    unsigned int me_maxreaders, me_numreaders;
+} MDB_envinfo;
+
+#define MDB_RDONLY 0x20000
+#define MDB_NOMETASYNC 0x40000
+#define MDB_NOTLS 0x200000
+#define MDB_NORDAHEAD 0x800000
+#define MDB_CREATE 0x40000 /* mdb_dbi_open */
+#define MDB_FIRST 0        /* MDB_cursor_op */
+#define MDB_NEXT 8
+#define MDB_SET_RANGE 17
+
+#define MDB_KEYEXIST (-30799)
+#define MDB_NOTFOUND (-30798)
+#define MDB_PAGE_NOTFOUND (-30797)
+#define MDB_CORRUPTED (-30796)
+#define MDB_PANIC (-30795)
+#define MDB_VERSION_MISMATCH (-30794)
+#define MDB_INVALID (-30793)
+#define MDB_MAP_FULL (-30792)
+#define MDB_DBS_FULL (-30791)
+#define MDB_READERS_FULL (-30790)
+#define MDB_TXN_FULL (-30788)
+#define MDB_MAP_RESIZED (-30785)
+#define MDB_INCOMPATIBLE (-30784)
+#define MDB_BAD_RSLOT (-30783)
+#define MDB_BAD_TXN (-30782)
+#define MDB_BAD_VALSIZE (-30781)
+#define MDB_BAD_DBI (-30780)
+
+/* The binding's own refusals: below LMDB's codes (-30799..-30780), never an errno. */
+#define E_ALREADY_OPEN (-40001)
+#define E_FORKED (-40002)
+#define E_CLOSED (-40003)
+#define E_BUSY (-40004)
+#define E_BAD_VALUE (-40005) /* a stored value of the wrong size: damage */
+
+/* apply's outcomes besides an LMDB error. */
+#define APPLY_OK 0
+#define APPLY_GAP 1         /* I3: the batch does not start right after applied_lsn, or has a hole */
+#define APPLY_NOT_DURABLE 2 /* I1: its last LSN is above the log's durable LSN */
+
+#define FILE_MODE 0644
+#define MAX_DBS 4
+#define N_DBS 3 /* data, idem, meta: their index is the `db` argument of every call */
+#define SPARE_TXNS 4
+
+typedef struct {
+    char *(*version)(int *, int *, int *);
+    char *(*strerror)(int);
+    int (*env_create)(MDB_env **);
+    int (*env_open)(MDB_env *, const char *, unsigned int, unsigned int);
+    void (*env_close)(MDB_env *);
+    int (*env_set_mapsize)(MDB_env *, size_t);
+    int (*env_set_maxdbs)(MDB_env *, MDB_dbi);
+    int (*env_sync)(MDB_env *, int);
+    int (*env_stat)(MDB_env *, MDB_stat *);
+    int (*env_info)(MDB_env *, MDB_envinfo *);
+    int (*txn_begin)(MDB_env *, MDB_txn *, unsigned int, MDB_txn **);
+    int (*txn_commit)(MDB_txn *);
+    void (*txn_abort)(MDB_txn *);
+    void (*txn_reset)(MDB_txn *);
+    int (*txn_renew)(MDB_txn *);
+    int (*dbi_open)(MDB_txn *, const char *, unsigned int, MDB_dbi *);
+    int (*stat)(MDB_txn *, MDB_dbi, MDB_stat *);
+    int (*get)(MDB_txn *, MDB_dbi, MDB_val *, MDB_val *);
+    int (*put)(MDB_txn *, MDB_dbi, MDB_val *, MDB_val *, unsigned int);
+    int (*del)(MDB_txn *, MDB_dbi, MDB_val *, MDB_val *);
+    int (*cursor_open)(MDB_txn *, MDB_dbi, MDB_cursor **);
+    void (*cursor_close)(MDB_cursor *);
+    int (*cursor_get)(MDB_cursor *, MDB_val *, MDB_val *, int);
+    int (*cursor_put)(MDB_cursor *, MDB_val *, MDB_val *, unsigned int);
+} mdb_api;
+
+/* The names resolved, in mdb_api's order. */
+static const char *const API_NAMES[] = {
+    "version", "strerror", "env_create", "env_open", "env_close", "env_set_mapsize", "env_set_maxdbs",
+    "env_sync", "env_stat", "env_info", "txn_begin", "txn_commit", "txn_abort", "txn_reset", "txn_renew",
+    "dbi_open", "stat", "get", "put", "del", "cursor_open", "cursor_close", "cursor_get", "cursor_put",
+};
+#define N_API (sizeof(API_NAMES) / sizeof(API_NAMES[0]))
+_Static_assert(sizeof(mdb_api) == N_API * sizeof(void *), "API_NAMES must list every mdb_api member");
+
+static mdb_api M;         /* valid once `loaded` */
+static int loaded;
+static char loaded_version[128];
+static PyObject *LmdbError;
+static pid_t current_pid; /* this process's pid, updated in a forked child (pthread_atfork) */
+
+static void after_fork_in_child(void) { current_pid = getpid(); }
+
+/* ---- errors ---- */
+
+static void set_error(int rc, const char *where) {
+    PyObject *a = Py_BuildValue("(iN)", rc, PyUnicode_FromFormat("%s: %s", where, loaded ? M.strerror(rc) : ""));
+    if (a != NULL) {
+        PyErr_SetObject(LmdbError, a);
+        Py_DECREF(a);
+    }
+}
+
+static void set_own_error(int code, const char *text) {
+    PyObject *args = Py_BuildValue("(is)", code, text);
+    if (args != NULL) {
+        PyErr_SetObject(LmdbError, args);
+        Py_DECREF(args);
+    }
+}
+
+/* ---- loading ---- */
+
+/* Resolve every function of mdb_api from `path` (which must already be loaded) into `api`,
+ * with the first prefix whose mdb_env_create exists; all of them must then exist under
+ * that prefix (never a mix of two engines). On failure, a message in `why`. */
+static int resolve(const char *path, mdb_api *api, char *why, size_t why_len) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL) {
+        const char *e = dlerror();
+        snprintf(why, why_len, "%s is not loaded in this process (%s)", path, e ? e : "dlopen failed");
+        return -1;
+    }
+    static const char *const prefixes[] = {"mdb09_", "mdb_"};
+    const char *prefix = NULL;
+    char name[64];
+    for (size_t p = 0; p < 2 && prefix == NULL; p++) {
+        snprintf(name, sizeof name, "%senv_create", prefixes[p]);
+        if (dlsym(lib, name) != NULL) prefix = prefixes[p];
+    }
+    if (prefix == NULL) {
+        snprintf(why, why_len, "%s exports neither mdb09_env_create nor mdb_env_create (no LMDB 0.9 in it)", path);
+        dlclose(lib);
+        return -1;
+    }
+    void **slots = (void **)api;
+    for (size_t i = 0; i < N_API; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, API_NAMES[i]);
+        slots[i] = dlsym(lib, name);
+        if (slots[i] == NULL) {
+            snprintf(why, why_len, "%s exports %senv_create but not %s", path, prefix, name);
+            dlclose(lib);
+            return -1;
+        }
+    }
+    int major = -1, minor = -1, patch = -1;
+    const char *text = api->version(&major, &minor, &patch);
+    if (major != 0 || minor != 9) {
+        snprintf(why, why_len, "%s holds LMDB %d.%d.%d (%s), not 0.9.x", path, major, minor, patch,
+                 text ? text : "?");
+        dlclose(lib);
+        return -1;
+    }
+    /* The handle is kept (never dlclose'd): the functions must outlive every Env. */
+    return 0;
+}
+
+static PyObject *mod_load(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *bytes_path;
+    if (!PyUnicode_FSConverter(arg, &bytes_path)) return NULL;
+    mdb_api api;
+    char why[1024];
+    int rc = resolve(PyBytes_AS_STRING(bytes_path), &api, why, sizeof why);
+    Py_DECREF(bytes_path);
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ImportError, why);
+        return NULL;
+    }
+    const char *text = api.version(NULL, NULL, NULL);
+    if (!loaded) { /* the first library loaded stays: open Envs use its functions */
+        M = api;
+        snprintf(loaded_version, sizeof loaded_version, "%s", text ? text : "");
+        loaded = 1;
+    }
+    return PyUnicode_FromString(text ? text : "");
+}
+
+/* ---- Env ---- */
+
+typedef struct SnapshotObject SnapshotObject;
+
+typedef struct EnvObject {
+    PyObject_HEAD
+    MDB_env *env; /* NULL once closed */
+    MDB_dbi dbs[N_DBS];
+    pid_t pid;
+    dev_t dev;
+    ino_t ino;
+    int readonly;
+    int busy; /* GIL-released calls running on this handle */
+    int n_spare;
+    MDB_txn *spare[SPARE_TXNS]; /* reset read transactions, renewed by the next read */
+    SnapshotObject *snapshots;  /* live snapshots, to abort before mdb_env_close */
+    struct EnvObject *next;     /* the registry of open environments (guarded by the GIL) */
+    PyObject *path;
+} EnvObject;
+
+struct SnapshotObject {
+    PyObject_HEAD
+    EnvObject *owner; /* strong reference */
+    MDB_txn *txn;     /* NULL once aborted */
+    SnapshotObject *prev, *next;
+};
+
+static EnvObject *registry;
+
+static void registry_remove(EnvObject *e) {
+    for (EnvObject **p = &registry; *p != NULL; p = &(*p)->next) {
+        if (*p == e) {
+            *p = e->next;
+            e->next = NULL;
+            return;
+        }
+    }
+}
+
+/* 0 if the handle may be used by this thread now; else an LmdbError is set. */
+static int usable(EnvObject *e) {
+    if (e->pid != current_pid) {
+        set_own_error(E_FORKED, "this LMDB handle was opened by another process (this is a forked child); "
+                                "open the state again in this process");
+        return -1;
+    }
+    if (e->env == NULL) {
+        set_own_error(E_CLOSED, "the LMDB environment is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static int writable(EnvObject *e) {
+    if (usable(e) < 0) return -1;
+    if (e->readonly) {
+        set_error(EACCES, "write transaction on a read-only environment");
+        return -1;
+    }
+    return 0;
+}
+
+static int db_index(PyObject *arg, int *out) {
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= N_DBS) {
+        PyErr_Format(PyExc_ValueError, "database index %ld out of range (DATA, IDEM, META)", v);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* A read transaction: a spare one renewed, else a new one. GIL held. */
+static int read_begin(EnvObject *e, MDB_txn **txn) {
+    while (e->n_spare > 0) {
+        MDB_txn *t = e->spare[--e->n_spare];
+        if (M.txn_renew(t) == 0) {
+            *txn = t;
+            return 0;
+        }
+        M.txn_abort(t);
+    }
+    return M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+}
+
+static void read_end(EnvObject *e, MDB_txn *txn) {
+    if (e->n_spare < SPARE_TXNS) {
+        M.txn_reset(txn);
+        e->spare[e->n_spare++] = txn;
+    } else {
+        M.txn_abort(txn);
+    }
+}
+
+static void abort_all_readers(EnvObject *e) {
+    while (e->n_spare > 0) M.txn_abort(e->spare[--e->n_spare]);
+    while (e->snapshots != NULL) {
+        SnapshotObject *s = e->snapshots;
+        e->snapshots = s->next;
+        if (s->txn != NULL) M.txn_abort(s->txn);
+        s->txn = NULL;
+        s->prev = s->next = NULL;
+    }
+}
+
+static void env_close_now(EnvObject *e) {
+    if (e->env == NULL) return;
+    registry_remove(e);
+    if (e->pid != current_pid) { /* a forked child: the parent owns the environment (see top) */
+        e->env = NULL;
+        e->n_spare = 0;
+        e->snapshots = NULL;
+        return;
+    }
+    abort_all_readers(e);
+    M.env_close(e->env);
+    e->env = NULL;
+}
+
+static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"path", "readonly", "map_size", NULL};
+    PyObject *path;
+    int readonly = 0;
+    unsigned long long map_size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK", kwlist, PyUnicode_FSConverter, &path, &readonly, &map_size))
+        return -1;
+    if (self->env != NULL || self->path != NULL) {
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_TypeError, "Env is initialised once");
+        return -1;
+    }
+    self->path = path;
+    if (!loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "wal._lmdbcall.load() was not called");
+        return -1;
+    }
+    const char *cpath = PyBytes_AS_STRING(path);
+    struct stat st;
+    if (stat(cpath, &st) != 0) {
+        set_error(errno, "mdb_env_open");
+        return -1;
+    }
+    for (EnvObject *o = registry; o != NULL; o = o->next) {
+        if (o->pid == current_pid && o->dev == st.st_dev && o->ino == st.st_ino) {
+            set_own_error(E_ALREADY_OPEN, "this LMDB environment is already open in this process");
+            return -1;
+        }
+    }
+    self->readonly = readonly;
+    self->pid = current_pid;
+    self->dev = st.st_dev;
+    self->ino = st.st_ino;
+    MDB_env *env = NULL;
+    int rc = M.env_create(&env);
+    const char *where = "mdb_env_create";
+    if (rc == 0) {
+        rc = M.env_set_mapsize(env, (size_t)map_size);
+        where = "mdb_env_set_mapsize";
+    }
+    if (rc == 0) {
+        rc = M.env_set_maxdbs(env, MAX_DBS);
+        where = "mdb_env_set_maxdbs";
+    }
+    if (rc != 0) {
+        if (env != NULL) M.env_close(env);
+        set_error(rc, where);
+        return -1;
+    }
+    /* Reserve the registry slot before releasing the GIL: a concurrent open of the same
+     * directory in another thread is refused rather than racing us. */
+    self->env = env;
+    self->next = registry;
+    registry = self;
+    self->busy++;
+    /* Exactly what wal/state.py asked of py-lmdb: subdir layout, data pages fsynced at
+     * every commit but not the meta page (NOMETASYNC; never NOSYNC/MAPASYNC/WRITEMAP),
+     * read transactions not bound to threads (NOTLS), no readahead. */
+    unsigned int flags = MDB_NOMETASYNC | MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : 0);
+    MDB_txn *txn = NULL;
+    static const char *const names[N_DBS] = {"data", "idem", "meta"};
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.env_open(env, cpath, flags, FILE_MODE);
+    where = "mdb_env_open";
+    if (rc == 0) {
+        rc = M.txn_begin(env, NULL, readonly ? MDB_RDONLY : 0, &txn);
+        where = "mdb_txn_begin";
+    }
+    for (int i = 0; rc == 0 && i < N_DBS; i++) {
+        rc = M.dbi_open(txn, names[i], readonly ? 0 : MDB_CREATE, &self->dbs[i]);
+        where = "mdb_dbi_open";
+    }
+    if (rc == 0) {
+        rc = M.txn_commit(txn); /* also for a read txn: its dbi handles then stay usable */
+        txn = NULL;
+        where = "mdb_txn_commit";
+    }
+    if (rc != 0) {
+        if (txn != NULL) M.txn_abort(txn);
+        M.env_close(env); /* lmdb.h: after a failed mdb_env_open the handle must be closed */
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (rc != 0) {
+        self->env = NULL;
+        registry_remove(self);
+        set_error(rc, where);
+        return -1;
+    }
+    return 0;
+}
+
+static void env_dealloc(EnvObject *self) {
+    if (self->busy == 0) env_close_now(self); /* busy cannot hold here: calls keep a reference */
+    Py_XDECREF(self->path);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *env_close(EnvObject *self, PyObject *unused) {
+    (void)unused;
+    if (self->busy > 0) {
+        set_own_error(E_BUSY, "closing an LMDB environment while another thread is in a call on it");
+        return NULL;
+    }
+    env_close_now(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *value_bytes(const MDB_val *v) { return PyBytes_FromStringAndSize((const char *)v->mv_data, (Py_ssize_t)v->mv_size); }
+
+/* get in `txn`: bytes, None, or NULL with an error set. */
+static PyObject *txn_get(MDB_txn *txn, MDB_dbi dbi, PyObject *key) {
+    if (!PyBytes_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    MDB_val k = {(size_t)PyBytes_GET_SIZE(key), PyBytes_AS_STRING(key)}, v;
+    int rc = M.get(txn, dbi, &k, &v);
+    if (rc == MDB_NOTFOUND) Py_RETURN_NONE;
+    if (rc != 0) {
+        set_error(rc, "mdb_get");
+        return NULL;
+    }
+    return value_bytes(&v);
+}
+
+static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int db;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "get takes (db, key)");
+        return NULL;
+    }
+    if (usable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
+    MDB_txn *txn;
+    int rc = read_begin(self, &txn);
+    if (rc != 0) {
+        set_error(rc, "mdb_txn_begin");
+        return NULL;
+    }
+    PyObject *out = txn_get(txn, self->dbs[db], args[1]);
+    read_end(self, txn);
+    return out;
+}
+
+/* Up to `limit` (key, value) of `dbi` in key order, keys starting with `prefix` and
+ * greater than `after` (None: from the prefix on). */
+static PyObject *txn_scan(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
+    PyObject *prefix = args[0], *after = args[1];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(prefix) || (after != Py_None && !PyBytes_Check(after))) {
+        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix: bytes, after: bytes | None, limit: int)");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL || limit <= 0) return out;
+    MDB_cursor *cur;
+    int rc = M.cursor_open(txn, dbi, &cur);
+    if (rc != 0) {
+        Py_DECREF(out);
+        set_error(rc, "mdb_cursor_open");
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(prefix);
+    size_t plen = (size_t)PyBytes_GET_SIZE(prefix);
+    PyObject *start = after != Py_None ? after : prefix;
+    MDB_val k = {(size_t)PyBytes_GET_SIZE(start), PyBytes_AS_STRING(start)}, v;
+    /* An empty key is not a valid LMDB key for MDB_SET_RANGE: start from the first. */
+    rc = k.mv_size ? M.cursor_get(cur, &k, &v, MDB_SET_RANGE) : M.cursor_get(cur, &k, &v, MDB_FIRST);
+    while (rc == 0) {
+        if (after != Py_None && k.mv_size == (size_t)PyBytes_GET_SIZE(after)
+            && memcmp(k.mv_data, PyBytes_AS_STRING(after), k.mv_size) == 0) {
+            rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+            continue;
+        }
+        if (k.mv_size < plen || memcmp(k.mv_data, p, plen) != 0) break;
+        PyObject *item = PyTuple_New(2), *kb = value_bytes(&k), *vb = value_bytes(&v);
+        if (item == NULL || kb == NULL || vb == NULL) {
+            Py_XDECREF(item);
+            Py_XDECREF(kb);
+            Py_XDECREF(vb);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(item, 0, kb);
+        PyTuple_SET_ITEM(item, 1, vb);
+        int err = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (err < 0) goto fail;
+        if (PyList_GET_SIZE(out) >= limit) break;
+        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    M.cursor_close(cur);
+    if (rc != 0 && rc != MDB_NOTFOUND) {
+        Py_DECREF(out);
+        set_error(rc, "mdb_cursor_get");
+        return NULL;
+    }
+    return out;
+fail:
+    M.cursor_close(cur);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *env_scan(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int db;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix, after, limit)");
+        return NULL;
+    }
+    if (usable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
+    MDB_txn *txn;
+    int rc = read_begin(self, &txn);
+    if (rc != 0) {
+        set_error(rc, "mdb_txn_begin");
+        return NULL;
+    }
+    PyObject *out = txn_scan(txn, self->dbs[db], args + 1);
+    read_end(self, txn);
+    return out;
+}
+
+/* put(db, key, value): one write transaction, committed. */
+static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int db;
+    if (nargs != 3 || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "put takes (db, key: bytes, value: bytes)");
+        return NULL;
+    }
+    if (writable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
+    MDB_val k = {(size_t)PyBytes_GET_SIZE(args[1]), PyBytes_AS_STRING(args[1])};
+    MDB_val v = {(size_t)PyBytes_GET_SIZE(args[2]), PyBytes_AS_STRING(args[2])};
+    MDB_dbi dbi = self->dbs[db];
+    MDB_txn *txn = NULL;
+    const char *where = "mdb_txn_begin";
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) {
+        rc = M.put(txn, dbi, &k, &v, 0);
+        where = "mdb_put";
+        if (rc == 0) {
+            rc = M.txn_commit(txn);
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *env_sync(EnvObject *self, PyObject *arg) {
+    int force = PyObject_IsTrue(arg);
+    if (force < 0 || usable(self) < 0) return NULL;
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.env_sync(self->env, force);
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (rc != 0) {
+        set_error(rc, "mdb_env_sync");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* stat() -> (entries of data, page size, last page number). */
+static PyObject *env_stat(EnvObject *self, PyObject *unused) {
+    (void)unused;
+    if (usable(self) < 0) return NULL;
+    MDB_txn *txn;
+    MDB_stat st, est;
+    MDB_envinfo info;
+    int rc = read_begin(self, &txn);
+    const char *where = "mdb_txn_begin";
+    if (rc == 0) {
+        rc = M.stat(txn, self->dbs[0], &st);
+        where = "mdb_stat";
+        read_end(self, txn);
+    }
+    if (rc == 0) {
+        rc = M.env_info(self->env, &info);
+        where = "mdb_env_info";
+    }
+    if (rc == 0) {
+        rc = M.env_stat(self->env, &est);
+        where = "mdb_env_stat";
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return Py_BuildValue("(nIn)", (Py_ssize_t)st.ms_entries, est.ms_psize, (Py_ssize_t)info.me_last_pgno);
+}
+
+static uint64_t le64(const void *p) {
+    const unsigned char *b = p;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+static void put_le64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++, v >>= 8) b[i] = (unsigned char)v;
+}
+
+/* expire_idempotency(older_than_ms) -> removed: in one write transaction, delete every
+ * idem entry (u64 LSN + u64 commit time ms) whose time is below the bound. */
+static PyObject *env_expire(EnvObject *self, PyObject *arg) {
+    unsigned long long bound = PyLong_AsUnsignedLongLong(arg);
+    if (bound == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (writable(self) < 0) return NULL;
+    MDB_dbi dbi = self->dbs[1];
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    char *keys = NULL; /* expired keys, each as size_t length + bytes: deleted after the walk */
+    size_t used = 0, cap = 0, removed = 0, bad_size = 0;
+    const char *where = "mdb_txn_begin";
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) {
+        rc = M.cursor_open(txn, dbi, &cur);
+        where = "mdb_cursor_open";
+    }
+    if (rc == 0) {
+        MDB_val k, v;
+        where = "mdb_cursor_get";
+        for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+            if (v.mv_size != 16) {
+                bad_size = v.mv_size + 1;
+                break;
+            }
+            if (le64((const char *)v.mv_data + 8) >= bound) continue;
+            if (used + sizeof(size_t) + k.mv_size > cap) {
+                size_t ncap = cap ? cap * 2 : 4096;
+                while (ncap < used + sizeof(size_t) + k.mv_size) ncap *= 2;
+                char *n = realloc(keys, ncap);
+                if (n == NULL) {
+                    rc = ENOMEM;
+                    where = "collecting expired idempotency keys";
+                    break;
+                }
+                keys = n;
+                cap = ncap;
+            }
+            memcpy(keys + used, &k.mv_size, sizeof(size_t));
+            memcpy(keys + used + sizeof(size_t), k.mv_data, k.mv_size);
+            used += sizeof(size_t) + k.mv_size;
+        }
+        if (rc == MDB_NOTFOUND) rc = 0;
+        M.cursor_close(cur);
+    }
+    for (size_t off = 0; rc == 0 && !bad_size && off < used; removed++) {
+        MDB_val k;
+        memcpy(&k.mv_size, keys + off, sizeof(size_t));
+        k.mv_data = keys + off + sizeof(size_t);
+        off += sizeof(size_t) + k.mv_size;
+        rc = M.del(txn, dbi, &k, NULL);
+        where = "mdb_del";
+    }
+    if (txn != NULL) {
+        if (rc == 0 && !bad_size) {
+            rc = M.txn_commit(txn);
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    free(keys);
+    if (bad_size) {
+        PyObject *msg = PyUnicode_FromFormat("an idempotency entry of %zu bytes, not 16", bad_size - 1);
+        if (msg != NULL) {
+            PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE, msg);
+            if (a != NULL) PyErr_SetObject(LmdbError, a);
+            Py_XDECREF(a);
+        }
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return PyLong_FromSize_t(removed);
+}
+
+/* The items of a batch, checked and owned before the GIL is released. */
+typedef struct {
+    PyObject *puts, *deletes, *idem; /* tuples (own references: their items cannot go away) */
+    unsigned char *idem_values;      /* 16 bytes per idempotency item: u64 LSN + u64 time ms */
+} batch_items;
+
+static void batch_release(batch_items *b) {
+    Py_XDECREF(b->puts);
+    Py_XDECREF(b->deletes);
+    Py_XDECREF(b->idem);
+    PyMem_Free(b->idem_values);
+}
+
+static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObject *idem) {
+    memset(b, 0, sizeof *b);
+    /* Tuples: for a list, a shallow copy (one pointer each) that pins every item even if
+     * some other thread changed the list while the GIL is released. */
+    b->puts = PySequence_Tuple(puts);
+    b->deletes = b->puts ? PySequence_Tuple(deletes) : NULL;
+    b->idem = b->deletes ? PySequence_Tuple(idem) : NULL;
+    if (b->idem == NULL) return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->puts); i++) {
+        PyObject *it = PyTuple_GET_ITEM(b->puts, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(it, 0))
+            || !PyBytes_Check(PyTuple_GET_ITEM(it, 1))) {
+            PyErr_SetString(PyExc_TypeError, "apply: each put must be a (key: bytes, value: bytes) tuple");
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->deletes); i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(b->deletes, i))) {
+            PyErr_SetString(PyExc_TypeError, "apply: each delete must be a key (bytes)");
+            return -1;
+        }
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(b->idem);
+    b->idem_values = PyMem_Malloc(n ? (size_t)n * 16 : 1);
+    if (b->idem_values == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(b->idem, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(it, 0))) {
+            PyErr_SetString(PyExc_TypeError, "apply: each idempotency item must be a (key: bytes, lsn, time_ms) tuple");
+            return -1;
+        }
+        unsigned long long lsn = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 1));
+        if (lsn == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        unsigned long long t = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 2));
+        if (t == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        put_le64(b->idem_values + 16 * i, lsn);
+        put_le64(b->idem_values + 16 * i + 8, t);
+    }
+    return 0;
+}
+
+static MDB_val bytes_val(PyObject *b) { return (MDB_val){(size_t)PyBytes_GET_SIZE(b), PyBytes_AS_STRING(b)}; }
+
+/* Write the batch's items in `txn`. GIL released: reads only the owned, immutable items. */
+static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const char **where) {
+    MDB_cursor *cur;
+    int rc = M.cursor_open(txn, e->dbs[0], &cur);
+    *where = "mdb_cursor_open";
+    if (rc != 0) return rc;
+    *where = "mdb_cursor_put";
+    /* Only each key's last write reaches here (collapsed in C, wal/record.py). */
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
+        PyObject *it = PyTuple_GET_ITEM(b->puts, i);
+        MDB_val k = bytes_val(PyTuple_GET_ITEM(it, 0)), v = bytes_val(PyTuple_GET_ITEM(it, 1));
+        rc = M.cursor_put(cur, &k, &v, 0);
+    }
+    M.cursor_close(cur);
+    if (rc != 0) return rc;
+    *where = "mdb_del";
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->deletes); i++) {
+        MDB_val k = bytes_val(PyTuple_GET_ITEM(b->deletes, i));
+        rc = M.del(txn, e->dbs[0], &k, NULL);
+        if (rc != 0 && rc != MDB_NOTFOUND) return rc; /* deleting an absent key is no change */
+    }
+    *where = "mdb_put";
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->idem); i++) {
+        MDB_val k = bytes_val(PyTuple_GET_ITEM(PyTuple_GET_ITEM(b->idem, i), 0));
+        MDB_val v = {16, b->idem_values + 16 * i};
+        rc = M.put(txn, e->dbs[1], &k, &v, 0);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+/* ---- DurableLsn: the log's durable LSN, readable without the GIL ---- */
+
+/* wal_log_watermarks (native/wal.h): out[0..3) = appended, written, durable; it only takes the
+ * log's own mutex, which no thread holds while it waits for the GIL or for LMDB. */
+typedef int (*watermarks_fn)(void *log, uint64_t *out);
+
+typedef struct {
+    PyObject_HEAD
+    watermarks_fn fn;
+    void *log;
+    PyObject *owner; /* the wal.Log: its C handle lives as long as this object (wal/log.py) */
+} DurableObject;
+
+static PyTypeObject DurableType;
+
+static uint64_t durable_read(DurableObject *d) {
+    uint64_t out[3] = {0, 0, 0};
+    (void)d->fn(d->log, out); /* a failed or closed log still reports the LSN it made durable */
+    return out[2];
+}
+
+static int durable_init(DurableObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"watermarks_address", "handle_address", "owner", NULL};
+    unsigned long long fn, log;
+    PyObject *owner;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKO", kwlist, &fn, &log, &owner)) return -1;
+    if (fn == 0 || log == 0) {
+        PyErr_SetString(PyExc_ValueError, "DurableLsn needs the addresses of wal_log_watermarks and of a live log");
+        return -1;
+    }
+    self->fn = (watermarks_fn)(uintptr_t)fn;
+    self->log = (void *)(uintptr_t)log;
+    Py_INCREF(owner);
+    Py_XSETREF(self->owner, owner);
+    return 0;
+}
+
+static void durable_dealloc(DurableObject *self) {
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *durable_call(DurableObject *self, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "DurableLsn() takes no arguments");
+        return NULL;
+    }
+    if (self->fn == NULL) {
+        PyErr_SetString(PyExc_ValueError, "DurableLsn was not initialised");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(durable_read(self));
+}
+
+static PyTypeObject DurableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "wal._lmdbcall.DurableLsn",
+    .tp_basicsize = sizeof(DurableObject),
+    .tp_dealloc = (destructor)durable_dealloc,
+    .tp_call = (ternaryfunc)durable_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "DurableLsn(watermarks_address, handle_address, owner)() -> the log's durable LSN; apply reads it "
+              "without the GIL",
+    .tp_init = (initproc)durable_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static const char APPLIED_KEY[] = "applied_lsn";
+static const char DURABLE_SEEN_KEY[] = "durable_seen";
+
+/* apply(batch, durable_lsn) -> (status, lsn). batch = (first, last, commits, puts,
+ * deletes, idempotency) as wal/record.py's Collapsed. In ONE write transaction:
+ *   - read applied_lsn; a batch wholly at or below it changes nothing: (APPLY_OK, applied);
+ *   - I3: first == applied + 1 and commits == last - first + 1, else (APPLY_GAP, applied);
+ *   - write every put, delete and idempotency item;
+ *   - I1: durable = durable_lsn(), read right before the commit; last > durable gives
+ *     (APPLY_NOT_DURABLE, durable) and nothing is committed. A DurableLsn is read in C
+ *     without the GIL; any other callable is called with the GIL taken back (the one
+ *     point where apply needs it: taking it back from a thread busy in Python costs up
+ *     to a switch interval, 5 ms by default, which is why the store passes a DurableLsn);
+ *   - write applied_lsn = last and durable_seen = durable, commit: (APPLY_OK, last).
+ * Everything but a Python durable_lsn() call runs with the GIL released. */
+static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "apply takes (batch: (first, last, commits, puts, deletes, idempotency), "
+                                         "durable_lsn: callable)");
+        return NULL;
+    }
+    if (writable(self) < 0) return NULL;
+    PyObject *batch = args[0], *durable_fn = args[1];
+    unsigned long long first = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 0));
+    unsigned long long last = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 1));
+    unsigned long long commits = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 2));
+    if (PyErr_Occurred()) return NULL;
+    batch_items b;
+    if (batch_take(&b, PyTuple_GET_ITEM(batch, 3), PyTuple_GET_ITEM(batch, 4), PyTuple_GET_ITEM(batch, 5)) < 0) {
+        batch_release(&b);
+        return NULL;
+    }
+    MDB_txn *txn = NULL;
+    const char *where = "mdb_txn_begin";
+    int rc, status = APPLY_OK, bad_applied = 0;
+    uint64_t applied = 0, result = 0;
+    MDB_val ak = {sizeof APPLIED_KEY - 1, (void *)APPLIED_KEY};
+    self->busy++;
+    PyThreadState *ts = PyEval_SaveThread();
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) {
+        MDB_val av;
+        rc = M.get(txn, self->dbs[2], &ak, &av);
+        where = "mdb_get";
+        if (rc == MDB_NOTFOUND) {
+            rc = 0;
+        } else if (rc == 0 && av.mv_size != 8) {
+            bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
+        } else if (rc == 0) {
+            applied = le64(av.mv_data);
+        }
+    }
+    if (rc == 0 && !bad_applied) {
+        if (last <= applied) {
+            status = APPLY_OK, result = applied; /* already in the state (I4): no change */
+        } else if (first != applied + 1 || commits != last - first + 1) {
+            status = APPLY_GAP, result = applied; /* I3 */
+        } else {
+            rc = write_items(self, txn, &b, &where);
+            status = -1; /* go on: I1 below */
+        }
+    }
+    if (status != -1 || rc != 0 || bad_applied) {
+        if (txn != NULL) M.txn_abort(txn);
+        PyEval_RestoreThread(ts);
+        goto done;
+    }
+    /* I1 log before state: never commit the effect of a record the log could still lose.
+     * Checked right before the commit, as late as possible. */
+    unsigned long long durable;
+    if (Py_IS_TYPE(durable_fn, &DurableType) && ((DurableObject *)durable_fn)->fn != NULL) {
+        durable = durable_read((DurableObject *)durable_fn); /* the GIL stays released */
+    } else {
+        PyEval_RestoreThread(ts);
+        PyObject *d = PyObject_CallNoArgs(durable_fn);
+        durable = d != NULL ? PyLong_AsUnsignedLongLong(d) : 0;
+        Py_XDECREF(d);
+        if (d == NULL || PyErr_Occurred()) {
+            M.txn_abort(txn); /* no I/O, no waiting: fine with the GIL held */
+            self->busy--;
+            batch_release(&b);
+            return NULL;
+        }
+        ts = PyEval_SaveThread();
+    }
+    if (last > durable) {
+        M.txn_abort(txn);
+        PyEval_RestoreThread(ts);
+        status = APPLY_NOT_DURABLE, result = durable;
+        goto done;
+    }
+    unsigned char lv[8], dv[8];
+    put_le64(lv, last);
+    put_le64(dv, durable);
+    MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
+    where = "mdb_put";
+    rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
+    if (rc == 0) rc = M.put(txn, self->dbs[2], &dk, &dval, 0);
+    if (rc == 0) {
+        rc = M.txn_commit(txn); /* fsyncs the data pages (NOMETASYNC: not the meta page) */
+        where = "mdb_txn_commit";
+    } else {
+        M.txn_abort(txn);
+    }
+    PyEval_RestoreThread(ts);
+    status = APPLY_OK, result = last;
+done:
+    self->busy--;
+    batch_release(&b);
+    if (bad_applied) {
+        PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE,
+                                    PyUnicode_FromFormat("an applied_lsn of %d bytes, not 8", bad_applied - 1));
+        if (a != NULL) PyErr_SetObject(LmdbError, a);
+        Py_XDECREF(a);
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return Py_BuildValue("(iK)", status, (unsigned long long)result);
+}
+
+static PyTypeObject SnapshotType;
+
+static PyObject *env_begin(EnvObject *self, PyObject *unused) {
+    (void)unused;
+    if (usable(self) < 0) return NULL;
+    SnapshotObject *s = PyObject_New(SnapshotObject, &SnapshotType);
+    if (s == NULL) return NULL;
+    s->txn = NULL;
+    s->prev = s->next = NULL;
+    Py_INCREF(self);
+    s->owner = self;
+    int rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &s->txn);
+    if (rc != 0) {
+        s->txn = NULL;
+        Py_DECREF(s);
+        set_error(rc, "mdb_txn_begin");
+        return NULL;
+    }
+    s->next = self->snapshots;
+    if (s->next != NULL) s->next->prev = s;
+    self->snapshots = s;
+    return (PyObject *)s;
+}
+
+static PyObject *env_get_path(EnvObject *self, void *closure) {
+    (void)closure;
+    if (self->path == NULL) Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(self->path));
+}
+
+static PyObject *env_get_closed(EnvObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(self->env == NULL);
+}
+
+static PyMethodDef env_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))env_get, METH_FASTCALL, "get(db, key) -> bytes | None (a read txn of its own)"},
+    {"scan", (PyCFunction)(void (*)(void))env_scan, METH_FASTCALL,
+     "scan(db, prefix, after, limit) -> [(key, value)]: keys with prefix, > after, in order"},
+    {"put", (PyCFunction)(void (*)(void))env_put, METH_FASTCALL, "put(db, key, value): one committed write txn"},
+    {"apply", (PyCFunction)(void (*)(void))env_apply, METH_FASTCALL,
+     "apply(batch, durable_lsn) -> (status, lsn): a collapsed batch in one write txn, GIL released"},
+    {"expire_idempotency", (PyCFunction)env_expire, METH_O, "expire_idempotency(older_than_ms) -> removed"},
+    {"sync", (PyCFunction)env_sync, METH_O, "sync(force): mdb_env_sync, GIL released"},
+    {"stat", (PyCFunction)env_stat, METH_NOARGS, "stat() -> (data entries, page size, last page number)"},
+    {"begin", (PyCFunction)env_begin, METH_NOARGS, "begin() -> Snapshot: a read-only transaction"},
+    {"close", (PyCFunction)env_close, METH_NOARGS, "close(): idempotent; aborts live snapshots"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef env_getset[] = {
+    {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
+    {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EnvType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "wal._lmdbcall.Env",
+    .tp_basicsize = sizeof(EnvObject),
+    .tp_dealloc = (destructor)env_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Env(path, readonly, map_size): one LMDB environment (databases data, idem, meta)",
+    .tp_methods = env_methods,
+    .tp_getset = env_getset,
+    .tp_init = (initproc)env_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- Snapshot: one read-only transaction, for consistent whole-state walks ---- */
+
+static int snap_usable(SnapshotObject *s) {
+    if (usable(s->owner) < 0) return -1;
+    if (s->txn == NULL) {
+        set_own_error(E_CLOSED, "the LMDB snapshot is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static void snap_unlink(SnapshotObject *s) {
+    if (s->prev != NULL) s->prev->next = s->next;
+    else if (s->owner->snapshots == s) s->owner->snapshots = s->next;
+    if (s->next != NULL) s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+}
+
+static PyObject *snap_abort(SnapshotObject *s, PyObject *unused) {
+    (void)unused;
+    if (s->txn != NULL) {
+        if (s->owner->pid == current_pid && s->owner->env != NULL) M.txn_abort(s->txn);
+        s->txn = NULL;
+        snap_unlink(s);
+    }
+    Py_RETURN_NONE;
+}
+
+static void snap_dealloc(SnapshotObject *s) {
+    PyObject *r = snap_abort(s, NULL);
+    Py_XDECREF(r);
+    Py_XDECREF(s->owner);
+    PyObject_Free(s);
+}
+
+static PyObject *snap_renew(SnapshotObject *s, PyObject *unused) {
+    (void)unused;
+    if (snap_usable(s) < 0) return NULL;
+    M.txn_reset(s->txn);
+    int rc = M.txn_renew(s->txn);
+    if (rc != 0) {
+        M.txn_abort(s->txn);
+        s->txn = NULL;
+        snap_unlink(s);
+        set_error(rc, "mdb_txn_renew");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *snap_get(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
+    int db;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "get takes (db, key)");
+        return NULL;
+    }
+    if (snap_usable(s) < 0 || db_index(args[0], &db) < 0) return NULL;
+    return txn_get(s->txn, s->owner->dbs[db], args[1]);
+}
+
+static PyObject *snap_scan(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
+    int db;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix, after, limit)");
+        return NULL;
+    }
+    if (snap_usable(s) < 0 || db_index(args[0], &db) < 0) return NULL;
+    return txn_scan(s->txn, s->owner->dbs[db], args + 1);
+}
+
+static PyObject *snap_entries(SnapshotObject *s, PyObject *arg) {
+    int db;
+    if (snap_usable(s) < 0 || db_index(arg, &db) < 0) return NULL;
+    MDB_stat st;
+    int rc = M.stat(s->txn, s->owner->dbs[db], &st);
+    if (rc != 0) {
+        set_error(rc, "mdb_stat");
+        return NULL;
+    }
+    return PyLong_FromSize_t(st.ms_entries);
+}
+
+static PyMethodDef snap_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))snap_get, METH_FASTCALL, "get(db, key) -> bytes | None"},
+    {"scan", (PyCFunction)(void (*)(void))snap_scan, METH_FASTCALL, "scan(db, prefix, after, limit) -> [(key, value)]"},
+    {"entries", (PyCFunction)snap_entries, METH_O, "entries(db) -> number of keys"},
+    {"renew", (PyCFunction)snap_renew, METH_NOARGS, "renew(): move the snapshot to the newest commit"},
+    {"abort", (PyCFunction)snap_abort, METH_NOARGS, "abort(): end the transaction (idempotent)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SnapshotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "wal._lmdbcall.Snapshot",
+    .tp_basicsize = sizeof(SnapshotObject),
+    .tp_dealloc = (destructor)snap_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A read-only LMDB transaction (Env.begin())",
+    .tp_methods = snap_methods,
+};
+
+/* ---- module ---- */
+
+static PyMethodDef mod_methods[] = {
+    {"load", (PyCFunction)mod_load, METH_O,
+     "load(path) -> version: resolve LMDB 0.9 from the already-loaded library at path; ImportError if it "
+     "lacks the functions or is not 0.9. The first successful load is kept."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef lc_module = {
+    PyModuleDef_HEAD_INIT, "wal._lmdbcall", "The package's LMDB binding (native/lmdbcall.c).", -1, mod_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lmdbcall(void) {
+    if (PyType_Ready(&EnvType) < 0 || PyType_Ready(&SnapshotType) < 0 || PyType_Ready(&DurableType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&lc_module);
+    if (m == NULL) return NULL;
+    current_pid = getpid();
+    if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+        Py_DECREF(m);
+        PyErr_SetString(PyExc_ImportError, "wal._lmdbcall: pthread_atfork failed");
+        return NULL;
+    }
+    LmdbError = PyErr_NewException("wal._lmdbcall.LmdbError", NULL, NULL);
+    if (LmdbError == NULL || PyModule_AddObjectRef(m, "LmdbError", LmdbError) < 0
+        || PyModule_AddObjectRef(m, "Env", (PyObject *)&EnvType) < 0
+        || PyModule_AddObjectRef(m, "Snapshot", (PyObject *)&SnapshotType) < 0
+        || PyModule_AddObjectRef(m, "DurableLsn", (PyObject *)&DurableType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    static const struct {
+        const char *name;
+        long value;
+    } consts[] = {
+        {"DATA", 0}, {"IDEM", 1}, {"META", 2},
+        {"APPLY_OK", APPLY_OK}, {"APPLY_GAP", APPLY_GAP}, {"APPLY_NOT_DURABLE", APPLY_NOT_DURABLE},
+        {"E_ALREADY_OPEN", E_ALREADY_OPEN}, {"E_FORKED", E_FORKED}, {"E_CLOSED", E_CLOSED}, {"E_BUSY", E_BUSY},
+        {"E_BAD_VALUE", E_BAD_VALUE},
+        {"MDB_KEYEXIST", MDB_KEYEXIST}, {"MDB_NOTFOUND", MDB_NOTFOUND}, {"MDB_PAGE_NOTFOUND", MDB_PAGE_NOTFOUND},
+        {"MDB_CORRUPTED", MDB_CORRUPTED}, {"MDB_PANIC", MDB_PANIC}, {"MDB_VERSION_MISMATCH", MDB_VERSION_MISMATCH},
+        {"MDB_INVALID", MDB_INVALID}, {"MDB_MAP_FULL", MDB_MAP_FULL}, {"MDB_DBS_FULL", MDB_DBS_FULL},
+        {"MDB_READERS_FULL", MDB_READERS_FULL}, {"MDB_TXN_FULL", MDB_TXN_FULL},
+        {"MDB_MAP_RESIZED", MDB_MAP_RESIZED}, {"MDB_INCOMPATIBLE", MDB_INCOMPATIBLE},
+        {"MDB_BAD_RSLOT", MDB_BAD_RSLOT}, {"MDB_BAD_TXN", MDB_BAD_TXN}, {"MDB_BAD_VALSIZE", MDB_BAD_VALSIZE},
+        {"MDB_BAD_DBI", MDB_BAD_DBI},
+    };
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}
