@@ -70,7 +70,9 @@ if [ -n "$missing" ]; then
     echo "$missing" >&2
     exit 1
 fi
-if ! nm -D --undefined-only "$EXT" | grep -q __asan_init; then
+# (nm's output is taken whole first: with pipefail, `nm | grep -q` fails when grep stops
+# reading at the first match and nm, still writing, dies of SIGPIPE.)
+if ! grep -q __asan_init <<<"$(nm -D --undefined-only "$EXT")"; then
     echo "$EXT is not instrumented (AGENTWAL_CFLAGS not honoured?)" >&2
     exit 1
 fi
