@@ -54,6 +54,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format.h" /* wal_get_u64 / wal_put_u64: little-endian u64, as everywhere on disk */
+
 /* ---- LMDB 0.9's public API, as documented in lmdb.h (declared here, not included) ---- */
 
 typedef struct MDB_env MDB_env;
@@ -477,8 +479,13 @@ static PyObject *env_close(EnvObject *self, PyObject *unused) {
 
 static PyObject *value_bytes(const MDB_val *v) { return PyBytes_FromStringAndSize((const char *)v->mv_data, (Py_ssize_t)v->mv_size); }
 
-/* get in `txn`: bytes, None, or NULL with an error set. */
-static PyObject *txn_get(MDB_txn *txn, MDB_dbi dbi, PyObject *key) {
+/* A read in a transaction, from the call's arguments after the db: what Env and Snapshot
+ * share (env_read, snap_read). */
+typedef PyObject *(*txn_reader)(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args);
+
+/* get in `txn` (args: key): bytes, None, or NULL with an error set. */
+static PyObject *txn_get(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
+    PyObject *key = args[0];
     if (!PyBytes_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "key must be bytes");
         return NULL;
@@ -493,10 +500,12 @@ static PyObject *txn_get(MDB_txn *txn, MDB_dbi dbi, PyObject *key) {
     return value_bytes(&v);
 }
 
-static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* (db, ...) -> read(...) in a spare read transaction of the environment. */
+static PyObject *env_read(EnvObject *self, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                          const char *usage, txn_reader read) {
     int db;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "get takes (db, key)");
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     if (usable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
@@ -506,9 +515,13 @@ static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t narg
         set_error(rc, "mdb_txn_begin");
         return NULL;
     }
-    PyObject *out = txn_get(txn, self->dbs[db], args[1]);
+    PyObject *out = read(txn, self->dbs[db], args + 1);
     read_end(self, txn);
     return out;
+}
+
+static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return env_read(self, args, nargs, 2, "get takes (db, key)", txn_get);
 }
 
 /* Up to `limit` (key, value) of `dbi` in key order, keys starting with `prefix` and
@@ -572,21 +585,7 @@ fail:
 }
 
 static PyObject *env_scan(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int db;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix, after, limit)");
-        return NULL;
-    }
-    if (usable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
-    MDB_txn *txn;
-    int rc = read_begin(self, &txn);
-    if (rc != 0) {
-        set_error(rc, "mdb_txn_begin");
-        return NULL;
-    }
-    PyObject *out = txn_scan(txn, self->dbs[db], args + 1);
-    read_end(self, txn);
-    return out;
+    return env_read(self, args, nargs, 4, "scan takes (db, prefix, after, limit)", txn_scan);
 }
 
 /* put(db, key, value): one write transaction, committed. */
@@ -670,17 +669,6 @@ static PyObject *env_stat(EnvObject *self, PyObject *unused) {
     return Py_BuildValue("(nIn)", (Py_ssize_t)st.ms_entries, est.ms_psize, (Py_ssize_t)info.me_last_pgno);
 }
 
-static uint64_t le64(const void *p) {
-    const unsigned char *b = p;
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
-    return v;
-}
-
-static void put_le64(unsigned char *b, uint64_t v) {
-    for (int i = 0; i < 8; i++, v >>= 8) b[i] = (unsigned char)v;
-}
-
 /* expire_idempotency(older_than_ms) -> removed: in one write transaction, delete every
  * idem entry (u64 LSN + u64 commit time ms) whose time is below the bound. */
 static PyObject *env_expire(EnvObject *self, PyObject *arg) {
@@ -709,7 +697,7 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
                 bad_size = v.mv_size + 1;
                 break;
             }
-            if (le64((const char *)v.mv_data + 8) >= bound) continue;
+            if (wal_get_u64((const uint8_t *)v.mv_data + 8) >= bound) continue;
             if (used + sizeof(size_t) + k.mv_size > cap) {
                 size_t ncap = cap ? cap * 2 : 4096;
                 while (ncap < used + sizeof(size_t) + k.mv_size) ncap *= 2;
@@ -815,8 +803,8 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
         if (lsn == (unsigned long long)-1 && PyErr_Occurred()) return -1;
         unsigned long long t = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 2));
         if (t == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        put_le64(b->idem_values + 16 * i, lsn);
-        put_le64(b->idem_values + 16 * i + 8, t);
+        wal_put_u64(b->idem_values + 16 * i, lsn);
+        wal_put_u64(b->idem_values + 16 * i + 8, t);
     }
     return 0;
 }
@@ -970,7 +958,7 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
         } else if (rc == 0 && av.mv_size != 8) {
             bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
         } else if (rc == 0) {
-            applied = le64(av.mv_data);
+            applied = wal_get_u64(av.mv_data);
         }
     }
     if (rc == 0 && !bad_applied) {
@@ -1013,8 +1001,8 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
         goto done;
     }
     unsigned char lv[8], dv[8];
-    put_le64(lv, last);
-    put_le64(dv, durable);
+    wal_put_u64(lv, last);
+    wal_put_u64(dv, durable);
     MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
     where = "mdb_put";
     rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
@@ -1163,24 +1151,24 @@ static PyObject *snap_renew(SnapshotObject *s, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *snap_get(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
+/* (db, ...) -> read(...) in the snapshot's transaction. */
+static PyObject *snap_read(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                           const char *usage, txn_reader read) {
     int db;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "get takes (db, key)");
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     if (snap_usable(s) < 0 || db_index(args[0], &db) < 0) return NULL;
-    return txn_get(s->txn, s->owner->dbs[db], args[1]);
+    return read(s->txn, s->owner->dbs[db], args + 1);
+}
+
+static PyObject *snap_get(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
+    return snap_read(s, args, nargs, 2, "get takes (db, key)", txn_get);
 }
 
 static PyObject *snap_scan(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
-    int db;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix, after, limit)");
-        return NULL;
-    }
-    if (snap_usable(s) < 0 || db_index(args[0], &db) < 0) return NULL;
-    return txn_scan(s->txn, s->owner->dbs[db], args + 1);
+    return snap_read(s, args, nargs, 4, "scan takes (db, prefix, after, limit)", txn_scan);
 }
 
 static PyObject *snap_entries(SnapshotObject *s, PyObject *arg) {

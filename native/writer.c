@@ -281,7 +281,8 @@ int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through
             if (dst) {
                 int rc = wal_io_store(dst, bytes, s->len);
                 if (rc) return rc;
-                __atomic_add_fetch(&w->mapped_writes, 1, __ATOMIC_RELAXED);
+                /* one writer (the write slot): a plain increment, published for stats */
+                __atomic_store_n(&w->mapped_writes, w->mapped_writes + 1, __ATOMIC_RELAXED);
             } else {
                 ssize_t n = wal_io_pwrite_all(w->fd, bytes, s->len, s->offset);
                 if (n < 0) return (int)n;

@@ -63,7 +63,7 @@ typedef struct {
     uint8_t *map;       /* a window of it mapped MAP_SHARED at file offset map_off, or NULL */
     uint64_t map_off;
     uint64_t segments_created;
-    uint64_t mapped_writes; /* spans stored through the mapping; atomic: stats read it under the log's lock only */
+    uint64_t mapped_writes; /* spans stored through the mapping: written by the write slot, read by stats any time */
     uint64_t last_mark; /* LSN of the last MARK placed (under the commit lock) */
 } wal_writer;
 

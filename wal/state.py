@@ -205,12 +205,7 @@ class State:
             raw = self._env.get(DATA, key)
         except LmdbError as exc:
             _raise_lmdb(exc, self.path, "reading a key")
-        if raw is None:
-            return None
-        if len(raw) < _U64.size:
-            raise CorruptionError(f"the LMDB state in {self.path} holds key {key!r} without its 8-byte version",
-                                  path=os.path.join(self.path, "data.mdb"), reason="state damaged")
-        return _U64.unpack_from(raw)[0], raw[8:]
+        return None if raw is None else _versioned(self.path, key, raw)
 
     def scan_chunk(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, int, bytes]]:
         """Up to `limit` (key, version, value) with `prefix`, in key order, keys > `after`."""
