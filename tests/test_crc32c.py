@@ -132,3 +132,29 @@ def test_hardware_and_software_paths_agree_on_random_inputs() -> None:
 def test_dispatcher_uses_a_path_that_matches_both_implementations() -> None:
     data = random.Random(14).randbytes(12345)
     assert _c_fun("wal_crc32c")(0, data) == _c_fun("wal_crc32c_sw")(0, data) == _oracle(data)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lengths_around_every_three_stream_block_size_match_crcmod(impl: str) -> None:
+    """The hardware path folds three blocks of 64 B .. 8 KiB at once and joins them with a
+    carry-less multiply (native/crc32c.c): each block size, at its edges, from a running seed."""
+    crc = _c_fun(impl)
+    rng = random.Random(15)
+    block = _random_bytes(rng, 3 * 8192 * 2 + 64)
+    for size in (64 << i for i in range(8)):
+        for n in (3 * size - 1, 3 * size, 3 * size + 1, 3 * size + 8, 6 * size - 9, 6 * size):
+            start = rng.randrange(0, 64)
+            data = block[start : start + n]
+            seed_data = _random_bytes(rng, rng.randrange(0, 20))
+            assert crc(crc(0, seed_data), data) == _oracle(seed_data + data), f"{impl}: length {n}"
+
+
+def test_hardware_and_software_paths_agree_on_long_random_inputs() -> None:
+    if not HW:
+        pytest.skip("CPU has no SSE4.2 crc32 instruction")
+    hw, sw = _c_fun("wal_crc32c_hw"), _c_fun("wal_crc32c_sw")
+    rng = random.Random(16)
+    for _ in range(300):
+        seed = rng.getrandbits(32)
+        data = _random_bytes(rng, rng.randrange(0, 70_000))
+        assert hw(seed, data) == sw(seed, data)
