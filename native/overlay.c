@@ -10,6 +10,11 @@
  * many as the puts that follow it enter, so this many spares serve a burst without a
  * malloc each, and bound what an emptied overlay keeps (192 KiB). */
 #define OV_SPARE_MAX 8192
+/* Consecutive overlay_compact calls (materializer passes: every apply batch, and every
+ * apply_interval_ms when idle) that must find the table under 1/8 full before it shrinks. */
+#define OV_SHRINK_AFTER 16
+/* How many slots ahead a resize fetches where it will write. */
+#define RESIZE_AHEAD 16
 
 void overlay_init(overlay *o) { memset(o, 0, sizeof *o); }
 
@@ -34,6 +39,12 @@ static ov_slot *ov_probe(const overlay *o, PyObject *key, Py_hash_t hash) {
         if (s->key == NULL || ov_same(s, key, hash)) return s;
         i = (i + 1) & o->mask;
     }
+}
+
+/* A probe run for a missing key averages ~3 slots at 5/8 full, often into the next line. */
+static void ov_prefetch_run(const ov_slot *s) {
+    __builtin_prefetch(s, 1, 3);
+    __builtin_prefetch((const char *)s + 64, 1, 3);
 }
 
 static ov_version *ov_version_new(overlay *o) {
@@ -71,6 +82,9 @@ static int ov_resize(overlay *o, size_t cap) {
     size_t mask = cap - 1, old_cap = ov_capacity(o);
     for (size_t j = 0; j < old_cap; j++) {
         ov_slot *s = &o->slots[j];
+        /* The old table is read in order, the new one written at random: fetch ahead. */
+        if (j + RESIZE_AHEAD < old_cap && s[RESIZE_AHEAD].key != NULL)
+            ov_prefetch_run(&slots[(size_t)s[RESIZE_AHEAD].hash & mask]);
         if (s->key == NULL) continue;
         size_t i = (size_t)s->hash & mask;
         while (slots[i].key != NULL) i = (i + 1) & mask;
@@ -83,7 +97,7 @@ static int ov_resize(overlay *o, size_t cap) {
 }
 
 void overlay_prefetch(const overlay *o, PyObject *key) {
-    if (o->slots != NULL) __builtin_prefetch(&o->slots[(size_t)ov_hash(key) & o->mask], 1, 3);
+    if (o->slots != NULL) ov_prefetch_run(&o->slots[(size_t)ov_hash(key) & o->mask]);
 }
 
 void overlay_prefetch_version(const overlay *o, PyObject *key) {
@@ -168,7 +182,15 @@ void overlay_prune(overlay *o, PyObject *key, uint64_t applied) {
 
 void overlay_compact(overlay *o) {
     size_t cap = ov_capacity(o);
-    if (cap <= OV_MIN_SLOTS || o->used * 8 >= cap) return;
+    if (cap <= OV_MIN_SLOTS || o->used * 8 >= cap) {
+        o->sparse_runs = 0;
+        return;
+    }
+    /* Only a table that stays sparse: in a burst the materializer may catch up for a moment
+     * and empty the table almost, then fall behind again; shrinking there would regrow it
+     * at once, rehashing every key twice for nothing. */
+    if (++o->sparse_runs < OV_SHRINK_AFTER) return;
+    o->sparse_runs = 0;
     /* Down to at most 1/4 full, well under the 5/8 that grows it again. */
     size_t want = OV_MIN_SLOTS;
     while (want < o->used * 4) want *= 2;

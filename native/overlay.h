@@ -16,7 +16,7 @@
  * each slot points to the key's versions, newest first, as a chain of {lsn, value,
  * older}. A removed slot is filled by shifting the later slots of its probe run back
  * (no tombstones), so millions of insert/remove cycles never lengthen the probes; the
- * table doubles past 5/8 full and halves below 1/8 (see overlay_compact).
+ * table doubles past 5/8 full and shrinks once it stays below 1/8 (see overlay_compact).
  *
  * Contracts.
  *  - Every call is made with the GIL held; nothing here releases it, so a reader never
@@ -56,6 +56,7 @@ typedef struct {
     size_t used;    /* keys in the table */
     ov_version *spare; /* freed versions kept for reuse, linked through `older` */
     size_t n_spare;
+    unsigned sparse_runs; /* overlay_compact calls in a row that found the table sparse */
 } overlay;
 
 void overlay_init(overlay *o);
@@ -74,8 +75,9 @@ int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value);
 const ov_version *overlay_find(const overlay *o, PyObject *key, uint64_t limit);
 /* Drop the key's versions with lsn <= applied; the key goes when none is left. */
 void overlay_prune(overlay *o, PyObject *key, uint64_t applied);
-/* After a run of prunes: halve the table while it is under 1/8 full (a failed allocation
- * leaves it as it is: still correct, only larger). */
+/* Once per materializer pass: shrink the table to at most 1/4 full once it has stayed under
+ * 1/8 full for a number of calls in a row (a failed allocation leaves it as it is: still
+ * correct, only larger). */
 void overlay_compact(overlay *o);
 /* [(key, lsn, value | None)] of the keys starting with prefix, each with its newest version
  * with lsn <= limit (keys with none are left out), in no particular order. */

@@ -417,6 +417,12 @@ static PyObject *collapsed_tuple(const flat_batch *b, PyObject *puts, PyObject *
 static PyObject *flat_collapse(flat_batch *b) {
     PyObject *seen = PySet_New(NULL), *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
     if (seen == NULL || puts == NULL || dels == NULL) goto done;
+    /* A set of keys and lists of keys and (key, stored) pairs: no cycle can pass through them,
+     * and the pairs made below start a young-generation collection every ~700, each of which
+     * would walk all three (thousands of entries) again. */
+    PyObject_GC_UnTrack(seen);
+    PyObject_GC_UnTrack(puts);
+    PyObject_GC_UnTrack(dels);
     for (size_t i = b->n; i-- > 0;) { /* newest first: the first sighting of a key is its last write */
         flat_op *op = &b->ops[i];
         int found = PySet_Contains(seen, op->key);
@@ -920,8 +926,8 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
      * here on the commit is in the log: a failure below is a bug or out-of-memory, reported as
      * an exception after the lock is released. */
     PyObject *stored = kind == OP_PUT ? value : NULL;
-    int failed = overlay_add(&c->ov, key, (uint64_t)lsn, stored) < 0 ||
-                 q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0;
+    int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 || /* before: gives the prefetch time */
+                 overlay_add(&c->ov, key, (uint64_t)lsn, stored) < 0;
     c->bytes_since_checkpoint += (long long)n;
     if (!failed) failed = core_maybe_wake(c) < 0;
     commitlock_release(c->lock);
@@ -1013,6 +1019,9 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t durable = PyLong_AsUnsignedLongLong(args[0]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
     if ((durable == (uint64_t)-1 || limit == -1) && PyErr_Occurred()) return NULL;
+    /* Each materializer pass, busy or idle, lets a table that stays sparse shrink: prunes
+     * empty it, and an idle store's passes find nothing to prune. */
+    overlay_compact(&c->ov);
     size_t n = 0;
     while (n < c->len && (Py_ssize_t)n < limit && c->q[(c->head + n) % c->cap].lsn <= durable) n++;
     if (n == 0) Py_RETURN_NONE;
@@ -1052,8 +1061,7 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 #define PRUNE_AHEAD 8
 
 /* prune(applied_lsn, puts, deletes): after a batch from `take` is in LMDB, drop its keys'
- * applied versions from the overlay, then let the table shrink if it emptied. The caller
- * holds the commit lock. The keys are the queue's own objects, their hashes cached. */
+ * applied versions from the overlay. The caller holds the commit lock. The keys are the queue's own objects, their hashes cached. */
 static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "prune takes (applied_lsn, puts: list, deletes: list)");
@@ -1082,7 +1090,6 @@ static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
             if (i + PRUNE_AHEAD < n) overlay_prefetch_version(&c->ov, keys[i + PRUNE_AHEAD]);
             overlay_prune(&c->ov, keys[i], applied);
         }
-        overlay_compact(&c->ov);
     }
     for (Py_ssize_t i = 0; i < got; i++) Py_DECREF(keys[i]);
     PyMem_Free(keys);
