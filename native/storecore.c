@@ -926,7 +926,8 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
      * here on the commit is in the log: a failure below is a bug or out-of-memory, reported as
      * an exception after the lock is released. */
     PyObject *stored = kind == OP_PUT ? value : NULL;
-    int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 || /* before: gives the prefetch time */
+    /* Queued first: it gives the slot's prefetch (above) more time to arrive. */
+    int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 ||
                  overlay_add(&c->ov, key, (uint64_t)lsn, stored) < 0;
     c->bytes_since_checkpoint += (long long)n;
     if (!failed) failed = core_maybe_wake(c) < 0;
@@ -1056,12 +1057,14 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* How far ahead prune's pipeline runs: each key's slot is fetched 2 * PRUNE_AHEAD keys before
- * its turn and its newest version PRUNE_AHEAD keys before, so that a batch's keys (spread at
- * random over a table larger than the cache) cost no wait for memory each, but overlapped. */
+ * its turn and its newest version PRUNE_AHEAD keys before. A batch's keys lie at random in a
+ * table larger than the cache: this way their cache misses overlap instead of each being
+ * waited for in turn. */
 #define PRUNE_AHEAD 8
 
 /* prune(applied_lsn, puts, deletes): after a batch from `take` is in LMDB, drop its keys'
- * applied versions from the overlay. The caller holds the commit lock. The keys are the queue's own objects, their hashes cached. */
+ * applied versions from the overlay. The caller holds the commit lock. The keys are the
+ * queue's own objects, their hashes cached. */
 static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "prune takes (applied_lsn, puts: list, deletes: list)");
