@@ -412,23 +412,51 @@ static PyObject *collapsed_tuple(const flat_batch *b, PyObject *puts, PyObject *
                          (unsigned long long)b->commits, puts, dels, b->idem);
 }
 
+/* The keys flat_collapse has emitted: an open-addressing set over the batch's keys, borrowed
+ * from it (exact bytes: their hash is Python's, cached, and runs no code). A set of its own
+ * rather than a Python set: one probe per op instead of a lookup and an insert, and no
+ * reference counting of thousands of keys per batch. */
+typedef struct {
+    Py_hash_t hash;
+    PyObject *key; /* NULL: empty */
+} seen_slot;
+
+/* Add key; 1 if it was not there yet, 0 if it was. The set is never full (see flat_collapse). */
+static int seen_add(seen_slot *slots, size_t mask, PyObject *key) {
+    Py_hash_t hash = PyObject_Hash(key);
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    for (size_t i = (size_t)hash & mask;; i = (i + 1) & mask) {
+        seen_slot *s = &slots[i];
+        if (s->key == NULL) {
+            s->key = key;
+            s->hash = hash;
+            return 1;
+        }
+        if (s->key == key || (s->hash == hash && PyBytes_GET_SIZE(s->key) == n &&
+                              memcmp(PyBytes_AS_STRING(s->key), PyBytes_AS_STRING(key), (size_t)n) == 0))
+            return 0;
+    }
+}
+
 /* The batch as a Collapsed tuple: each key once, with its last write; puts as
  * (key, u64 version LE + value) ready for LMDB's putmulti. */
 static PyObject *flat_collapse(flat_batch *b) {
-    PyObject *seen = PySet_New(NULL), *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
-    if (seen == NULL || puts == NULL || dels == NULL) goto done;
-    /* A set of keys and lists of keys and (key, stored) pairs: no cycle can pass through them,
-     * and the pairs made below start a young-generation collection every ~700, each of which
-     * would walk all three (thousands of entries) again. */
-    PyObject_GC_UnTrack(seen);
+    size_t cap = 8;
+    while (cap < 2 * b->n) cap *= 2; /* at most half full */
+    seen_slot *seen = PyMem_Calloc(cap, sizeof *seen);
+    PyObject *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
+    if (seen == NULL || puts == NULL || dels == NULL) {
+        if (seen == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    /* Lists of keys and (key, stored) pairs: no cycle can pass through them, and the pairs
+     * made below start a young-generation collection every ~700, each of which would walk
+     * both lists (thousands of entries) again. */
     PyObject_GC_UnTrack(puts);
     PyObject_GC_UnTrack(dels);
     for (size_t i = b->n; i-- > 0;) { /* newest first: the first sighting of a key is its last write */
         flat_op *op = &b->ops[i];
-        int found = PySet_Contains(seen, op->key);
-        if (found < 0) goto done;
-        if (found) continue;
-        if (PySet_Add(seen, op->key) < 0) goto done;
+        if (!seen_add(seen, cap - 1, op->key)) continue;
         if (op->kind == OP_DELETE) {
             if (PyList_Append(dels, op->key) < 0) goto done;
             continue;
@@ -440,7 +468,7 @@ static PyObject *flat_collapse(flat_batch *b) {
     if (PyList_Reverse(puts) < 0) goto done;
     result = collapsed_tuple(b, puts, dels);
 done:
-    Py_XDECREF(seen);
+    PyMem_Free(seen);
     Py_XDECREF(puts);
     Py_XDECREF(dels);
     return result;
@@ -994,9 +1022,16 @@ static int flat_add_txn(flat_batch *b, uint64_t lsn, PyObject *txn) {
         PyObject *key, *val;
         rc = parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
         if (rc == 0) {
-            flat_op f = {lsn, kind, 0, key, kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL,
+            /* flat_collapse hashes keys as exact bytes: a subclass's key is copied (and owned). */
+            int owns = !PyBytes_CheckExact(key);
+            if (owns && (key = exact_bytes(key, "a key")) == NULL) {
+                rc = -1;
+                break;
+            }
+            flat_op f = {lsn, kind, owns, key, kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL,
                          kind == OP_PUT ? PyBytes_GET_SIZE(val) : 0};
             rc = flat_push(b, &f);
+            if (rc < 0 && owns) Py_DECREF(key);
         }
     }
     Py_DECREF(ops);

@@ -376,3 +376,21 @@ def test_a_child_forked_while_the_commit_lock_is_held_gets_a_free_lock_and_a_ref
         assert json.loads(report) == {"lock held": "False", "put": "LockedError", "get": "LockedError",
                                       "transaction": "LockedError", "scan": "LockedError"}
         assert store.put(b"k", b"parent") == 2 and store.get(b"k") == b"parent"
+
+
+def test_keys_of_a_bytes_subclass_are_stored_applied_and_pruned_by_their_bytes(tmp_path: Path) -> None:
+    class Key(bytes):
+        def __hash__(self) -> int:
+            return 7  # legal but degenerate: neither the overlay nor the collapse may rely on it
+
+    with wal.open(tmp_path, durability="buffered", rpo_ms=20) as store:
+        with store.transaction() as tx:
+            tx.put(Key(b"a"), b"1")
+            tx.put(Key(b"b"), b"2")
+        store.put(b"a", b"3")  # the same key as plain bytes: a newer version of it
+        with store.transaction() as tx:
+            tx.delete(Key(b"b"))
+        assert (store.get(b"a"), store.get(Key(b"b"))) == (b"3", None)
+        store.checkpoint()
+        assert store.stats()["overlay_keys"] == 0
+        assert list(store.scan()) == [(b"a", b"3")]
