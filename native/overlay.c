@@ -4,6 +4,8 @@
 #include "overlay.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define OV_MIN_SLOTS 256
 /* Freed versions kept for reuse: an apply batch (4096 commits, wal/store.py) frees about as
@@ -73,12 +75,33 @@ static void ov_chain_free(overlay *o, ov_version *v) {
     }
 }
 
+/* Tables from this size on are faulted in whole when made (see ov_prefault). */
+#define OV_PREFAULT_BYTES ((size_t)256 << 10)
+
+/* Make a fresh table's pages present in one call, before the rehash writes them in random
+ * order: each first touch of a 4 KiB page is otherwise a page fault of its own, and a table
+ * of 300k keys (12 MiB) takes 3,000 of them. Measured on 300k one-op commits into a fresh
+ * core (no materializer): 0.37 -> 0.33 us a commit. (The apply queue's ring, grown by
+ * copying in order, gained nothing from the same.) A hint: where MADV_POPULATE_WRITE is
+ * missing (Linux < 5.14) the faults happen as before. */
+static void ov_prefault(void *p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = ((uintptr_t)p + page - 1) & ~(page - 1), end = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (end > start) (void)madvise((void *)start, end - start, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* Move every key into a fresh table of `cap` slots (a power of two above the key count).
  * The keys are distinct, so each goes to the first empty slot of its run with no compare.
  * -1 (nothing changed) if the table cannot be allocated. */
 static int ov_resize(overlay *o, size_t cap) {
     ov_slot *slots = PyMem_Calloc(cap, sizeof *slots);
     if (slots == NULL) return -1;
+    if (cap * sizeof *slots >= OV_PREFAULT_BYTES) ov_prefault(slots, cap * sizeof *slots);
     size_t mask = cap - 1, old_cap = ov_capacity(o);
     for (size_t j = 0; j < old_cap; j++) {
         ov_slot *s = &o->slots[j];
