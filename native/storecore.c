@@ -63,6 +63,8 @@
 #define WAKE_EVERY 1024
 
 static log_calls g_log; /* set by bind() */
+/* wal_log_watermarks, set by bind_watermarks(): reads' watermark without a Python call. */
+static int (*g_watermarks)(wal_log *log, uint64_t *out);
 
 /* ---- little-endian helpers -------------------------------------------------------------- */
 
@@ -815,6 +817,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *log;       /* the wal.Log: kept alive so its handle is (see the contracts above) */
     wal_log *handle;     /* NULL: the fast path is off (read-only, closed, failed, forked) */
+    wal_log *marks;      /* the same handle, kept for reads' watermark (NULL: read-only) */
     CommitLock *lock;    /* the store's commit lock */
     overlay ov;          /* acknowledged-or-about-to-be versions not yet in LMDB */
     PyObject *wake_set;  /* the materializer's Event: bound set / is_set */
@@ -1185,6 +1188,21 @@ static PyObject *core_overlay_scan(Core *c, PyObject *const *args, Py_ssize_t na
     return overlay_scan(&c->ov, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), limit);
 }
 
+/* visible_lsn() -> the highest LSN acknowledged at the store's level: durable (sync), written
+ * (interval) or appended (buffered). From the log's handle, which lives as long as the wal.Log
+ * this Core holds, so it answers after close or a failure too (reads keep working). */
+static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
+    (void)unused;
+    if (c->marks == NULL || g_watermarks == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "visible_lsn: no log (a read-only store), or bind_watermarks() not called");
+        return NULL;
+    }
+    uint64_t marks[3]; /* appended, written, durable */
+    (void)g_watermarks(c->marks, marks); /* a failed log's marks still stand; its code is for writers */
+    int at = c->level == WAL_LEVEL_SYNC ? 2 : c->level == WAL_LEVEL_INTERVAL ? 1 : 0;
+    return PyLong_FromUnsignedLongLong(marks[at]);
+}
+
 static PyObject *core_get_overlay_keys(Core *c, void *closure) {
     (void)closure;
     return PyLong_FromSize_t(c->ov.used);
@@ -1225,7 +1243,7 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     Py_XSETREF(c->wake_is_set, wake_is_set);
     Py_XSETREF(c->lock, (CommitLock *)Py_NewRef(lock));
     Py_XSETREF(c->log, Py_NewRef(log));
-    c->handle = handle;
+    c->handle = c->marks = handle;
     c->level = level;
     c->max_unapplied = max_unapplied;
     c->checkpoint_bytes = checkpoint_bytes;
@@ -1257,6 +1275,8 @@ static PyMethodDef core_methods[] = {
      "take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) or None (commit lock held)."},
     {"prune", (PyCFunction)(void (*)(void))core_prune, METH_FASTCALL,
      "prune(applied_lsn, puts, deletes): drop applied versions of those keys from the overlay (lock held)."},
+    {"visible_lsn", (PyCFunction)core_visible_lsn, METH_NOARGS,
+     "visible_lsn() -> the highest LSN acknowledged at the store's level (durable, written or appended)."},
     {"overlay_get", (PyCFunction)(void (*)(void))core_overlay_get, METH_FASTCALL,
      "overlay_get(key, limit) -> (lsn, value | None) | None: the newest version with lsn <= limit (None: any)."},
     {"overlay_scan", (PyCFunction)(void (*)(void))core_overlay_scan, METH_FASTCALL,
@@ -1432,10 +1452,23 @@ static PyObject *sc_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+static PyObject *sc_bind_watermarks(PyObject *self, PyObject *address) {
+    (void)self;
+    void *p = PyLong_AsVoidPtr(address);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind_watermarks: a null function address");
+        return NULL;
+    }
+    g_watermarks = (int (*)(wal_log *, uint64_t *))(uintptr_t)p;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef sc_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
      "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, "
      "wal_log_wait and wal_log_wait_try."},
+    {"bind_watermarks", sc_bind_watermarks, METH_O,
+     "bind_watermarks(address): the cffi module's wal_log_watermarks, for Core.visible_lsn."},
     {"encode", (PyCFunction)(void (*)(void))sc_encode, METH_FASTCALL,
      "encode(ops, time_ms, idempotency_key) -> the transaction's log payload."},
     {"decode", sc_decode, METH_O, "decode(payload) -> (ops, time_ms, idempotency_key); ValueError if malformed."},

@@ -394,3 +394,19 @@ def test_keys_of_a_bytes_subclass_are_stored_applied_and_pruned_by_their_bytes(t
         store.checkpoint()
         assert store.stats()["overlay_keys"] == 0
         assert list(store.scan()) == [(b"a", b"3")]
+
+
+@pytest.mark.parametrize(("level", "field"), [("sync", "durable"), ("interval", "written"), ("buffered", "appended")])
+def test_reads_take_the_watermark_of_the_stores_level_and_keep_it_after_a_failure(
+        tmp_path: Path, level: str, field: str) -> None:
+    with wal.open(tmp_path, durability=level, rpo_ms=None if level == "sync" else 1000) as store:
+        assert store._log is not None
+        for i in range(50):
+            store.put(b"k%d" % i, b"v")
+            before = getattr(store._log.watermarks, field)
+            visible = store._visible_lsn()
+            assert before <= visible <= getattr(store._log.watermarks, field)
+        store._fail_stop(RuntimeError("simulated"))  # writes refused from here on, reads go on
+        assert store._visible_lsn() >= before and store.get(b"k49") == b"v"
+        with pytest.raises(wal.FailedError):
+            store.put(b"k", b"v")

@@ -19,12 +19,15 @@ LMDB, newest first, in a C hash table owned by the commit core (native/overlay.h
 commits enter versions under the commit lock, the materializer drops applied ones under
 it, and a read looks a key up in one C call, which the GIL makes atomic, so reads take
 no lock. A read takes the newest version whose LSN is acknowledged under the store's
-level (sync: durable; interval: written; buffered: appended) and otherwise reads LMDB.
-A commit acknowledged before a read starts always has an LSN at or below the watermark
-the read takes (read before the lookup), so the caller sees its own acknowledged commits
-at every level without waiting for LMDB; it never sees another thread's commit before
-that commit is acknowledged. A version leaves the overlay only once LMDB holds it (or a
-newer one), so a lookup that finds nothing visible there finds it in LMDB.
+level (sync: durable; interval: written; buffered: appended) and otherwise reads LMDB:
+it looks the key up, and if the newest version is above the watermark it reads next,
+looks again for the newest at or below that watermark. A commit acknowledged before a
+read starts is at or below any watermark the read takes, and is in the overlay or
+already in LMDB, so the caller sees its own acknowledged commits at every level without
+waiting for LMDB; a version returned is at or below a watermark read during the read,
+so it never sees another thread's commit before that commit is acknowledged. A version
+leaves the overlay only once LMDB holds it (or a newer one), so a lookup that finds
+nothing visible there finds it in LMDB.
 
 Materializer. A background thread applies queued transactions with LSN <= durable_lsn
 in batches (`State.apply`, which asserts I1), then drops them from the overlay. It also
@@ -438,22 +441,29 @@ class Store:
     # ---- reads ---------------------------------------------------------------------------------
 
     def _visible_lsn(self) -> int:
-        """Highest LSN acknowledged under the store's level (see the module docstring)."""
+        """Highest LSN acknowledged under the store's level (see the module docstring): durable
+        at sync, written at interval, appended at buffered. Read in C (Log.watermarks costs a
+        cffi allocation and a named tuple, ~1 us, as much as the rest of a get)."""
         assert self._log is not None
-        marks = self._log.watermarks
-        level = self._durability.level
-        return marks.durable if level == "sync" else (marks.written if level == "interval" else marks.appended)
+        return self._core.visible_lsn()
 
     def _lookup(self, key: bytes, newest: bool) -> tuple[int, bytes | None] | None:
         """(version, value or None if deleted) of key, or None if never written / unknown."""
         if self._log is not None:
-            # The watermark BEFORE the overlay lookup: a commit acknowledged by then is at or
-            # below it, one acknowledged later may or may not be seen.
-            found = self._core.overlay_get(key, None if newest else self._visible_lsn())
+            found = self._core.overlay_get(key, None)  # the newest version, acknowledged or not
+            if found is not None and not newest:
+                # Returned only if acknowledged by a watermark read after the look (so by now);
+                # else the newest version at or below that watermark, looked up after it.
+                limit = self._visible_lsn()
+                if found[0] > limit:
+                    found = self._core.overlay_get(key, limit)
             if found is not None:
                 return found
-        # Not in the overlay, or no version of it visible yet: LMDB holds the newest applied
-        # one, and applied <= durable, so it is acknowledged at every level.
+        # No version in the overlay (then every acknowledged one is in LMDB: a version leaves
+        # the overlay only once applied), or none acknowledged yet: LMDB holds the newest
+        # applied one, and applied <= durable, so it is acknowledged at every level. The
+        # common reads -- a key not written lately, or whose newest write is acknowledged --
+        # take no watermark or one, and look the key up once.
         return self._state.get(key)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
