@@ -34,10 +34,10 @@ readcall = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-# The store's commit path, apply queue and record codec (see native/storecore.c).
+# The store's commit path, overlay, commit lock, apply queue and record codec (see native/storecore.c).
 storecore = Extension(
     "wal._storecore",
-    sources=["native/storecore.c", "native/collapse.c"],
+    sources=["native/storecore.c", "native/overlay.c", "native/commitlock.c", "native/collapse.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )

@@ -21,13 +21,16 @@
  * Contracts.
  *  - Core.commit runs with the GIL held except where native/logcall.h's policy waits for
  *    the level with it released (after the commit lock is let go), and only takes the
- *    store's commit lock with a non-blocking acquire: when the lock is busy, the value is
- *    not plain bytes, the log pushes back or the apply queue is over its bound, it
- *    returns 0 and the caller takes the Python path, which waits properly.
+ *    store's commit lock (a CommitLock, native/commitlock.h) with a non-blocking try:
+ *    when the lock is busy, the value is not plain bytes, the log pushes back or the
+ *    apply queue is over its bound, it returns 0 and the caller takes the Python path,
+ *    which waits properly.
  *  - The append is made with WAL_WAIT_TRY / WAL_WAIT_NONE, which never block
  *    (native/appendcall.c argues why that is safe with the GIL held).
- *  - The overlay stays a Python dict of immutable (lsn, value, older) chains, so readers
- *    in wal/store.py walk it without a lock; this module only ever replaces a chain.
+ *  - The overlay (native/overlay.h) is owned by Core and touched only with the GIL held:
+ *    commits enter their versions under the commit lock, the materializer prunes them
+ *    under it, and reads (overlay_get, overlay_scan) need no lock, each being one call
+ *    that the GIL makes atomic.
  *  - The apply queue holds, in LSN order, one-op commits (key, value) and whole
  *    transactions (a wal.record.Txn) from the Python path. `take` and `prune` are called
  *    with the commit lock held by the caller.
@@ -43,7 +46,9 @@
 #include <time.h>
 
 #include "collapse.h"
+#include "commitlock.h"
 #include "logcall.h"
+#include "overlay.h"
 #include "spanargs.h"
 #include "wal.h"
 
@@ -58,6 +63,8 @@
 #define WAKE_EVERY 1024
 
 static log_calls g_log; /* set by bind() */
+/* wal_log_watermarks, set by bind_watermarks(): reads' watermark without a Python call. */
+static int (*g_watermarks)(wal_log *log, uint64_t *out);
 
 /* ---- little-endian helpers -------------------------------------------------------------- */
 
@@ -407,17 +414,51 @@ static PyObject *collapsed_tuple(const flat_batch *b, PyObject *puts, PyObject *
                          (unsigned long long)b->commits, puts, dels, b->idem);
 }
 
+/* The keys flat_collapse has emitted: an open-addressing set over the batch's keys, borrowed
+ * from it (exact bytes: their hash is Python's, cached, and runs no code). A set of its own
+ * rather than a Python set: one probe per op instead of a lookup and an insert, and no
+ * reference counting of thousands of keys per batch. */
+typedef struct {
+    Py_hash_t hash;
+    PyObject *key; /* NULL: empty */
+} seen_slot;
+
+/* Add key; 1 if it was not there yet, 0 if it was. The set is never full (see flat_collapse). */
+static int seen_add(seen_slot *slots, size_t mask, PyObject *key) {
+    Py_hash_t hash = PyObject_Hash(key);
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    for (size_t i = (size_t)hash & mask;; i = (i + 1) & mask) {
+        seen_slot *s = &slots[i];
+        if (s->key == NULL) {
+            s->key = key;
+            s->hash = hash;
+            return 1;
+        }
+        if (s->key == key || (s->hash == hash && PyBytes_GET_SIZE(s->key) == n &&
+                              memcmp(PyBytes_AS_STRING(s->key), PyBytes_AS_STRING(key), (size_t)n) == 0))
+            return 0;
+    }
+}
+
 /* The batch as a Collapsed tuple: each key once, with its last write; puts as
  * (key, u64 version LE + value) ready for LMDB's putmulti. */
 static PyObject *flat_collapse(flat_batch *b) {
-    PyObject *seen = PySet_New(NULL), *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
-    if (seen == NULL || puts == NULL || dels == NULL) goto done;
+    size_t cap = 8;
+    while (cap < 2 * b->n) cap *= 2; /* at most half full */
+    seen_slot *seen = PyMem_Calloc(cap, sizeof *seen);
+    PyObject *puts = PyList_New(0), *dels = PyList_New(0), *result = NULL;
+    if (seen == NULL || puts == NULL || dels == NULL) {
+        if (seen == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    /* Lists of keys and (key, stored) pairs: no cycle can pass through them, and the pairs
+     * made below start a young-generation collection every ~700, each of which would walk
+     * both lists (thousands of entries) again. */
+    PyObject_GC_UnTrack(puts);
+    PyObject_GC_UnTrack(dels);
     for (size_t i = b->n; i-- > 0;) { /* newest first: the first sighting of a key is its last write */
         flat_op *op = &b->ops[i];
-        int found = PySet_Contains(seen, op->key);
-        if (found < 0) goto done;
-        if (found) continue;
-        if (PySet_Add(seen, op->key) < 0) goto done;
+        if (!seen_add(seen, cap - 1, op->key)) continue;
         if (op->kind == OP_DELETE) {
             if (PyList_Append(dels, op->key) < 0) goto done;
             continue;
@@ -429,7 +470,7 @@ static PyObject *flat_collapse(flat_batch *b) {
     if (PyList_Reverse(puts) < 0) goto done;
     result = collapsed_tuple(b, puts, dels);
 done:
-    Py_XDECREF(seen);
+    PyMem_Free(seen);
     Py_XDECREF(puts);
     Py_XDECREF(dels);
     return result;
@@ -776,9 +817,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *log;       /* the wal.Log: kept alive so its handle is (see the contracts above) */
     wal_log *handle;     /* NULL: the fast path is off (read-only, closed, failed, forked) */
-    PyObject *overlay;   /* dict: key -> (lsn, value | None, older entry | None) */
-    PyObject *acquire;   /* the commit lock's bound acquire / release */
-    PyObject *release;
+    wal_log *marks;      /* the same handle, kept for reads' watermark (NULL: read-only) */
+    CommitLock *lock;    /* the store's commit lock */
+    overlay ov;          /* acknowledged-or-about-to-be versions not yet in LMDB */
     PyObject *wake_set;  /* the materializer's Event: bound set / is_set */
     PyObject *wake_is_set;
     int level;
@@ -824,34 +865,13 @@ static int q_push(Core *c, uint64_t lsn, int kind, PyObject *key, PyObject *valu
     return 0;
 }
 
-static int overlay_enter(Core *c, PyObject *key, uint64_t lsn, PyObject *value) {
-    PyObject *lsn_obj = PyLong_FromUnsignedLongLong(lsn);
-    PyObject *entry = lsn_obj != NULL ? PyTuple_New(3) : NULL;
-    if (entry == NULL) {
-        Py_XDECREF(lsn_obj);
-        return -1;
-    }
-    Py_INCREF(value);
-    Py_INCREF(Py_None);
-    PyTuple_SET_ITEM(entry, 0, lsn_obj);
-    PyTuple_SET_ITEM(entry, 1, value);
-    PyTuple_SET_ITEM(entry, 2, Py_None);
-    /* An entry holds an int, bytes or None and an older entry: it can never be part of a
-     * cycle, so the cyclic GC need not track it (100k live entries otherwise make every
-     * full collection walk them all, ~10% of a put). */
-    PyObject_GC_UnTrack(entry);
-    /* One probe of the (large, cache-cold) dict for a key with no unapplied write, the common
-     * case; a key that has one gets the entry linked in front of its chain, then a second. */
-    PyObject *older = PyDict_SetDefault(c->overlay, key, entry); /* borrowed */
-    int rc = older == NULL ? -1 : 0;
-    if (older != NULL && older != entry) { /* not published: still ours to change */
-        Py_INCREF(older);
-        PyTuple_SET_ITEM(entry, 2, older);
-        Py_DECREF(Py_None);
-        rc = PyDict_SetItem(c->overlay, key, entry);
-    }
-    Py_DECREF(entry);
-    return rc;
+/* `o` as exact bytes (new reference): what the overlay holds. A bytes subclass is copied, so
+ * its own __hash__, __eq__ or __del__ never run inside the table; anything else is refused. */
+static PyObject *exact_bytes(PyObject *o, const char *what) {
+    if (PyBytes_CheckExact(o)) return Py_NewRef(o);
+    if (PyBytes_Check(o)) return PyBytes_FromStringAndSize(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
+    PyErr_Format(PyExc_TypeError, "%s must be bytes, not %.100s", what, Py_TYPE(o)->tp_name);
+    return NULL;
 }
 
 /* Wake the materializer early once per WAKE_EVERY queued commits, or once a checkpoint is due
@@ -866,12 +886,6 @@ static int core_maybe_wake(Core *c) {
     Py_DECREF(set);
     if (is_set) return is_set < 0 ? -1 : 0;
     PyObject *r = PyObject_CallNoArgs(c->wake_set);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
-static int core_release(Core *c) {
-    PyObject *r = PyObject_CallNoArgs(c->release);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
@@ -920,18 +934,15 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     } else if (kind != OP_DELETE || value != Py_None) {
         return PyLong_FromLong(0);
     }
-    PyObject *got = PyObject_CallOneArg(c->acquire, Py_False);
-    if (got == NULL) return NULL;
-    int locked = got == Py_True;
-    Py_DECREF(got);
-    if (!locked) return PyLong_FromLong(0); /* a Python-path commit or the materializer has it */
+    if (!commitlock_try(c->lock)) return PyLong_FromLong(0); /* a Python-path commit or the materializer */
+    overlay_prefetch(&c->ov, key); /* in flight while the record is made and appended */
 
     Py_ssize_t klen = PyBytes_GET_SIZE(key);
     size_t n = TXN_HEAD_BYTES + op_bytes(klen, vlen, (int)kind);
     char small[1024];
     char *buf = n <= sizeof small ? small : PyMem_Malloc(n);
     if (buf == NULL) {
-        core_release(c);
+        commitlock_release(c->lock);
         return PyErr_NoMemory();
     }
     write_op(write_head(buf, 0, now_ms(), 1), (int)kind, PyBytes_AS_STRING(key), klen,
@@ -939,32 +950,49 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     int64_t lsn = g_log.append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
     if (buf != small) PyMem_Free(buf);
     if (lsn < 0) { /* back-pressure or a stopped log: the Python path waits or reports it */
-        if (core_release(c) < 0) return NULL;
+        commitlock_release(c->lock);
         return PyLong_FromLong(0);
     }
     /* Visible to validation now, and to reads once acknowledged (wal/store.py, _lookup). From
      * here on the commit is in the log: a failure below is a bug or out-of-memory, reported as
      * an exception after the lock is released. */
-    int failed = overlay_enter(c, key, (uint64_t)lsn, value) < 0 ||
-                 q_push(c, (uint64_t)lsn, (int)kind, key, kind == OP_PUT ? value : NULL, NULL) < 0;
+    PyObject *stored = kind == OP_PUT ? value : NULL;
+    /* Queued first: it gives the slot's prefetch (above) more time to arrive. */
+    int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 ||
+                 overlay_add(&c->ov, key, (uint64_t)lsn, stored) < 0;
     c->bytes_since_checkpoint += (long long)n;
     if (!failed) failed = core_maybe_wake(c) < 0;
-    if (failed) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        core_release(c);
-        PyErr_Restore(et, ev, tb);
-        return NULL;
-    }
-    if (core_release(c) < 0) return NULL;
+    commitlock_release(c->lock);
+    if (failed) return NULL;
     if (for_async || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
     int rc = log_wait_level(&g_log, handle, (uint64_t)lsn, c->level);
     return PyLong_FromLongLong(rc < 0 ? rc : lsn);
 }
 
-/* enqueue_txn(lsn, txn, payload_bytes): queue a commit made on the Python path, count its log
- * bytes toward the next checkpoint and wake the materializer by the same rule as the C path
- * (the caller holds the lock). */
+/* Enter each op of a Python-path transaction into the overlay at `lsn`, in op order (a later
+ * op of the same key becomes its newer version). The ops are all checked first, so a
+ * malformed one leaves the overlay unchanged. */
+static int overlay_enter_txn(Core *c, uint64_t lsn, PyObject *ops) {
+    int kind;
+    PyObject *key, *val;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ops);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        (void)parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
+        PyObject *k = exact_bytes(key, "a key");
+        PyObject *v = kind == OP_PUT && k != NULL ? exact_bytes(val, "a value") : NULL;
+        int rc = k == NULL || (kind == OP_PUT && v == NULL) ? -1 : overlay_add(&c->ov, k, lsn, v);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+/* enqueue_txn(lsn, txn, payload_bytes): a commit made on the Python path (the caller holds the
+ * commit lock): enter its ops into the overlay, queue it for the materializer, count its log
+ * bytes toward the next checkpoint and wake the materializer by the same rule as the C path. */
 static PyObject *core_enqueue_txn(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "enqueue_txn takes (lsn, txn, payload_bytes)");
@@ -977,7 +1005,11 @@ static PyObject *core_enqueue_txn(Core *c, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "enqueue_txn: txn must be a wal.record.Txn");
         return NULL;
     }
-    if (q_push(c, lsn, 0, NULL, NULL, args[1]) < 0) return NULL;
+    PyObject *ops = PySequence_Fast(PyTuple_GET_ITEM(args[1], 0), "a Txn's ops must be a sequence");
+    if (ops == NULL) return NULL;
+    int rc = overlay_enter_txn(c, lsn, ops);
+    Py_DECREF(ops);
+    if (rc < 0 || q_push(c, lsn, 0, NULL, NULL, args[1]) < 0) return NULL;
     c->bytes_since_checkpoint += payload_bytes;
     if (core_maybe_wake(c) < 0) return NULL;
     Py_RETURN_NONE;
@@ -993,9 +1025,16 @@ static int flat_add_txn(flat_batch *b, uint64_t lsn, PyObject *txn) {
         PyObject *key, *val;
         rc = parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
         if (rc == 0) {
-            flat_op f = {lsn, kind, 0, key, kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL,
+            /* flat_collapse hashes keys as exact bytes: a subclass's key is copied (and owned). */
+            int owns = !PyBytes_CheckExact(key);
+            if (owns && (key = exact_bytes(key, "a key")) == NULL) {
+                rc = -1;
+                break;
+            }
+            flat_op f = {lsn, kind, owns, key, kind == OP_PUT ? PyBytes_AS_STRING(val) : NULL,
                          kind == OP_PUT ? PyBytes_GET_SIZE(val) : 0};
             rc = flat_push(b, &f);
+            if (rc < 0 && owns) Py_DECREF(key);
         }
     }
     Py_DECREF(ops);
@@ -1019,6 +1058,9 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t durable = PyLong_AsUnsignedLongLong(args[0]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
     if ((durable == (uint64_t)-1 || limit == -1) && PyErr_Occurred()) return NULL;
+    /* Each materializer pass, busy or idle, lets a table that stays sparse shrink: prunes
+     * empty it, and an idle store's passes find nothing to prune. */
+    overlay_compact(&c->ov);
     size_t n = 0;
     while (n < c->len && (Py_ssize_t)n < limit && c->q[(c->head + n) % c->cap].lsn <= durable) n++;
     if (n == 0) Py_RETURN_NONE;
@@ -1052,53 +1094,15 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
-/* Drop the versions of `key` at or below `applied` from its overlay chain. */
-static int prune_key(Core *c, PyObject *key, uint64_t applied) {
-    PyObject *head = PyDict_GetItemWithError(c->overlay, key);
-    if (head == NULL) return PyErr_Occurred() ? -1 : 0;
-    Py_ssize_t newer = 0; /* entries above `applied`, newest first */
-    PyObject *e = head;
-    while (e != Py_None) {
-        uint64_t lsn = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(e, 0));
-        if (lsn == (uint64_t)-1 && PyErr_Occurred()) return -1;
-        if (lsn <= applied) break;
-        newer++;
-        e = PyTuple_GET_ITEM(e, 2);
-    }
-    if (e == Py_None) return 0; /* nothing of this key applied yet */
-    if (newer == 0) return PyDict_DelItem(c->overlay, key);
-    /* Rebuild the unapplied versions as a new chain: readers keep walking the old one. */
-    PyObject **keep = PyMem_Malloc((size_t)newer * sizeof *keep);
-    if (keep == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    e = head;
-    for (Py_ssize_t i = 0; i < newer; i++, e = PyTuple_GET_ITEM(e, 2)) keep[i] = e;
-    PyObject *chain = Py_None;
-    Py_INCREF(chain);
-    int rc = 0;
-    for (Py_ssize_t i = newer; i-- > 0;) {
-        PyObject *rebuilt = PyTuple_Pack(3, PyTuple_GET_ITEM(keep[i], 0), PyTuple_GET_ITEM(keep[i], 1), chain);
-        Py_DECREF(chain);
-        if (rebuilt == NULL) {
-            rc = -1;
-            chain = NULL;
-            break;
-        }
-        PyObject_GC_UnTrack(rebuilt); /* as in overlay_enter */
-        chain = rebuilt;
-    }
-    PyMem_Free(keep);
-    if (rc == 0) {
-        rc = PyDict_SetItem(c->overlay, key, chain);
-        Py_DECREF(chain);
-    }
-    return rc;
-}
+/* How far ahead prune's pipeline runs: each key's slot is fetched 2 * PRUNE_AHEAD keys before
+ * its turn and its newest version PRUNE_AHEAD keys before. A batch's keys lie at random in a
+ * table larger than the cache: this way their cache misses overlap instead of each being
+ * waited for in turn. */
+#define PRUNE_AHEAD 8
 
 /* prune(applied_lsn, puts, deletes): after a batch from `take` is in LMDB, drop its keys'
- * applied versions from the overlay. The caller holds the commit lock. */
+ * applied versions from the overlay. The caller holds the commit lock. The keys are the
+ * queue's own objects, their hashes cached. */
 static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyList_Check(args[1]) || !PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "prune takes (applied_lsn, puts: list, deletes: list)");
@@ -1106,11 +1110,102 @@ static PyObject *core_prune(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     }
     uint64_t applied = PyLong_AsUnsignedLongLong(args[0]);
     if (applied == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[1]); i++)
-        if (prune_key(c, PyTuple_GET_ITEM(PyList_GET_ITEM(args[1], i), 0), applied) < 0) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[2]); i++)
-        if (prune_key(c, PyList_GET_ITEM(args[2], i), applied) < 0) return NULL;
+    PyObject *puts = args[1], *dels = args[2];
+    Py_ssize_t n_puts = PyList_GET_SIZE(puts), n = n_puts + PyList_GET_SIZE(dels), got = 0;
+    PyObject **keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *keys); /* exact bytes, new references */
+    if (keys == NULL) return PyErr_NoMemory();
+    for (; got < n; got++) {
+        PyObject *item = got < n_puts ? PyList_GET_ITEM(puts, got) : PyList_GET_ITEM(dels, got - n_puts);
+        if (got < n_puts) {
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+                PyErr_SetString(PyExc_TypeError, "prune: puts must be take()'s (key, stored) pairs");
+                break;
+            }
+            item = PyTuple_GET_ITEM(item, 0);
+        }
+        if ((keys[got] = exact_bytes(item, "a pruned key")) == NULL) break;
+    }
+    if (got == n) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + 2 * PRUNE_AHEAD < n) overlay_prefetch(&c->ov, keys[i + 2 * PRUNE_AHEAD]);
+            if (i + PRUNE_AHEAD < n) overlay_prefetch_version(&c->ov, keys[i + PRUNE_AHEAD]);
+            overlay_prune(&c->ov, keys[i], applied);
+        }
+    }
+    for (Py_ssize_t i = 0; i < got; i++) Py_DECREF(keys[i]);
+    PyMem_Free(keys);
+    if (got < n) return NULL;
     Py_RETURN_NONE;
+}
+
+/* The `limit` argument of the overlay reads: None (the newest version) or an LSN. */
+static int parse_limit(PyObject *arg, uint64_t *limit) {
+    if (arg == Py_None) {
+        *limit = UINT64_MAX;
+        return 0;
+    }
+    *limit = PyLong_AsUnsignedLongLong(arg);
+    return *limit == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* overlay_get(key, limit) -> (lsn, value | None) | None: the key's newest overlay version with
+ * lsn <= limit (None: the newest). The caller reads its watermark (`limit`) before this. */
+static PyObject *core_overlay_get(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t limit;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "overlay_get takes (key, limit)");
+        return NULL;
+    }
+    if (parse_limit(args[1], &limit) < 0) return NULL;
+    PyObject *key = exact_bytes(args[0], "a key");
+    if (key == NULL) return NULL;
+    const ov_version *v = overlay_find(&c->ov, key, limit);
+    Py_DECREF(key);
+    if (v == NULL) Py_RETURN_NONE;
+    /* Copied out before making objects (which may let another thread prune the version). */
+    PyObject *value = Py_NewRef(v->value != NULL ? v->value : Py_None);
+    PyObject *lsn = PyLong_FromUnsignedLongLong(v->lsn);
+    PyObject *result = lsn != NULL ? PyTuple_New(2) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(lsn);
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, lsn);
+    PyTuple_SET_ITEM(result, 1, value);
+    return result;
+}
+
+/* overlay_scan(prefix, limit) -> [(key, lsn, value | None)]: each overlay key starting with
+ * prefix with its newest version with lsn <= limit (keys with none are left out), unsorted. */
+static PyObject *core_overlay_scan(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t limit;
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "overlay_scan takes (prefix: bytes, limit)");
+        return NULL;
+    }
+    if (parse_limit(args[1], &limit) < 0) return NULL;
+    return overlay_scan(&c->ov, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), limit);
+}
+
+/* visible_lsn() -> the highest LSN acknowledged at the store's level: durable (sync), written
+ * (interval) or appended (buffered). From the log's handle, which lives as long as the wal.Log
+ * this Core holds, so it answers after close or a failure too (reads keep working). */
+static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
+    (void)unused;
+    if (c->marks == NULL || g_watermarks == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "visible_lsn: no log (a read-only store), or bind_watermarks() not called");
+        return NULL;
+    }
+    uint64_t marks[3]; /* appended, written, durable */
+    (void)g_watermarks(c->marks, marks); /* a failed log's marks still stand; its code is for writers */
+    int at = c->level == WAL_LEVEL_SYNC ? 2 : c->level == WAL_LEVEL_INTERVAL ? 1 : 0;
+    return PyLong_FromUnsignedLongLong(marks[at]);
+}
+
+static PyObject *core_get_overlay_keys(Core *c, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(c->ov.used);
 }
 
 static PyObject *core_disable(Core *c, PyObject *unused) {
@@ -1122,14 +1217,14 @@ static PyObject *core_disable(Core *c, PyObject *unused) {
 static Py_ssize_t core_len(Core *c) { return (Py_ssize_t)c->len; }
 
 static int core_init(Core *c, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"log", "handle_address", "overlay", "lock", "wake", "level", "max_unapplied",
-                             "checkpoint_bytes", NULL};
-    PyObject *log, *address, *overlay, *lock, *wake;
+    static char *kwlist[] = {"log", "handle_address", "lock", "wake", "level", "max_unapplied", "checkpoint_bytes",
+                             NULL};
+    PyObject *log, *address, *lock, *wake;
     int level;
     Py_ssize_t max_unapplied;
     long long checkpoint_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOinL", kwlist, &log, &address, &PyDict_Type, &overlay,
-                                     &lock, &wake, &level, &max_unapplied, &checkpoint_bytes))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OinL", kwlist, &log, &address, &CommitLockType, &lock, &wake,
+                                     &level, &max_unapplied, &checkpoint_bytes))
         return -1;
     if (g_log.append == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "wal._storecore.Core before bind()");
@@ -1137,65 +1232,37 @@ static int core_init(Core *c, PyObject *args, PyObject *kwds) {
     }
     void *handle = PyLong_AsVoidPtr(address);
     if (handle == NULL && PyErr_Occurred()) return -1;
-    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
-    PyObject *release = PyObject_GetAttrString(lock, "release");
     PyObject *wake_set = PyObject_GetAttrString(wake, "set");
     PyObject *wake_is_set = PyObject_GetAttrString(wake, "is_set");
-    if (!acquire || !release || !wake_set || !wake_is_set) {
-        Py_XDECREF(acquire);
-        Py_XDECREF(release);
+    if (!wake_set || !wake_is_set) {
         Py_XDECREF(wake_set);
         Py_XDECREF(wake_is_set);
         return -1;
     }
-    Py_XSETREF(c->acquire, acquire);
-    Py_XSETREF(c->release, release);
     Py_XSETREF(c->wake_set, wake_set);
     Py_XSETREF(c->wake_is_set, wake_is_set);
-    Py_INCREF(log);
-    Py_XSETREF(c->log, log);
-    Py_INCREF(overlay);
-    Py_XSETREF(c->overlay, overlay);
-    c->handle = handle;
+    Py_XSETREF(c->lock, (CommitLock *)Py_NewRef(lock));
+    Py_XSETREF(c->log, Py_NewRef(log));
+    c->handle = c->marks = handle;
     c->level = level;
     c->max_unapplied = max_unapplied;
     c->checkpoint_bytes = checkpoint_bytes;
     return 0;
 }
 
-static int core_traverse(Core *c, visitproc visit, void *arg) {
-    Py_VISIT(c->log);
-    Py_VISIT(c->overlay);
-    Py_VISIT(c->acquire);
-    Py_VISIT(c->release);
-    Py_VISIT(c->wake_set);
-    Py_VISIT(c->wake_is_set);
-    for (size_t i = 0; i < c->len; i++) {
-        qentry *e = &c->q[(c->head + i) % c->cap];
-        Py_VISIT(e->key);
-        Py_VISIT(e->value);
-        Py_VISIT(e->txn);
-    }
-    return 0;
-}
-
-static int core_clear(Core *c) {
-    c->handle = NULL;
-    Py_CLEAR(c->log);
-    Py_CLEAR(c->overlay);
-    Py_CLEAR(c->acquire);
-    Py_CLEAR(c->release);
-    Py_CLEAR(c->wake_set);
-    Py_CLEAR(c->wake_is_set);
-    for (size_t i = 0; i < c->len; i++) q_clear_entry(&c->q[(c->head + i) % c->cap]);
-    c->len = 0;
-    return 0;
-}
-
+/* Core is not tracked by the cyclic GC: what it holds -- the log, the lock, the Event's
+ * methods, queued bytes and transactions, the overlay's bytes -- never refers back to it, so
+ * it is never part of a cycle; and a full collection need not walk a queue of ~200,000
+ * commits (nor the GC count the objects it frees). */
 static void core_dealloc(Core *c) {
-    PyObject_GC_UnTrack(c);
-    core_clear(c);
+    c->handle = NULL;
+    for (size_t i = 0; i < c->len; i++) q_clear_entry(&c->q[(c->head + i) % c->cap]);
     PyMem_Free(c->q);
+    overlay_free(&c->ov);
+    Py_XDECREF(c->log);
+    Py_XDECREF(c->lock);
+    Py_XDECREF(c->wake_set);
+    Py_XDECREF(c->wake_is_set);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1208,6 +1275,12 @@ static PyMethodDef core_methods[] = {
      "take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) or None (commit lock held)."},
     {"prune", (PyCFunction)(void (*)(void))core_prune, METH_FASTCALL,
      "prune(applied_lsn, puts, deletes): drop applied versions of those keys from the overlay (lock held)."},
+    {"visible_lsn", (PyCFunction)core_visible_lsn, METH_NOARGS,
+     "visible_lsn() -> the highest LSN acknowledged at the store's level (durable, written or appended)."},
+    {"overlay_get", (PyCFunction)(void (*)(void))core_overlay_get, METH_FASTCALL,
+     "overlay_get(key, limit) -> (lsn, value | None) | None: the newest version with lsn <= limit (None: any)."},
+    {"overlay_scan", (PyCFunction)(void (*)(void))core_overlay_scan, METH_FASTCALL,
+     "overlay_scan(prefix, limit) -> [(key, lsn, value | None)]: keys with prefix, newest version <= limit."},
     {"disable", (PyCFunction)core_disable, METH_NOARGS,
      "Turn the fast path off for good (close, failure, fork): commit returns 0 from now on."},
     {NULL, NULL, 0, NULL},
@@ -1219,20 +1292,24 @@ static PyMemberDef core_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyGetSetDef core_getset[] = {
+    {"overlay_keys", (getter)core_get_overlay_keys, NULL, "Keys with versions not yet applied to LMDB.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PySequenceMethods core_as_sequence = {.sq_length = (lenfunc)core_len};
 
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wal._storecore.Core",
     .tp_basicsize = sizeof(Core),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The store's commit path and apply queue in C (see native/storecore.c).",
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The store's commit path, overlay and apply queue in C (see native/storecore.c).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)core_init,
     .tp_dealloc = (destructor)core_dealloc,
-    .tp_traverse = (traverseproc)core_traverse,
-    .tp_clear = (inquiry)core_clear,
     .tp_methods = core_methods,
     .tp_members = core_members,
+    .tp_getset = core_getset,
     .tp_as_sequence = &core_as_sequence,
 };
 
@@ -1375,10 +1452,23 @@ static PyObject *sc_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+static PyObject *sc_bind_watermarks(PyObject *self, PyObject *address) {
+    (void)self;
+    void *p = PyLong_AsVoidPtr(address);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind_watermarks: a null function address");
+        return NULL;
+    }
+    g_watermarks = (int (*)(wal_log *, uint64_t *))(uintptr_t)p;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef sc_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
      "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, "
      "wal_log_wait and wal_log_wait_try."},
+    {"bind_watermarks", sc_bind_watermarks, METH_O,
+     "bind_watermarks(address): the cffi module's wal_log_watermarks, for Core.visible_lsn."},
     {"encode", (PyCFunction)(void (*)(void))sc_encode, METH_FASTCALL,
      "encode(ops, time_ms, idempotency_key) -> the transaction's log payload."},
     {"decode", sc_decode, METH_O, "decode(payload) -> (ops, time_ms, idempotency_key); ValueError if malformed."},
@@ -1393,7 +1483,8 @@ static struct PyModuleDef sc_module = {
 };
 
 PyMODINIT_FUNC PyInit__storecore(void) {
-    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&CollapserType) < 0 || PyType_Ready(&FastCommitType) < 0)
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&CollapserType) < 0 || PyType_Ready(&FastCommitType) < 0 ||
+        PyType_Ready(&CommitLockType) < 0)
         return NULL;
     str_core = PyUnicode_InternFromString("_core");
     str_fast_wait_failed = PyUnicode_InternFromString("_fast_wait_failed");
@@ -1415,6 +1506,12 @@ PyMODINIT_FUNC PyInit__storecore(void) {
     Py_INCREF(&CollapserType);
     if (PyModule_AddObject(m, "Collapser", (PyObject *)&CollapserType) < 0) {
         Py_DECREF(&CollapserType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CommitLockType);
+    if (PyModule_AddObject(m, "CommitLock", (PyObject *)&CommitLockType) < 0) {
+        Py_DECREF(&CommitLockType);
         Py_DECREF(m);
         return NULL;
     }

@@ -135,9 +135,8 @@ def test_collapse_leaves_each_keys_last_write_with_its_lsn_as_version(
 def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_unapplied_versions(
         tmp_path: Path) -> None:
     log = wal.Log.open(str(tmp_path / "log"), durability="buffered", rpo_ms=1000)
-    overlay: dict[bytes, object] = {}
-    lock, wake = threading.Lock(), threading.Event()
-    core = storecore.Core(log, log.native_address, overlay, lock, wake, 2, 1000, 1 << 30)
+    lock, wake = storecore.CommitLock(), threading.Event()
+    core = storecore.Core(log, log.native_address, lock, wake, 2, 1000, 1 << 30)
     try:
         lsns = [core.commit(record.OP_PUT, b"k", b"v%d" % i, False) for i in range(1, 4)]
         assert lsns == [1, 2, 3]
@@ -147,8 +146,10 @@ def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_un
         with lock:
             core.enqueue_txn(lsn, txn, 40)
         assert len(core) == 5
-        assert overlay[b"k"] == (3, b"v3", (2, b"v2", (1, b"v1", None)))
-        assert overlay[b"other"] == (4, None, None)
+        # Each version of k, newest first, as a read at each watermark sees it.
+        assert [core.overlay_get(b"k", limit) for limit in (None, 3, 2, 1, 0)] == [
+            (5, None), (3, b"v3"), (2, b"v2"), (1, b"v1"), None]
+        assert core.overlay_get(b"other", None) == (4, None) and core.overlay_keys == 3
 
         with lock:
             assert core.take(0, 100) is None  # nothing durable yet
@@ -156,13 +157,13 @@ def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_un
         assert batch == (1, 2, 2, [(b"k", struct.pack("<Q", 2) + b"v2")], [], [])
         with lock:
             core.prune(2, batch[3], batch[4])
-        assert overlay[b"k"] == (3, b"v3", None)  # rebuilt without the applied versions
+        assert core.overlay_get(b"k", 3) == (3, b"v3") and core.overlay_get(b"k", 2) is None  # applied: gone
         with lock:
             batch = core.take(5, 100)
         assert batch == (3, 5, 3, [(b"t", struct.pack("<Q", 5) + b"x")], [b"k", b"other"], [(b"idem", 5, 9)])
         with lock:
             core.prune(5, batch[3], batch[4])
-        assert overlay == {}  # every version applied (the store's Python path enters its own, like t's)
+        assert core.overlay_keys == 0  # every version applied, the Python path's (t, k at 5) too
         assert len(core) == 0
     finally:
         log.close()
@@ -170,9 +171,8 @@ def test_the_apply_queue_collapses_python_and_c_commits_alike_and_prune_keeps_un
 
 def test_the_commit_path_answers_0_and_does_nothing_for_what_python_must_decide(tmp_path: Path) -> None:
     log = wal.Log.open(str(tmp_path / "log"), durability="buffered", rpo_ms=1000)
-    overlay: dict[bytes, object] = {}
-    lock = threading.Lock()
-    core = storecore.Core(log, log.native_address, overlay, lock, threading.Event(), 2, 2, 1 << 30)
+    lock = storecore.CommitLock()
+    core = storecore.Core(log, log.native_address, lock, threading.Event(), 2, 2, 1 << 30)
     try:
         for key, value in [(bytearray(b"k"), b"v"), (b"k", bytearray(b"v")), (b"", b"v"), (b"k" * 512, b"v"),
                            (1, b"v"), ("\ud800", b"v")]:
@@ -185,7 +185,7 @@ def test_the_commit_path_answers_0_and_does_nothing_for_what_python_must_decide(
         with lock:
             core.take(10, 10)
         assert core.commit(record.OP_PUT, b"k", b"v", False) == 0
-        assert log.watermarks.appended == 3 and overlay[b"k"][0] == 3
+        assert log.watermarks.appended == 3 and core.overlay_get(b"k", None) == (3, b"v")
     finally:
         log.close()
 

@@ -32,6 +32,8 @@ def _address(name: str) -> int:
 _LOG_CALLS = (_address("wal_log_append"), _address("wal_log_wait"), _address("wal_log_wait_try"))
 _appendcall.bind(*_LOG_CALLS)
 _storecore.bind(*_LOG_CALLS)
+_WATERMARKS = _address("wal_log_watermarks")
+_storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
 storecore = _storecore
 
 # append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*
@@ -50,8 +52,6 @@ span_records = _readcall.records
 def handle_address(handle: Any) -> int:
     """The address of a wal_log* handle, as append_record and append_nowait take it."""
     return int(ffi.cast("uintptr_t", handle))
-
-_WATERMARKS = _address("wal_log_watermarks")
 
 
 def durable_lsn_reader(log: Any, native_address: int) -> Callable[[], int]:

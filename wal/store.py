@@ -15,14 +15,19 @@ overlay and the apply queue -- all without I/O. It then waits *outside* the lock
 durability level, so concurrent commits share fdatasyncs (group commit).
 
 Reads (I2, read-your-writes). The overlay keeps, per key, the versions not yet in
-LMDB, newest first, as a chain of immutable `(lsn, value, older)` tuples: entering a
-version is one dict store, and a reader walks the chain it fetched without a lock or a
-copy however the materializer trims it meanwhile. A read takes the newest version whose
-LSN is acknowledged under the store's level (sync: durable; interval: written; buffered:
-appended) and otherwise reads LMDB. A commit
-acknowledged before a read starts always has an LSN at or below the watermark the read
-takes, so the caller sees its own acknowledged commits at every level without waiting
-for LMDB; it never sees another thread's commit before that commit is acknowledged.
+LMDB, newest first, in a C hash table owned by the commit core (native/overlay.h):
+commits enter versions under the commit lock, the materializer drops applied ones under
+it, and a read looks a key up in one C call, which the GIL makes atomic, so reads take
+no lock. A read takes the newest version whose LSN is acknowledged under the store's
+level (sync: durable; interval: written; buffered: appended) and otherwise reads LMDB:
+it looks the key up, and if the newest version is above the watermark it reads next,
+looks again for the newest at or below that watermark. A commit acknowledged before a
+read starts is at or below any watermark the read takes, and is in the overlay or
+already in LMDB, so the caller sees its own acknowledged commits at every level without
+waiting for LMDB; a version returned is at or below a watermark read during the read,
+so it never sees another thread's commit before that commit is acknowledged. A version
+leaves the overlay only once LMDB holds it (or a newer one), so a lookup that finds
+nothing visible there finds it in LMDB.
 
 Materializer. A background thread applies queued transactions with LSN <= durable_lsn
 in batches (`State.apply`, which asserts I1), then drops them from the overlay. It also
@@ -82,8 +87,6 @@ _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short 
 _SCAN_CHUNK = 512
 
 Version = int
-# One overlay entry: (LSN, value or None for a delete, the next older entry or None).
-_Entry = tuple[int, bytes | None, "_Entry | None"]
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
 _BUFFERED = dur.LEVELS.index("buffered")
 
@@ -96,6 +99,9 @@ def _after_fork_in_child() -> None:
     for store in list(_open_stores):
         store._forked = True
         store._core.disable()  # the parent's log handle: never append through it here
+        # A parent thread may have held or waited on it at the fork; the child refuses every
+        # use of the store (_usable), and this keeps the lock itself sane, as for threading's.
+        store._commit_lock._at_fork_reinit()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -271,14 +277,16 @@ class Store:
         self._forked = False  # set in a forked child by _after_fork_in_child
         self._closed = False
         self._failure: BaseException | None = None
-        self._commit_lock = threading.Lock()
+        # Orders commits (LSN, overlay, queue) and the materializer's take/prune. A lock the C
+        # commit path tries and releases without a Python call (native/commitlock.h); the
+        # Python path uses it as a threading.Lock (`with`, acquire, release, locked).
+        self._commit_lock = storecore.CommitLock()
         self._apply_lock = threading.Lock()
-        self._overlay: dict[bytes, _Entry] = {}
         self._wake = threading.Event()
-        # The commit path of single puts and deletes, and the apply queue of every commit, in C
-        # (native/storecore.c); it shares the overlay, the commit lock and the wake-up event.
-        self._core = storecore.Core(log, log.native_address if log is not None else 0, self._overlay,
-                                    self._commit_lock, self._wake, level.code, max_unapplied, checkpoint_bytes)
+        # The commit path of single puts and deletes, the overlay and the apply queue of every
+        # commit, in C (native/storecore.c); it shares the commit lock and the wake-up event.
+        self._core = storecore.Core(log, log.native_address if log is not None else 0, self._commit_lock,
+                                    self._wake, level.code, max_unapplied, checkpoint_bytes)
         self._commit_fast = self._core.commit
         # I1's durable LSN for State.apply, read in C without the GIL (native/lmdbcall.c): a
         # Python callable would make apply take the GIL back from a thread busy putting.
@@ -433,24 +441,29 @@ class Store:
     # ---- reads ---------------------------------------------------------------------------------
 
     def _visible_lsn(self) -> int:
-        """Highest LSN acknowledged under the store's level (see the module docstring)."""
+        """Highest LSN acknowledged under the store's level (see the module docstring): durable
+        at sync, written at interval, appended at buffered. Read in C (Log.watermarks costs a
+        cffi allocation and a named tuple, ~1 us, as much as the rest of a get)."""
         assert self._log is not None
-        marks = self._log.watermarks
-        level = self._durability.level
-        return marks.durable if level == "sync" else (marks.written if level == "interval" else marks.appended)
+        return self._core.visible_lsn()
 
     def _lookup(self, key: bytes, newest: bool) -> tuple[int, bytes | None] | None:
         """(version, value or None if deleted) of key, or None if never written / unknown."""
         if self._log is not None:
-            limit = None if newest else self._visible_lsn()  # watermark BEFORE the overlay snapshot
-            entry = self._overlay.get(key)
-            if limit is not None:
-                while entry is not None and entry[0] > limit:
-                    entry = entry[2]
-            if entry is not None:
-                return entry[0], entry[1]
-        # Not in the overlay, or no version of it visible yet: LMDB holds the newest applied
-        # one, and applied <= durable, so it is acknowledged at every level.
+            found = self._core.overlay_get(key, None)  # the newest version, acknowledged or not
+            if found is not None and not newest:
+                # Returned only if acknowledged by a watermark read after the look (so by now);
+                # else the newest version at or below that watermark, looked up after it.
+                limit = self._visible_lsn()
+                if found[0] > limit:
+                    found = self._core.overlay_get(key, limit)
+            if found is not None:
+                return found
+        # No version in the overlay (then every acknowledged one is in LMDB: a version leaves
+        # the overlay only once applied), or none acknowledged yet: LMDB holds the newest
+        # applied one, and applied <= durable, so it is acknowledged at every level. The
+        # common reads -- a key not written lately, or whose newest write is acknowledged --
+        # take no watermark or one, and look the key up once.
         return self._state.get(key)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
@@ -480,14 +493,8 @@ class Store:
         p = _key(prefix, allow_empty=True)
         over: dict[bytes, tuple[int, bytes | None]] = {}
         if self._log is not None:
-            limit = self._visible_lsn()
-            for k, head in list(self._overlay.items()):
-                if k.startswith(p):
-                    entry: _Entry | None = head
-                    while entry is not None and entry[0] > limit:
-                        entry = entry[2]
-                    if entry is not None:
-                        over[k] = (entry[0], entry[1])
+            for k, lsn, value in self._core.overlay_scan(p, self._visible_lsn()):
+                over[k] = (lsn, value)
         return self._merge_scan(p, over)
 
     def _merge_scan(self, prefix: bytes, over: dict[bytes, tuple[int, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
@@ -630,12 +637,10 @@ class Store:
             lsn = log.enqueue(payload, durability=durability, block=False, for_async=for_async)
             if lsn is None:
                 return None
-            # Visible to validation now, and to reads once acknowledged (see _lookup). The C queue
-            # also counts the bytes toward a checkpoint and wakes the materializer when due.
+            # Into the overlay (visible to validation now, and to reads once acknowledged: see
+            # _lookup) and the apply queue; the core also counts the bytes toward a checkpoint
+            # and wakes the materializer when due.
             self._core.enqueue_txn(lsn, txn, len(payload))
-            overlay = self._overlay
-            for _, key, value in txn.ops:
-                overlay[key] = (lsn, value, overlay.get(key))
             if idem is not None:
                 self._idem_pending[idem] = lsn
             return lsn, False
@@ -814,7 +819,7 @@ class Store:
             "rpo_ms": self._durability.rpo_ms,
             "applied_lsn": self._applied if self._log is not None else self._state.applied_lsn(),
             "unapplied_commits": len(self._core),
-            "overlay_keys": len(self._overlay),
+            "overlay_keys": self._core.overlay_keys,
             "seconds_since_checkpoint": time.time() - self._last_checkpoint,
             "last_checkpoint": _meta_json(self._state, b"checkpoint"),
             "last_writer": _meta_json(self._state, b"writer"),
