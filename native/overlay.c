@@ -17,6 +17,8 @@
 #define OV_SHRINK_AFTER 16
 /* How many slots ahead a resize fetches where it will write. */
 #define RESIZE_AHEAD 16
+/* Tables from this size on are faulted in whole when made (see ov_prefault). */
+#define OV_PREFAULT_BYTES ((size_t)256 << 10)
 
 void overlay_init(overlay *o) { memset(o, 0, sizeof *o); }
 
@@ -43,7 +45,8 @@ static ov_slot *ov_probe(const overlay *o, PyObject *key, Py_hash_t hash) {
     }
 }
 
-/* A probe run for a missing key averages ~3 slots at 5/8 full, often into the next line. */
+/* A probe run for a missing key averages ~3 slots at 5/8 full, often into the next line.
+ * (Past the table's end, a prefetch is simply dropped: it never faults.) */
 static void ov_prefetch_run(const ov_slot *s) {
     __builtin_prefetch(s, 1, 3);
     __builtin_prefetch((const char *)s + 64, 1, 3);
@@ -74,9 +77,6 @@ static void ov_chain_free(overlay *o, ov_version *v) {
         v = older;
     }
 }
-
-/* Tables from this size on are faulted in whole when made (see ov_prefault). */
-#define OV_PREFAULT_BYTES ((size_t)256 << 10)
 
 /* Make a fresh table's pages present in one call, before the rehash writes them in random
  * order: each first touch of a 4 KiB page is otherwise a page fault of its own, and a table
