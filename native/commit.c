@@ -325,7 +325,7 @@ static void do_write(wal_log *log) {
     } else if (rc) {
         fail(log, rc, "write", log->w.fd_segno);
     } else {
-        if (b.last_lsn) log->written = b.last_lsn;
+        if (b.last_lsn) __atomic_store_n(&log->written, b.last_lsn, __ATOMIC_RELEASE); /* read unlocked: wait_try */
         if (synced > log->durable) log->durable = synced;
         log->n_writes++;
         log->bytes_written += b.len;
@@ -455,42 +455,8 @@ static int wait_level(wal_log *log, uint64_t lsn, int level, int *unlocked) {
     return rc;
 }
 
-/* Account an append and wait as `wait` says. mu held on entry; released on return. */
-static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, int wait, uint64_t now) {
-    mark_enqueue(log, first, now ? now : now_ns());
-    log->n_appends++;
-    log->n_commits += last - first + 1;
-    if (wait == WAL_WAIT_NONE) {
-        if (level == WAL_LEVEL_SYNC && last > log->want_durable) log->want_durable = last;
-        if (level <= WAL_LEVEL_INTERVAL && last > log->want_written) log->want_written = last;
-        pthread_cond_signal(&log->wake);
-        pthread_mutex_unlock(&log->mu);
-        return (int64_t)last;
-    }
-    if (level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
-    /* The RPO clock starts now: an idle flusher has no deadline to wake at, so give it one. */
-    else if (log->flusher_idle && level != WAL_LEVEL_SYNC) pthread_cond_signal(&log->wake);
-    if (wait == WAL_WAIT_LATER || wait == WAL_WAIT_TRY) {
-        pthread_mutex_unlock(&log->mu);
-        return (int64_t)last;
-    }
-    int unlocked = 0;
-    int rc = wait_level(log, last, level, &unlocked);
-    if (!unlocked) pthread_mutex_unlock(&log->mu);
-    return rc ? rc : (int64_t)last;
-}
-
-int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
-    if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
-    pthread_mutex_lock(&log->mu);
-    int unlocked = 0;
-    int rc = lsn > log->appended ? WAL_EINVAL : wait_level(log, lsn, level, &unlocked);
-    if (!unlocked) pthread_mutex_unlock(&log->mu);
-    return rc;
-}
-
-/* The caller of wal_log_wait_try may hold something other threads wait for (the GIL,
- * native/logcall.h), so a write made there must be quick. One that took longer than
+/* The callers of wal_log_wait_try and of a WAL_WAIT_TRY append may hold something other
+ * threads wait for (the GIL, native/logcall.h), so a write made there must be quick. One that took longer than
  * TRY_WRITE_SLOW_NS (the kernel throttling writers: a buffered write on ext4 cannot be asked
  * not to wait, RWF_NOWAIT is refused) stops such writes for a hundred times as long, at least
  * TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held, and the stalls
@@ -509,8 +475,63 @@ static uint64_t guard_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The write of the pending batch in the calling thread, made at once or not at all: when
+ * `lsn` is not written yet, the write slot is free, no segment roll is due (that waits for the
+ * sync slot and creates a file) and no slow write paused such writes. mu held. */
+static void try_write_now(wal_log *log, uint64_t lsn) {
+    if (log->failed || log->written >= lsn || log->write_busy || !log->pending.len || log->pending.rolls != 0 ||
+        (log->try_write_resume_ns && guard_now_ns() < log->try_write_resume_ns))
+        return;
+    uint64_t t0 = guard_now_ns();
+    do_write(log);
+    uint64_t t1 = guard_now_ns(), took = t1 - t0;
+    log->try_write_resume_ns = 0;
+    if (took > TRY_WRITE_SLOW_NS)
+        log->try_write_resume_ns = t1 + (took * 100 > TRY_WRITE_PAUSE_NS ? took * 100 : TRY_WRITE_PAUSE_NS);
+}
+
+/* Account an append and wait as `wait` says. mu held on entry; released on return. */
+static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, int wait, uint64_t now) {
+    mark_enqueue(log, first, now ? now : now_ns());
+    log->n_appends++;
+    log->n_commits += last - first + 1;
+    if (wait == WAL_WAIT_NONE) {
+        if (level == WAL_LEVEL_SYNC && last > log->want_durable) log->want_durable = last;
+        if (level <= WAL_LEVEL_INTERVAL && last > log->want_written) log->want_written = last;
+        pthread_cond_signal(&log->wake);
+        pthread_mutex_unlock(&log->mu);
+        return (int64_t)last;
+    }
+    if (level == WAL_LEVEL_BUFFERED && log->pending.len >= log->max_pending / 2) pthread_cond_signal(&log->wake);
+    /* The RPO clock starts now: an idle flusher has no deadline to wake at, so give it one. */
+    else if (log->flusher_idle && level != WAL_LEVEL_SYNC) pthread_cond_signal(&log->wake);
+    if (wait == WAL_WAIT_LATER || wait == WAL_WAIT_TRY) {
+        /* The caller's wal_log_wait_try would make this write next: made in this hold of mu,
+         * it then finds the level reached without taking mu again. */
+        if (wait == WAL_WAIT_TRY && level == WAL_LEVEL_INTERVAL) try_write_now(log, last);
+        pthread_mutex_unlock(&log->mu);
+        return (int64_t)last;
+    }
+    int unlocked = 0;
+    int rc = wait_level(log, last, level, &unlocked);
+    if (!unlocked) pthread_mutex_unlock(&log->mu);
+    return rc ? rc : (int64_t)last;
+}
+
+int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
+    if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
+    pthread_mutex_lock(&log->mu);
+    int unlocked = 0;
+    int rc = lsn > log->appended ? WAL_EINVAL : wait_level(log, lsn, level, &unlocked);
+    if (!unlocked) pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
     if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
+    /* The common answer at interval, without mu: the append (WAL_WAIT_TRY) made the write.
+     * written <= appended, so an LSN it covers was appended: no WAL_EINVAL is missed. */
+    if (level == WAL_LEVEL_INTERVAL && lsn && __atomic_load_n(&log->written, __ATOMIC_ACQUIRE) >= lsn) return 0;
     pthread_mutex_lock(&log->mu);
     int rc;
     if (lsn > log->appended) {
@@ -518,16 +539,7 @@ int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
     } else if (level == WAL_LEVEL_BUFFERED) {
         rc = 0;
     } else {
-        /* Not a roll either: it waits for the sync slot and creates a file. */
-        if (!log->failed && log->written < lsn && !log->write_busy && log->pending.len &&
-            log->pending.rolls == 0 && (!log->try_write_resume_ns || guard_now_ns() >= log->try_write_resume_ns)) {
-            uint64_t t0 = guard_now_ns();
-            do_write(log);
-            uint64_t t1 = guard_now_ns(), took = t1 - t0;
-            log->try_write_resume_ns = 0;
-            if (took > TRY_WRITE_SLOW_NS)
-                log->try_write_resume_ns = t1 + (took * 100 > TRY_WRITE_PAUSE_NS ? took * 100 : TRY_WRITE_PAUSE_NS);
-        }
+        try_write_now(log, lsn);
         rc = level_status(log, lsn, level);
     }
     pthread_mutex_unlock(&log->mu);

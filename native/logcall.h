@@ -12,9 +12,10 @@
  * (measured: `Store.put` at `interval` from 64 threads, ~180,000 commits/s releasing the
  * GIL around each write(), ~570,000/s keeping it). So:
  *  - `buffered` is acknowledged once copied into the log's buffer: appended with the GIL held.
- *  - `interval` is acknowledged once written to the OS: after the append, wal_log_wait_try
- *    makes the write of the pending batch in this thread, GIL held, when the write slot is
- *    free, no segment roll is due and the last write was quick (native/commit.c). A write
+ *  - `interval` is acknowledged once written to the OS: the append (WAL_WAIT_TRY) makes the
+ *    write of the pending batch in this thread, GIL held, when the write slot is free, no
+ *    segment roll is due and the last write was quick (native/commit.c); wal_log_wait_try
+ *    then answers without the log's mutex, or makes the write if the append could not. A write
  *    to the page cache takes microseconds; when the kernel throttles writers (dirty pages
  *    over its limits) one can take milliseconds, and after a write over 1 ms commit.c makes
  *    none under the GIL for a hundred times as long (at least a second): such stalls stay

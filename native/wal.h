@@ -31,7 +31,8 @@
 #define WAL_WAIT_NONE 0   /* append: enqueue, ask the flusher to reach the level, WAL_EAGAIN on back-pressure */
 #define WAL_WAIT_LEVEL 1  /* append: return once the level holds (group commit) */
 #define WAL_WAIT_LATER 2  /* append: enqueue only; the caller calls wal_log_wait */
-#define WAL_WAIT_TRY 3    /* append: as LATER, but WAL_EAGAIN instead of blocking on back-pressure */
+#define WAL_WAIT_TRY 3    /* append: as LATER, but WAL_EAGAIN instead of blocking on back-pressure; at
+                           * interval it also makes the write when wal_log_wait_try would */
 
 #define WAL_PREALLOC_SIZE 0   /* new segments: extend with ftruncate */
 #define WAL_PREALLOC_ZEROS 1  /* new segments: write zeros (fdatasync then flushes no metadata) */

@@ -304,15 +304,16 @@ def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_
         assert log.append(b"after") == len(accepted) + 1
 
 
-def test_wait_try_makes_the_interval_write_itself_and_answers_eagain_for_anything_that_waits(
+def test_an_interval_try_append_makes_its_write_itself_and_wait_try_answers_eagain_for_anything_that_waits(
         tmp_path: Path) -> None:
-    # native/logcall.h: Log.append and Store.put at interval wait this way with the GIL held.
+    # native/logcall.h: Log.append and Store.put at interval append with WAL_WAIT_TRY and wait
+    # with wal_log_wait_try, GIL held. The append makes the write when it can at once, in the
+    # same hold of the log's mutex; wait_try then answers without taking it.
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
         lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
-        assert lsn == 1 and log.watermarks.written == 0
+        assert lsn == 1 and log.watermarks.written == 1  # written by the append, in this thread
         assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == 0
-        assert log.watermarks.written == 1  # written by this call, in this thread
         assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_BUFFERED) == 0
         # sync needs an fdatasync, which is never made here
         assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_SYNC) == lib.WAL_EAGAIN
@@ -321,6 +322,26 @@ def test_wait_try_makes_the_interval_write_itself_and_answers_eagain_for_anythin
         assert lib.wal_log_wait_try(h, lsn, 7) == lib.WAL_EINVAL
         with wal.Log.open(tmp_path, readonly=True) as ro:  # a process kill now loses nothing
             assert list(ro.read()) == [(1, b"a")]
+
+
+def test_wait_try_makes_the_write_an_append_could_not_because_the_write_slot_was_busy(tmp_path: Path) -> None:
+    # The flusher holds the write slot (a failpoint makes its write take 0.4 s) while a try
+    # append comes: that append only queues its record; wait_try, once the slot is free,
+    # writes it in the calling thread.
+    with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
+        h, address = log._handle, handle_address(log._handle)
+        wal.testing.slow("write", 0.4)
+        first = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_NONE)  # the flusher writes it
+        time.sleep(0.1)  # the flusher is inside its slow write now
+        second = append_nowait(address, b"b", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
+        wal.testing.slow("write", 0)
+        assert log.watermarks.written < second  # the slot was busy: queued, not written
+        assert lib.wal_log_wait_try(h, second, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EAGAIN
+        log.wait(first, durability="interval")  # the flusher's write is done (GIL released here)
+        assert log.watermarks.written == first
+        assert lib.wal_log_wait_try(h, second, lib.WAL_LEVEL_INTERVAL) == 0
+        assert log.watermarks.written == second  # written by wait_try, in this thread
+        assert [p for _, p in log.read()] == [b"a", b"b"]
 
 
 def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_hold_nothing(tmp_path: Path) -> None:
@@ -349,9 +370,10 @@ def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_ho
 def test_wait_try_reports_a_failed_write_and_a_full_disk(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path / "full", durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
-        with wal.testing.failpoint("write", errno.ENOSPC):
-            lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
-            assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_ENOSPC
+        with wal.testing.failpoint("write", errno.ENOSPC, repeat=True):
+            lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)  # its write fails
+            assert lsn == 1 and log.watermarks.written == 0
+            assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_ENOSPC  # and again
         assert log.append(b"b") == 2  # space is back: both are written, in order
         assert list(log.read()) == [(1, b"a"), (2, b"b")]
     log = wal.Log.open(tmp_path / "eio", durability="interval", rpo_ms=60_000)
