@@ -346,12 +346,10 @@ def test_wait_try_makes_the_write_an_append_could_not_because_the_write_slot_was
 
 def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_hold_nothing(tmp_path: Path) -> None:
     # A caller of wal_log_wait_try holds the GIL: after a write over 1 ms (the kernel throttling
-    # writers, here a failpoint's sleep) it makes none for at least 1 s (native/commit.c). The
-    # guard times writes with the coarse clock (a tick of 1-10 ms): a 12 ms write is seen as
-    # 10-22 ms at any kernel HZ, so the pause lasts 1-2.2 s.
+    # writers, here a failpoint's sleep) it makes none for at least 1 s (native/commit.c).
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
-        wal.testing.slow("write", 0.012)
+        wal.testing.slow("write", 0.005)
         first = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
         assert lib.wal_log_wait_try(h, first, lib.WAL_LEVEL_INTERVAL) == 0
         wal.testing.slow("write", 0)
@@ -360,7 +358,7 @@ def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_ho
         assert log.watermarks.written == first
         assert log.append(b"c") == 3  # Log.append then waits with the GIL released
         assert log.watermarks.written == 3
-        time.sleep(2.3)  # the pause is over: wait_try writes again
+        time.sleep(1.1)  # the pause is over: wait_try writes again
         fourth = append_nowait(address, b"d", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
         assert lib.wal_log_wait_try(h, fourth, lib.WAL_LEVEL_INTERVAL) == 0
         assert log.watermarks.written == fourth
