@@ -456,11 +456,11 @@ static int wait_level(wal_log *log, uint64_t lsn, int level, int *unlocked) {
 }
 
 /* The callers of wal_log_wait_try and of a WAL_WAIT_TRY append may hold something other
- * threads wait for (the GIL, native/logcall.h), so a write made there must be quick. One that took longer than
- * TRY_WRITE_SLOW_NS (the kernel throttling writers: a buffered write on ext4 cannot be asked
- * not to wait, RWF_NOWAIT is refused) stops such writes for a hundred times as long, at least
- * TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held, and the stalls
- * such a caller causes stay under about 1% of the time. */
+ * threads wait for (the GIL, native/logcall.h), so a write made there must be quick. One that
+ * took longer than TRY_WRITE_SLOW_NS (the kernel throttling writers: a buffered write on ext4
+ * cannot be asked not to wait, RWF_NOWAIT is refused) stops such writes for a hundred times as
+ * long, at least TRY_WRITE_PAUSE_NS: the writes go to threads that wait with nothing held, and
+ * the stalls such a caller causes stay under about 1% of the time. */
 #define TRY_WRITE_SLOW_NS 1000000ull
 #define TRY_WRITE_PAUSE_NS 1000000000ull
 

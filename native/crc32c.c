@@ -62,7 +62,8 @@ uint32_t wal_crc32c_sw(uint32_t crc, const void *data, size_t len) {
  * x^(8n - 33) mod P gives a 64-bit product that a crc32 of it reduces back to 32 bits (the
  * crc32 of a word w is w(x) * x^32 mod P, and the reflected product carries one more factor of
  * x: 33 = 32 + 1). B is a power of two from 64 bytes to 8 KiB, so eight constants cover every
- * block, computed once. A 1 KiB record costs ~40% of the single-stream time. */
+ * block, computed once. Measured here through a cffi call: a hot 1 MiB buffer 8.6 -> 27 GB/s,
+ * 4 KiB 6.8 -> 12 GB/s, a 1 KiB record ~3.7 -> ~4.6 GB/s (mostly the call). */
 #define BLOCK_SIZES 8
 #define BLOCK_MIN 64u
 static uint32_t shift_const[BLOCK_SIZES]; /* x^(8B - 33) mod P for B = BLOCK_MIN << i, reflected */

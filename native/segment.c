@@ -27,12 +27,8 @@ void wal_segment_header_encode(uint8_t out[64], const wal_segment_header *h) {
     wal_put_u32(out + WAL_SH_CRC, wal_crc32c(0, out, WAL_SH_CRC));
 }
 
-/* Zeros in 64 KiB writes, not larger: the page cache keeps a file's pages in folios as large as
- * the write that created them (ext4, Linux 6.x), and every later small write into a folio walks
- * all of its blocks. Records written over zeros laid down in 8 MiB writes cost ~6 us per 4 KiB
- * pwrite instead of ~1.3 us (benchmarks/PROFILING.md, finding 16); 64 KiB costs no more than 4 KiB. */
 static int zero_fill_file(int fd, uint64_t size) {
-    enum { CHUNK = 64 << 10 };
+    enum { CHUNK = WAL_ZERO_WRITE_BYTES };
     uint8_t *zeros = calloc(1, CHUNK);
     if (!zeros) return -12; /* ENOMEM */
     int rc = 0;

@@ -245,7 +245,7 @@ static int open_segment(wal_writer *w, const wal_span *s) {
 
 static void zero_ahead(wal_writer *w, uint64_t end) {
     if (!w->zero_ahead || end + ZERO_AHEAD_BYTES / 2 <= w->fd_zeroed || w->fd_zeroed >= w->fd_size) return;
-    static const uint8_t zeros[64 << 10]; /* 64 KiB writes: small page-cache folios (segment.c) */
+    static const uint8_t zeros[WAL_ZERO_WRITE_BYTES];
     uint64_t from = end > w->fd_zeroed ? end : w->fd_zeroed;
     /* to the first chunk boundary at least half a chunk past the tail: after this call
      * fd_zeroed >= end + ZERO_AHEAD_BYTES / 2 (or the file's end), so one call per chunk */
