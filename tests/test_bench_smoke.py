@@ -98,3 +98,20 @@ def test_plots_are_written_when_matplotlib_is_there(smoke_run: tuple[Path, dict,
     assert data["plots"]
     for name in data["plots"]:
         assert (out / name).stat().st_size > 0
+
+
+def test_the_store_reopen_is_held_to_a_raw_read_of_its_own_files(smoke_run: tuple[Path, dict, str]) -> None:
+    """The 'bound by the disk' check of the store's reopen divides by the raw reads made beside
+    each of its runs (the `ref-store` row), not by the section's read of another log."""
+    _, data, _ = smoke_run
+    rec = [w for w in data["sections"]["c"]["workloads"] if w["id"].startswith("c.recovery.")]
+    assert rec
+    for w in rec:
+        pair = next(r for r in w["rows"] if r["system"] == "ref-store")
+        assert pair["role"] == "ref-alt" and "error" not in pair
+        assert pair["bytes"] == next(r for r in w["rows"] if r["system"] == "agentwal-store@replay")["bytes"]
+    check = next(t for t in data["targets"] if t["what"].startswith("Store reopen replaying the log into LMDB"))
+    assert check["status"] in ("MET", "NOT MET")
+    replay, raw = (next(r for r in rec[-1]["rows"] if r["system"] == s)["mb_per_s"]
+                   for s in ("agentwal-store@replay", "ref-store"))
+    assert check["ratio"] == pytest.approx(replay / raw)
