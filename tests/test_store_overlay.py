@@ -11,13 +11,12 @@ wake-up when many threads wait on it. A forked child: the inherited store stays 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -342,39 +341,23 @@ def test_many_threads_contending_for_the_commit_lock_lose_no_wake_up_and_no_upda
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_while_the_commit_lock_is_held_gets_a_free_lock_and_a_refused_store(
-        tmp_path: Path) -> None:
+        tmp_path: Path, forked_outcomes: Callable[..., dict[str, str]]) -> None:
     with wal.open(tmp_path, durability="buffered", rpo_ms=50) as store:
         store.put(b"k", b"v")
-        read_fd, write_fd = os.pipe()
+
+        def lock_usable() -> None:  # usable, not a copy of the parent's held lock
+            with store._commit_lock:
+                pass
+
         with store._commit_lock:  # as a committing thread of the parent might at the fork
-            pid = os.fork()
-            if pid == 0:  # child: report, never return into pytest
-                code = 0
-                try:
-                    results: dict[str, str] = {"lock held": str(store._commit_lock.locked())}
-                    for name, call in (("put", lambda: store.put(b"k", b"child")),
-                                       ("get", lambda: store.get(b"k")),
-                                       ("transaction", store.transaction),
-                                       ("scan", lambda: list(store.scan()))):
-                        try:
-                            call()
-                            results[name] = "no error"
-                        except Exception as exc:
-                            results[name] = type(exc).__name__
-                    with store._commit_lock:  # usable, not a copy of the parent's held lock
-                        pass
-                    os.write(write_fd, json.dumps(results).encode())
-                except BaseException:
-                    code = 1
-                finally:
-                    os._exit(code)
-        os.close(write_fd)
-        with os.fdopen(read_fd) as r:
-            report = r.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == {"lock held": "False", "put": "LockedError", "get": "LockedError",
-                                      "transaction": "LockedError", "scan": "LockedError"}
+            report = forked_outcomes(
+                (("put", lambda: store.put(b"k", b"child")),
+                 ("get", lambda: store.get(b"k")),
+                 ("transaction", store.transaction),
+                 ("scan", lambda: list(store.scan()))),
+                first=lambda: {"lock held": str(store._commit_lock.locked())}, then=lock_usable)
+        assert report == {"lock held": "False", "put": "LockedError", "get": "LockedError",
+                          "transaction": "LockedError", "scan": "LockedError"}
         assert store.put(b"k", b"parent") == 2 and store.get(b"k") == b"parent"
 
 

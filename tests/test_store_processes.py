@@ -18,7 +18,6 @@ Quick profile by default; AGENTWAL_LONG=1 runs 100 kills per level.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -29,7 +28,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -397,33 +396,13 @@ def test_a_killed_writers_lock_is_released_with_its_process(tmp_path: Path) -> N
         assert store.get(b"last") is not None or store.watermarks.written == 0
 
 
-def test_a_forked_child_gets_locked_error_from_the_inherited_store_and_from_a_new_open(tmp_path: Path) -> None:
+def test_a_forked_child_gets_locked_error_from_the_inherited_store_and_from_a_new_open(
+        tmp_path: Path, forked_outcomes: Callable[..., dict[str, str]]) -> None:
     with wal.open(tmp_path) as store:
         store.put(b"k", b"v")
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: report, never return into pytest
-            code = 0
-            try:
-                results = {}
-                for name, call in (("inherited put", lambda: store.put(b"k", b"child")),
-                                   ("new open", lambda: wal.open(tmp_path))):
-                    try:
-                        call()
-                        results[name] = "no error"
-                    except Exception as exc:
-                        results[name] = type(exc).__name__
-                os.write(write_fd, json.dumps(results).encode())
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        with os.fdopen(read_fd) as r:
-            report = r.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert json.loads(report) == {"inherited put": "LockedError", "new open": "LockedError"}
+        report = forked_outcomes((("inherited put", lambda: store.put(b"k", b"child")),
+                                  ("new open", lambda: wal.open(tmp_path))))
+        assert report == {"inherited put": "LockedError", "new open": "LockedError"}
         assert store.put(b"k", b"parent") == 2  # the parent's store is unharmed
         assert store.get(b"k") == b"parent"
     with wal.open(tmp_path) as store:

@@ -1,0 +1,58 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import pytest
+
+Calls = Sequence[tuple[str, Callable[[], object]]]
+
+
+def _outcome_names(calls: Calls) -> dict[str, str]:
+    """Each call's outcome by name: "no error", or the name of the exception it raised."""
+    results = {}
+    for name, call in calls:
+        try:
+            call()
+            results[name] = "no error"
+        except Exception as exc:
+            results[name] = type(exc).__name__
+    return results
+
+
+@pytest.fixture
+def forked_outcomes() -> Callable[..., dict[str, str]]:
+    """run(calls, *, first=None, then=None): fork; the child records `first()` (a dict of
+    extra findings, made before the calls), then each call's outcome, then runs `then()`,
+    sends the findings back as JSON and exits without returning into pytest. The parent
+    asserts the child exited 0 and returns the findings. run forks when called, so a test
+    forks where it needs to (e.g. while a lock is held)."""
+
+    def run(calls: Calls, *, first: Callable[[], dict[str, str]] | None = None,
+            then: Callable[[], object] | None = None) -> dict[str, str]:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: report, never return into pytest
+            code = 0
+            try:
+                results = first() if first is not None else {}
+                results.update(_outcome_names(calls))
+                if then is not None:
+                    then()
+                os.write(write_fd, json.dumps(results).encode())
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        with os.fdopen(read_fd) as r:
+            report = r.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        findings: dict[str, str] = json.loads(report)
+        return findings
+
+    return run
