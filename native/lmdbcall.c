@@ -47,6 +47,8 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -76,8 +78,8 @@ typedef struct {
     unsigned int me_maxreaders, me_numreaders;
 } MDB_envinfo;
 
+#define MDB_NOSYNC 0x10000
 #define MDB_RDONLY 0x20000
-#define MDB_NOMETASYNC 0x40000
 #define MDB_NOTLS 0x200000
 #define MDB_NORDAHEAD 0x800000
 #define MDB_CREATE 0x40000 /* mdb_dbi_open */
@@ -145,6 +147,7 @@ typedef struct {
     void (*cursor_close)(MDB_cursor *);
     int (*cursor_get)(MDB_cursor *, MDB_val *, MDB_val *, int);
     int (*cursor_put)(MDB_cursor *, MDB_val *, MDB_val *, unsigned int);
+    size_t (*txn_id)(MDB_txn *);
 } mdb_api;
 
 /* The names resolved, in mdb_api's order. */
@@ -152,6 +155,7 @@ static const char *const API_NAMES[] = {
     "version", "strerror", "env_create", "env_open", "env_close", "env_set_mapsize", "env_set_maxdbs",
     "env_sync", "env_stat", "env_info", "txn_begin", "txn_commit", "txn_abort", "txn_reset", "txn_renew",
     "dbi_open", "stat", "get", "put", "del", "cursor_open", "cursor_close", "cursor_get", "cursor_put",
+    "txn_id",
 };
 #define N_API (sizeof(API_NAMES) / sizeof(API_NAMES[0]))
 _Static_assert(sizeof(mdb_api) == N_API * sizeof(void *), "API_NAMES must list every mdb_api member");
@@ -261,6 +265,7 @@ typedef struct EnvObject {
     dev_t dev;
     ino_t ino;
     int readonly;
+    int restored; /* env_init wrote the given meta page into both slots (restore_meta) */
     int busy; /* GIL-released calls running on this handle */
     int n_spare;
     MDB_txn *spare[SPARE_TXNS]; /* reset read transactions, renewed by the next read */
@@ -369,13 +374,71 @@ static void env_close_now(EnvObject *e) {
     e->env = NULL;
 }
 
+/* Write `page`, a meta page saved at a checkpoint (wal/state.py), into both meta slots of
+ * dir/data.mdb and fdatasync it, so that LMDB opens at that snapshot -- unless another process
+ * has the environment open. LMDB's own test for that: every opener holds a read lock on byte 0
+ * of lock.mdb, and the first one takes a write lock there to initialise the file. If another
+ * process holds it, the machine has not restarted since that process opened it, so the page
+ * cache holds every page LMDB wrote and nothing needs restoring. Returns 1 written, 0 skipped,
+ * -1 with errno. Called before mdb_env_open, while this process holds no LMDB lock on the
+ * environment (the registry check came first): closing our lock-file descriptor, which drops
+ * every fcntl lock this process has on the file, then drops none of LMDB's. */
+static int restore_meta(const char *dir, const char *page, size_t psize) {
+    char lock_path[PATH_MAX], data_path[PATH_MAX];
+    if (snprintf(lock_path, sizeof lock_path, "%s/lock.mdb", dir) >= (int)sizeof lock_path ||
+        snprintf(data_path, sizeof data_path, "%s/data.mdb", dir) >= (int)sizeof data_path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int lfd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, FILE_MODE);
+    if (lfd < 0) return -1;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    if (fcntl(lfd, F_SETLK, &fl) != 0) {
+        int e = errno;
+        close(lfd);
+        if (e == EACCES || e == EAGAIN) return 0;
+        errno = e;
+        return -1;
+    }
+    int rc = -1, dfd = open(data_path, O_WRONLY | O_CLOEXEC);
+    char *buf = malloc(psize);
+    if (dfd >= 0 && buf != NULL) {
+        rc = 1;
+        for (uint64_t slot = 0; slot < 2 && rc == 1; slot++) {
+            memcpy(buf, page, psize);
+            wal_put_u64((uint8_t *)buf, slot); /* the page header's page number */
+            if (pwrite(dfd, buf, psize, (off_t)(slot * psize)) != (ssize_t)psize) rc = -1;
+        }
+        if (rc == 1 && fdatasync(dfd) != 0) rc = -1;
+    }
+    int e = errno;
+    free(buf);
+    if (dfd >= 0) close(dfd);
+    close(lfd);
+    errno = e;
+    return rc;
+}
+
+static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
+                         const char *restore, size_t restore_len);
+
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path", "readonly", "map_size", NULL};
+    static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
     PyObject *path;
     int readonly = 0;
     unsigned long long map_size = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK", kwlist, PyUnicode_FSConverter, &path, &readonly, &map_size))
+    Py_buffer restore = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK|z*", kwlist, PyUnicode_FSConverter, &path, &readonly,
+                                     &map_size, &restore))
         return -1;
+    int rc = env_init_with(self, path, readonly, map_size, restore.buf, (size_t)restore.len);
+    if (restore.obj != NULL) PyBuffer_Release(&restore);
+    return rc;
+}
+
+/* Env(path, readonly, map_size, restore=None); `path` is a new reference, kept or dropped. */
+static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
+                         const char *restore, size_t restore_len) {
     if (self->env != NULL || self->path != NULL) {
         Py_DECREF(path);
         PyErr_SetString(PyExc_TypeError, "Env is initialised once");
@@ -397,6 +460,21 @@ static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
             set_own_error(E_ALREADY_OPEN, "this LMDB environment is already open in this process");
             return -1;
         }
+    }
+    if (restore != NULL) {
+        if (readonly || restore_len < 4096 || restore_len > (1u << 16)) {
+            PyErr_SetString(PyExc_ValueError, "restore takes one meta page (4 KiB .. 64 KiB), never on a read-only open");
+            return -1;
+        }
+        int got;
+        Py_BEGIN_ALLOW_THREADS
+        got = restore_meta(cpath, restore, restore_len);
+        Py_END_ALLOW_THREADS
+        if (got < 0) {
+            set_error(errno, "restoring the checkpoint's meta page");
+            return -1;
+        }
+        self->restored = got;
     }
     self->readonly = readonly;
     self->pid = current_pid;
@@ -424,10 +502,11 @@ static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     self->next = registry;
     registry = self;
     self->busy++;
-    /* Exactly what wal/state.py asked of py-lmdb: subdir layout, data pages fsynced at
-     * every commit but not the meta page (NOMETASYNC; never NOSYNC/MAPASYNC/WRITEMAP),
-     * read transactions not bound to threads (NOTLS), no readahead. */
-    unsigned int flags = MDB_NOMETASYNC | MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : 0);
+    /* Subdir layout; no fsync at commit (NOSYNC: the state is made durable at checkpoints,
+     * and after a crash reopened at the last one, wal/state.py); never MAPASYNC/WRITEMAP, so
+     * every page reaches the file through write(2), where a checkpoint's fdatasync finds it;
+     * read transactions not bound to threads (NOTLS); no readahead. */
+    unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC);
     MDB_txn *txn = NULL;
     static const char *const names[N_DBS] = {"data", "idem", "meta"};
     Py_BEGIN_ALLOW_THREADS
@@ -1062,6 +1141,11 @@ static PyObject *env_get_path(EnvObject *self, void *closure) {
     return PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(self->path));
 }
 
+static PyObject *env_get_restored(EnvObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(self->restored);
+}
+
 static PyObject *env_get_closed(EnvObject *self, void *closure) {
     (void)closure;
     return PyBool_FromLong(self->env == NULL);
@@ -1085,6 +1169,7 @@ static PyMethodDef env_methods[] = {
 static PyGetSetDef env_getset[] = {
     {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
     {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
+    {"restored", (getter)env_get_restored, NULL, "True if the open wrote the given meta page into both slots", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1183,7 +1268,14 @@ static PyObject *snap_entries(SnapshotObject *s, PyObject *arg) {
     return PyLong_FromSize_t(st.ms_entries);
 }
 
+static PyObject *snap_txnid(SnapshotObject *s, PyObject *unused) {
+    (void)unused;
+    if (snap_usable(s) < 0) return NULL;
+    return PyLong_FromSize_t(M.txn_id(s->txn));
+}
+
 static PyMethodDef snap_methods[] = {
+    {"txnid", (PyCFunction)snap_txnid, METH_NOARGS, "txnid() -> the LMDB transaction id the snapshot reads"},
     {"get", (PyCFunction)(void (*)(void))snap_get, METH_FASTCALL, "get(db, key) -> bytes | None"},
     {"scan", (PyCFunction)(void (*)(void))snap_scan, METH_FASTCALL, "scan(db, prefix, after, limit) -> [(key, value)]"},
     {"entries", (PyCFunction)snap_entries, METH_O, "entries(db) -> number of keys"},

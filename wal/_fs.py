@@ -7,6 +7,7 @@ could vanish whole, and LMDB's files were never durably linked).
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 
@@ -32,3 +33,22 @@ def makedirs_durable(path: str) -> None:
     os.makedirs(path, exist_ok=True)
     for created in reversed(missing):  # outermost first: its parent already exists durably
         fsync_dir(os.path.dirname(created))
+
+
+# A simulated power cut (wal.crashsim.apply_power_cut) restarts no machine: it sets this to a
+# new value instead, in its own process and so in the children it starts afterwards.
+BOOT_ID_ENV = "AGENTWAL_BOOT_ID"
+
+
+def boot_id() -> bytes:
+    """16 bytes that change whenever the machine restarts (Linux's boot id, or $AGENTWAL_BOOT_ID);
+    16 zero bytes where the kernel does not say. Equal boot ids mean the page cache survived: every
+    byte written to a file since is what reads see, synced or not."""
+    simulated = os.environ.get(BOOT_ID_ENV)
+    if simulated:
+        return hashlib.blake2b(simulated.encode(), digest_size=16).digest()
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
+    except (OSError, ValueError):
+        return bytes(16)

@@ -44,6 +44,9 @@ Directory entries (by the inode of the directory that holds them):
   - a file created and fsynced whose directory was never fsynced disappears; a file whose
     creation is durable but whose data was never synced is there with its durable (maybe empty)
     content.
+The machine restarts: `apply_power_cut` sets a new boot id in this process's environment
+($AGENTWAL_BOOT_ID, read by wal._fs.boot_id), inherited by the children started afterwards, so
+the store knows its unsynced writes are gone, as it would after a real restart.
 `at=` cuts the history at a journal position first (everything journaled from there on is undone
 exactly), so one run can be cut at every fsync boundary or at a `note` the child wrote.
 
@@ -86,6 +89,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, cast
+
+from wal._fs import BOOT_ID_ENV
 
 __all__ = [
     "EntryOutcome",
@@ -570,7 +575,15 @@ def apply_power_cut(
         for p in (journal_s, _map_path(journal_s)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
+    simulate_restart()
     return report
+
+
+def simulate_restart() -> None:
+    """A power cut restarts the machine, and what was in its page cache is gone: give this process,
+    and the children it starts from now on, a new boot id (wal._fs.boot_id), so a store opened
+    after the cut treats what it did not sync as lost (wal/state.py restores its last checkpoint)."""
+    os.environ[BOOT_ID_ENV] = os.urandom(16).hex()
 
 
 def _lexists(p: str) -> bool:

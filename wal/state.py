@@ -1,24 +1,45 @@
 """The materialized state: an LMDB environment holding the effect of the log up to `applied_lsn`.
 
-Why LMDB cannot be corrupted by a power cut, and how its lost transaction comes back
--------------------------------------------------------------------------------------
-LMDB is copy-on-write: a commit writes new pages, then flips one of two meta pages to
-point at the new root. We open it with ``sync=True, metasync=False`` (MDB_NOMETASYNC):
-the data pages are fsynced at every commit, the meta page is not. A power cut can
-therefore lose the meta-page flip of the last commit(s), and LMDB reopens at the
-previous meta page -- an older, complete, consistent tree. It never sees a half-written
-tree, because the pages an older meta points at are never overwritten while it is the
-newest durable one. We never use MDB_NOSYNC / MDB_MAPASYNC / MDB_WRITEMAP, which can
-leave a meta page pointing at unwritten pages after a crash.
+Durable at checkpoints, reopened at the last one after a crash
+--------------------------------------------------------------
+The log is what makes a commit durable (I2); the state only has to be durable when a
+checkpoint lets log segments go. So LMDB is opened with MDB_NOSYNC: its transactions are
+written to the file (write(2), never a writable mapping) but not fsynced, and the disk takes
+the state's pages at checkpoints rather than beside every group of commits (a 4 KiB value is
+two LMDB pages, more bytes than its log record: benchmarks/PROFILING.md finding 20).
 
-What the lost commit(s) held comes back from the log: `applied_lsn` is stored in the
-same LMDB transaction as the state it describes, so the state that survives says
-exactly which LSN it reflects, and recovery replays the log from `applied_lsn + 1`.
-A checkpoint forces the meta page to disk (a forced ``mdb_env_sync``) before any log segment
-is deleted, so the log always still holds everything after the durable `applied_lsn`.
+An unsynced LMDB is only safe to reopen if the snapshot it falls back to is whole. LMDB is
+copy-on-write, but it reuses the pages a newer transaction freed as soon as no reader holds
+the snapshot that still uses them, and a power cut may keep a later meta page and lose the
+pages it points at. Hence `checkpoint`:
 
-Invariant I1 (log before state) is enforced in `State.apply`: a batch is committed
-only if its last LSN is durable in the log, checked right before the LMDB commit.
+1. begin a read transaction (the *pin*): LMDB reuses none of the pages of its snapshot
+   while it is open, which is until the next checkpoint or the close;
+2. fdatasync the file (``mdb_env_sync(force)``): every page of that snapshot is durable;
+3. save that snapshot's meta page, with its transaction id and the boot id, in
+   ``checkpoint.meta`` (written aside, fsynced, renamed, directory fsynced; FORMAT.md §16);
+4. let the previous pin go.
+
+On a writable open, if the newest meta page of ``data.mdb`` is not the saved one, the state
+was not closed cleanly. If the machine restarted since the checkpoint (the boot id differs),
+the pages that newer meta page points at may never have reached the disk: the saved page is
+written over both meta slots before LMDB opens (``restore`` in native/lmdbcall.c), LMDB opens
+at the checkpoint's snapshot, whose pages the pin kept from reuse until the writer stopped,
+and the store replays the log from the checkpoint's ``applied_lsn`` (the log keeps every
+segment after it). If it did not restart (a process kill), the page cache holds every page
+LMDB wrote: the state is taken as it is and the open checkpoints it at once, before any
+write. A restore is also skipped while another process has the environment open (it proves
+the page cache is whole). A read-only open, which cannot restore, refuses a state that was not
+closed cleanly before a restart and reads it otherwise. Meta pages that no crash explains
+(not a meta page at all, or older than the checkpoint) are damage, never restored over.
+
+`applied_lsn` is stored in the same LMDB transaction as the state it describes, so whatever
+snapshot LMDB opens says exactly which LSN it reflects, and recovery replays from
+``applied_lsn + 1``. Invariant I1 (log before state) is enforced in `State.apply`: a batch is
+committed only if its last LSN is durable in the log, checked right before the LMDB commit.
+
+A state written by store format 1 (LMDB synced at every commit, no ``checkpoint.meta``) is
+taken as it is (``legacy_synced``) and gets its first checkpoint when opened.
 
 Where LMDB comes from, and why our own binding
 ----------------------------------------------
@@ -35,7 +56,7 @@ one environment twice in a process (its fcntl locks are per process) and py-lmdb
 expose its handles, so nothing in ``wal/`` opens LMDB through py-lmdb.
 
 Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key ->
-u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``store_format``).
+u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...).
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by
@@ -48,17 +69,24 @@ neither: see the known limitations in that test.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import importlib.metadata
+import logging
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from wal import _lmdbcall, record
+from wal._bindings import lib
+from wal._fs import boot_id, fsync_dir
 from wal._lmdbcall import DATA, IDEM, META, LmdbError
 from wal.errors import ClosedError, CorruptionError, LockedError, WalError
+
+_logger = logging.getLogger("wal.state")
 
 _U64 = struct.Struct("<Q")
 _IDEM = struct.Struct("<QQ")
@@ -68,6 +96,27 @@ APPLIED_KEY = b"applied_lsn"
 DURABLE_SEEN_KEY = b"durable_seen"
 DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
 _SCAN_CHUNK = 1024  # keys per call of a snapshot's walk
+
+CHECKPOINT_FILE = "checkpoint.meta"
+DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+# checkpoint.meta (FORMAT.md §16): this header, the meta page, a CRC-32C of everything before it.
+_CKP_MAGIC = b"AGWSTCKP"
+_CKP_VERSION = 1
+_CKP_HEAD = struct.Struct("<8sII16sQQQ")  # magic, version, page size, boot id, txnid, applied LSN, unix ms
+_CKP_MAX_PAGE = 1 << 16
+# The fields of LMDB 0.9's meta page read here (its page header, then MDB_meta; mdb.c): the page
+# flags, magic and data version say it is a meta page, the free DB's md_pad is the page size,
+# then the transaction id. Bytes [16, 152) are the whole MDB_meta: equal bytes, same snapshot.
+_LMDB_P_META = 0x08
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_DATA_VERSION = 1
+_LMDB_META_BODY = slice(16, 152)
+_LMDB_TXNID_AT = 144
+_LMDB_MIN_PAGE = 4096
+# A state created by this module holds at most LMDB's first transaction (the one that creates its
+# databases) before its first checkpoint is saved.
+_CREATED_TXNID = 1
 
 # The py-lmdb releases checked to carry LMDB 0.9 under names `_lmdbcall.load` resolves (pyproject.toml).
 LMDB_PACKAGE_RANGE = ">=1.4.1,<4"
@@ -171,17 +220,131 @@ def _applied(path: str, raw: bytes | None) -> int:
                               path=os.path.join(path, "data.mdb"), reason="state damaged")
     return _U64.unpack(raw)[0] if raw else 0
 
+# ---- LMDB's meta pages and the saved checkpoint ----
+
+
+class SavedCheckpoint(NamedTuple):
+    """checkpoint.meta: the meta page of the state's last durable snapshot, and where it came from."""
+
+    page: bytes
+    txnid: int
+    applied_lsn: int
+    boot_id: bytes
+    unix_ms: int
+
+
+def _meta_txnid(page: bytes) -> int | None:
+    """The transaction id of an LMDB 0.9 meta page; None if `page` is not one."""
+    if len(page) < _LMDB_MIN_PAGE:
+        return None
+    flags, = struct.unpack_from("<H", page, 10)
+    magic, version = struct.unpack_from("<II", page, 16)
+    if not flags & _LMDB_P_META or magic != _LMDB_MAGIC or version != _LMDB_DATA_VERSION:
+        return None
+    txnid: int = struct.unpack_from("<Q", page, _LMDB_TXNID_AT)[0]
+    return txnid
+
+
+def _meta_pages(path: str, psize: int) -> list[bytes]:
+    """Both meta slots of path/data.mdb as they read now (short or empty where the file is)."""
+    try:
+        fd = os.open(os.path.join(path, DATA_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    try:
+        return [os.pread(fd, psize, slot * psize) for slot in (0, 1)]
+    finally:
+        os.close(fd)
+
+
+def _newest_meta(path: str, psize: int) -> tuple[int, bytes] | None:
+    """(txnid, page) of the meta page LMDB would open data.mdb at; None if neither slot is one."""
+    found = [(txnid, page) for page in _meta_pages(path, psize) if (txnid := _meta_txnid(page)) is not None]
+    return max(found, key=lambda tp: tp[0]) if found else None
+
+
+def _is_saved_snapshot(path: str, saved: SavedCheckpoint) -> bool:
+    """LMDB would open data.mdb at exactly the saved snapshot (a clean close, or nothing since)."""
+    newest = _newest_meta(path, len(saved.page))
+    return newest is not None and newest[1][_LMDB_META_BODY] == saved.page[_LMDB_META_BODY]
+
+
+def read_checkpoint(path: str) -> SavedCheckpoint | None:
+    """path/checkpoint.meta, checked; None if there is none. CorruptionError if it is damaged: it is
+    written aside, fsynced and renamed into place, so no crash leaves it partial."""
+    name = os.path.join(path, CHECKPOINT_FILE)
+    try:
+        with open(name, "rb") as f:
+            raw = f.read(_CKP_HEAD.size + _CKP_MAX_PAGE + 4 + 1)
+    except FileNotFoundError:
+        return None
+
+    def damaged(why: str) -> NoReturn:
+        raise CorruptionError(
+            f"{name} is damaged ({why}). It holds the state's last durable snapshot; without it a state not "
+            "closed cleanly cannot be reopened safely. If the log still holds every commit from LSN 1, move "
+            "state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
+            path=name, reason="bad checkpoint file")
+
+    if len(raw) < _CKP_HEAD.size + 4:
+        damaged(f"{len(raw)} bytes")
+    magic, version, psize, boot, txnid, applied, unix_ms = _CKP_HEAD.unpack_from(raw)
+    if magic != _CKP_MAGIC:
+        damaged("bad magic")
+    if version != _CKP_VERSION:
+        damaged(f"version {version}, this agentwal reads {_CKP_VERSION}")
+    if len(raw) != _CKP_HEAD.size + psize + 4 or not _LMDB_MIN_PAGE <= psize <= _CKP_MAX_PAGE:
+        damaged(f"{len(raw)} bytes for a page of {psize}")
+    if lib.wal_crc32c(0, raw[:-4], len(raw) - 4) != int.from_bytes(raw[-4:], "little"):
+        damaged("bad crc")
+    page = raw[_CKP_HEAD.size:-4]
+    if _meta_txnid(page) != txnid:
+        damaged("its page is not LMDB's meta page of the transaction it names")
+    return SavedCheckpoint(page, txnid, applied, boot, unix_ms)
+
+
+def _write_checkpoint(path: str, saved: SavedCheckpoint) -> None:
+    """Durably replace path/checkpoint.meta: written aside, fsynced, renamed, directory fsynced."""
+    body = _CKP_HEAD.pack(_CKP_MAGIC, _CKP_VERSION, len(saved.page), saved.boot_id, saved.txnid,
+                          saved.applied_lsn, saved.unix_ms) + saved.page
+    name = os.path.join(path, CHECKPOINT_FILE)
+    tmp = name + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, body + lib.wal_crc32c(0, body, len(body)).to_bytes(4, "little"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name)
+    fsync_dir(path)
+
 
 class State:
-    def __init__(self, path: str, *, readonly: bool = False, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    """The LMDB state of one store. A writable State holds the pin of its last checkpoint (see the
+    module docstring) from the open to the close; `restored` says whether the open fell back to it."""
+
+    def __init__(self, path: str, *, readonly: bool = False, map_size: int = DEFAULT_MAP_SIZE,
+                 legacy_synced: bool = False) -> None:
+        """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
+        synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
+        creation cut short, which is started again)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
         self.readonly = readonly
+        self.restored = False
+        self._pin: _lmdbcall.Snapshot | None = None
+        saved = read_checkpoint(path)
+        restore: bytes | None = None
+        if readonly:
+            self._check_readable(saved)
+        elif saved is None:
+            if not legacy_synced:
+                self._discard_unfinished_creation()
+        else:
+            restore = self._page_to_restore(saved)
         try:
-            # Flags as py-lmdb was asked before (native/lmdbcall.c): subdir, sync=True with
-            # metasync=False, no MAPASYNC/WRITEMAP, NOTLS, no readahead; max_dbs=4.
-            self._env = _lmdbcall.Env(path, readonly, map_size)
+            self._env = _lmdbcall.Env(path, readonly, map_size, restore)
         except LmdbError as exc:
             if exc.args[0] == _lmdbcall.E_ALREADY_OPEN:
                 # One handle per environment and process (two would break LMDB's per-process locks).
@@ -190,6 +353,81 @@ class State:
                     "read through the Store already open, or open it read-only from another process"
                 ) from exc
             _raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
+        if readonly:
+            return
+        try:
+            self._pin = self._env.begin()
+            if self._env.restored:
+                assert saved is not None
+                self.restored = True
+                _logger.warning("the state in %s was not closed cleanly: reopened at its last checkpoint "
+                                "(applied LSN %d); the log is replayed from there", path, saved.applied_lsn)
+            if saved is None or self._pin.txnid() != saved.txnid:
+                self.checkpoint()
+        except LmdbError as exc:
+            self.close()
+            _raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def _page_to_restore(self, saved: SavedCheckpoint) -> bytes | None:
+        """The saved meta page if LMDB must be reopened at the checkpoint: it was not closed cleanly
+        (its newest meta page is a later one) and the machine restarted since the checkpoint, so the
+        pages that later meta page points at may not have reached the disk. After a process kill the
+        page cache still holds them: the state is taken as it is, and the open checkpoints it.
+        A data.mdb whose meta pages cannot come from LMDB writing after the checkpoint is damage:
+        left to LMDB when a slot is not a meta page (it refuses the file), refused here when the
+        newest is older than the checkpoint or another page under the checkpoint's transaction id."""
+        pages = _meta_pages(self.path, len(saved.page))
+        txnids = [_meta_txnid(page) for page in pages]
+        if len(txnids) != 2 or None in txnids:
+            return None
+        newest = max(zip(txnids, pages, strict=True), key=lambda tp: tp[0] or 0)
+        if newest[1][_LMDB_META_BODY] == saved.page[_LMDB_META_BODY]:
+            return None  # closed cleanly (or nothing written since the checkpoint)
+        newest_txnid = newest[0] or 0
+        if newest_txnid <= saved.txnid:
+            raise CorruptionError(
+                f"the LMDB state {os.path.join(self.path, DATA_FILE)} is damaged (its newest meta page, transaction "
+                f"{newest_txnid}, is not the one its last checkpoint made durable, transaction {saved.txnid}): "
+                "the file was replaced by an older copy or overwritten. If the log still holds every commit from "
+                "LSN 1, move state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
+                path=os.path.join(self.path, DATA_FILE), reason="state damaged")
+        return saved.page if saved.boot_id != boot_id() else None
+
+    def _check_readable(self, saved: SavedCheckpoint | None) -> None:
+        """A read-only open cannot restore: refuse a state that may have lost pages its newest meta
+        page points at (not closed cleanly, and the machine restarted since its last checkpoint)."""
+        if saved is None or saved.boot_id == boot_id() or _is_saved_snapshot(self.path, saved):
+            return
+        raise StateError(
+            f"the state in {self.path} was not closed cleanly before the machine restarted, so its newest "
+            f"pages may not have reached the disk; a read-only open cannot repair that. Open the store for "
+            f"writing once (it reopens the state at its last checkpoint, applied LSN {saved.applied_lsn}, "
+            "and replays the log), then read it.")
+
+    def _discard_unfinished_creation(self) -> None:
+        """No checkpoint.meta: a new state, or one whose creation a crash cut short before its first
+        checkpoint -- which then holds no more than the transaction that creates its databases, and
+        is started again. Anything more is refused: its checkpoint file is gone."""
+        data = os.path.join(self.path, DATA_FILE)
+        if not os.path.exists(data) or os.path.getsize(data) == 0:
+            return
+        newest = _newest_meta(self.path, _LMDB_MIN_PAGE)
+        if newest is not None and newest[0] > _CREATED_TXNID:
+            raise CorruptionError(
+                f"the state in {self.path} holds LMDB transactions up to {newest[0]} but has no {CHECKPOINT_FILE}, "
+                "which every state of this store format keeps once it holds anything: it was deleted, or the "
+                "state comes from elsewhere. If the log still holds every commit from LSN 1, move state/ aside "
+                "and reopen to rebuild the state; otherwise restore the store from a backup.",
+                path=os.path.join(self.path, CHECKPOINT_FILE), reason="missing checkpoint file")
+        _logger.warning("the state in %s was being created when the store last stopped; creating it again",
+                        self.path)
+        for name in (DATA_FILE, LOCK_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.path, name))
+        fsync_dir(self.path)
 
     # ---- reads (any thread; the environment is opened with MDB_NOTLS) ----
 
@@ -282,12 +520,36 @@ class State:
         except LmdbError as exc:
             _raise_lmdb(exc, self.path, "expiring idempotency keys")
 
-    def sync(self) -> None:
-        """Make the last commit durable, meta page included (checkpoints need this)."""
+    def checkpoint(self) -> SavedCheckpoint:
+        """Make the state durable as it is now, and the snapshot the next writable open falls back to
+        if this one does not close cleanly (module docstring). The caller keeps every other write
+        out while it runs (the store's apply lock). Returns what was saved."""
+        if self._pin is None:
+            raise ClosedError(f"the LMDB state in {self.path} is closed (while taking a checkpoint)")
         try:
-            self._env.sync(True)
+            pin = self._env.begin()
         except LmdbError as exc:
+            _raise_lmdb(exc, self.path, "beginning a checkpoint")
+        try:
+            txnid = pin.txnid()
+            applied = _applied(self.path, pin.get(META, APPLIED_KEY))
+            psize = self._env.stat()[1]
+            self._env.sync(True)  # every page of the pinned snapshot (and any later one) durable
+            page = _meta_pages(self.path, psize)[txnid & 1]  # LMDB writes transaction t's meta in slot t & 1
+            if _meta_txnid(page) != txnid:
+                raise InvariantError(f"checkpoint of {self.path}: meta slot {txnid & 1} holds transaction "
+                                     f"{_meta_txnid(page)}, not {txnid} (a write ran during the checkpoint)")
+            saved = SavedCheckpoint(page, txnid, applied, boot_id(), time.time_ns() // 1_000_000)
+            _write_checkpoint(self.path, saved)
+        except LmdbError as exc:
+            pin.abort()
             _raise_lmdb(exc, self.path, "syncing it")
+        except BaseException:
+            pin.abort()
+            raise
+        old, self._pin = self._pin, pin  # only now may LMDB reuse the pages the old checkpoint kept
+        old.abort()
+        return saved
 
     def stat(self) -> dict[str, int]:
         try:
@@ -297,7 +559,11 @@ class State:
         return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize}
 
     def close(self) -> None:
-        """Idempotent. Aborts any snapshot still open (it then raises ClosedError)."""
+        """Idempotent. Aborts any snapshot still open (it then raises ClosedError). Takes no
+        checkpoint: a close that did not take one leaves the state to be reopened at the last."""
+        if self._pin is not None:
+            self._pin.abort()
+            self._pin = None
         try:
             self._env.close()
         except LmdbError as exc:

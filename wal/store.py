@@ -75,7 +75,10 @@ from wal.replay import Replay
 from wal.state import DURABLE_SEEN_KEY, State
 
 STORE_FORMAT = "agentwal-store"
-STORE_VERSION = 1
+# 2: the state durable at checkpoints (state/checkpoint.meta). A version-1 store is read, and
+# upgraded by its first writable open (`_upgrade_store`).
+STORE_VERSION = 2
+READABLE_STORE_VERSIONS = (1, 2)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -329,10 +332,10 @@ class Store:
             state = State(os.path.join(root, STATE_DIR), readonly=True)
             return cls(root, None, state, level, **common)  # type: ignore[arg-type]
         makedirs_durable(root)
-        if os.path.exists(os.path.join(root, STORE_FILE)):
-            # Refuse an unknown or newer format before the log's recovery touches (or misreads
-            # as damage) a log laid out by another version.
-            _check_store_file(root, create=False)
+        # Refuse an unknown or newer format before the log's recovery touches (or misreads as
+        # damage) a log laid out by another version.
+        if os.path.exists(os.path.join(root, STORE_FILE)) and _check_store_file(root, create=False) == 1:
+            _upgrade_store(root)
         # Sealed segments are replayed into the state while the open reads the next ones (wal/replay.py).
         started = time.monotonic()
         replayer = Replay(os.path.join(root, STATE_DIR))
@@ -780,7 +783,7 @@ class Store:
         with self._apply_lock:
             applied = self._applied
             self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
-            self._state.sync()  # applied_lsn durable before any segment holding it goes
+            self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
             removed = self._log.remove_segments_before(applied + 1, self._archive)
             self._core.bytes_since_checkpoint = 0
@@ -849,7 +852,7 @@ class Store:
                     self._log.sync()
                 while self._apply_ready():
                     pass
-                self._state.sync()
+                self._state.checkpoint()  # the next open starts from here, crash or not
             except BaseException as exc:
                 error = exc
             try:
@@ -889,8 +892,30 @@ def _meta_json(state: State, key: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _check_store_file(root: str, *, create: bool) -> None:
-    """The STORE file names the store format and version (FORMAT.md, "Store layout")."""
+def _write_store_file(root: str) -> None:
+    path = os.path.join(root, STORE_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"format": STORE_FORMAT, "version": STORE_VERSION}, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(root)
+
+
+def _upgrade_store(root: str) -> None:
+    """Version 1 -> 2: the state, which version 1 synced at every LMDB commit, gets its first
+    checkpoint (state/checkpoint.meta) before the STORE file says 2; from then on it is written
+    unsynced. A crash in between leaves version 1 with a checkpoint file, which both read."""
+    State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
+    _write_store_file(root)
+    _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
+
+
+def _check_store_file(root: str, *, create: bool) -> int:
+    """The STORE file names the store format and version (FORMAT.md, "Store layout"); returns the
+    version (creating the file at the current one if `create` and it is missing)."""
     path = os.path.join(root, STORE_FILE)
     try:
         with open(path, "rb") as f:
@@ -898,15 +923,8 @@ def _check_store_file(root: str, *, create: bool) -> None:
     except FileNotFoundError:
         if not create:
             raise FileNotFoundError(f"no agentwal store at {root} (no {STORE_FILE} file)") from None
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": STORE_FORMAT, "version": STORE_VERSION}, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(root)
-        return
+        _write_store_file(root)
+        return STORE_VERSION
     except (ValueError, OSError, RecursionError) as exc:
         raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",
                               path=path, reason="bad store file") from exc
@@ -914,11 +932,12 @@ def _check_store_file(root: str, *, create: bool) -> None:
         raise CorruptionError(f"{path} does not describe an agentwal store: {meta!r:.200}", path=path,
                               reason="bad store file")
     version = meta.get("version")
-    if version != STORE_VERSION:
+    if version not in READABLE_STORE_VERSIONS or isinstance(version, bool):
         raise FormatVersionError(
-            f"the store at {root} has format version {version!r}; this agentwal reads version {STORE_VERSION}. "
-            "Open it with the agentwal version that wrote it."
+            f"the store at {root} has format version {version!r}; this agentwal reads versions "
+            f"{', '.join(map(str, READABLE_STORE_VERSIONS))}. Open it with the agentwal version that wrote it."
         )
+    return int(version)
 
 
 def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
