@@ -49,6 +49,7 @@ HELP = {
     "applied_lsn": "Last LSN whose effect is in the LMDB state.",
     "recovery_seconds": "Seconds the last open spent recovering.",
     "records_replayed": "Log records replayed into the state by the last open.",
+    "state_restored": "1 if the last open reopened the state at its last checkpoint (unclean stop, then a restart).",
     "state_keys": "Keys in the state.",
     "state_map_bytes_used": "Bytes of the LMDB map in use.",
     "unapplied_commits": "Commits acknowledged but not yet applied to the state.",

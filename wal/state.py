@@ -334,6 +334,7 @@ class State:
         self.readonly = readonly
         self.restored = False
         self._pin: _lmdbcall.Snapshot | None = None
+        self._last_pgno_at_checkpoint = 0
         saved = read_checkpoint(path)
         restore: bytes | None = None
         if readonly:
@@ -533,7 +534,7 @@ class State:
         try:
             txnid = pin.txnid()
             applied = _applied(self.path, pin.get(META, APPLIED_KEY))
-            psize = self._env.stat()[1]
+            _, psize, last_pgno = self._env.stat()
             self._env.sync(True)  # every page of the pinned snapshot (and any later one) durable
             page = _meta_pages(self.path, psize)[txnid & 1]  # LMDB writes transaction t's meta in slot t & 1
             if _meta_txnid(page) != txnid:
@@ -549,7 +550,18 @@ class State:
             raise
         old, self._pin = self._pin, pin  # only now may LMDB reuse the pages the old checkpoint kept
         old.abort()
+        self._last_pgno_at_checkpoint = last_pgno
         return saved
+
+    def growth_since_checkpoint(self) -> int:
+        """Bytes the file grew since the last checkpoint. While the checkpoint's snapshot is pinned,
+        LMDB cannot reuse the pages later transactions free, so a state that overwrites its keys
+        grows by what it writes until the next checkpoint: the store checkpoints on this too."""
+        try:
+            _, psize, last_pgno = self._env.stat()
+        except LmdbError as exc:
+            _raise_lmdb(exc, self.path, "reading its statistics")
+        return max(0, last_pgno - self._last_pgno_at_checkpoint) * psize
 
     def stat(self) -> dict[str, int]:
         try:

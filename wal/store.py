@@ -32,7 +32,8 @@ nothing visible there finds it in LMDB.
 Materializer. A background thread applies queued transactions with LSN <= durable_lsn
 in batches (`State.apply`, which asserts I1), then drops them from the overlay. It also
 runs automatic checkpoints once `checkpoint_bytes` of log have accumulated, so recovery
-replays a bounded amount of log however large the state grows.
+replays a bounded amount of log however large the state grows, or once the state's file has
+grown by as much since the last one (LMDB reuses no page a checkpoint pins, wal/state.py).
 
 Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
 (applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
@@ -302,7 +303,7 @@ class Store:
         self._counters = collections.Counter[str](dict.fromkeys(
             ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
              "auto_checkpoints", "segments_removed"), 0))
-        self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0}
+        self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0, "state_restored": 0}
         self._recovery_mode = "strict"
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -416,6 +417,7 @@ class Store:
         self._recovery.update({
             "recovery_seconds": time.monotonic() - started,
             "records_replayed": replayer.replayed,
+            "state_restored": int(self._state.restored),
             "log_scan_seconds": report.seconds,
         })
         _logger.info("opened store %s: replayed %d record(s) into the state (applied LSN %d) in %.3f s",
@@ -736,7 +738,8 @@ class Store:
                 while self._apply_ready() >= _APPLY_BATCH_RECORDS:
                     pass
                 self._check_fsync_latency()
-                if self._core.bytes_since_checkpoint >= self._checkpoint_bytes:
+                if (self._core.bytes_since_checkpoint >= self._checkpoint_bytes
+                        or self._state.growth_since_checkpoint() >= self._checkpoint_bytes):
                     self._checkpoint(sync_log=False)
                     self._counters["auto_checkpoints"] += 1
             except FailedError as exc:
