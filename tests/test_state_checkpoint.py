@@ -223,3 +223,23 @@ def test_a_store_that_overwrites_its_keys_checkpoints_on_the_state_files_growth(
     assert end["auto_checkpoints"] - start["auto_checkpoints"] >= 2
     grown = end["state_map_bytes_used"] - start["state_map_bytes_used"]
     assert grown < 6 << 20, f"the state grew by {grown} bytes for 3,000 overwrites of 100 B"
+
+
+def test_readers_can_read_beside_a_writer_opened_after_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's open checkpoints in the new boot, so its later, unsynced transactions are not
+    taken by a reader for pages a restart lost."""
+    with wal.open(tmp_path) as store:
+        store.put("a", b"1")
+    monkeypatch.setenv(BOOT_ID_ENV, "after-a-restart")
+    with wal.open(tmp_path, apply_interval_ms=3_600_000) as store:
+        store.put("b", b"2")
+        store._apply_ready()  # in LMDB, newer than the checkpoint, not synced
+        saved = read_checkpoint(str(tmp_path / "state"))
+        assert saved is not None and newest_txnid(tmp_path / "state") > saved.txnid
+        reader = subprocess.run(
+            [sys.executable, "-c", "import sys, wal\nwith wal.open(sys.argv[1], readonly=True) as s:\n"
+             "    print(s.get('a'), s.get('b'))", str(tmp_path)], check=False, capture_output=True, text=True,
+            timeout=60)
+        assert reader.returncode == 0, reader.stderr
+        assert reader.stdout.split() == ["b'1'", "b'2'"]

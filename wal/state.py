@@ -363,7 +363,9 @@ class State:
                 self.restored = True
                 _logger.warning("the state in %s was not closed cleanly: reopened at its last checkpoint "
                                 "(applied LSN %d); the log is replayed from there", path, saved.applied_lsn)
-            if saved is None or self._pin.txnid() != saved.txnid:
+            # A checkpoint at once unless the saved one is this state as it is, taken in this boot: a
+            # reader compares the boot id to tell a writer's unsynced pages from lost ones.
+            if saved is None or self._pin.txnid() != saved.txnid or saved.boot_id != boot_id():
                 self.checkpoint()
         except LmdbError as exc:
             self.close()
