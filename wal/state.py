@@ -257,15 +257,15 @@ def _meta_pages(path: str, psize: int) -> list[bytes]:
         os.close(fd)
 
 
-def _newest_meta(path: str, psize: int) -> tuple[int, bytes] | None:
-    """(txnid, page) of the meta page LMDB would open data.mdb at; None if neither slot is one."""
-    found = [(txnid, page) for page in _meta_pages(path, psize) if (txnid := _meta_txnid(page)) is not None]
+def _newest_meta(pages: list[bytes]) -> tuple[int, bytes] | None:
+    """(txnid, page) of the meta page LMDB would open at, of the slots `_meta_pages` read; None if
+    neither slot is one."""
+    found = [(txnid, page) for page in pages if (txnid := _meta_txnid(page)) is not None]
     return max(found, key=lambda tp: tp[0]) if found else None
 
 
-def _is_saved_snapshot(path: str, saved: SavedCheckpoint) -> bool:
-    """LMDB would open data.mdb at exactly the saved snapshot (a clean close, or nothing since)."""
-    newest = _newest_meta(path, len(saved.page))
+def _is_saved_snapshot(newest: tuple[int, bytes] | None, saved: SavedCheckpoint) -> bool:
+    """LMDB would open at exactly the saved snapshot (a clean close, or nothing written since)."""
     return newest is not None and newest[1][_LMDB_META_BODY] == saved.page[_LMDB_META_BODY]
 
 
@@ -383,13 +383,12 @@ class State:
         left to LMDB when a slot is not a meta page (it refuses the file), refused here when the
         newest is older than the checkpoint or another page under the checkpoint's transaction id."""
         pages = _meta_pages(self.path, len(saved.page))
-        txnids = [_meta_txnid(page) for page in pages]
-        if len(txnids) != 2 or None in txnids:
+        newest = _newest_meta(pages)
+        if len(pages) != 2 or any(_meta_txnid(page) is None for page in pages) or newest is None:
             return None
-        newest = max(zip(txnids, pages, strict=True), key=lambda tp: tp[0] or 0)
-        if newest[1][_LMDB_META_BODY] == saved.page[_LMDB_META_BODY]:
+        if _is_saved_snapshot(newest, saved):
             return None  # closed cleanly (or nothing written since the checkpoint)
-        newest_txnid = newest[0] or 0
+        newest_txnid = newest[0]
         if newest_txnid <= saved.txnid:
             raise CorruptionError(
                 f"the LMDB state {os.path.join(self.path, DATA_FILE)} is damaged (its newest meta page, transaction "
@@ -402,7 +401,8 @@ class State:
     def _check_readable(self, saved: SavedCheckpoint | None) -> None:
         """A read-only open cannot restore: refuse a state that may have lost pages its newest meta
         page points at (not closed cleanly, and the machine restarted since its last checkpoint)."""
-        if saved is None or saved.boot_id == boot_id() or _is_saved_snapshot(self.path, saved):
+        if saved is None or saved.boot_id == boot_id() or _is_saved_snapshot(
+                _newest_meta(_meta_pages(self.path, len(saved.page))), saved):
             return
         raise StateError(
             f"the state in {self.path} was not closed cleanly before the machine restarted, so its newest "
@@ -417,7 +417,7 @@ class State:
         data = os.path.join(self.path, DATA_FILE)
         if not os.path.exists(data) or os.path.getsize(data) == 0:
             return
-        newest = _newest_meta(self.path, _LMDB_MIN_PAGE)
+        newest = _newest_meta(_meta_pages(self.path, _LMDB_MIN_PAGE))
         if newest is not None and newest[0] > _CREATED_TXNID:
             raise CorruptionError(
                 f"the state in {self.path} holds LMDB transactions up to {newest[0]} but has no {CHECKPOINT_FILE}, "
