@@ -42,6 +42,9 @@
  *    live snapshots (they then fail as CLOSED) and spare read transactions first.
  *  - Values are stored as given: the store's layout (u64 version LE + value, FORMAT.md
  *    §16) is built by the caller; `applied_lsn`/`durable_seen` are u64 LE here as before.
+ *    One exception, invisible to callers: a DATA value that would spill a few bytes onto
+ *    one more overflow page is stored split (see "Split values" below); every read of
+ *    DATA here returns it whole again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -83,6 +86,7 @@ typedef struct {
 #define MDB_NOTLS 0x200000
 #define MDB_NORDAHEAD 0x800000
 #define MDB_CREATE 0x40000 /* mdb_dbi_open */
+#define MDB_RESERVE 0x10000 /* mdb_put: make room for the value and return it; the caller fills it */
 #define MDB_FIRST 0        /* MDB_cursor_op */
 #define MDB_NEXT 8
 #define MDB_SET_RANGE 17
@@ -110,7 +114,8 @@ typedef struct {
 #define E_FORKED (-40002)
 #define E_CLOSED (-40003)
 #define E_BUSY (-40004)
-#define E_BAD_VALUE (-40005) /* a stored value of the wrong size: damage */
+#define E_BAD_VALUE (-40005) /* a stored value of the wrong size, or a split one without its tail: damage */
+#define E_NO_TAILS (-40006)  /* a read-only handle opened before the state had split values met one */
 
 /* apply's outcomes besides an LMDB error. */
 #define APPLY_OK 0
@@ -118,8 +123,10 @@ typedef struct {
 #define APPLY_NOT_DURABLE 2 /* I1: its last LSN is above the log's durable LSN */
 
 #define FILE_MODE 0644
-#define MAX_DBS 4
+#define MAX_DBS 8
 #define N_DBS 3 /* data, idem, meta: their index is the `db` argument of every call */
+#define DB_DATA 0
+#define DB_TAIL 3 /* the tails of split DATA values: internal, never a `db` argument */
 #define SPARE_TXNS 4
 
 typedef struct {
@@ -260,7 +267,9 @@ typedef struct SnapshotObject SnapshotObject;
 typedef struct EnvObject {
     PyObject_HEAD
     MDB_env *env; /* NULL once closed */
-    MDB_dbi dbs[N_DBS];
+    MDB_dbi dbs[N_DBS + 1]; /* the N_DBS databases, then DB_TAIL */
+    int has_tail;           /* DB_TAIL exists (a read-only open of a format-2 state may lack it) */
+    unsigned int psize;     /* LMDB's page size: where split_tail() draws its line */
     pid_t pid;
     dev_t dev;
     ino_t ino;
@@ -508,7 +517,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
      * read transactions not bound to threads (NOTLS); no readahead. */
     unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC);
     MDB_txn *txn = NULL;
-    static const char *const names[N_DBS] = {"data", "idem", "meta"};
+    static const char *const names[N_DBS + 1] = {"data", "idem", "meta", "tail"};
     Py_BEGIN_ALLOW_THREADS
     rc = M.env_open(env, cpath, flags, FILE_MODE);
     where = "mdb_env_open";
@@ -519,6 +528,17 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
     for (int i = 0; rc == 0 && i < N_DBS; i++) {
         rc = M.dbi_open(txn, names[i], readonly ? 0 : MDB_CREATE, &self->dbs[i]);
         where = "mdb_dbi_open";
+    }
+    if (rc == 0) {
+        rc = M.dbi_open(txn, names[DB_TAIL], readonly ? 0 : MDB_CREATE, &self->dbs[DB_TAIL]);
+        self->has_tail = rc == 0;
+        if (rc == MDB_NOTFOUND && readonly) rc = 0; /* a state written before split values */
+    }
+    if (rc == 0) {
+        MDB_stat est;
+        rc = M.env_stat(env, &est);
+        where = "mdb_env_stat";
+        self->psize = est.ms_psize;
     }
     if (rc == 0) {
         rc = M.txn_commit(txn); /* also for a read txn: its dbi handles then stay usable */
@@ -558,25 +578,113 @@ static PyObject *env_close(EnvObject *self, PyObject *unused) {
 
 static PyObject *value_bytes(const MDB_val *v) { return PyBytes_FromStringAndSize((const char *)v->mv_data, (Py_ssize_t)v->mv_size); }
 
+/* ---- Split values (FORMAT.md §16) ----
+ *
+ * LMDB gives a value too large for a leaf overflow pages of its own: ceil((16 + size) / P)
+ * whole pages, 16 being the page header. A DATA value is the version (8 bytes) and then the
+ * user's value, so a 4 KiB value is 4,104 bytes on two 4 KiB pages, the second holding 24
+ * bytes: every put of one writes twice the pages its bytes need, and the state's pages are
+ * what bounds a sustained run of 4 KiB commits once the page cache has to give them to the
+ * disk (benchmarks/PROFILING.md, finding 21). So when the last overflow page would hold at
+ * most P/8 bytes, those last bytes go to DB_TAIL under the same key, and the DATA value,
+ * one page shorter, carries SPLIT_FLAG in its version's top bit (an LSN never reaches 2^63;
+ * apply refuses a version that does). The line is the writer's choice alone: a reader joins
+ * any flagged value with its tail, whatever the sizes. */
+#define PAGE_HEADER 16  /* LMDB 0.9's page header on 64-bit: an overflow page holds P - 16 bytes */
+#define SPLIT_FLAG 0x80 /* in byte 7 of a DATA value: the top bit of its u64 LE version */
+
+/* The bytes of a DATA value of `size` to store in DB_TAIL: 0 (store it whole) unless they are
+ * all its last overflow page would hold, and at most P/8. */
+static size_t split_tail(const EnvObject *e, size_t size) {
+    size_t p = e->psize, last = (size + PAGE_HEADER) % p;
+    if (!e->has_tail || size + PAGE_HEADER <= p || last == 0 || last > p / 8) return 0;
+    return last;
+}
+
+static int del_tail(EnvObject *e, MDB_txn *txn, MDB_val *k) {
+    if (!e->has_tail) return 0;
+    int rc = M.del(txn, e->dbs[DB_TAIL], k, NULL);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* Put DATA value `v` under `k` in `txn` through `cur` (a DATA cursor of `txn`), split or
+ * whole; either way no tail of an earlier value of `k` is left behind. GIL not needed. */
+static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v) {
+    size_t tail = split_tail(e, v->mv_size);
+    if (tail == 0) {
+        MDB_val whole = *v;
+        int rc = M.cursor_put(cur, k, &whole, 0);
+        return rc != 0 ? rc : del_tail(e, txn, k);
+    }
+    MDB_val head = {v->mv_size - tail, NULL}, rest = {tail, (char *)v->mv_data + (v->mv_size - tail)};
+    int rc = M.cursor_put(cur, k, &head, MDB_RESERVE); /* head.mv_data: the room in the page */
+    if (rc != 0) return rc;
+    memcpy(head.mv_data, v->mv_data, head.mv_size);
+    ((unsigned char *)head.mv_data)[7] |= SPLIT_FLAG;
+    return M.put(txn, e->dbs[DB_TAIL], k, &rest, 0);
+}
+
+/* A DATA value `v` of key `k`, read in `txn`, as bytes: whole again if it was stored split.
+ * NULL with an LmdbError set when a flagged value has no tail (damage), or when this handle
+ * cannot see tails (read-only, opened before the state had any). */
+static PyObject *data_value(const EnvObject *e, MDB_txn *txn, MDB_val *k, const MDB_val *v) {
+    const unsigned char *head = v->mv_data;
+    if (v->mv_size < 8 || !(head[7] & SPLIT_FLAG)) return value_bytes(v);
+    if (!e->has_tail) {
+        set_own_error(E_NO_TAILS, "the state stores split values (store format 3) since this read-only handle "
+                                  "opened it; open the store again to read them");
+        return NULL;
+    }
+    MDB_val tail;
+    int rc = M.get(txn, e->dbs[DB_TAIL], k, &tail);
+    if (rc == MDB_NOTFOUND) {
+        PyObject *key = PyBytes_FromStringAndSize(k->mv_data, (Py_ssize_t)k->mv_size);
+        PyObject *msg = key ? PyUnicode_FromFormat("key %R is stored split but its tail is missing", key) : NULL;
+        Py_XDECREF(key);
+        if (msg != NULL) {
+            PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE, msg);
+            if (a != NULL) PyErr_SetObject(LmdbError, a);
+            Py_XDECREF(a);
+        }
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, "mdb_get");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(v->mv_size + tail.mv_size));
+    if (out == NULL) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    memcpy(dst, head, v->mv_size);
+    memcpy(dst + v->mv_size, tail.mv_data, tail.mv_size);
+    dst[7] = (char)(head[7] & ~SPLIT_FLAG);
+    return out;
+}
+
+/* A value read from database `db` as bytes (DATA values joined, data_value). */
+static PyObject *stored_value(const EnvObject *e, MDB_txn *txn, int db, MDB_val *k, const MDB_val *v) {
+    return db == DB_DATA ? data_value(e, txn, k, v) : value_bytes(v);
+}
+
 /* A read in a transaction, from the call's arguments after the db: what Env and Snapshot
  * share (env_read, snap_read). */
-typedef PyObject *(*txn_reader)(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args);
+typedef PyObject *(*txn_reader)(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args);
 
 /* get in `txn` (args: key): bytes, None, or NULL with an error set. */
-static PyObject *txn_get(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
+static PyObject *txn_get(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args) {
     PyObject *key = args[0];
     if (!PyBytes_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "key must be bytes");
         return NULL;
     }
     MDB_val k = {(size_t)PyBytes_GET_SIZE(key), PyBytes_AS_STRING(key)}, v;
-    int rc = M.get(txn, dbi, &k, &v);
+    int rc = M.get(txn, e->dbs[db], &k, &v);
     if (rc == MDB_NOTFOUND) Py_RETURN_NONE;
     if (rc != 0) {
         set_error(rc, "mdb_get");
         return NULL;
     }
-    return value_bytes(&v);
+    return stored_value(e, txn, db, &k, &v);
 }
 
 /* (db, ...) -> read(...) in a spare read transaction of the environment. */
@@ -594,7 +702,7 @@ static PyObject *env_read(EnvObject *self, PyObject *const *args, Py_ssize_t nar
         set_error(rc, "mdb_txn_begin");
         return NULL;
     }
-    PyObject *out = read(txn, self->dbs[db], args + 1);
+    PyObject *out = read(self, txn, db, args + 1);
     read_end(self, txn);
     return out;
 }
@@ -605,7 +713,7 @@ static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* Up to `limit` (key, value) of `dbi` in key order, keys starting with `prefix` and
  * greater than `after` (None: from the prefix on). */
-static PyObject *txn_scan(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
+static PyObject *txn_scan(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args) {
     PyObject *prefix = args[0], *after = args[1];
     Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
     if (limit == -1 && PyErr_Occurred()) return NULL;
@@ -616,7 +724,7 @@ static PyObject *txn_scan(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
     PyObject *out = PyList_New(0);
     if (out == NULL || limit <= 0) return out;
     MDB_cursor *cur;
-    int rc = M.cursor_open(txn, dbi, &cur);
+    int rc = M.cursor_open(txn, e->dbs[db], &cur);
     if (rc != 0) {
         Py_DECREF(out);
         set_error(rc, "mdb_cursor_open");
@@ -635,7 +743,7 @@ static PyObject *txn_scan(MDB_txn *txn, MDB_dbi dbi, PyObject *const *args) {
             continue;
         }
         if (k.mv_size < plen || memcmp(k.mv_data, p, plen) != 0) break;
-        PyObject *item = PyTuple_New(2), *kb = value_bytes(&k), *vb = value_bytes(&v);
+        PyObject *item = PyTuple_New(2), *kb = value_bytes(&k), *vb = stored_value(e, txn, db, &k, &v);
         if (item == NULL || kb == NULL || vb == NULL) {
             Py_XDECREF(item);
             Py_XDECREF(kb);
@@ -677,16 +785,31 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
     if (writable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
     MDB_val k = {(size_t)PyBytes_GET_SIZE(args[1]), PyBytes_AS_STRING(args[1])};
     MDB_val v = {(size_t)PyBytes_GET_SIZE(args[2]), PyBytes_AS_STRING(args[2])};
+    if (db == DB_DATA && (v.mv_size < 8 || (((unsigned char *)v.mv_data)[7] & SPLIT_FLAG))) {
+        PyErr_SetString(PyExc_ValueError, "a DATA value is a u64 LE version below 2^63 and then the value");
+        return NULL;
+    }
     MDB_dbi dbi = self->dbs[db];
     MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
     const char *where = "mdb_txn_begin";
     int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
     rc = M.txn_begin(self->env, NULL, 0, &txn);
-    if (rc == 0) {
+    if (rc == 0 && db == DB_DATA) {
+        rc = M.cursor_open(txn, dbi, &cur);
+        where = "mdb_cursor_open";
+        if (rc == 0) {
+            rc = put_data(self, txn, cur, &k, &v);
+            where = "mdb_put";
+            M.cursor_close(cur);
+        }
+    } else if (rc == 0) {
         rc = M.put(txn, dbi, &k, &v, 0);
         where = "mdb_put";
+    }
+    if (txn != NULL) {
         if (rc == 0) {
             rc = M.txn_commit(txn);
             where = "mdb_txn_commit";
@@ -859,6 +982,11 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
             PyErr_SetString(PyExc_TypeError, "apply: each put must be a (key: bytes, value: bytes) tuple");
             return -1;
         }
+        PyObject *v = PyTuple_GET_ITEM(it, 1);
+        if (PyBytes_GET_SIZE(v) < 8 || ((unsigned char)PyBytes_AS_STRING(v)[7] & SPLIT_FLAG)) {
+            PyErr_SetString(PyExc_ValueError, "apply: a put's value is a u64 LE version below 2^63 and then the value");
+            return -1;
+        }
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->deletes); i++) {
         if (!PyBytes_Check(PyTuple_GET_ITEM(b->deletes, i))) {
@@ -893,7 +1021,7 @@ static MDB_val bytes_val(PyObject *b) { return (MDB_val){(size_t)PyBytes_GET_SIZ
 /* Write the batch's items in `txn`. GIL released: reads only the owned, immutable items. */
 static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const char **where) {
     MDB_cursor *cur;
-    int rc = M.cursor_open(txn, e->dbs[0], &cur);
+    int rc = M.cursor_open(txn, e->dbs[DB_DATA], &cur);
     *where = "mdb_cursor_open";
     if (rc != 0) return rc;
     *where = "mdb_cursor_put";
@@ -901,14 +1029,15 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
         PyObject *it = PyTuple_GET_ITEM(b->puts, i);
         MDB_val k = bytes_val(PyTuple_GET_ITEM(it, 0)), v = bytes_val(PyTuple_GET_ITEM(it, 1));
-        rc = M.cursor_put(cur, &k, &v, 0);
+        rc = put_data(e, txn, cur, &k, &v);
     }
     M.cursor_close(cur);
     if (rc != 0) return rc;
     *where = "mdb_del";
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->deletes); i++) {
         MDB_val k = bytes_val(PyTuple_GET_ITEM(b->deletes, i));
-        rc = M.del(txn, e->dbs[0], &k, NULL);
+        rc = M.del(txn, e->dbs[DB_DATA], &k, NULL);
+        if (rc == 0) rc = del_tail(e, txn, &k);
         if (rc != 0 && rc != MDB_NOTFOUND) return rc; /* deleting an absent key is no change */
     }
     *where = "mdb_put";
@@ -1245,7 +1374,7 @@ static PyObject *snap_read(SnapshotObject *s, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (snap_usable(s) < 0 || db_index(args[0], &db) < 0) return NULL;
-    return read(s->txn, s->owner->dbs[db], args + 1);
+    return read(s->owner, s->txn, db, args + 1);
 }
 
 static PyObject *snap_get(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
@@ -1334,6 +1463,7 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
         {"APPLY_OK", APPLY_OK}, {"APPLY_GAP", APPLY_GAP}, {"APPLY_NOT_DURABLE", APPLY_NOT_DURABLE},
         {"E_ALREADY_OPEN", E_ALREADY_OPEN}, {"E_FORKED", E_FORKED}, {"E_CLOSED", E_CLOSED}, {"E_BUSY", E_BUSY},
         {"E_BAD_VALUE", E_BAD_VALUE},
+        {"E_NO_TAILS", E_NO_TAILS},
         {"MDB_KEYEXIST", MDB_KEYEXIST}, {"MDB_NOTFOUND", MDB_NOTFOUND}, {"MDB_PAGE_NOTFOUND", MDB_PAGE_NOTFOUND},
         {"MDB_CORRUPTED", MDB_CORRUPTED}, {"MDB_PANIC", MDB_PANIC}, {"MDB_VERSION_MISMATCH", MDB_VERSION_MISMATCH},
         {"MDB_INVALID", MDB_INVALID}, {"MDB_MAP_FULL", MDB_MAP_FULL}, {"MDB_DBS_FULL", MDB_DBS_FULL},

@@ -951,24 +951,24 @@ def test_opening_a_missing_store_read_only_fails_without_creating_it(tmp_path: P
 # ---- on-disk format version ----------------------------------------------------------------------
 
 
-def test_a_new_store_has_a_store_file_naming_format_version_2(tmp_path: Path) -> None:
+def test_a_new_store_has_a_store_file_naming_format_version_3(tmp_path: Path) -> None:
     wal.open(tmp_path).close()
     meta = json.loads((tmp_path / "STORE").read_text())
-    assert meta["version"] == 2
+    assert meta["version"] == 3
     assert {p.name for p in tmp_path.iterdir()} >= {"STORE", "log", "state"}
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_a_store_of_format_version_3_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
+def test_a_store_of_format_version_4_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
     with wal.open(tmp_path) as store:
         store.put(b"k", b"v")
     meta = json.loads((tmp_path / "STORE").read_text())
-    meta["version"] = 3
+    meta["version"] = 4
     (tmp_path / "STORE").write_text(json.dumps(meta))
-    with pytest.raises(wal.FormatVersionError, match="version 3"):
+    with pytest.raises(wal.FormatVersionError, match="version 4"):
         wal.open(tmp_path, readonly=readonly)
-    meta["version"] = 2
+    meta["version"] = 3
     (tmp_path / "STORE").write_text(json.dumps(meta))
     with wal.open(tmp_path) as store:  # the failed open left it intact and unlocked
         assert store.get(b"k") == b"v"
@@ -981,7 +981,7 @@ def _as_format_1(path: Path) -> None:
     (path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 1}) + "\n")
 
 
-def test_a_format_1_store_is_read_and_upgraded_to_2_by_its_first_writable_open(tmp_path: Path) -> None:
+def test_a_format_1_store_is_read_and_upgraded_to_3_by_its_first_writable_open(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         for i in range(50):
             store.put(f"k{i}", b"v%d" % i)
@@ -993,16 +993,16 @@ def test_a_format_1_store_is_read_and_upgraded_to_2_by_its_first_writable_open(t
     with wal.open(tmp_path) as store:
         assert [store.get(f"k{i}") for i in range(50)] == [b"v%d" % i for i in range(50)]
         store.put("after", b"upgrade")
-    assert json.loads((tmp_path / "STORE").read_text())["version"] == 2
+    assert json.loads((tmp_path / "STORE").read_text())["version"] == 3
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
     with wal.open(tmp_path) as store:
         assert store.get("after") == b"upgrade" and store.get("k49") == b"v49"
 
 
 def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
-    """A version-3 store may lay out its log differently: refuse before recovering (or
+    """A version-4 store may lay out its log differently: refuse before recovering (or
     creating) anything in it."""
-    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 3}))
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 4}))
     (tmp_path / "log").mkdir()
     junk = b"\x00" * 100 + b"not a v1 segment"
     (tmp_path / "log" / "0000000000000001.wal").write_bytes(junk)

@@ -149,7 +149,9 @@ def txn_ops(seed: int, round_no: int, tid: int, n: int, pad: int = 0) -> list[tu
     """
     h = hashlib.blake2b(b"%d/%d/%d/%d" % (seed, round_no, tid, n), digest_size=16).digest()
     tag = b"%d:%d:%d" % (round_no, tid, n)
-    size = pad + (1500 if h[9] % 16 == 0 else h[1] % 96)  # now and then a big one: segments roll sooner
+    # now and then a big one (segments roll sooner), and more rarely one just over an LMDB page,
+    # which the state stores split (FORMAT.md §16): crashes find those too
+    size = pad + (4100 if h[9] % 32 == 0 else 1500 if h[9] % 16 == 0 else h[1] % 96)
     ops: list[tuple[bytes, bytes | None]] = [(ledger_key(tid, n), tag + b"|" + bytes([97 + h[0] % 26]) * size)]
     used: set[int] = set()
     for j in range(h[2] % 3):

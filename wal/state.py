@@ -56,7 +56,11 @@ one environment twice in a process (its fcntl locks are per process) and py-lmdb
 expose its handles, so nothing in ``wal/`` opens LMDB through py-lmdb.
 
 Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key ->
-u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...).
+u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...), and
+``tail`` (store format 3): a ``data`` value that would put only a few bytes on one more LMDB
+overflow page keeps those bytes there instead, flagged in its version's top bit. The binding
+splits on write and joins on read (native/lmdbcall.c, "Split values"), so nothing here sees it;
+it halves the pages a 4 KiB value costs the disk (benchmarks/PROFILING.md finding 21).
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by
@@ -206,7 +210,8 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
 
 
 def _versioned(path: str, key: bytes, raw: bytes) -> tuple[int, bytes]:
-    """A data value (FORMAT.md §16: u64 version LE + value) split; CorruptionError if it is short."""
+    """A data value (FORMAT.md §16: u64 version LE + value, joined by the binding if it was
+    stored split) taken apart; CorruptionError if it is short."""
     if len(raw) < _U64.size or not key:  # the store never writes an empty key
         raise CorruptionError(
             f"the LMDB state in {path} holds " + (f"key {key!r} without its 8-byte version" if key else "an empty key"),

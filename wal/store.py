@@ -76,10 +76,11 @@ from wal.replay import Replay
 from wal.state import DURABLE_SEEN_KEY, State
 
 STORE_FORMAT = "agentwal-store"
-# 2: the state durable at checkpoints (state/checkpoint.meta). A version-1 store is read, and
-# upgraded by its first writable open (`_upgrade_store`).
-STORE_VERSION = 2
-READABLE_STORE_VERSIONS = (1, 2)
+# 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
+# state (its `tail` database, FORMAT.md §16). Older versions are read, and upgraded by their
+# first writable open (`_upgrade_store`).
+STORE_VERSION = 3
+READABLE_STORE_VERSIONS = (1, 2, 3)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -335,8 +336,10 @@ class Store:
         makedirs_durable(root)
         # Refuse an unknown or newer format before the log's recovery touches (or misreads as
         # damage) a log laid out by another version.
-        if os.path.exists(os.path.join(root, STORE_FILE)) and _check_store_file(root, create=False) == 1:
-            _upgrade_store(root)
+        if os.path.exists(os.path.join(root, STORE_FILE)):
+            found = _check_store_file(root, create=False)
+            if found < STORE_VERSION:
+                _upgrade_store(root, found)
         # Sealed segments are replayed into the state while the open reads the next ones (wal/replay.py).
         started = time.monotonic()
         replayer = Replay(os.path.join(root, STATE_DIR))
@@ -907,11 +910,17 @@ def _write_store_file(root: str) -> None:
     fsync_dir(root)
 
 
-def _upgrade_store(root: str) -> None:
-    """Version 1 -> 2: the state, which version 1 synced at every LMDB commit, gets its first
-    checkpoint (state/checkpoint.meta) before the STORE file says 2; from then on it is written
-    unsynced. A crash in between leaves version 1 with a checkpoint file, which both read."""
-    State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
+def _upgrade_store(root: str, found: int) -> None:
+    """To the current version, before anything is written to the store.
+    1 -> 2: the state, which version 1 synced at every LMDB commit, gets its first checkpoint
+    (state/checkpoint.meta) before the STORE file moves on; from then on it is written unsynced.
+    A crash in between leaves version 1 with a checkpoint file, which every version reads.
+    2 -> 3: nothing but the STORE file: a version-2 state is a version-3 state that holds no
+    split value (its `tail` database is created by the next writable open of the state), and
+    STORE says 3 before the first one is written, so an agentwal that reads only 1 and 2, which
+    would take a split value's flagged version for the version, refuses the store instead."""
+    if found == 1:
+        State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
     _write_store_file(root)
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
 
