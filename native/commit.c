@@ -113,6 +113,8 @@ struct wal_log {
      * pending one and is rewritten, at the same offsets, by the next write. Its waiters get
      * WAL_ENOSPC (not acknowledged; the records may still reach the disk later). */
     uint64_t write_failed_through; /* last LSN of the batch whose write failed */
+    uint64_t write_attempts;       /* do_write calls begun */
+    uint64_t write_failed_attempt; /* the write_attempts number of the last write that failed so */
     uint64_t n_write_errors;
     uint64_t try_write_resume_ns; /* wal_log_wait_try makes no write before this time */
     char detail[512];
@@ -295,6 +297,14 @@ static int write_failed_for(wal_log *log, uint64_t lsn) {
     return log->written < lsn && log->write_failed_through >= lsn;
 }
 
+/* write_failed_for, counting only a write begun after `since` (a write_attempts value read
+ * when the caller began to wait): an earlier failure may be stale -- space may have come
+ * back since, and nothing retries a write until someone needs one -- so a waiter makes (or
+ * waits for) a write of its own before it reports WAL_ENOSPC. */
+static int write_failed_since(wal_log *log, uint64_t lsn, uint64_t since) {
+    return write_failed_for(log, lsn) && log->write_failed_attempt > since;
+}
+
 /* ---- the two I/O slots; each called with mu held, returns with mu held ---- */
 
 static void do_write(wal_log *log) {
@@ -305,6 +315,7 @@ static void do_write(wal_log *log) {
     log->write_busy = 1;
     while (with_sync_slot && log->sync_busy) pthread_cond_wait(&log->progress, &log->mu);
     if (with_sync_slot) log->sync_busy = 1;
+    uint64_t attempt = ++log->write_attempts;
     pthread_mutex_unlock(&log->mu);
 
     uint64_t synced = 0;
@@ -315,6 +326,7 @@ static void do_write(wal_log *log) {
     if (rc && b.rolls == 0 && (rc == -ENOSPC || rc == -EDQUOT) && failed_last &&
         wal_batch_concat(&b, &log->pending) == 0) {
         log->write_failed_through = failed_last;
+        log->write_failed_attempt = attempt;
         wal_batch tmp = log->pending;
         log->pending = b; /* the failed bytes first, then what queued up meanwhile */
         b = tmp;
@@ -444,9 +456,10 @@ static int level_status(wal_log *log, uint64_t lsn, int level) {
  * returned and mu is not taken again just to be released). */
 static int wait_level(wal_log *log, uint64_t lsn, int level, int *unlocked) {
     if (level == WAL_LEVEL_BUFFERED) return 0;
-    uint64_t d = level == WAL_LEVEL_SYNC ? lsn : 0;
+    uint64_t d = level == WAL_LEVEL_SYNC ? lsn : 0, since = log->write_attempts;
     int rc;
-    while ((rc = level_status(log, lsn, level)) == WAL_EAGAIN) {
+    while ((rc = level_status(log, lsn, level)) == WAL_EAGAIN ||
+           (rc == WAL_ENOSPC && !write_failed_since(log, lsn, since))) {
         if (progress_step(log, lsn, d, 1)) {
             *unlocked = 1;
             return 0;
@@ -592,11 +605,11 @@ int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, in
 
 int wal_log_sync(wal_log *log) {
     pthread_mutex_lock(&log->mu);
-    uint64_t target = log->appended;
+    uint64_t target = log->appended, since = log->write_attempts;
     int rc = 0;
     while (log->durable < target) {
         if (log->failed) { rc = WAL_EFAILED; break; }
-        if (write_failed_for(log, target)) { rc = WAL_ENOSPC; break; }
+        if (write_failed_since(log, target, since)) { rc = WAL_ENOSPC; break; }
         progress_step(log, target, target, 0);
     }
     if (!rc && log->closed) rc = WAL_ECLOSED;

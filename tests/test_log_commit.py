@@ -793,6 +793,30 @@ def test_enospc_on_write_fails_the_commit_and_the_log_goes_on_once_space_returns
         assert [lsn for lsn, _ in again.read()][:24] == list(range(1, 25))  # 21 and 22 reached the disk too
 
 
+def test_a_wait_or_sync_after_space_returns_rewrites_the_refused_records_rather_than_report_the_old_failure(
+        tmp_path: Path) -> None:
+    """Nothing retries a refused write until someone needs one: a wait (or sync) that begins
+    after space came back must make that write, not answer NoSpaceError from the failure it
+    finds recorded (the store's back-pressure wait did, and a store that should have gone on
+    refused its next commit)."""
+    log = wal.Log.open(tmp_path)
+    log.append(b"before")
+    with wal.testing.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
+        log.append(b"refused")
+    log.wait(2, durability="sync")  # no append in between: this wait alone rewrites LSN 2
+    assert log.watermarks.durable == 2
+    with wal.testing.failpoint("write", errno.ENOSPC, repeat=True):
+        with pytest.raises(wal.NoSpaceError):
+            log.append(b"refused too")
+        with pytest.raises(wal.NoSpaceError):  # still full: a write of its own failed, so it says so
+            log.wait(3, durability="sync")
+    log.sync()
+    assert log.watermarks.durable == 3
+    log.close()
+    with wal.Log.open(tmp_path) as again:
+        assert [p for _, p in again.read()] == [b"before", b"refused", b"refused too"]
+
+
 def test_failed_fsync_in_the_flusher_stops_an_interval_log(tmp_path: Path) -> None:
     acknowledged: dict[int, bytes] = {}
     sent: dict[int, bytes] = {}
