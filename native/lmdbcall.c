@@ -608,19 +608,24 @@ static int del_tail(EnvObject *e, MDB_txn *txn, MDB_val *k) {
 }
 
 /* Put DATA value `v` under `k` in `txn` through `cur` (a DATA cursor of `txn`), split or
- * whole; either way no tail of an earlier value of `k` is left behind. GIL not needed. */
-static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v) {
+ * whole; either way no tail of an earlier value of `k` is left behind. On failure *where
+ * names the call. GIL not needed. */
+static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v, const char **where) {
     size_t tail = split_tail(e, v->mv_size);
+    *where = "mdb_cursor_put";
     if (tail == 0) {
         MDB_val whole = *v;
         int rc = M.cursor_put(cur, k, &whole, 0);
-        return rc != 0 ? rc : del_tail(e, txn, k);
+        if (rc != 0) return rc;
+        *where = "mdb_del (tail)";
+        return del_tail(e, txn, k);
     }
     MDB_val head = {v->mv_size - tail, NULL}, rest = {tail, (char *)v->mv_data + (v->mv_size - tail)};
     int rc = M.cursor_put(cur, k, &head, MDB_RESERVE); /* head.mv_data: the room in the page */
     if (rc != 0) return rc;
     memcpy(head.mv_data, v->mv_data, head.mv_size);
     ((unsigned char *)head.mv_data)[7] |= SPLIT_FLAG;
+    *where = "mdb_put (tail)";
     return M.put(txn, e->dbs[DB_TAIL], k, &rest, 0);
 }
 
@@ -743,9 +748,11 @@ static PyObject *txn_scan(const EnvObject *e, MDB_txn *txn, int db, PyObject *co
             continue;
         }
         if (k.mv_size < plen || memcmp(k.mv_data, p, plen) != 0) break;
-        PyObject *item = PyTuple_New(2), *kb = value_bytes(&k), *vb = stored_value(e, txn, db, &k, &v);
-        if (item == NULL || kb == NULL || vb == NULL) {
-            Py_XDECREF(item);
+        /* one at a time: a failed join sets its own error, which must not be overwritten */
+        PyObject *vb = stored_value(e, txn, db, &k, &v);
+        PyObject *kb = vb != NULL ? value_bytes(&k) : NULL;
+        PyObject *item = kb != NULL ? PyTuple_New(2) : NULL;
+        if (item == NULL) {
             Py_XDECREF(kb);
             Py_XDECREF(vb);
             goto fail;
@@ -801,8 +808,7 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
         rc = M.cursor_open(txn, dbi, &cur);
         where = "mdb_cursor_open";
         if (rc == 0) {
-            rc = put_data(self, txn, cur, &k, &v);
-            where = "mdb_put";
+            rc = put_data(self, txn, cur, &k, &v, &where);
             M.cursor_close(cur);
         }
     } else if (rc == 0) {
@@ -1024,12 +1030,11 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     int rc = M.cursor_open(txn, e->dbs[DB_DATA], &cur);
     *where = "mdb_cursor_open";
     if (rc != 0) return rc;
-    *where = "mdb_cursor_put";
     /* Only each key's last write reaches here (collapsed in C, wal/record.py). */
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
         PyObject *it = PyTuple_GET_ITEM(b->puts, i);
         MDB_val k = bytes_val(PyTuple_GET_ITEM(it, 0)), v = bytes_val(PyTuple_GET_ITEM(it, 1));
-        rc = put_data(e, txn, cur, &k, &v);
+        rc = put_data(e, txn, cur, &k, &v, where);
     }
     M.cursor_close(cur);
     if (rc != 0) return rc;

@@ -999,6 +999,20 @@ def test_a_format_1_store_is_read_and_upgraded_to_3_by_its_first_writable_open(t
         assert store.get("after") == b"upgrade" and store.get("k49") == b"v49"
 
 
+def test_an_older_store_is_upgraded_only_by_the_open_that_gets_its_writer_lock(tmp_path: Path) -> None:
+    """A writer of the older version may still be running: the open that finds the lock taken
+    must leave STORE as that writer expects it (else its next open would refuse its own store)."""
+    with wal.open(tmp_path) as running:
+        (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 2}) + "\n")
+        with pytest.raises(wal.LockedError):
+            wal.open(tmp_path)
+        assert json.loads((tmp_path / "STORE").read_text())["version"] == 2
+        running.put(b"k", b"v")
+    with wal.open(tmp_path) as store:
+        assert store.get(b"k") == b"v"
+    assert json.loads((tmp_path / "STORE").read_text())["version"] == 3
+
+
 def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
     """A version-4 store may lay out its log differently: refuse before recovering (or
     creating) anything in it."""

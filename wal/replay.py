@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from wal import record
@@ -44,8 +44,11 @@ class Replay:
     the open failed), `open_state`, the caller's checks, `feed` the remaining spans, `finish`.
     """
 
-    def __init__(self, state_path: str) -> None:
+    def __init__(self, state_path: str, *, before_open: Callable[[], None] | None = None) -> None:
+        """`before_open`: called once, right before the state is first opened (the store
+        makes its STORE file current there)."""
         self._state_path = state_path
+        self._before_open = before_open
         self.state: State | None = None
         self.next_lsn = 0  # the first LSN not yet fed to the collapser (set when the state opens)
         self.replayed = 0  # commits applied to the state
@@ -58,6 +61,9 @@ class Replay:
     def open_state(self) -> State:
         """The store's state, opened once (by the replay thread, if a sealed segment came first)."""
         if self.state is None:
+            if self._before_open is not None:
+                self._before_open()
+                self._before_open = None
             self.state = State(self._state_path)
             self.next_lsn = self.state.applied_lsn() + 1
         return self.state

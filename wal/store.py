@@ -337,12 +337,13 @@ class Store:
         # Refuse an unknown or newer format before the log's recovery touches (or misreads as
         # damage) a log laid out by another version.
         if os.path.exists(os.path.join(root, STORE_FILE)):
-            found = _check_store_file(root, create=False)
-            if found < STORE_VERSION:
-                _upgrade_store(root, found)
-        # Sealed segments are replayed into the state while the open reads the next ones (wal/replay.py).
+            _check_store_file(root, create=False)
+        # Sealed segments are replayed into the state while the open reads the next ones
+        # (wal/replay.py). The STORE file is brought to this version right before the state is
+        # first opened for writing: under the log's lock (a writer of another version still
+        # running keeps its store as it is) and before anything of this version is written.
         started = time.monotonic()
-        replayer = Replay(os.path.join(root, STATE_DIR))
+        replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
         try:
             log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
@@ -352,7 +353,6 @@ class Store:
             raise
         try:
             replayer.join()
-            _check_store_file(root, create=True)
             state = replayer.open_state()
             # LMDB creates state/ and its files but never fsyncs a directory: make the names
             # durable before a checkpoint can delete the log segments they stand in for.
@@ -923,6 +923,16 @@ def _upgrade_store(root: str, found: int) -> None:
         State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
     _write_store_file(root)
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
+
+
+def _make_store_file_current(root: str) -> None:
+    """Create the STORE file, or upgrade an older store (`_upgrade_store`), holding the log's lock."""
+    if os.path.exists(os.path.join(root, STORE_FILE)):
+        found = _check_store_file(root, create=False)
+        if found < STORE_VERSION:
+            _upgrade_store(root, found)
+    else:
+        _check_store_file(root, create=True)
 
 
 def _check_store_file(root: str, *, create: bool) -> int:
