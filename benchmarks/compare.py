@@ -1485,25 +1485,32 @@ class Runner:
                  "raw read of its log files beside each reopen, cold")):
             add(t6, f"{what} / {ref_what} ({max(p.recovery_mb):,} MB log)",
                 self.value(largest, sysk), self.value(largest, refk), 0.8)
-        t7 = "recovery memory flat in the log's size (read here as RSS growth at the largest / smallest <= 1.5)"
+        t7 = ("recovery memory flat in the log's size (read here as RSS growth at the largest / smallest <= 1.5, "
+              "the smallest taken as at least the raw read's growth beside it: below that, a few MB of RSS are "
+              "noise in a ratio)")
         if len(p.recovery_mb) < 2:
             out.append({"target": t7, "what": "RSS growth across log sizes", "ratio": None, "threshold": 1.5,
                         "status": "n/a", "detail": "one log size in this profile; the full run uses 100 MB and "
                         "1 GB", "kind": "ratio", "higher_is_better": False})
         else:
             small = f"c.recovery.{min(p.recovery_mb)}MB"
-            for sysk, what in (("agentwal-log@read-cold", "Log.open + full read"),
-                               ("agentwal-store@replay", "Store reopen with replay")):
-                a, b = self.find(largest, sysk), self.find(small, sysk)
+            for sysk, refk, what in (("agentwal-log@read-cold", "ref", "Log.open + full read"),
+                                     ("agentwal-store@replay", "ref-store", "Store reopen with replay")):
+                a, b, r = self.find(largest, sysk), self.find(small, sysk), self.find(small, refk)
                 ga = a.get("rss_growth_mb") if a else None
                 gb = b.get("rss_growth_mb") if b else None
                 if ga is None or gb is None:
                     add(t7, what, None, None, 1.5, higher=False)
                     continue
-                ratio = ga / max(gb, 1.0)
+                # The raw read's growth (its 8 MiB buffer and the interpreter's own noise) is the
+                # resolution of these figures: a reader that grows 4 MB at 100 MB and 8 MB at 1 GB is
+                # flat, which a plain ratio would call 2x.
+                floor = max(1.0, r.get("rss_growth_mb") or 0.0) if r else 1.0
+                ratio = ga / max(gb, floor)
+                basis = f"{ga:.0f} / {gb:.0f} MB" + (f" (floor {floor:.0f} MB)" if floor > gb else "")
                 out.append({"target": t7, "what": f"{what}: RSS growth {gb:.0f} MB at {min(p.recovery_mb):,} MB, "
                             f"{ga:.0f} MB at {max(p.recovery_mb):,} MB", "ratio": ratio, "threshold": 1.5,
-                            "status": "MET" if ratio <= 1.5 else "NOT MET", "detail": f"{ga:.0f} / {gb:.0f} MB",
+                            "status": "MET" if ratio <= 1.5 else "NOT MET", "detail": basis,
                             "kind": "ratio", "higher_is_better": False})
         return out
 
