@@ -53,6 +53,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,20 @@ static void set_own_error(int code, const char *text) {
     if (args != NULL) {
         PyErr_SetObject(LmdbError, args);
         Py_DECREF(args);
+    }
+}
+
+/* LmdbError(E_BAD_VALUE, message): a stored value the binding found damaged. */
+static void set_bad_value(const char *format, ...) {
+    va_list ap;
+    va_start(ap, format);
+    PyObject *msg = PyUnicode_FromFormatV(format, ap);
+    va_end(ap);
+    if (msg == NULL) return;
+    PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE, msg);
+    if (a != NULL) {
+        PyErr_SetObject(LmdbError, a);
+        Py_DECREF(a);
     }
 }
 
@@ -644,13 +659,8 @@ static PyObject *data_value(const EnvObject *e, MDB_txn *txn, MDB_val *k, const 
     int rc = M.get(txn, e->dbs[DB_TAIL], k, &tail);
     if (rc == MDB_NOTFOUND) {
         PyObject *key = PyBytes_FromStringAndSize(k->mv_data, (Py_ssize_t)k->mv_size);
-        PyObject *msg = key ? PyUnicode_FromFormat("key %R is stored split but its tail is missing", key) : NULL;
+        if (key != NULL) set_bad_value("key %R is stored split but its tail is missing", key);
         Py_XDECREF(key);
-        if (msg != NULL) {
-            PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE, msg);
-            if (a != NULL) PyErr_SetObject(LmdbError, a);
-            Py_XDECREF(a);
-        }
         return NULL;
     }
     if (rc != 0) {
@@ -945,12 +955,7 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
     self->busy--;
     free(keys);
     if (bad_size) {
-        PyObject *msg = PyUnicode_FromFormat("an idempotency entry of %zu bytes, not 16", bad_size - 1);
-        if (msg != NULL) {
-            PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE, msg);
-            if (a != NULL) PyErr_SetObject(LmdbError, a);
-            Py_XDECREF(a);
-        }
+        set_bad_value("an idempotency entry of %zu bytes, not 16", bad_size - 1);
         return NULL;
     }
     if (rc != 0) {
@@ -1232,10 +1237,7 @@ done:
     self->busy--;
     batch_release(&b);
     if (bad_applied) {
-        PyObject *a = Py_BuildValue("(iN)", E_BAD_VALUE,
-                                    PyUnicode_FromFormat("an applied_lsn of %d bytes, not 8", bad_applied - 1));
-        if (a != NULL) PyErr_SetObject(LmdbError, a);
-        Py_XDECREF(a);
+        set_bad_value("an applied_lsn of %d bytes, not 8", bad_applied - 1);
         return NULL;
     }
     if (rc != 0) {

@@ -927,12 +927,9 @@ def _upgrade_store(root: str, found: int) -> None:
 
 def _make_store_file_current(root: str) -> None:
     """Create the STORE file, or upgrade an older store (`_upgrade_store`), holding the log's lock."""
-    if os.path.exists(os.path.join(root, STORE_FILE)):
-        found = _check_store_file(root, create=False)
-        if found < STORE_VERSION:
-            _upgrade_store(root, found)
-    else:
-        _check_store_file(root, create=True)
+    found = _check_store_file(root, create=True)
+    if found < STORE_VERSION:
+        _upgrade_store(root, found)
 
 
 def _check_store_file(root: str, *, create: bool) -> int:
