@@ -89,6 +89,9 @@ C_REFERENCE = r"""/* fsync_loop.c -- physical reference of benchmarks/compare.py
  * MODE "append": O_APPEND to a file that grows, so each fdatasync also commits the new size.
  * MODE "prealloc": overwrite a file first filled with zeros and fsynced (8 MiB, wrapping
  * around), so an fdatasync carries no metadata: the cheapest durable write the disk offers.
+ * MODE "pages": the same file, the values laid end to end, and each commit writes the whole
+ * pages its value touches (their earlier bytes from memory) and then drops them from the page
+ * cache, as agentwal's sync log does (its native/writer.c, "Whole pages").
  * Per-commit latencies (u64 ns) go to LATFILE when given. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -100,6 +103,7 @@ C_REFERENCE = r"""/* fsync_loop.c -- physical reference of benchmarks/compare.py
 #include <unistd.h>
 
 #define PREALLOC_BYTES (8u << 20)
+#define PAGE 4096u
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -109,10 +113,11 @@ static uint64_t now_ns(void) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s append|prealloc PATH SIZE SECONDS [LATFILE]\n", argv[0]);
+        fprintf(stderr, "usage: %s append|prealloc|pages PATH SIZE SECONDS [LATFILE]\n", argv[0]);
         return 2;
     }
-    int prealloc = strcmp(argv[1], "prealloc") == 0;
+    int pages = strcmp(argv[1], "pages") == 0;
+    int prealloc = pages || strcmp(argv[1], "prealloc") == 0;
     size_t size = strtoul(argv[3], NULL, 10);
     uint64_t budget = (uint64_t)(atof(argv[4]) * 1e9);
     int fd = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC | (prealloc ? 0 : O_APPEND), 0644);
@@ -128,11 +133,22 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < size; i++) buf[i] = (unsigned char)(i * 131 + 7);
     size_t slots = PREALLOC_BYTES / size;
+    unsigned char *img = pages ? calloc(1, PREALLOC_BYTES) : NULL; /* the file's bytes, for "pages" */
+    if (pages && (!img || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)) return 1;
     uint64_t start = now_ns(), end = start + budget, t0;
     while ((t0 = now_ns()) < end) {
-        ssize_t w = prealloc ? pwrite(fd, buf, size, (off_t)((n % slots) * size)) : write(fd, buf, size);
-        if (w != (ssize_t)size) { perror("write"); return 1; }
-        if (fdatasync(fd) != 0) { perror("fdatasync"); return 1; }
+        size_t off = (n % slots) * size;
+        if (pages) {
+            size_t from = off / PAGE * PAGE, to = (off + size + PAGE - 1) / PAGE * PAGE;
+            memcpy(img + off, buf, size);
+            if (pwrite(fd, img + from, to - from, (off_t)from) != (ssize_t)(to - from)) { perror("write"); return 1; }
+            if (fdatasync(fd) != 0) { perror("fdatasync"); return 1; }
+            posix_fadvise(fd, (off_t)from, (off_t)(to - from), POSIX_FADV_DONTNEED);
+        } else {
+            ssize_t w = prealloc ? pwrite(fd, buf, size, (off_t)off) : write(fd, buf, size);
+            if (w != (ssize_t)size) { perror("write"); return 1; }
+            if (fdatasync(fd) != 0) { perror("fdatasync"); return 1; }
+        }
         if (n == cap) {
             cap *= 2;
             lat = realloc(lat, cap * sizeof *lat);
@@ -151,6 +167,9 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+
+
+REF_MODES = {"ref": "prealloc", "ref-append": "append", "ref-pages": "pages"}  # entry system -> fsync_loop MODE
 
 
 # ---- sizes ------------------------------------------------------------------------------------------
@@ -829,7 +848,7 @@ class Runner:
         self.hidden = set(filter(None, args.hide_peers.split(","))) if args.hide_peers else set()
         self.base = tempfile.mkdtemp(prefix="agentwal-bench-", dir=args.tmpdir)
         self.c_ref: str | None = None
-        self.ref_label = self.ref_append_label = ""
+        self.ref_label = self.ref_append_label = self.ref_pages_label = ""
 
     # ---- plumbing
 
@@ -951,17 +970,24 @@ class Runner:
                 self.c_ref = exe
                 self.ref_label = "bare C write+fdatasync loop, preallocated file (1 thread)"
                 self.ref_append_label = "bare C write+fdatasync loop, appending (1 thread)"
+                self.ref_pages_label = "C write+fdatasync loop, whole pages dropped after each sync (1 thread)"
                 self.notes.append(
                     f"Physical reference: {os.path.basename(src)}, compiled with {cc} -O2 into the output "
                     "directory, writes one value and fdatasyncs, in a loop, on one thread. `x reference` divides by "
                     "its preallocated variant (overwriting a zero-filled, fsynced file: no metadata per "
                     "fdatasync, the cheapest durable commit the disk offers); the appending variant (O_APPEND, "
                     "the file grows, so every fdatasync also journals the new size) is listed beside it. On a "
-                    "quiet disk the two are close; under load the appending one waits for the shared ext4 journal.")
+                    "quiet disk the two are close; under load the appending one waits for the shared ext4 journal. "
+                    "The third variant lays the values end to end in the preallocated file and writes the whole "
+                    "pages each one touches, dropping them from the page cache after each fdatasync: what a sync "
+                    "agentwal log does (PROFILING finding 24), shown so its ratio to the bare loop can be read "
+                    "against what the same technique gives without agentwal around it.")
                 return
             self.notes.append(f"Compiling the C reference failed ({proc.stderr.strip()[:200]}).")
         self.ref_label = "Python os.pwrite+os.fdatasync loop, preallocated file (no C compiler; 1 thread)"
         self.ref_append_label = "Python os.write+os.fdatasync loop, appending (no C compiler; 1 thread)"
+        self.ref_pages_label = "Python os.pwrite+os.fdatasync loop, whole pages dropped after each sync " \
+                               "(no C compiler; 1 thread)"
         self.notes.append("No C compiler: the physical reference is a Python os.write+os.fdatasync loop, "
                           "labelled so.")
 
@@ -969,10 +995,12 @@ class Runner:
         if not self.enabled("ref"):
             return []
         return [Entry("ref", self.ref_label, "ref", lambda d: Target()),
-                Entry("ref-append", self.ref_append_label, "ref-alt", lambda d: Target())]
+                Entry("ref-append", self.ref_append_label, "ref-alt", lambda d: Target()),
+                Entry("ref-pages", self.ref_pages_label, "ref-alt", lambda d: Target())]
 
     def fsync_reference(self, size: int, seconds: float, mode: str) -> tuple[dict[str, Any], list[int]]:
-        """The physical reference: mode 'prealloc' (overwrite a zero-filled file) or 'append'."""
+        """The physical reference: mode 'prealloc' (overwrite a zero-filled file), 'append', or 'pages'
+        (the zero-filled file, whole pages written and dropped from the cache after each sync)."""
         with self.tmp() as d:
             path = os.path.join(d, "ref.bin")
             if self.c_ref:
@@ -988,9 +1016,13 @@ class Runner:
             else:
                 prealloc = 8 << 20
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "append" else 0), 0o644)
-                if mode == "prealloc":
+                if mode != "append":
                     os.write(fd, bytes(prealloc))
                     os.fsync(fd)
+                if mode == "pages":
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                image = bytearray(prealloc if mode == "pages" else 0)
+                page = 4096
                 slots = prealloc // size
                 buf = os.urandom(size)
                 lats = []
@@ -1000,11 +1032,18 @@ class Runner:
                 try:
                     while time.perf_counter() < end:
                         t0 = pc()
+                        off = (len(lats) % slots) * size
                         if mode == "append":
                             os.write(fd, buf)
+                        elif mode == "pages":
+                            first, last = off // page * page, -(-(off + size) // page) * page
+                            image[off:off + size] = buf
+                            os.pwrite(fd, image[first:last], first)
                         else:
-                            os.pwrite(fd, buf, (len(lats) % slots) * size)
+                            os.pwrite(fd, buf, off)
                         os.fdatasync(fd)
+                        if mode == "pages":
+                            os.posix_fadvise(fd, first, last - first, os.POSIX_FADV_DONTNEED)
                         lats.append(pc() - t0)
                 finally:
                     os.close(fd)
@@ -1040,7 +1079,7 @@ class Runner:
     def _a_one(self, entry: Entry, seconds: float, *, conc: int, value: bytes) -> tuple[dict[str, Any], list[int]]:
         p = self.p
         if entry.system.startswith("ref"):
-            return self.fsync_reference(len(value), seconds, "append" if entry.system == "ref-append" else "prealloc")
+            return self.fsync_reference(len(value), seconds, REF_MODES[entry.system])
         lat: list[int] = []
 
         def body(t: Target) -> dict[str, Any]:
@@ -1588,7 +1627,7 @@ class Runner:
             for label, ys in series.items():
                 style = "-" if label.startswith("agentwal") else "--"
                 ax.plot(xs, ys, style, marker="o", label=label, linewidth=2.2 if label.startswith("agentwal") else 1.2)
-            for sysk, style in (("ref", ":"), ("ref-append", "-.")):
+            for sysk, style in (("ref", ":"), ("ref-append", "-."), ("ref-pages", (0, (4, 1, 1, 1, 1, 1)))):
                 ref = self.find(f"a.sync.{size}B.t1", sysk)
                 if ref is not None:
                     ax.axhline(ref["ops_per_s"], color="grey", linestyle=style, label=ref["label"])

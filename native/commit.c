@@ -62,6 +62,7 @@
 #define LAT_RING 1024  /* fsync latencies kept for p50/p99 */
 #define MARK_RING 65536 /* (lsn, enqueue time) marks for the durable-lag clock */
 #define MARK_SPACING_NS 100000
+#define DROP_WINDOW_BYTES (4u << 20) /* do_sync */
 
 typedef struct {
     uint64_t lsn, ns;
@@ -117,6 +118,11 @@ struct wal_log {
     uint64_t write_failed_attempt; /* the write_attempts number of the last write that failed so */
     uint64_t n_write_errors;
     uint64_t try_write_resume_ns; /* wal_log_wait_try makes no write before this time */
+    /* Synced pages of the open segment the sync slot lets the page cache drop (writer.c
+     * "Whole pages"): [drop_from, drop_to) once an fdatasync has covered it, drop_from then
+     * moving to drop_next_from. Set by do_write (a roll starts them at 0), used by do_sync. */
+    uint64_t drop_from, drop_to, drop_next_from;
+    pthread_t last_writer;
     char detail[512];
     int closing, closed;
     pthread_t flusher;
@@ -339,6 +345,9 @@ static void do_write(wal_log *log) {
     } else {
         if (b.last_lsn) __atomic_store_n(&log->written, b.last_lsn, __ATOMIC_RELEASE); /* read unlocked: wait_try */
         if (synced > log->durable) log->durable = synced;
+        if (b.rolls) log->drop_from = 0; /* the sealed segment was dropped whole */
+        wal_writer_drop_range(&log->w, &log->drop_next_from, &log->drop_to);
+        log->last_writer = pthread_self();
         log->n_writes++;
         log->bytes_written += b.len;
     }
@@ -355,12 +364,24 @@ static void do_sync(wal_log *log) {
     uint64_t oldest = log->level != WAL_LEVEL_SYNC ? oldest_unsynced_ns(log) : 0;
     int fd = log->w.fd;
     uint64_t segno = log->w.fd_segno;
+    /* Synced pages dropped (writer.c "Whole pages") only after the fdatasync of a lone
+     * commit: no follower waiting, no write running, and the batch written by this thread,
+     * so the pages sit in this CPU's lists. Measured (PROFILING finding 24): a lone commit
+     * gains 10-20%; with followers waiting the drop cost more than it gained (8 threads,
+     * 4 KiB: -14%), as it comes before their wake-up and, for pages another CPU wrote, makes
+     * the kernel drain every CPU's page lists. Pages not dropped then stay cached, as any
+     * file's; a later drop takes at most DROP_WINDOW_BYTES below the zeros ahead. No roll can
+     * run while the sync slot is held, so the offsets name pages of fd. */
+    int lone = !log->waiters && !log->write_busy && pthread_equal(log->last_writer, pthread_self());
+    uint64_t drop_to = lone ? log->drop_to : 0, drop_next_from = log->drop_next_from;
+    uint64_t drop_from = drop_to > log->drop_from + DROP_WINDOW_BYTES ? drop_to - DROP_WINDOW_BYTES : log->drop_from;
     log->sync_busy = 1;
     pthread_mutex_unlock(&log->mu);
 
     uint64_t t0 = now_ns();
     int rc = wal_io_fdatasync(fd);
     uint64_t dt = now_ns() - t0;
+    if (rc == 0) wal_writer_drop_synced(fd, drop_from, drop_to);
 
     pthread_mutex_lock(&log->mu);
     log->sync_busy = 0;
@@ -368,6 +389,7 @@ static void do_sync(wal_log *log) {
         fail(log, rc, "fdatasync", segno);
         return;
     }
+    if (drop_to > drop_from) log->drop_from = drop_next_from;
     if (target > log->durable) {
         uint64_t group = target - (before > log->durable ? before : log->durable);
         log->durable = target;

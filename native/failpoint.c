@@ -151,6 +151,47 @@ ssize_t wal_io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
     return (ssize_t)len;
 }
 
+ssize_t wal_io_pwritev_all(int fd, struct iovec *iov, int cnt, uint64_t off) {
+    size_t total = 0;
+    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+    if (__builtin_expect(__atomic_load_n(&wal_fp_active, __ATOMIC_ACQUIRE), 0)) {
+        int partial = 0;
+        int rc = wal_fp_check(WAL_FP_WRITE, &partial);
+        if (rc) {
+            if (partial && total > 1) { /* the first half of the bytes, as wal_io_pwrite_all */
+                size_t half = total / 2;
+                for (int i = 0; i < cnt && half; i++) {
+                    size_t n = iov[i].iov_len < half ? iov[i].iov_len : half;
+                    (void)!pwrite(fd, iov[i].iov_base, n, (off_t)off);
+                    off += n;
+                    half -= n;
+                }
+            }
+            return rc;
+        }
+    }
+    size_t left = total;
+    while (left) {
+        while (cnt && iov->iov_len == 0) iov++, cnt--;
+        ssize_t n = pwritev(fd, iov, cnt, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) return -EIO;
+        off += (uint64_t)n;
+        left -= (size_t)n;
+        for (size_t k = (size_t)n; k;) { /* skip what went out */
+            size_t step = k < iov->iov_len ? k : iov->iov_len;
+            iov->iov_base = (uint8_t *)iov->iov_base + step;
+            iov->iov_len -= step;
+            k -= step;
+            if (iov->iov_len == 0 && k) iov++, cnt--;
+        }
+    }
+    return (ssize_t)total;
+}
+
 int wal_io_fdatasync(int fd) {
     FAILPOINT(WAL_FP_FSYNC);
     return fdatasync(fd) < 0 ? -errno : 0; /* never retried: see I5 in commit.c */

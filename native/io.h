@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 /* Failpoint sites. */
 enum {
@@ -38,6 +39,8 @@ int wal_fp_check(int site, int *partial);
 
 int wal_io_open(const char *path, int flags, int mode);
 ssize_t wal_io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+/* The same for the bytes of iov[0..cnt) in order (cnt <= 4); the iovecs may be changed. */
+ssize_t wal_io_pwritev_all(int fd, struct iovec *iov, int cnt, uint64_t off);
 int wal_io_fdatasync(int fd);
 int wal_io_fsync(int fd);
 int wal_io_fsync_dir(const char *dir);

@@ -65,6 +65,13 @@ typedef struct {
     uint64_t segments_created;
     uint64_t mapped_writes; /* spans stored through the mapping: written by the write slot, read by stats any time */
     uint64_t last_mark; /* LSN of the last MARK placed (under the commit lock) */
+    /* Whole-page writes (a sync log; writer.c "Whole pages"): by the write slot only */
+    int whole_pages;
+    size_t page;          /* the page size: a power of two, at most WAL_ZERO_WRITE_BYTES */
+    uint8_t *last_page;   /* the written bytes of the open segment's last page, from last_page_off */
+    uint64_t last_page_off;
+    size_t last_page_len;
+    uint64_t fd_written;  /* end of the bytes written to the open segment */
 } wal_writer;
 
 int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg);
@@ -76,6 +83,14 @@ int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn);
 /* Write b. *synced_through is raised to the last LSN made durable by a roll's
  * fdatasync (0 if none). Returns 0 or -errno. */
 int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through);
+/* Whole pages (writer.c): after a write, by the write slot, with no write running. *to is
+ * the end of what is written to the open segment, zeros ahead included, as a page boundary;
+ * *next_from the page the next write starts with, from which a later drop must begin again.
+ * Both 0 when the writer does not write whole pages. */
+void wal_writer_drop_range(const wal_writer *w, uint64_t *next_from, uint64_t *to);
+/* After an fdatasync of the open segment fd that covered every write below `to`: let the page
+ * cache drop [from, to). Advisory: no error, and pages written since stay. */
+void wal_writer_drop_synced(int fd, uint64_t from, uint64_t to);
 
 void wal_batch_reset(wal_batch *b);
 /* Append src's records (bytes and spans, placement unchanged) to dst. Returns 0 or -ENOMEM. */

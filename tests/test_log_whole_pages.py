@@ -1,0 +1,143 @@
+"""A `sync` log writes whole pages and lets the page cache drop what a lone commit's fdatasync
+made durable (native/writer.c "Whole pages"; benchmarks/PROFILING.md, finding 24).
+
+What that promises, and what these tests hold it to:
+
+* the bytes on disk are the format's, exactly: the page's earlier bytes rewritten as they were,
+  zeros after the last record (zero tail), across page boundaries, segment rolls and reopens;
+* after one thread's commits the segment's pages are out of the page cache (mincore), where a
+  `buffered` log's stay -- the control that shows the measurement can see them;
+* a write refused half-way (ENOSPC) and retried rewrites the same whole pages; nothing
+  acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+import wal
+import wal.testing
+from wal import format as fmt
+
+PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_pages(path: Path) -> int:
+    """Pages of the file in the page cache (mincore(2) on a fresh shared mapping, which faults
+    nothing in)."""
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = (ctypes.c_ubyte * ((size + PAGE - 1) // PAGE))()
+            assert _libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(v & 1 for v in vec)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def payload(i: int) -> bytes:
+    """Sizes from 0 to past two pages, so records start and end anywhere in a page."""
+    return bytes([i % 251]) * ((i * 977) % (2 * PAGE + 300))
+
+
+def segments(d: Path) -> list[Path]:
+    return sorted(d.glob("*.wal"))
+
+
+def assert_format_exact(d: Path, expected: list[bytes]) -> None:
+    """Every segment scans clean with the reference decoder, nothing but zeros follows its last
+    record, and the records are `expected`, in order."""
+    got: list[bytes] = []
+    segs = segments(d)
+    for i, seg in enumerate(segs):
+        data = seg.read_bytes()
+        r = fmt.scan_segment(data)
+        assert r.status == ("open" if i == len(segs) - 1 else "sealed"), (seg.name, r.status, r.reason)
+        assert not any(data[r.end_offset:]), f"{seg.name}: non-zero bytes after offset {r.end_offset}"
+        got.extend(p for _, p in r.payloads)
+    assert got == expected
+
+
+def test_one_threads_sync_commits_write_the_format_exactly_across_pages_rolls_and_reopens(tmp_path: Path) -> None:
+    sent: list[bytes] = []
+    for session in range(3):  # each reopen resumes in the middle of a page
+        with wal.Log.open(tmp_path, durability="sync", segment_bytes=64 << 10) as log:
+            for i in range(60):
+                sent.append(payload(session * 60 + i))
+                log.append(sent[-1])
+            log.append_many([payload(i) for i in range(7)])  # a batch of several records
+            sent.extend(payload(i) for i in range(7))
+        assert_format_exact(tmp_path, sent)
+    assert len(segments(tmp_path)) > 3  # the records rolled segments
+    with wal.Log.open(tmp_path, readonly=True) as log:
+        assert [bytes(p) for _, p in log.read()] == sent
+
+
+def test_a_reopened_log_rewrites_the_bytes_before_its_tail_as_they_were(tmp_path: Path) -> None:
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        for i in range(5):
+            log.append(b"x" * (PAGE // 3 + i))
+    seg = segments(tmp_path)[0]
+    before = seg.read_bytes()
+    tail = fmt.scan_segment(before).end_offset
+    assert tail % PAGE != 0  # the next write starts mid-page: its page's bytes come from the writer
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        log.append(b"after the reopen")
+    after = seg.read_bytes()
+    assert after[:tail] == before[:tail]
+    with wal.Log.open(tmp_path, readonly=True) as log:
+        assert [bytes(p) for _, p in log.read()][-1] == b"after the reopen"
+
+
+def test_a_lone_committers_synced_pages_leave_the_page_cache_and_a_buffered_logs_stay(tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"\1" * (64 * PAGE))
+    fd = os.open(probe, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if resident_pages(probe) > 8:
+        pytest.skip("this filesystem keeps a file's clean pages after POSIX_FADV_DONTNEED (tmpfs does)")
+
+    def commit_and_count(level: wal.Durability, d: Path) -> int:
+        with wal.Log.open(d, durability=level, segment_bytes=8 << 20) as log:
+            for i in range(400):
+                log.append(os.urandom(PAGE if i % 2 else 100))
+            log.sync()
+            return resident_pages(segments(d)[0])
+
+    written_pages = 200 * (PAGE + 24 + 100 + 24 + 24) // PAGE  # records and marks
+    sync_resident = commit_and_count("sync", tmp_path / "sync")
+    buffered_resident = commit_and_count("buffered", tmp_path / "buffered")
+    assert buffered_resident >= written_pages  # the measurement sees cached pages
+    assert sync_resident <= 4, f"{sync_resident} of the sync log's pages still cached"
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "half-written"])
+def test_a_refused_whole_page_write_is_rewritten_once_space_returns(tmp_path: Path, partial: bool) -> None:
+    sent = [payload(i) for i in range(1, 12)]
+    with wal.Log.open(tmp_path, durability="sync", segment_bytes=64 << 10) as log:
+        for p in sent[:6]:
+            log.append(p)
+        with wal.testing.failpoint("write", errno.ENOSPC, partial=partial, repeat=True), \
+                pytest.raises(wal.NoSpaceError):
+            log.append(sent[6])
+        for p in sent[7:]:
+            log.append(p)
+    assert_format_exact(tmp_path, sent)  # the refused record too: rewritten before the next
