@@ -62,7 +62,8 @@
 #define LAT_RING 1024  /* fsync latencies kept for p50/p99 */
 #define MARK_RING 65536 /* (lsn, enqueue time) marks for the durable-lag clock */
 #define MARK_SPACING_NS 100000
-#define DROP_WINDOW_BYTES (4u << 20) /* do_sync */
+#define LONE_STREAK 4 /* do_sync */
+#define DROP_WINDOW_BYTES (4u << 20) /* do_sync: the most one drop covers */
 
 typedef struct {
     uint64_t lsn, ns;
@@ -118,11 +119,15 @@ struct wal_log {
     uint64_t write_failed_attempt; /* the write_attempts number of the last write that failed so */
     uint64_t n_write_errors;
     uint64_t try_write_resume_ns; /* wal_log_wait_try makes no write before this time */
-    /* Synced pages of the open segment the sync slot lets the page cache drop (writer.c
-     * "Whole pages"): [drop_from, drop_to) once an fdatasync has covered it, drop_from then
-     * moving to drop_next_from. Set by do_write (a roll starts them at 0), used by do_sync. */
-    uint64_t drop_from, drop_to, drop_next_from;
+    /* Synced pages of the open segment the sync slot may let the page cache drop (writer.c
+     * "Whole pages"; do_sync says when): [drop_from, drop_to) once an fdatasync covered it,
+     * drop_from then moving to drop_next_from, the page the next write starts with. The last
+     * write began at page write_from, by thread last_writer. Set by do_write (a roll starts
+     * them at 0 in the new segment), used by do_sync. */
+    uint64_t drop_from, drop_to, drop_next_from, write_from;
     pthread_t last_writer;
+    uint64_t lone_streak; /* consecutive fdatasyncs of a lone commit (do_sync) */
+    uint64_t streak_from; /* drop_from when the streak began, or after its last drop */
     char detail[512];
     int closing, closed;
     pthread_t flusher;
@@ -322,6 +327,7 @@ static void do_write(wal_log *log) {
     while (with_sync_slot && log->sync_busy) pthread_cond_wait(&log->progress, &log->mu);
     if (with_sync_slot) log->sync_busy = 1;
     uint64_t attempt = ++log->write_attempts;
+    uint64_t write_from = log->drop_next_from;
     pthread_mutex_unlock(&log->mu);
 
     uint64_t synced = 0;
@@ -345,8 +351,9 @@ static void do_write(wal_log *log) {
     } else {
         if (b.last_lsn) __atomic_store_n(&log->written, b.last_lsn, __ATOMIC_RELEASE); /* read unlocked: wait_try */
         if (synced > log->durable) log->durable = synced;
-        if (b.rolls) log->drop_from = 0; /* the sealed segment was dropped whole */
+        if (b.rolls) log->drop_from = log->streak_from = write_from = 0; /* the sealed segment was dropped whole */
         wal_writer_drop_range(&log->w, &log->drop_next_from, &log->drop_to);
+        log->write_from = write_from;
         log->last_writer = pthread_self();
         log->n_writes++;
         log->bytes_written += b.len;
@@ -364,24 +371,30 @@ static void do_sync(wal_log *log) {
     uint64_t oldest = log->level != WAL_LEVEL_SYNC ? oldest_unsynced_ns(log) : 0;
     int fd = log->w.fd;
     uint64_t segno = log->w.fd_segno;
-    /* Synced pages dropped (writer.c "Whole pages") only after the fdatasync of a lone
-     * commit: no follower waiting, no write running, and the batch written by this thread,
-     * so the pages sit in this CPU's lists. Measured (PROFILING finding 24): a lone commit
-     * gains 10-20%; with followers waiting the drop cost more than it gained (8 threads,
-     * 4 KiB: -14%), as it comes before their wake-up and, for pages another CPU wrote, makes
-     * the kernel drain every CPU's page lists. Pages not dropped then stay cached, as any
-     * file's; a later drop takes at most DROP_WINDOW_BYTES below the zeros ahead. No roll can
-     * run while the sync slot is held, so the offsets name pages of fd. */
-    int lone = !log->waiters && !log->write_busy && pthread_equal(log->last_writer, pthread_self());
-    uint64_t drop_to = lone ? log->drop_to : 0, drop_next_from = log->drop_next_from;
-    uint64_t drop_from = drop_to > log->drop_from + DROP_WINDOW_BYTES ? drop_to - DROP_WINDOW_BYTES : log->drop_from;
+    /* Synced pages are dropped (writer.c "Whole pages") only in a stream of lone commits:
+     * LONE_STREAK fdatasyncs in a row with no follower waiting, no write running, and one
+     * write since the fdatasync before, made by this thread (so the pages it dirtied sit in
+     * this CPU's lists). Measured (PROFILING finding 24): one thread gains 10-20%; drops after
+     * a group's fdatasync cost more than they gained (8 threads, 4 KiB: -14%; 64 threads
+     * through the store, dropping at its lone fdatasyncs only: -6%): a drop delays the
+     * followers' wake-up, and pages another CPU wrote make the kernel drain every CPU's page
+     * lists first. Pages not dropped stay cached, as any file's. A drop takes the pages the
+     * streak wrote (from streak_from), at most DROP_WINDOW_BYTES. No roll runs while the sync
+     * slot is held, so the offsets name pages of fd. */
+    int lone = !log->waiters && !log->write_busy && pthread_equal(log->last_writer, pthread_self()) &&
+               log->write_from == log->drop_from;
+    if (!lone) log->lone_streak = 0;
+    else if (log->lone_streak++ == 0) log->streak_from = log->drop_from;
+    uint64_t drop_from = log->streak_from, drop_next_from = log->drop_next_from;
+    uint64_t drop_to = log->lone_streak >= LONE_STREAK ? log->drop_to : 0;
+    if (drop_to > drop_from + DROP_WINDOW_BYTES) drop_from = drop_to - DROP_WINDOW_BYTES;
     log->sync_busy = 1;
     pthread_mutex_unlock(&log->mu);
 
     uint64_t t0 = now_ns();
     int rc = wal_io_fdatasync(fd);
     uint64_t dt = now_ns() - t0;
-    if (rc == 0) wal_writer_drop_synced(fd, drop_from, drop_to);
+    if (rc == 0) wal_writer_drop_synced(&log->w, fd, drop_from, drop_to);
 
     pthread_mutex_lock(&log->mu);
     log->sync_busy = 0;
@@ -389,7 +402,8 @@ static void do_sync(wal_log *log) {
         fail(log, rc, "fdatasync", segno);
         return;
     }
-    if (drop_to > drop_from) log->drop_from = drop_next_from;
+    log->drop_from = drop_next_from;
+    if (drop_to > drop_from) log->streak_from = drop_next_from;
     if (target > log->durable) {
         uint64_t group = target - (before > log->durable ? before : log->durable);
         log->durable = target;

@@ -236,9 +236,16 @@ static int write_whole_pages(wal_writer *w, const uint8_t *bytes, size_t len, ui
         ssize_t n = wal_io_pwrite_all(w->fd, bytes, len, off);
         return n < 0 ? (int)n : 0;
     }
-    struct iovec iov[3] = {{w->last_page, w->last_page_len}, {(void *)bytes, len}, {(void *)zeros, padded - end}};
-    ssize_t n = wal_io_pwritev_all(w->fd, iov, 3, start);
-    if (n < 0) return (int)n;
+    /* the page's earlier bytes only when it may have been dropped: else it is cached, and the
+     * write need not cover it whole */
+    int dropped = __atomic_exchange_n(&w->tail_dropped, 0, __ATOMIC_ACQ_REL);
+    struct iovec iov[3] = {{w->last_page, dropped ? w->last_page_len : 0}, {(void *)bytes, len},
+                           {(void *)zeros, padded - end}};
+    ssize_t n = wal_io_pwritev_all(w->fd, iov, 3, dropped ? start : off);
+    if (n < 0) {
+        if (dropped) __atomic_store_n(&w->tail_dropped, 1, __ATOMIC_RELEASE); /* the retry needs it too */
+        return (int)n;
+    }
     uint64_t new_start = page_floor(w, end);
     if (new_start == start) {
         memcpy(w->last_page + w->last_page_len, bytes, len);
@@ -250,15 +257,26 @@ static int write_whole_pages(wal_writer *w, const uint8_t *bytes, size_t len, ui
     return 0;
 }
 
-void wal_writer_drop_synced(int fd, uint64_t from, uint64_t to) {
+static void drop_pages(int fd, uint64_t from, uint64_t to) {
     if (to > from) (void)posix_fadvise(fd, (off_t)from, (off_t)(to - from), POSIX_FADV_DONTNEED);
 }
+
+void wal_writer_drop_synced(wal_writer *w, int fd, uint64_t from, uint64_t to) {
+    if (to <= from) return;
+    __atomic_store_n(&w->tail_dropped, 1, __ATOMIC_RELEASE); /* before: a write may start meanwhile */
+    drop_pages(fd, from, to);
+}
+
+/* How far past the tail a drop reaches: the zeros ahead (at most 1.5 MiB past it), not the
+ * rest of a segment preallocate="zeros" filled, which the tail reaches later. */
+#define DROP_AHEAD_BYTES (2u << 20)
 
 void wal_writer_drop_range(const wal_writer *w, uint64_t *next_from, uint64_t *to) {
     *next_from = *to = 0;
     if (!w->whole_pages || w->last_page_off == UINT64_MAX) return;
     uint64_t end = page_floor(w, w->fd_written + w->page - 1);
-    *to = end > w->fd_zeroed ? end : w->fd_zeroed;
+    uint64_t ahead = w->fd_zeroed < end + DROP_AHEAD_BYTES ? w->fd_zeroed : end + DROP_AHEAD_BYTES;
+    *to = ahead > end ? ahead : end;
     *next_from = page_floor(w, w->fd_written);
 }
 
@@ -364,7 +382,7 @@ int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through
                 int rc = wal_io_fdatasync(w->fd);
                 if (rc) return rc;
                 *synced_through = s->first_lsn - 1;
-                if (w->whole_pages) wal_writer_drop_synced(w->fd, 0, w->fd_size);
+                if (w->whole_pages) drop_pages(w->fd, 0, w->fd_size);
                 close_segment(w);
             }
             int rc = open_segment(w, s);

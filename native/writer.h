@@ -72,6 +72,7 @@ typedef struct {
     uint64_t last_page_off;
     size_t last_page_len;
     uint64_t fd_written;  /* end of the bytes written to the open segment */
+    int tail_dropped;     /* atomic: set by a drop, taken by the next write (writer.c) */
 } wal_writer;
 
 int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg);
@@ -89,8 +90,9 @@ int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through
  * Both 0 when the writer does not write whole pages. */
 void wal_writer_drop_range(const wal_writer *w, uint64_t *next_from, uint64_t *to);
 /* After an fdatasync of the open segment fd that covered every write below `to`: let the page
- * cache drop [from, to). Advisory: no error, and pages written since stay. */
-void wal_writer_drop_synced(int fd, uint64_t from, uint64_t to);
+ * cache drop [from, to), and have the next write rewrite its first page whole. Called by the
+ * sync slot (a write may run meanwhile). Advisory: no error, and pages written since stay. */
+void wal_writer_drop_synced(wal_writer *w, int fd, uint64_t from, uint64_t to);
 
 void wal_batch_reset(wal_batch *b);
 /* Append src's records (bytes and spans, placement unchanged) to dst. Returns 0 or -ENOMEM. */
