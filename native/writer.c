@@ -173,23 +173,24 @@ int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32
 static const uint8_t zeros[WAL_ZERO_WRITE_BYTES];
 
 /* ---- Whole pages ----
- * A sync log writes every page it touches whole, and lets the page cache drop what an
- * fdatasync has made durable. On the machine of BRIEF section 7 (Linux 6.18, ext4 on virtio)
- * an fdatasync whose pages the write created afresh takes 10-20% less time than one whose
- * pages the cache already held -- a page of zeros laid down ahead, or the page the last
- * commit left half full -- measured with a bare C loop either way (benchmarks/PROFILING.md,
- * finding 24). So each write starts at the page boundary below its first byte, with the
- * bytes of that page already written (kept in last_page: the page is no longer cached, and a
- * write into part of a page that is not cached would first read it from the disk), and ends
- * with zeros up to the next page boundary (within the file). The bytes rewritten are those
- * already there; the zeros are zero tail (FORMAT.md section 7.2), so nothing a reader sees
- * changes: the device already took the whole page on every commit. A log is rarely read
- * back while it is written, which is also why PostgreSQL drops its WAL from the cache. */
+ * A sync log writes whole pages, so that the page cache may drop what an fdatasync has made
+ * durable. On the machine of BRIEF section 7 (Linux 6.18, ext4 on virtio) an fdatasync whose
+ * pages the write created afresh takes 10-20% less time than one whose pages the cache
+ * already held -- a page of zeros laid down ahead, or the page the last commit left half
+ * full -- measured with a bare C loop either way (benchmarks/PROFILING.md, finding 24). The
+ * group commit decides when to drop (commit.c, do_sync: in a stream of lone commits only).
+ * Every write ends with zeros up to the next page boundary (within the file), and a write
+ * after a drop also starts at the page boundary below its first byte, with the bytes of that
+ * page already written (kept in last_page): a write into part of a page that is not cached
+ * would first read it from the disk. The bytes rewritten are those already there, and the
+ * zeros are zero tail (FORMAT.md section 7.2), so nothing a reader sees changes: the device
+ * took the whole page on every commit before too. A log is rarely read back while it is
+ * written, which is also why PostgreSQL drops its WAL from the cache. */
 
 static uint64_t page_floor(const wal_writer *w, uint64_t off) { return off & ~(uint64_t)(w->page - 1); }
 
-/* Whole pages for a sync log; not under a failpoint-free mapping (interval logs store
- * through one), and not when the page size is above what the zeros array covers. */
+/* Whole pages for a sync log only (an interval log stores through a mapping, a buffered one
+ * fdatasyncs rarely), and not when the page size is above what the zeros array covers. */
 static void whole_pages_init(wal_writer *w, const wal_log_config *cfg) {
     long page = sysconf(_SC_PAGESIZE);
     if (cfg->level != WAL_LEVEL_SYNC || page <= 0 || (page & (page - 1)) || (size_t)page > sizeof zeros) return;
