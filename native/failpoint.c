@@ -158,8 +158,8 @@ ssize_t wal_io_pwritev_all(int fd, struct iovec *iov, int cnt, uint64_t off) {
         int partial = 0;
         int rc = wal_fp_check(WAL_FP_WRITE, &partial);
         if (rc) {
-            if (partial && total > 1) { /* the first half of the bytes, as wal_io_pwrite_all */
-                size_t half = total / 2;
+            if (partial && total > 1) { /* iov[0] (bytes rewritten) and the first half of the rest */
+                size_t half = iov[0].iov_len + (total - iov[0].iov_len) / 2;
                 for (int i = 0; i < cnt && half; i++) {
                     size_t n = iov[i].iov_len < half ? iov[i].iov_len : half;
                     (void)!pwrite(fd, iov[i].iov_base, n, (off_t)off);

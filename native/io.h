@@ -39,7 +39,9 @@ int wal_fp_check(int site, int *partial);
 
 int wal_io_open(const char *path, int flags, int mode);
 ssize_t wal_io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
-/* The same for the bytes of iov[0..cnt) in order (cnt <= 4); the iovecs may be changed. */
+/* The same for the bytes of iov[0..cnt) in order; the iovecs may be changed. A failpoint's
+ * partial write puts iov[0] and the first half of the other bytes: iov[0] is what a caller
+ * rewrites as it already is (writer.c, "Whole pages"), not new bytes. */
 ssize_t wal_io_pwritev_all(int fd, struct iovec *iov, int cnt, uint64_t off);
 int wal_io_fdatasync(int fd);
 int wal_io_fsync(int fd);

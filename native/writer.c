@@ -230,6 +230,13 @@ static int write_whole_pages(wal_writer *w, const uint8_t *bytes, size_t len, ui
     uint64_t start = page_floor(w, off), end = off + len;
     uint64_t padded = page_floor(w, end + w->page - 1);
     if (padded > w->fd_size) padded = w->fd_size > end ? w->fd_size : end; /* never grow the file */
+    if (end <= w->fd_written) {
+        /* Bytes written before, again: a batch that failed for lack of space comes back whole
+         * (commit.c, do_write), its spans before the one that failed included. The same bytes
+         * at the same place; the tail is past them and stays as it is. */
+        ssize_t n = wal_io_pwrite_all(w->fd, bytes, len, off);
+        return n < 0 ? (int)n : 0;
+    }
     if (w->last_page_off != start || w->last_page_len != off - start) {
         /* not at the tail it knows (cannot happen): plain writes, and no drops, to the
          * segment's end, as a page the cache no longer holds must not be written in part */
@@ -247,6 +254,7 @@ static int write_whole_pages(wal_writer *w, const uint8_t *bytes, size_t len, ui
         if (dropped) __atomic_store_n(&w->tail_dropped, 1, __ATOMIC_RELEASE); /* the retry needs it too */
         return (int)n;
     }
+    if (padded > w->fd_zeroed) w->fd_zeroed = padded; /* the pad: zeros written */
     uint64_t new_start = page_floor(w, end);
     if (new_start == start) {
         memcpy(w->last_page + w->last_page_len, bytes, len);
@@ -258,14 +266,10 @@ static int write_whole_pages(wal_writer *w, const uint8_t *bytes, size_t len, ui
     return 0;
 }
 
-static void drop_pages(int fd, uint64_t from, uint64_t to) {
-    if (to > from) (void)posix_fadvise(fd, (off_t)from, (off_t)(to - from), POSIX_FADV_DONTNEED);
-}
-
 void wal_writer_drop_synced(wal_writer *w, int fd, uint64_t from, uint64_t to) {
     if (to <= from) return;
     __atomic_store_n(&w->tail_dropped, 1, __ATOMIC_RELEASE); /* before: a write may start meanwhile */
-    drop_pages(fd, from, to);
+    (void)posix_fadvise(fd, (off_t)from, (off_t)(to - from), POSIX_FADV_DONTNEED);
 }
 
 /* How far past the tail a drop reaches: the zeros ahead (at most 1.5 MiB past it), not the
@@ -383,7 +387,6 @@ int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through
                 int rc = wal_io_fdatasync(w->fd);
                 if (rc) return rc;
                 *synced_through = s->first_lsn - 1;
-                if (w->whole_pages) drop_pages(w->fd, 0, w->fd_size);
                 close_segment(w);
             }
             int rc = open_segment(w, s);
@@ -404,7 +407,7 @@ int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through
                 ssize_t n = wal_io_pwrite_all(w->fd, bytes, s->len, s->offset);
                 if (n < 0) return (int)n;
             }
-            w->fd_written = s->offset + s->len;
+            if (s->offset + s->len > w->fd_written) w->fd_written = s->offset + s->len;
             if (s->offset + s->len > w->fd_zeroed) w->fd_zeroed = s->offset + s->len;
             zero_ahead(w, s->offset + s->len);
         }

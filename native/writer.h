@@ -85,9 +85,9 @@ int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn);
  * fdatasync (0 if none). Returns 0 or -errno. */
 int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through);
 /* Whole pages (writer.c): after a write, by the write slot, with no write running. *to is
- * the end of what is written to the open segment, zeros ahead included, as a page boundary;
- * *next_from the page the next write starts with, from which a later drop must begin again.
- * Both 0 when the writer does not write whole pages. */
+ * the end of what is written to the open segment, zeros ahead included (up to 2 MiB past the
+ * tail); *next_from the page the next write starts with, from which a later drop must begin
+ * again. Both 0 when the writer does not write whole pages. */
 void wal_writer_drop_range(const wal_writer *w, uint64_t *next_from, uint64_t *to);
 /* After an fdatasync of the open segment fd that covered every write below `to`: let the page
  * cache drop [from, to), and have the next write rewrite its first page whole. Called by the

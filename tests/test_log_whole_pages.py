@@ -17,6 +17,7 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,28 +62,38 @@ def segments(d: Path) -> list[Path]:
 
 
 def assert_format_exact(d: Path, expected: list[bytes]) -> None:
-    """Every segment scans clean with the reference decoder, nothing but zeros follows its last
-    record, and the records are `expected`, in order."""
+    """Every segment scans clean with the reference decoder, is as long as its header says it
+    was made, nothing but zeros follows its last record, and the records are `expected`, in
+    order."""
     got: list[bytes] = []
     segs = segments(d)
     for i, seg in enumerate(segs):
         data = seg.read_bytes()
         r = fmt.scan_segment(data)
         assert r.status == ("open" if i == len(segs) - 1 else "sealed"), (seg.name, r.status, r.reason)
+        assert r.header is not None and len(data) == r.header.prealloc_bytes, (seg.name, len(data))
         assert not any(data[r.end_offset:]), f"{seg.name}: non-zero bytes after offset {r.end_offset}"
         got.extend(p for _, p in r.payloads)
     assert got == expected
 
 
-def test_one_threads_sync_commits_write_the_format_exactly_across_pages_rolls_and_reopens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preallocate", ["size", "zeros"])
+@pytest.mark.parametrize("segment_bytes", [64 << 10, (64 << 10) + 1000], ids=["aligned", "unaligned"])
+def test_one_threads_sync_commits_write_the_format_exactly_across_pages_rolls_and_reopens(
+        tmp_path: Path, preallocate: str, segment_bytes: int) -> None:
     sent: list[bytes] = []
     for session in range(3):  # each reopen resumes in the middle of a page
-        with wal.Log.open(tmp_path, durability="sync", segment_bytes=64 << 10) as log:
+        with wal.Log.open(tmp_path, durability="sync", segment_bytes=segment_bytes, preallocate=preallocate) as log:
             for i in range(60):
                 sent.append(payload(session * 60 + i))
                 log.append(sent[-1])
             log.append_many([payload(i) for i in range(7)])  # a batch of several records
             sent.extend(payload(i) for i in range(7))
+            sent.append(b"%d" % session * 50_000)  # larger than a segment: a segment of its own size
+            log.append(sent[-1])
+            for i in range(8):  # small ones, several to a page, after the roll: past LONE_STREAK
+                sent.append(b"small %d" % i)
+                log.append(sent[-1])
         assert_format_exact(tmp_path, sent)
     assert len(segments(tmp_path)) > 3  # the records rolled segments
     with wal.Log.open(tmp_path, readonly=True) as log:
@@ -96,13 +107,15 @@ def test_a_reopened_log_rewrites_the_bytes_before_its_tail_as_they_were(tmp_path
     seg = segments(tmp_path)[0]
     before = seg.read_bytes()
     tail = fmt.scan_segment(before).end_offset
-    assert tail % PAGE != 0  # the next write starts mid-page: its page's bytes come from the writer
+    assert tail % PAGE > 100  # the next writes start mid-page: that page's bytes come from the writer
+    added = [b"after the reopen %d" % i for i in range(10)]  # past LONE_STREAK, within the page
+    assert tail % PAGE + sum(24 + len(p) + 8 + 24 for p in added) < PAGE
     with wal.Log.open(tmp_path, durability="sync") as log:
-        log.append(b"after the reopen")
+        for p in added:
+            log.append(p)
     after = seg.read_bytes()
     assert after[:tail] == before[:tail]
-    with wal.Log.open(tmp_path, readonly=True) as log:
-        assert [bytes(p) for _, p in log.read()][-1] == b"after the reopen"
+    assert_format_exact(tmp_path, [b"x" * (PAGE // 3 + i) for i in range(5)] + added)
 
 
 @pytest.mark.parametrize("preallocate", ["size", "zeros"])
@@ -135,14 +148,70 @@ def test_a_lone_committers_synced_pages_leave_the_page_cache_and_a_buffered_logs
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["whole", "half-written"])
-def test_a_refused_whole_page_write_is_rewritten_once_space_returns(tmp_path: Path, partial: bool) -> None:
-    sent = [payload(i) for i in range(1, 12)]
+@pytest.mark.parametrize("before", [1, 6], ids=["before-any-drop", "after-drops"])
+def test_a_refused_whole_page_write_is_rewritten_once_space_returns(tmp_path: Path, partial: bool, before: int) -> None:
+    sent = [payload(i) for i in range(1, 7 + before)]
     with wal.Log.open(tmp_path, durability="sync", segment_bytes=64 << 10) as log:
-        for p in sent[:6]:
+        for p in sent[:before]:
             log.append(p)
         with wal.testing.failpoint("write", errno.ENOSPC, partial=partial, repeat=True), \
                 pytest.raises(wal.NoSpaceError):
-            log.append(sent[6])
-        for p in sent[7:]:
+            log.append(sent[before])
+        for p in sent[before + 1:]:
             log.append(p)
     assert_format_exact(tmp_path, sent)  # the refused record too: rewritten before the next
+
+
+def test_writes_refused_at_random_under_many_committers_come_out_exact(tmp_path: Path) -> None:
+    """A batch refused for lack of space goes back in front of what queued meanwhile, so its
+    retry may write spans of which the first already went out before a later one failed; the
+    next retry then rewrites that first one where it is. Whatever the order of refusals, the
+    segments hold the format exactly and every acknowledged record."""
+    acknowledged: dict[int, bytes] = {}
+    refused = 0
+    # one segment: a batch that rolls one is not retried (a failure there stops the log)
+    with wal.Log.open(tmp_path, durability="sync", segment_bytes=8 << 20) as log:
+        def commit(t: int) -> None:
+            nonlocal refused
+            for i in range(80):
+                p = payload(t * 1000 + i)
+                try:
+                    acknowledged[log.append(p)] = p
+                except wal.NoSpaceError:
+                    refused += 1
+
+        with wal.testing.failpoint("write", errno.ENOSPC, probability=0.3, seed=11, partial=True):
+            threads = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        log.append(b"space is back")
+    assert refused > 0
+    found: list[bytes] = []
+    segs = segments(tmp_path)
+    for i, seg in enumerate(segs):
+        data = seg.read_bytes()
+        r = fmt.scan_segment(data)
+        assert r.status == ("open" if i == len(segs) - 1 else "sealed"), (seg.name, r.status, r.reason)
+        assert r.header is not None and len(data) == r.header.prealloc_bytes
+        assert not any(data[r.end_offset:]), f"{seg.name}: non-zero bytes after offset {r.end_offset}"
+        found.extend(p for _, p in r.payloads)
+    assert found[-1] == b"space is back"
+    assert all(found[lsn - 1] == p for lsn, p in acknowledged.items())
+
+
+def test_many_threads_commits_write_the_format_exactly(tmp_path: Path) -> None:
+    sent: dict[int, bytes] = {}
+    with wal.Log.open(tmp_path, durability="sync", segment_bytes=256 << 10) as log:
+        def commit(t: int) -> None:
+            for i in range(60):
+                p = payload(t * 1000 + i)
+                sent[log.append(p)] = p
+
+        threads = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert_format_exact(tmp_path, [sent[lsn] for lsn in sorted(sent)])
