@@ -18,6 +18,7 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,10 +62,10 @@ def segments(d: Path) -> list[Path]:
     return sorted(d.glob("*.wal"))
 
 
-def assert_format_exact(d: Path, expected: list[bytes]) -> None:
-    """Every segment scans clean with the reference decoder, is as long as its header says it
-    was made, nothing but zeros follows its last record, and the records are `expected`, in
-    order."""
+def scan_exact(d: Path) -> list[bytes]:
+    """The log's records, in order, once every segment has scanned clean with the reference
+    decoder, is as long as its header says it was made, and holds nothing but zeros after its
+    last record."""
     got: list[bytes] = []
     segs = segments(d)
     for i, seg in enumerate(segs):
@@ -74,7 +75,19 @@ def assert_format_exact(d: Path, expected: list[bytes]) -> None:
         assert r.header is not None and len(data) == r.header.prealloc_bytes, (seg.name, len(data))
         assert not any(data[r.end_offset:]), f"{seg.name}: non-zero bytes after offset {r.end_offset}"
         got.extend(p for _, p in r.payloads)
-    assert got == expected
+    return got
+
+
+def assert_format_exact(d: Path, expected: list[bytes]) -> None:
+    assert scan_exact(d) == expected
+
+
+def run_threads(n: int, target: Callable[[int], None]) -> None:
+    threads = [threading.Thread(target=target, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 @pytest.mark.parametrize("preallocate", ["size", "zeros"])
@@ -181,22 +194,10 @@ def test_writes_refused_at_random_under_many_committers_come_out_exact(tmp_path:
                     refused += 1
 
         with wal.testing.failpoint("write", errno.ENOSPC, probability=0.3, seed=11, partial=True):
-            threads = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            run_threads(8, commit)
         log.append(b"space is back")
     assert refused > 0
-    found: list[bytes] = []
-    segs = segments(tmp_path)
-    for i, seg in enumerate(segs):
-        data = seg.read_bytes()
-        r = fmt.scan_segment(data)
-        assert r.status == ("open" if i == len(segs) - 1 else "sealed"), (seg.name, r.status, r.reason)
-        assert r.header is not None and len(data) == r.header.prealloc_bytes
-        assert not any(data[r.end_offset:]), f"{seg.name}: non-zero bytes after offset {r.end_offset}"
-        found.extend(p for _, p in r.payloads)
+    found = scan_exact(tmp_path)
     assert found[-1] == b"space is back"
     assert all(found[lsn - 1] == p for lsn, p in acknowledged.items())
 
@@ -209,9 +210,5 @@ def test_many_threads_commits_write_the_format_exactly(tmp_path: Path) -> None:
                 p = payload(t * 1000 + i)
                 sent[log.append(p)] = p
 
-        threads = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(8, commit)
     assert_format_exact(tmp_path, [sent[lsn] for lsn in sorted(sent)])
