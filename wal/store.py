@@ -687,6 +687,10 @@ class Store:
         self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
+        if len(self._core) > self._max_unapplied:
+            # The materializer fell behind: help it, as _commit does, in a worker thread (an LMDB
+            # transaction must not run on the event loop).
+            await asyncio.to_thread(self._apply_ready)
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
             await log.progress_async()
