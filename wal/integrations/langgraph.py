@@ -44,6 +44,11 @@ levels (``interval`` is the usual trade: no loss on a process kill, bounded loss
 cut, no fsync per step). Pass ``durability="sync"`` to the saver to force fsync per
 checkpoint on a weaker store.
 
+Maintenance: ``copy_thread``, ``prune`` (``keep_latest``, DeltaChannel-aware, or ``delete``)
+and ``delete_for_runs`` -- LangGraph's optional capabilities, all covered by its conformance
+suite. They are meant for threads no graph is running on at the time (the section's comment
+says what a concurrent ``put`` can and cannot lose).
+
 The async methods run the sync ones in a worker thread (``asyncio.to_thread``), so they
 never block the event loop.
 """
@@ -78,6 +83,8 @@ __all__ = ["AgentwalSaver"]
 
 _HDR = struct.Struct(">I")
 _DELETE_BATCH = 1000
+_Keys = list[bytes]  # in signatures inside AgentwalSaver, where `list` names its method
+_TXN_BUDGET = 8 << 20  # bytes of keys and values in one maintenance transaction (a record is at most 16 MiB)
 _MAX_COMPONENT = 96
 
 
@@ -305,6 +312,164 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                     for key in batch:
                         tx.delete(key)
 
+    # ---- maintenance: copy, prune, delete by run ----------------------------------------------------
+    #
+    # Each is meant for a thread no graph is running on at the time: a checkpoint added meanwhile
+    # may be missed by a copy or a prune, and delete_for_runs may delete values a concurrent child
+    # of a deleted checkpoint shares. (A prune never deletes what a concurrent child of the newest
+    # checkpoint needs: a value goes only when no kept checkpoint references it, and the child
+    # shares its unchanged values with the newest, which is kept.)
+    # The changes for one thread are one transaction when they fit in _TXN_BUDGET bytes, so a
+    # crash leaves all or nothing; beyond that they are batched, checkpoints first when deleting
+    # and last when copying, so a crash leaves values nothing references, never a checkpoint
+    # without its values.
+
+    def _checkpoints(self, thread: str) -> dict[str, dict[str, tuple[dict[str, Any], bytes]]]:
+        """The thread's checkpoints: ns -> checkpoint id -> (header, stored value)."""
+        out: dict[str, dict[str, tuple[dict[str, Any], bytes]]] = {}
+        for _, raw in self.store.scan(b"lg/c/" + _c(thread) + b"/"):
+            head, _ = _unframe(raw)
+            if head["thread"] == thread:  # not a thread whose hashed name collided
+                out.setdefault(head["ns"], {})[head["id"]] = (head, raw)
+        return out
+
+    def _versions(self, raw: bytes) -> dict[str, Any]:
+        head, (ckpt_b, _) = _unframe(raw)
+        checkpoint: Checkpoint = self.serde.loads_typed((head["ct"], ckpt_b))
+        return dict(checkpoint["channel_versions"])
+
+    def _metadata(self, raw: bytes) -> dict[str, Any]:
+        head, (_, meta_b) = _unframe(raw)
+        return dict(self.serde.loads_typed((head["mt"], meta_b)))
+
+    def _value_stored(self, thread: str, ns: str, channel: str, version: Any) -> bool:
+        blob = self.store.get(self._bkey(thread, ns, channel, version))
+        return blob is not None and _unframe(blob)[0]["t"] != "empty"
+
+    def _doomed_keys(self, thread: str, ns: str, by_id: dict[str, tuple[dict[str, Any], bytes]],
+                     doomed: set[str]) -> _Keys:
+        """The keys to delete with the checkpoints `doomed` among `by_id` (those of (thread, ns)):
+        the checkpoints, then their pending writes, then the channel values they reference that
+        none of the others does."""
+        values: set[bytes] = set()
+        keep_values: set[bytes] = set()
+        for cid, (_, raw) in by_id.items():
+            refs = values if cid in doomed else keep_values
+            refs.update(self._bkey(thread, ns, ch, v) for ch, v in self._versions(raw).items())
+        keys = [self._ckey(thread, ns, cid) for cid in sorted(doomed)]
+        for cid in sorted(doomed):
+            keys += [key for key, _ in self.store.scan(self._wprefix(thread, ns, cid))]
+        return keys + sorted(values - keep_values)
+
+    def _commit_batched(self, deletes: _Keys, then: dict[bytes, bytes | None] | None = None) -> None:
+        """Delete `deletes`, then put `then` (a value of None: delete), in this order: in one
+        transaction when they fit in _TXN_BUDGET bytes, else in batches, each one transaction."""
+        ops: list[tuple[bytes, bytes | None]] = [(k, None) for k in deletes] + list((then or {}).items())
+        if not ops:
+            return
+        batches: list[list[tuple[bytes, bytes | None]]] = [[]]
+        size = 0
+        for key, value in ops:
+            cost = len(key) + (len(value) if value is not None else 0) + 64
+            if batches[-1] and (size + cost > _TXN_BUDGET or len(batches[-1]) >= _DELETE_BATCH * 100):
+                batches.append([])
+                size = 0
+            batches[-1].append((key, value))
+            size += cost
+        for batch in batches:
+            with self.store.transaction(durability=self.durability) as tx:
+                for key, value in batch:
+                    if value is None:
+                        tx.delete(key)
+                    else:
+                        tx.put(key, value)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint of one thread, with its channel values, pending writes and
+        namespaces, to another; the target's checkpoints of the same ids are overwritten.
+
+        The values and writes go first and the checkpoints after them (batched by size), so a
+        crash part-way leaves no checkpoint of the target without its values. The source's
+        values are read into memory first: a copy needs as much memory as the thread holds."""
+        src, dst = _c(source_thread_id), _c(target_thread_id)
+        if src == dst:
+            return
+        checkpoints = self._checkpoints(source_thread_id)
+        if not checkpoints:
+            return
+        ops: dict[bytes, bytes | None] = {}
+        for kind in (b"b", b"w"):
+            prefix = b"lg/" + kind + b"/" + src + b"/"
+            for key, value in self.store.scan(prefix):
+                ops[b"lg/" + kind + b"/" + dst + b"/" + key[len(prefix):]] = value
+        for ns, by_id in checkpoints.items():
+            for cid, (head, raw) in sorted(by_id.items()):
+                _, bodies = _unframe(raw)
+                ops[self._ckey(target_thread_id, ns, cid)] = _frame(dict(head, thread=target_thread_id), *bodies)
+            newest = max(by_id)
+            latest = self.store.get(self._lkey(target_thread_id, ns))
+            if latest is None or latest.decode() < newest:
+                ops[self._lkey(target_thread_id, ns)] = newest.encode()
+        self._commit_batched([], ops)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune the given threads. ``"delete"``: everything, as `delete_thread`.
+        ``"keep_latest"``: each namespace keeps its newest checkpoint with its pending writes
+        and the channel values it references, and -- when its metadata names DeltaChannels
+        (``counters_since_delta_snapshot``) -- every ancestor back to the nearest one holding
+        a stored value for each of them, so that those channels can still be rebuilt from
+        the ancestors' writes (LangGraph's `prune` contract). A thread that does not exist is
+        no error."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
+        for thread in dict.fromkeys(thread_ids):
+            if strategy == "delete":
+                self.delete_thread(thread)
+                continue
+            keys: list[bytes] = []
+            for ns, by_id in self._checkpoints(thread).items():
+                keys += self._doomed_keys(thread, ns, by_id, set(by_id) - self._delta_chain(thread, ns, by_id))
+            self._commit_batched(keys)
+
+    def _delta_chain(self, thread: str, ns: str, by_id: dict[str, tuple[dict[str, Any], bytes]]) -> set[str]:
+        """The newest checkpoint's id and those of the ancestors its DeltaChannels need."""
+        newest = max(by_id)
+        kept = {newest}
+        head, raw = by_id[newest]
+        delta = set(self._metadata(raw).get("counters_since_delta_snapshot") or ())
+        cid: str | None = newest
+        while delta and cid is not None and cid in by_id:
+            head, raw = by_id[cid]
+            kept.add(cid)
+            versions = self._versions(raw)
+            delta = {ch for ch in delta if ch not in versions or not self._value_stored(thread, ns, ch, versions[ch])}
+            cid = head["parent"]
+        return kept
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint whose metadata's ``run_id`` is one of `run_ids`, in every
+        thread, with its pending writes and the channel values no other checkpoint uses. A
+        namespace's latest pointer then names its newest remaining checkpoint. This reads
+        every checkpoint's metadata: a maintenance operation, not one for a hot path."""
+        runs = set(run_ids)
+        if not runs:
+            return
+        threads: set[str] = set()
+        for _, raw in self.store.scan(b"lg/c/"):
+            if self._metadata(raw).get("run_id") in runs:
+                threads.add(_unframe(raw)[0]["thread"])
+        for thread in sorted(threads):
+            keys: list[bytes] = []
+            pointers: dict[bytes, bytes | None] = {}
+            for ns, by_id in self._checkpoints(thread).items():
+                doomed = {cid for cid, (_, raw) in by_id.items() if self._metadata(raw).get("run_id") in runs}
+                if not doomed:
+                    continue
+                keys += self._doomed_keys(thread, ns, by_id, doomed)
+                survivors = set(by_id) - doomed
+                pointers[self._lkey(thread, ns)] = max(survivors).encode() if survivors else None
+            self._commit_batched(keys, pointers)
+
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Monotonic string versions: a zero-padded counter plus a random tie-breaker."""
         if current is None:
@@ -336,3 +501,12 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
