@@ -57,7 +57,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "format.h" /* wal_get_u64 / wal_put_u64: little-endian u64, as everywhere on disk */
@@ -291,6 +293,7 @@ typedef struct EnvObject {
     int readonly;
     int restored; /* env_init wrote the given meta page into both slots (restore_meta) */
     int busy; /* GIL-released calls running on this handle */
+    unsigned long long background_applies; /* applies run at the lowest CPU priority (apply) */
     int n_spare;
     MDB_txn *spare[SPARE_TXNS]; /* reset read transactions, renewed by the next read */
     SnapshotObject *snapshots;  /* live snapshots, to abort before mdb_env_close */
@@ -1130,8 +1133,8 @@ static PyTypeObject DurableType = {
 static const char APPLIED_KEY[] = "applied_lsn";
 static const char DURABLE_SEEN_KEY[] = "durable_seen";
 
-/* apply(batch, durable_lsn) -> (status, lsn). batch = (first, last, commits, puts,
- * deletes, idempotency) as wal/record.py's Collapsed. In ONE write transaction:
+/* apply(batch, durable_lsn, background=False) -> (status, lsn). batch = (first, last, commits,
+ * puts, deletes, idempotency) as wal/record.py's Collapsed. In ONE write transaction:
  *   - read applied_lsn; a batch wholly at or below it changes nothing: (APPLY_OK, applied);
  *   - I3: first == applied + 1 and commits == last - first + 1, else (APPLY_GAP, applied);
  *   - write every put, delete and idempotency item;
@@ -1141,110 +1144,163 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  *     point where apply needs it: taking it back from a thread busy in Python costs up
  *     to a switch interval, 5 ms by default, which is why the store passes a DurableLsn);
  *   - write applied_lsn = last and durable_seen = durable, commit: (APPLY_OK, last).
- * Everything but a Python durable_lsn() call runs with the GIL released. */
+ * Everything but a Python durable_lsn() call runs with the GIL released.
+ *
+ * background: run the transaction in a thread of its own at the lowest CPU priority (nice
+ * APPLY_NICE), the caller waiting for it with the GIL released. Why: on a machine with few
+ * cores a committer woken by its fdatasync otherwise waits for the materializer's time slice
+ * (PROFILING findings 23, 28: one thread's p99 at sync ~570 -> ~380 us). Only the GIL-free
+ * transaction runs there, never code that holds the GIL, so a starved thread can delay the
+ * apply (and whoever waits for the state's apply lock) but never the interpreter; the store
+ * asks for it only while the apply queue is short (wal/store.py). Needs a DurableLsn (the
+ * transaction cannot call Python from that thread); otherwise, or if the thread cannot be
+ * created, the transaction runs in the calling thread as without it. */
+
+/* The GIL-free part of one apply: a write transaction begun and ended by one thread (LMDB's
+ * writer lock belongs to the thread that took it). */
+typedef struct {
+    EnvObject *self;
+    const batch_items *b;
+    unsigned long long first, last, commits;
+    DurableObject *durable_c;  /* the log's durable LSN, read in C; or NULL: */
+    PyObject *durable_py;      /* a Python callable, called with the GIL taken back */
+    PyThreadState *ts;         /* the caller's, for that call (the calling thread only) */
+    int rc, status, bad_applied, py_failed, lowered;
+    uint64_t result;
+    const char *where;
+} apply_job;
+
+#define APPLY_NICE 19
+
+static void apply_job_run(apply_job *j) {
+    EnvObject *self = j->self;
+    MDB_txn *txn = NULL;
+    uint64_t applied = 0;
+    MDB_val ak = {sizeof APPLIED_KEY - 1, (void *)APPLIED_KEY};
+    int rc = M.txn_begin(self->env, NULL, 0, &txn);
+    j->where = "mdb_txn_begin";
+    if (rc == 0) {
+        MDB_val av;
+        rc = M.get(txn, self->dbs[2], &ak, &av);
+        j->where = "mdb_get";
+        if (rc == MDB_NOTFOUND) {
+            rc = 0;
+        } else if (rc == 0 && av.mv_size != 8) {
+            j->bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
+        } else if (rc == 0) {
+            applied = wal_get_u64(av.mv_data);
+        }
+    }
+    int go_on = 0;
+    if (rc == 0 && !j->bad_applied) {
+        if (j->last <= applied) {
+            j->status = APPLY_OK, j->result = applied; /* already in the state (I4): no change */
+        } else if (j->first != applied + 1 || j->commits != j->last - j->first + 1) {
+            j->status = APPLY_GAP, j->result = applied; /* I3 */
+        } else {
+            rc = write_items(self, txn, j->b, &j->where);
+            go_on = rc == 0;
+        }
+    }
+    if (!go_on) {
+        if (txn != NULL) M.txn_abort(txn);
+        j->rc = rc;
+        return;
+    }
+    /* I1 log before state: never commit the effect of a record the log could still lose.
+     * Checked right before the commit, as late as possible. */
+    unsigned long long durable;
+    if (j->durable_c != NULL) {
+        durable = durable_read(j->durable_c); /* the GIL stays released */
+    } else {
+        PyEval_RestoreThread(j->ts);
+        PyObject *d = PyObject_CallNoArgs(j->durable_py);
+        durable = d != NULL ? PyLong_AsUnsignedLongLong(d) : 0;
+        Py_XDECREF(d);
+        j->py_failed = d == NULL || PyErr_Occurred() != NULL; /* the exception stays set */
+        j->ts = PyEval_SaveThread();
+        if (j->py_failed) {
+            M.txn_abort(txn); /* no I/O, no waiting */
+            return;
+        }
+    }
+    if (j->last > durable) {
+        M.txn_abort(txn);
+        j->status = APPLY_NOT_DURABLE, j->result = durable;
+        return;
+    }
+    unsigned char lv[8], dv[8];
+    wal_put_u64(lv, j->last);
+    wal_put_u64(dv, durable);
+    MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
+    j->where = "mdb_put";
+    rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
+    if (rc == 0) rc = M.put(txn, self->dbs[2], &dk, &dval, 0);
+    if (rc == 0) {
+        rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC, the state is made durable at checkpoints */
+        j->where = "mdb_txn_commit";
+    } else {
+        M.txn_abort(txn);
+    }
+    j->rc = rc;
+    j->status = APPLY_OK, j->result = j->last;
+}
+
+static void *apply_job_thread(void *arg) {
+    apply_job *j = arg;
+    /* A thread's own nice value (Linux: setpriority of a thread id); raising it needs no
+     * privilege. Not lowered: the transaction runs all the same, at the caller's priority. */
+    j->lowered = setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), APPLY_NICE) == 0;
+    apply_job_run(j);
+    return NULL;
+}
+
 static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 || !PyCallable_Check(args[1])) {
+    if (nargs < 2 || nargs > 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 6 ||
+        !PyCallable_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "apply takes (batch: (first, last, commits, puts, deletes, idempotency), "
-                                         "durable_lsn: callable)");
+                                         "durable_lsn: callable, background: bool = False)");
         return NULL;
     }
-    if (writable(self) < 0) return NULL;
+    int background = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (background < 0 || writable(self) < 0) return NULL;
     PyObject *batch = args[0], *durable_fn = args[1];
-    unsigned long long first = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 0));
-    unsigned long long last = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 1));
-    unsigned long long commits = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 2));
+    apply_job j = {.self = self};
+    j.first = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 0));
+    j.last = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 1));
+    j.commits = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(batch, 2));
     if (PyErr_Occurred()) return NULL;
+    if (Py_IS_TYPE(durable_fn, &DurableType) && ((DurableObject *)durable_fn)->fn != NULL)
+        j.durable_c = (DurableObject *)durable_fn;
+    else
+        j.durable_py = durable_fn;
     batch_items b;
     if (batch_take(&b, PyTuple_GET_ITEM(batch, 3), PyTuple_GET_ITEM(batch, 4), PyTuple_GET_ITEM(batch, 5)) < 0) {
         batch_release(&b);
         return NULL;
     }
-    MDB_txn *txn = NULL;
-    const char *where = "mdb_txn_begin";
-    int rc, status = APPLY_OK, bad_applied = 0;
-    uint64_t applied = 0, result = 0;
-    MDB_val ak = {sizeof APPLIED_KEY - 1, (void *)APPLIED_KEY};
+    j.b = &b;
     self->busy++;
-    PyThreadState *ts = PyEval_SaveThread();
-    rc = M.txn_begin(self->env, NULL, 0, &txn);
-    if (rc == 0) {
-        MDB_val av;
-        rc = M.get(txn, self->dbs[2], &ak, &av);
-        where = "mdb_get";
-        if (rc == MDB_NOTFOUND) {
-            rc = 0;
-        } else if (rc == 0 && av.mv_size != 8) {
-            bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
-        } else if (rc == 0) {
-            applied = wal_get_u64(av.mv_data);
-        }
-    }
-    if (rc == 0 && !bad_applied) {
-        if (last <= applied) {
-            status = APPLY_OK, result = applied; /* already in the state (I4): no change */
-        } else if (first != applied + 1 || commits != last - first + 1) {
-            status = APPLY_GAP, result = applied; /* I3 */
-        } else {
-            rc = write_items(self, txn, &b, &where);
-            status = -1; /* go on: I1 below */
-        }
-    }
-    if (status != -1 || rc != 0 || bad_applied) {
-        if (txn != NULL) M.txn_abort(txn);
-        PyEval_RestoreThread(ts);
-        goto done;
-    }
-    /* I1 log before state: never commit the effect of a record the log could still lose.
-     * Checked right before the commit, as late as possible. */
-    unsigned long long durable;
-    if (Py_IS_TYPE(durable_fn, &DurableType) && ((DurableObject *)durable_fn)->fn != NULL) {
-        durable = durable_read((DurableObject *)durable_fn); /* the GIL stays released */
-    } else {
-        PyEval_RestoreThread(ts);
-        PyObject *d = PyObject_CallNoArgs(durable_fn);
-        durable = d != NULL ? PyLong_AsUnsignedLongLong(d) : 0;
-        Py_XDECREF(d);
-        if (d == NULL || PyErr_Occurred()) {
-            M.txn_abort(txn); /* no I/O, no waiting: fine with the GIL held */
-            self->busy--;
-            batch_release(&b);
-            return NULL;
-        }
-        ts = PyEval_SaveThread();
-    }
-    if (last > durable) {
-        M.txn_abort(txn);
-        PyEval_RestoreThread(ts);
-        status = APPLY_NOT_DURABLE, result = durable;
-        goto done;
-    }
-    unsigned char lv[8], dv[8];
-    wal_put_u64(lv, last);
-    wal_put_u64(dv, durable);
-    MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
-    where = "mdb_put";
-    rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
-    if (rc == 0) rc = M.put(txn, self->dbs[2], &dk, &dval, 0);
-    if (rc == 0) {
-        rc = M.txn_commit(txn); /* fsyncs the data pages (NOMETASYNC: not the meta page) */
-        where = "mdb_txn_commit";
-    } else {
-        M.txn_abort(txn);
-    }
-    PyEval_RestoreThread(ts);
-    status = APPLY_OK, result = last;
-done:
+    j.ts = PyEval_SaveThread();
+    pthread_t worker;
+    if (background && j.durable_c != NULL && pthread_create(&worker, NULL, apply_job_thread, &j) == 0)
+        pthread_join(worker, NULL);
+    else
+        apply_job_run(&j);
+    PyEval_RestoreThread(j.ts);
     self->busy--;
     batch_release(&b);
-    if (bad_applied) {
-        set_bad_value("an applied_lsn of %d bytes, not 8", bad_applied - 1);
+    if (j.lowered) self->background_applies++;
+    if (j.py_failed) return NULL;
+    if (j.bad_applied) {
+        set_bad_value("an applied_lsn of %d bytes, not 8", j.bad_applied - 1);
         return NULL;
     }
-    if (rc != 0) {
-        set_error(rc, where);
+    if (j.rc != 0) {
+        set_error(j.rc, j.where);
         return NULL;
     }
-    return Py_BuildValue("(iK)", status, (unsigned long long)result);
+    return Py_BuildValue("(iK)", j.status, (unsigned long long)j.result);
 }
 
 static PyTypeObject SnapshotType;
@@ -1293,7 +1349,8 @@ static PyMethodDef env_methods[] = {
      "scan(db, prefix, after, limit) -> [(key, value)]: keys with prefix, > after, in order"},
     {"put", (PyCFunction)(void (*)(void))env_put, METH_FASTCALL, "put(db, key, value): one committed write txn"},
     {"apply", (PyCFunction)(void (*)(void))env_apply, METH_FASTCALL,
-     "apply(batch, durable_lsn) -> (status, lsn): a collapsed batch in one write txn, GIL released"},
+     "apply(batch, durable_lsn, background=False) -> (status, lsn): a collapsed batch in one write txn, "
+     "GIL released; background: in a thread at the lowest CPU priority"},
     {"expire_idempotency", (PyCFunction)env_expire, METH_O, "expire_idempotency(older_than_ms) -> removed"},
     {"sync", (PyCFunction)env_sync, METH_O, "sync(force): mdb_env_sync, GIL released"},
     {"stat", (PyCFunction)env_stat, METH_NOARGS, "stat() -> (data entries, page size, last page number)"},
@@ -1302,10 +1359,17 @@ static PyMethodDef env_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *env_get_background_applies(EnvObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(self->background_applies);
+}
+
 static PyGetSetDef env_getset[] = {
     {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
     {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
     {"restored", (getter)env_get_restored, NULL, "True if the open wrote the given meta page into both slots", NULL},
+    {"background_applies", (getter)env_get_background_applies, NULL,
+     "applies whose transaction ran in a thread at the lowest CPU priority", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -56,3 +57,22 @@ def forked_outcomes() -> Callable[..., dict[str, str]]:
         return findings
 
     return run
+
+
+@pytest.fixture
+def starve_materializer() -> Callable[[object], Callable[[], None]]:
+    """starve(store) -> wake: from then on the store's materializer thread applies only when
+    `wake()` is called (and once more, if the wake-up this costs finds commits durable), or at
+    close. The event it waits on is swapped for one only `wake` and close set (commits keep
+    setting the old one, which it no longer watches), and the old one is set once so that its
+    current wait ends and the next begins on the new one. Open the store with a long
+    apply_interval_ms, or the wait times out."""
+
+    def starve(store: object) -> Callable[[], None]:
+        old = store._wake  # type: ignore[attr-defined]
+        new = threading.Event()
+        store._wake = new  # type: ignore[attr-defined]
+        old.set()
+        return new.set
+
+    return starve

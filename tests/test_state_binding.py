@@ -388,3 +388,82 @@ def test_the_stores_durable_lsn_reader_reads_the_logs_durable_lsn_and_apply_enfo
     finally:
         st.close()
         log.close()
+
+
+def test_a_background_apply_runs_the_same_transaction_at_the_lowest_priority(tmp_path: Path) -> None:
+    """apply(background=True) with the store's DurableLsn: the transaction runs in a thread of
+    its own at nice 19 (counted in `background_applies`), with the same result and the same
+    I1 / I3 / I4 checks as in the calling thread. With a Python durable_lsn it cannot (that
+    thread cannot call Python), so it runs in the calling thread, uncounted."""
+    log = wal.Log.open(str(tmp_path / "log"), durability="sync")
+    st = State(str(tmp_path / "state"))
+    seen_nice: list[int] = []
+    try:
+        for _ in range(6):
+            log.append(b"record")
+        reader = durable_lsn_reader(log, log.native_address)
+        assert st.stat()["background_applies"] == 0
+        assert st.apply(_batch(1, 3), reader, background=True) == 3
+        assert st.stat()["background_applies"] == 1
+        assert st.get(b"k000000002") == (2, VALUE) and st.durable_seen() == 6
+        with pytest.raises(InvariantError, match="I1 violated: would store applied_lsn 7 > durable_lsn 6"):
+            st.apply(_batch(4, 4), reader, background=True)
+        with pytest.raises(InvariantError, match="gap"):
+            st.apply(_batch(5, 1), reader, background=True)
+        assert st.apply(_batch(1, 3), reader, background=True) == 3  # I4: already applied
+        assert st.applied_lsn() == 3 and st.get(b"k000000004") is None
+
+        def python_durable() -> int:
+            seen_nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return 6
+
+        before = st.stat()["background_applies"]
+        assert st.apply(_batch(4, 3), python_durable, background=True) == 6
+        assert st.stat()["background_applies"] == before  # ran here, at this thread's priority
+        assert seen_nice == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]  # called here, once
+    finally:
+        st.close()
+        log.close()
+
+
+def test_the_background_thread_really_runs_at_nice_19(tmp_path: Path) -> None:
+    """Seen from outside: while background applies run, a thread of the process shows nice 19
+    in /proc (the test's own threads stay at their priority)."""
+    log = wal.Log.open(str(tmp_path / "log"), durability="buffered")
+    st = State(str(tmp_path / "state"))
+    nices: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        me = threading.get_native_id()
+        while not stop.is_set():
+            for tid in os.listdir("/proc/self/task"):
+                if int(tid) in (me, threading.main_thread().native_id):
+                    continue
+                try:
+                    with open(f"/proc/self/task/{tid}/stat") as f:
+                        nices.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+                except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                    pass
+
+    try:
+        n = 20_000
+        for _ in range(n):
+            log.append(b"r")
+        log.sync()
+        reader = durable_lsn_reader(log, log.native_address)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            first = 1
+            while first <= n:
+                st.apply(_batch(first, 2_000, value=b"x" * 2000), reader, background=True)
+                first += 2_000
+        finally:
+            stop.set()
+            watcher.join()
+        assert st.applied_lsn() == n
+        assert 19 in nices, nices
+    finally:
+        st.close()
+        log.close()

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -1198,3 +1199,44 @@ def test_state_apply_refuses_a_gap_and_skips_a_batch_it_already_holds(tmp_path: 
         assert state.applied_lsn() == 2 and state.get(b"k1") == (1, b"a") and state.get(b"k3") is None
     finally:
         state.close()
+
+
+def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
+        tmp_path: Path, starve_materializer: Callable[[object], Callable[[], None]]) -> None:
+    """The materializer runs its LMDB transactions at the lowest CPU priority (so committers
+    woken meanwhile run first) while at most max_unapplied / 4 commits wait, and at normal
+    priority once a backlog builds, which a starved low-priority apply would only let grow.
+    Committers that help with a backlog never ask for it."""
+    limit = 40_000
+    calls: list[tuple[bool, bool, int]] = []  # (from the materializer, background, queue length)
+    with wal.open(tmp_path / "s", durability="buffered", max_unapplied=limit, apply_interval_ms=10_000_000) as s:
+        real = s._apply_ready
+
+        def spy(n: int = 4096, *, background: bool = False) -> int:
+            calls.append((threading.current_thread() is s._thread, background, len(s._core)))
+            return real(n, background=background)
+
+        s._apply_ready = spy  # type: ignore[method-assign]
+        wake = starve_materializer(s)
+        for i in range(30_000):  # a backlog: more than a quarter of the limit, not the limit
+            s.put(b"k%07d" % i, b"v" * 32)
+        s.put(b"last", b"v", durability="sync")
+        time.sleep(0.2)  # the one pass the starving may have cost is over
+        calls.clear()
+        wake()  # one wake-up: batches until one is not full, from a queue of ~30,000
+        deadline = time.monotonic() + 10
+        while s.stats()["unapplied_commits"] > 4096 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        backlog = list(calls)
+        calls.clear()
+        for i in range(5):  # a trickle: the queue stays short
+            s.put(b"t%02d" % i, b"v", durability="sync")
+            wake()
+            time.sleep(0.05)
+        trickle = list(calls)
+        stats = s.stats()
+    assert backlog and all(own for own, _, _ in backlog)
+    assert [bg for _, bg, n in backlog] == [n <= limit // 4 for _, _, n in backlog]
+    assert not backlog[0][1] and backlog[0][2] > limit // 4  # the first batches at normal priority
+    assert trickle and all(own and bg for own, bg, _ in trickle)
+    assert stats["background_applies"] >= len(trickle)

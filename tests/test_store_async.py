@@ -10,7 +10,6 @@ behind does not let async commits queue without bound (max_unapplied holds for `
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -216,27 +215,16 @@ def test_async_writes_on_a_closed_or_read_only_store_raise(tmp_path: Path) -> No
         assert ro.get(b"k") == b"v"
 
 
-def _starve_the_materializer(store: wal.Store) -> None:
-    """From now on the store's materializer thread sleeps until the store closes: the event it
-    waits on is swapped for one only close sets (the commits keep setting the old one, which it
-    no longer watches), the old one is set once so that its current wait ends and the next
-    begins on the new one, and a store opened with a long apply_interval_ms never times out.
-    Only committers that help can apply from here on (and the thread's one pass, if the old
-    event's wake-up finds commits durable)."""
-    old = store._wake  # the test starves the thread on purpose
-    store._wake = threading.Event()
-    old.set()
-
-
 @pytest.mark.parametrize("api", ["put", "aput"])
-def test_commits_apply_the_backlog_themselves_when_the_materializer_falls_behind(tmp_path: Path, api: str) -> None:
+def test_commits_apply_the_backlog_themselves_when_the_materializer_falls_behind(
+        tmp_path: Path, api: str, starve_materializer: Callable[[object], Callable[[], None]]) -> None:
     """max_unapplied bounds the commits waiting for LMDB (their memory) even when the
     materializer gets no time: a commit that finds more waiting applies them first, from
     `put` in its own thread and from `aput` in a worker thread. Without that help in the async
     path (before session 17) 3,000 `aput`s left all 3,000 queued."""
     limit, commits = 200, 3000
     with wal.open(tmp_path / "s", durability="sync", max_unapplied=limit, apply_interval_ms=10_000_000) as s:
-        _starve_the_materializer(s)
+        starve_materializer(s)
         batches_before = s.stats()["apply_batches"]
         most = 0
 

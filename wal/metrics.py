@@ -21,7 +21,7 @@ from collections.abc import Mapping
 COUNTERS = frozenset({
     "commits", "appends", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
-    "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs",
+    "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs", "background_applies",
 })
 
 HELP = {
@@ -52,6 +52,7 @@ HELP = {
     "state_restored": "1 if the last open reopened the state at its last checkpoint (unclean stop, then a restart).",
     "state_keys": "Keys in the state.",
     "state_map_bytes_used": "Bytes of the LMDB map in use.",
+    "background_applies": "Batches applied to the state in a thread at the lowest CPU priority.",
     "unapplied_commits": "Commits acknowledged but not yet applied to the state.",
     "seconds_since_checkpoint": "Seconds since the last checkpoint.",
     "checkpoints": "Checkpoints run.",

@@ -489,7 +489,7 @@ class State:
 
     # ---- the one writer ----
 
-    def apply(self, batch: record.Collapsed, durable_lsn: Callable[[], int]) -> int:
+    def apply(self, batch: record.Collapsed, durable_lsn: Callable[[], int], *, background: bool = False) -> int:
         """Apply a collapsed batch of consecutive commits (`record.collapse`, `Core.take`) in ONE
         LMDB transaction, with `applied_lsn`. A batch wholly at or below applied_lsn is already
         in the state (a replay after a crash mid-apply, I4) and changes nothing.
@@ -500,10 +500,14 @@ class State:
         which reads `durable_lsn` right before the commit: in C if it is the store's
         `DurableLsn`, else by taking the GIL back to call it. The call pins the batch's items
         (a tuple of each list) before it lets the GIL go.
+
+        background: the transaction runs in a thread of its own at the lowest CPU priority,
+        so that threads woken meanwhile (committers) run first (with a `DurableLsn` only;
+        native/lmdbcall.c `apply` says why it cannot hold up the interpreter).
         """
         first, last, commits = batch[0], batch[1], batch[2]
         try:
-            status, lsn = self._env.apply(batch, durable_lsn)
+            status, lsn = self._env.apply(batch, durable_lsn, background)
         except LmdbError as exc:
             _raise_lmdb(exc, self.path, "applying log records to it")
         # I3: the batch is the commits applied+1..last, every one of them (checked in C, in the txn).
@@ -575,7 +579,8 @@ class State:
             entries, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
             _raise_lmdb(exc, self.path, "reading its statistics")
-        return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize}
+        return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize,
+                "background_applies": self._env.background_applies}
 
     def close(self) -> None:
         """Idempotent. Aborts any snapshot still open (it then raises ClosedError). Takes no
