@@ -53,6 +53,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1149,12 +1150,15 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  * background: run the transaction in a thread of its own at the lowest CPU priority (nice
  * APPLY_NICE), the caller waiting for it with the GIL released. Why: on a machine with few
  * cores a committer woken by its fdatasync otherwise waits for the materializer's time slice
- * (PROFILING findings 23, 28: one thread's p99 at sync ~570 -> ~380 us). Only the GIL-free
- * transaction runs there, never code that holds the GIL, so a starved thread can delay the
- * apply (and whoever waits for the state's apply lock) but never the interpreter; the store
- * asks for it only while the apply queue is short (wal/store.py). Needs a DurableLsn (the
- * transaction cannot call Python from that thread); otherwise, or if the thread cannot be
- * created, the transaction runs in the calling thread as without it. */
+ * (PROFILING findings 23, 28: one thread's p99 at sync ~570 -> ~340 us). That thread takes no
+ * lock anything else needs at once: never the GIL, and not the log's mutex either -- the
+ * durable LSN is read by the caller before the thread starts (durable LSNs only grow, so an
+ * earlier read is as good a bound for I1, and the batch was taken below a still earlier one).
+ * What it does hold is LMDB's writer lock, and the store holds its apply lock around the call:
+ * a starved transaction delays whoever waits for those (a committer helping with a backlog, a
+ * checkpoint, close), for one batch, which the store keeps small (wal/store.py). Needs a
+ * DurableLsn (that thread cannot call Python); otherwise, or if the thread cannot be created,
+ * the transaction runs in the calling thread as without it. */
 
 /* The GIL-free part of one apply: a write transaction begun and ended by one thread (LMDB's
  * writer lock belongs to the thread that took it). */
@@ -1165,6 +1169,8 @@ typedef struct {
     DurableObject *durable_c;  /* the log's durable LSN, read in C; or NULL: */
     PyObject *durable_py;      /* a Python callable, called with the GIL taken back */
     PyThreadState *ts;         /* the caller's, for that call (the calling thread only) */
+    int durable_read_before;   /* durable_pre holds durable_c's value, read before the job */
+    unsigned long long durable_pre;
     int rc, status, bad_applied, py_failed, lowered;
     uint64_t result;
     const char *where;
@@ -1210,7 +1216,9 @@ static void apply_job_run(apply_job *j) {
     /* I1 log before state: never commit the effect of a record the log could still lose.
      * Checked right before the commit, as late as possible. */
     unsigned long long durable;
-    if (j->durable_c != NULL) {
+    if (j->durable_read_before) {
+        durable = j->durable_pre; /* read by the caller (background: see env_apply) */
+    } else if (j->durable_c != NULL) {
         durable = durable_read(j->durable_c); /* the GIL stays released */
     } else {
         PyEval_RestoreThread(j->ts);
@@ -1248,6 +1256,15 @@ static void apply_job_run(apply_job *j) {
 
 static void *apply_job_thread(void *arg) {
     apply_job *j = arg;
+    /* Asynchronous signals go to the process's other threads (Python handles them in the
+     * main one); the faults of a bad page (SIGBUS, SIGSEGV) stay deliverable here. */
+    sigset_t mask;
+    sigfillset(&mask);
+    sigdelset(&mask, SIGBUS);
+    sigdelset(&mask, SIGSEGV);
+    sigdelset(&mask, SIGFPE);
+    sigdelset(&mask, SIGILL);
+    pthread_sigmask(SIG_BLOCK, &mask, NULL);
     /* A thread's own nice value (Linux: setpriority of a thread id); raising it needs no
      * privilege. Not lowered: the transaction runs all the same, at the caller's priority. */
     j->lowered = setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), APPLY_NICE) == 0;
@@ -1283,7 +1300,11 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
     self->busy++;
     j.ts = PyEval_SaveThread();
     pthread_t worker;
-    if (background && j.durable_c != NULL && pthread_create(&worker, NULL, apply_job_thread, &j) == 0)
+    if (background && j.durable_c != NULL) {
+        j.durable_pre = durable_read(j.durable_c);
+        j.durable_read_before = 1;
+    }
+    if (j.durable_read_before && pthread_create(&worker, NULL, apply_job_thread, &j) == 0)
         pthread_join(worker, NULL);
     else
         apply_job_run(&j);

@@ -170,6 +170,78 @@ def test_a_copied_thread_carries_on_and_leaves_its_source_alone(tmp_path: Path) 
         assert [s.values for s in graph.get_state_history(cfg("src"))] == source
 
 
+class RecordingStore:
+    """The store, with each transaction's puts and deletes recorded in order (one list per
+    transaction), to check the order maintenance calls change keys in."""
+
+    def __init__(self, store: wal.Store) -> None:
+        self.store = store
+        self.txns: list[list[tuple[str, bytes]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def transaction(self, durability: str | None = None) -> Any:
+        inner = self.store.transaction(durability=durability)
+        ops: list[tuple[str, bytes]] = []
+        self.txns.append(ops)
+
+        class Recorded:
+            def __enter__(self) -> Recorded:
+                inner.__enter__()
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                inner.__exit__(*exc)
+
+            def put(self, key: bytes, value: bytes) -> None:
+                ops.append(("put", key))
+                inner.put(key, value)
+
+            def delete(self, key: bytes) -> None:
+                ops.append(("delete", key))
+                inner.delete(key)
+
+            def get(self, key: bytes) -> bytes | None:
+                return inner.get(key)
+
+        return Recorded()
+
+    def order(self, op: str, kinds: bytes) -> list[int]:
+        """Indexes of the transactions that `op` keys of these kinds (b"c", b"b", ...)."""
+        return [i for i, ops in enumerate(self.txns) if any(o == op and k[3:4] in kinds for o, k in ops)]
+
+
+def test_a_crash_part_way_never_leaves_a_checkpoint_without_its_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split into many transactions, deletions take the checkpoints before their values and
+    writes, and a copy writes the values and writes before the checkpoints: whichever
+    transaction a crash stops at, every checkpoint left has its values."""
+    monkeypatch.setattr(lg, "_TXN_BUDGET", 300)
+    with wal.open(tmp_path / "db") as store:
+        saver = AgentwalSaver(store)
+        graph = counting_graph(saver)
+        for thread in ("a", "b", "c", "d"):
+            graph.invoke({"big": "b", "counter": 0}, {**cfg(thread), "metadata": {"run_id": f"run-{thread}"}})
+        recorder = RecordingStore(store)
+        saver.store = recorder  # type: ignore[assignment]
+        for call in (lambda: saver.copy_thread("a", "a2"), lambda: saver.prune(["a"]),
+                     lambda: saver.prune(["b"], strategy="delete"), lambda: saver.delete_thread("c"),
+                     lambda: saver.delete_for_runs(["run-d"])):
+            recorder.txns.clear()
+            call()
+            assert len(recorder.txns) > 2
+            puts_of_values, puts_of_checkpoints = recorder.order("put", b"bw"), recorder.order("put", b"c")
+            if puts_of_checkpoints:
+                assert max(puts_of_values) <= min(puts_of_checkpoints)
+            deleted_checkpoints, deleted_values = recorder.order("delete", b"c"), recorder.order("delete", b"bw")
+            if deleted_values:
+                assert max(deleted_checkpoints) <= min(deleted_values)
+        saver.store = store
+        assert graph.get_state(cfg("a2")).values == graph.get_state(cfg("a")).values == {"big": "b", "counter": 5}
+        assert all(graph.get_state(cfg(t)).values == {} for t in ("b", "c", "d"))
+
+
 def test_maintenance_spanning_several_transactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a budget of a few hundred bytes every call is split into many transactions (the
     path a thread with megabytes to delete or copy takes), and the outcome is the same."""

@@ -1204,17 +1204,19 @@ def test_state_apply_refuses_a_gap_and_skips_a_batch_it_already_holds(tmp_path: 
 def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
         tmp_path: Path, starve_materializer: Callable[[object], Callable[[], None]]) -> None:
     """The materializer runs its LMDB transactions at the lowest CPU priority (so committers
-    woken meanwhile run first) while at most max_unapplied / 4 commits wait, and at normal
-    priority once a backlog builds, which a starved low-priority apply would only let grow.
-    Committers that help with a backlog never ask for it."""
+    woken meanwhile run first), in small batches, while at most max_unapplied / 4 commits
+    wait, and at normal priority in full batches once a backlog builds, which a starved
+    low-priority apply would only let grow."""
     limit = 40_000
-    calls: list[tuple[bool, bool, int]] = []  # (from the materializer, background, queue length)
+    calls: list[tuple[bool, bool, int, int, int]] = []  # (materializer?, background, queue, limit, applied)
     with wal.open(tmp_path / "s", durability="buffered", max_unapplied=limit, apply_interval_ms=10_000_000) as s:
         real = s._apply_ready
 
         def spy(n: int = 4096, *, background: bool = False) -> int:
-            calls.append((threading.current_thread() is s._thread, background, len(s._core)))
-            return real(n, background=background)
+            queued = len(s._core)
+            applied = real(n, background=background)
+            calls.append((threading.current_thread() is s._thread, background, queued, n, applied))
+            return applied
 
         s._apply_ready = spy  # type: ignore[method-assign]
         wake = starve_materializer(s)
@@ -1229,14 +1231,19 @@ def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
             time.sleep(0.01)
         backlog = list(calls)
         calls.clear()
+        before = s.stats()["background_applies"]
         for i in range(5):  # a trickle: the queue stays short
             s.put(b"t%02d" % i, b"v", durability="sync")
             wake()
             time.sleep(0.05)
         trickle = list(calls)
         stats = s.stats()
-    assert backlog and all(own for own, _, _ in backlog)
-    assert [bg for _, bg, n in backlog] == [n <= limit // 4 for _, _, n in backlog]
+    assert backlog and all(c[0] for c in backlog)
+    assert [c[1] for c in backlog] == [c[2] <= limit // 4 for c in backlog]
+    assert [c[3] for c in backlog] == [1024 if c[1] else 4096 for c in backlog]
     assert not backlog[0][1] and backlog[0][2] > limit // 4  # the first batches at normal priority
-    assert trickle and all(own and bg for own, bg, _ in trickle)
-    assert stats["background_applies"] >= len(trickle)
+    assert any(c[1] for c in backlog)  # and small ones at the lowest once the queue is short
+    assert trickle and all(c[0] and c[1] for c in trickle)
+    applied_in_trickle = sum(1 for c in trickle if c[4] > 0)
+    assert applied_in_trickle >= 1
+    assert stats["background_applies"] - before == applied_in_trickle  # each in the low-priority thread

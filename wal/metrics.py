@@ -52,7 +52,7 @@ HELP = {
     "state_restored": "1 if the last open reopened the state at its last checkpoint (unclean stop, then a restart).",
     "state_keys": "Keys in the state.",
     "state_map_bytes_used": "Bytes of the LMDB map in use.",
-    "background_applies": "Batches applied to the state in a thread at the lowest CPU priority.",
+    "background_applies": "State transactions run in a thread at the lowest CPU priority.",
     "unapplied_commits": "Commits acknowledged but not yet applied to the state.",
     "seconds_since_checkpoint": "Seconds since the last checkpoint.",
     "checkpoints": "Checkpoints run.",

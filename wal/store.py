@@ -88,7 +88,9 @@ ARCHIVE_DIR = "archive"
 
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
-_APPLY_BATCH_RECORDS = 4096  # per LMDB transaction: one fsync per batch, short lock holds
+_APPLY_BATCH_RECORDS = 4096  # per LMDB transaction (no fsync there: MDB_NOSYNC), short lock holds
+# per background (lowest-priority) transaction: a starved one holds the apply lock for one small batch
+_BACKGROUND_BATCH_RECORDS = 1024
 _SCAN_CHUNK = 512
 
 Version = int
@@ -278,6 +280,7 @@ class Store:
         self._idem_ttl_ms = int(idempotency_ttl_s * 1000)
         self._apply_interval = apply_interval_ms / 1000
         self._max_unapplied = max_unapplied
+        self._async_helping = False  # an async commit is applying a backlog (_commit_async)
         self._pid = os.getpid()
         self._forked = False  # set in a forked child by _after_fork_in_child
         self._closed = False
@@ -687,10 +690,16 @@ class Store:
         self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
-        if len(self._core) > self._max_unapplied:
+        if len(self._core) > self._max_unapplied and not self._async_helping:
             # The materializer fell behind: help it, as _commit does, in a worker thread (an LMDB
-            # transaction must not run on the event loop).
-            await asyncio.to_thread(self._apply_ready)
+            # transaction must not run on the event loop). One such helper at a time: the
+            # applies run one after another anyway, and a helper per waiting task would fill
+            # the default executor that other to_thread calls share.
+            self._async_helping = True
+            try:
+                await asyncio.to_thread(self._apply_ready)
+            finally:
+                self._async_helping = False
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
         while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
             await log.progress_async()
@@ -744,13 +753,18 @@ class Store:
                 break
             try:
                 # Again at once only while a full batch shows a backlog: looping until nothing is
-                # left would chase each fdatasync with a tiny LMDB transaction (and LMDB's own
-                # fsync), competing with the log for the disk. One batch per interval otherwise.
-                # At the lowest CPU priority while the queue is short: committers woken meanwhile
-                # then run first (PROFILING finding 28). Not once a backlog builds, which a
-                # starved low-priority apply would only let grow.
-                while self._apply_ready(background=len(self._core) <= self._max_unapplied // 4) >= _APPLY_BATCH_RECORDS:
-                    pass
+                # left would chase each fdatasync with a tiny LMDB transaction, taking the GIL and
+                # CPU from the committers. One batch per interval otherwise.
+                # At the lowest CPU priority, in batches of at most _BACKGROUND_BATCH_RECORDS,
+                # while the queue is short: committers woken meanwhile then run first (PROFILING
+                # finding 28), and a starved apply holds the apply lock (which helping committers,
+                # checkpoints and close wait for) for one small batch. Not once a backlog builds,
+                # which a starved low-priority apply would only let grow.
+                while True:
+                    background = len(self._core) <= self._max_unapplied // 4
+                    limit = _BACKGROUND_BATCH_RECORDS if background else _APPLY_BATCH_RECORDS
+                    if self._apply_ready(limit, background=background) < limit:
+                        break
                 self._check_fsync_latency()
                 if (self._core.bytes_since_checkpoint >= self._checkpoint_bytes
                         or self._state.growth_since_checkpoint() >= self._checkpoint_bytes):

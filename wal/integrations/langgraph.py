@@ -82,7 +82,7 @@ from wal.store import Store
 __all__ = ["AgentwalSaver"]
 
 _HDR = struct.Struct(">I")
-_DELETE_BATCH = 1000
+_MAX_TXN_OPS = 100_000  # ops in one maintenance transaction, whatever their bytes
 _Keys = list[bytes]  # in signatures inside AgentwalSaver, where `list` names its method
 _TXN_BUDGET = 8 << 20  # bytes of keys and values in one maintenance transaction (a record is at most 16 MiB)
 _MAX_COMPONENT = 96
@@ -295,22 +295,12 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                 tx.put(key, _frame({"task": task_id, "ch": channel, "t": t, "path": task_path, "idx": idx}, data))
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete every checkpoint, channel value and write of the thread (in batched transactions)."""
-        prefixes = [b"lg/w/" + _c(thread_id) + b"/", b"lg/b/" + _c(thread_id) + b"/",
-                    b"lg/c/" + _c(thread_id) + b"/", b"lg/l/" + _c(thread_id) + b"/"]
-        # checkpoints (and their latest pointers) last: a crash leaves no checkpoint without its values
-        for prefix in prefixes:
-            while True:
-                batch = []
-                for key, _ in self.store.scan(prefix):
-                    batch.append(key)
-                    if len(batch) >= _DELETE_BATCH:
-                        break
-                if not batch:
-                    break
-                with self.store.transaction(durability=self.durability) as tx:
-                    for key in batch:
-                        tx.delete(key)
+        """Delete every checkpoint, channel value and write of the thread: in one transaction
+        when the keys fit in _TXN_BUDGET bytes, else in batches, the checkpoints (and latest
+        pointers) first, so a crash never leaves a checkpoint without its values."""
+        keys = [key for kind in (b"c", b"l", b"w", b"b")
+                for key, _ in self.store.scan(b"lg/" + kind + b"/" + _c(thread_id) + b"/")]
+        self._commit_batched(keys)
 
     # ---- maintenance: copy, prune, delete by run ----------------------------------------------------
     #
@@ -371,7 +361,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         size = 0
         for key, value in ops:
             cost = len(key) + (len(value) if value is not None else 0) + 64
-            if batches[-1] and (size + cost > _TXN_BUDGET or len(batches[-1]) >= _DELETE_BATCH * 100):
+            if batches[-1] and (size + cost > _TXN_BUDGET or len(batches[-1]) >= _MAX_TXN_OPS):
                 batches.append([])
                 size = 0
             batches[-1].append((key, value))
@@ -450,7 +440,11 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         """Delete every checkpoint whose metadata's ``run_id`` is one of `run_ids`, in every
         thread, with its pending writes and the channel values no other checkpoint uses. A
         namespace's latest pointer then names its newest remaining checkpoint. This reads
-        every checkpoint's metadata: a maintenance operation, not one for a hot path."""
+        every checkpoint's metadata: a maintenance operation, not one for a hot path.
+
+        As LangGraph's contract warns: a DeltaChannel of a later run that is rebuilt from the
+        deleted checkpoints' writes (no snapshot of it since) is rebuilt without them; delete
+        such runs together, or `prune` instead, which keeps what DeltaChannels need."""
         runs = set(run_ids)
         if not runs:
             return
