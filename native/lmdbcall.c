@@ -1214,7 +1214,8 @@ static void apply_job_run(apply_job *j) {
         return;
     }
     /* I1 log before state: never commit the effect of a record the log could still lose.
-     * Checked right before the commit, as late as possible. */
+     * Checked right before the commit, with the durable LSN read there -- or, for a background
+     * apply, read by the caller just before this thread started (see env_apply). */
     unsigned long long durable;
     if (j->durable_read_before) {
         durable = j->durable_pre; /* read by the caller (background: see env_apply) */

@@ -497,8 +497,9 @@ class State:
         LMDB's fsync is paid once per batch, never per commit. Returns the new applied LSN.
 
         The whole transaction is one C call with the GIL released (native/lmdbcall.c `apply`),
-        which reads `durable_lsn` right before the commit: in C if it is the store's
-        `DurableLsn`, else by taking the GIL back to call it. The call pins the batch's items
+        which reads `durable_lsn` right before the commit (a background apply: just before
+        its thread starts): in C if it is the store's `DurableLsn`, else by taking the GIL back
+        to call it. The call pins the batch's items
         (a tuple of each list) before it lets the GIL go.
 
         background: the transaction runs in a thread of its own at the lowest CPU priority,

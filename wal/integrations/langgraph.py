@@ -448,15 +448,16 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         runs = set(run_ids)
         if not runs:
             return
-        threads: set[str] = set()
+        doomed_by_thread: dict[str, set[tuple[str, str]]] = {}  # thread -> {(ns, checkpoint id)}
         for _, raw in self.store.scan(b"lg/c/"):
             if self._metadata(raw).get("run_id") in runs:
-                threads.add(_unframe(raw)[0]["thread"])
-        for thread in sorted(threads):
+                head = _unframe(raw)[0]
+                doomed_by_thread.setdefault(head["thread"], set()).add((head["ns"], head["id"]))
+        for thread, doomed_ids in sorted(doomed_by_thread.items()):
             keys: list[bytes] = []
             pointers: dict[bytes, bytes | None] = {}
             for ns, by_id in self._checkpoints(thread).items():
-                doomed = {cid for cid, (_, raw) in by_id.items() if self._metadata(raw).get("run_id") in runs}
+                doomed = {cid for cid in by_id if (ns, cid) in doomed_ids}
                 if not doomed:
                     continue
                 keys += self._doomed_keys(thread, ns, by_id, doomed)
