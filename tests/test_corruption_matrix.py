@@ -35,17 +35,18 @@ section 10 only vouch for what precedes them); loss of commits the state already
 A truncated newest segment is no longer among them: a segment never shrinks below the size its
 header records, so FORMAT.md rule S6 makes that a `CorruptionError` ("segment truncated").
 
-The LMDB state has no checksums: LMDB trusts its pages. A flipped byte in ``data.mdb`` can be
-refused (a `wal.WalError`: the store turns LMDB's errors into `CorruptionError`/`StateError`,
-a fix this test found), go unnoticed (free space, unused bytes), or -- known limitations --
-change a key, value or version silently when it lands in a page's data, or kill the process
-inside LMDB (an assertion in mdb.c aborts; a trusted length or page number reads past the end
-of the map: SIGBUS; or LMDB writes past a buffer from a bad page and glibc's heap checks abort
-in its commit). Measured over every byte of this store's 69,632-byte data.mdb: 84% correct
-data, 15% wrong data, 0.9% refused, 0.06% crashed (42 flips, in meta fields, page headers and
-node offsets). The test asserts what can hold: nothing but a `wal.WalError` escapes, and every
-crash is LMDB's: a signal, an mdb.c assertion, or an abort whose innermost Python frame is a
-call into LMDB in wal/state.py (the worker runs a crashing case again with faulthandler on).
+LMDB trusts its pages; the store checks what it reads. Every state entry carries a CRC-32C of its
+key, version and value, checked on every read, and an open of a small state walks every entry,
+looks each key up again and counts them (FORMAT.md §16). So a flipped byte in ``data.mdb`` is
+refused (a `wal.WalError`: LMDB's own errors become `CorruptionError`/`StateError`, the
+checksums `CorruptionError`), or goes unnoticed because it changed nothing read (free space,
+unused bytes) -- and never gives wrong data, which this test asserts. Known limitation: a few
+flips (meta fields, page headers, node offsets) kill the process inside LMDB (an assertion in
+mdb.c aborts; a trusted length or page number reads past the end of the map: SIGBUS; or LMDB
+writes past a buffer from a bad page and glibc's heap checks abort in its commit). The test
+asserts every crash is LMDB's: a signal, an mdb.c assertion, or an abort whose innermost Python
+frame is a call into LMDB in wal/state.py (the worker runs a crashing case again with
+faulthandler on).
 agentwal's defence is that the state is derived: while the log still holds every commit (no
 checkpoint removed a segment, or they are archived) moving ``state/`` aside rebuilds it.
 
@@ -387,9 +388,9 @@ def _crashed_inside_lmdb(status: int, stderr: str) -> bool:
 
 
 def test_byte_flips_of_the_lmdb_state_are_refused_as_wal_errors_or_harmless(pristine: Path, work: Path) -> None:
-    """Known limitations (module docstring): a flip LMDB does not detect may give wrong data, and a
-    few kill the process inside LMDB. Asserted: nothing but a `wal.WalError` ever escapes, and a
-    crash is LMDB's own (an mdb.c assertion's abort, or SIGBUS/SIGSEGV reading a page it trusted)."""
+    """Asserted: the store reads the right data or raises a `wal.WalError` -- never wrong data (the
+    entry checksums and the open's walk of a small state, FORMAT.md §16) -- and a crash is LMDB's own
+    (known limitation: an mdb.c assertion's abort, or SIGBUS/SIGSEGV reading a page it trusted)."""
     rng = random.Random(SEED + 1)
     size = (pristine / "state" / "data.mdb").stat().st_size
     offsets = list(range(size)) if LONG else sorted(set(range(0, 256)) | set(rng.sample(range(size), 400)))
@@ -415,7 +416,8 @@ def test_byte_flips_of_the_lmdb_state_are_refused_as_wal_errors_or_harmless(pris
         elif expected.get(r["digest"]) == N_COMMITS:
             tally["correct data"] += 1
         else:
-            tally["wrong data (known limitation: LMDB has no checksums)"] += 1
+            tally["wrong data"] += 1
+            failures.append(f"offset {case['offset']}: the store opened and read WRONG DATA")
     print(f"{len(cases)} flips of data.mdb ({size} bytes): " + "; ".join(f"{n} {w}" for w, n in sorted(tally.items())))
     assert not failures, "\n".join(failures[:30])
     assert tally["correct data"] and any(w.startswith("refused") for w in tally)

@@ -77,10 +77,10 @@ from wal.state import DURABLE_SEEN_KEY, State
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
-# state (its `tail` database, FORMAT.md §16). Older versions are read, and upgraded by their
-# first writable open (`_upgrade_store`).
-STORE_VERSION = 3
-READABLE_STORE_VERSIONS = (1, 2, 3)
+# state (its `tail` database, FORMAT.md §16). 4: a checksum in every state entry, verified on
+# every read. Older versions are read, and upgraded by their first writable open (`_upgrade_store`).
+STORE_VERSION = 4
+READABLE_STORE_VERSIONS = (1, 2, 3, 4)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -943,9 +943,12 @@ def _upgrade_store(root: str, found: int) -> None:
     2 -> 3: nothing but the STORE file: a version-2 state is a version-3 state that holds no
     split value (its `tail` database is created by the next writable open of the state), and
     STORE says 3 before the first one is written, so an agentwal that reads only 1 and 2, which
-    would take a split value's flagged version for the version, refuses the store instead."""
+    would take a split value's flagged version for the version, refuses the store instead.
+    3 -> 4: again the STORE file first; then the state's first writable open (right after this)
+    gives every entry a checksum, flagged in its version (wal/state.py `_check_every_entry`),
+    which an agentwal reading only 1-3 would misread: it refuses the store instead."""
     if found == 1:
-        State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
+        State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
     _write_store_file(root)
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
 
