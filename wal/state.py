@@ -64,7 +64,7 @@ it halves the pages a 4 KiB value costs the disk (benchmarks/PROFILING.md findin
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by
-LMDB's int code (`_raise_lmdb`): damage LMDB
+LMDB's int code (`raise_lmdb`): damage LMDB
 detects (bad magic or version, a page that is not found, a database with impossible flags)
 is `CorruptionError` naming ``data.mdb``; anything else LMDB reports (disk error, map full,
 too many readers) is `StateError`. LMDB keeps no checksums, so damage it does not detect is
@@ -187,7 +187,7 @@ _OPEN_RESOURCE = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, _lmdbcall.
                             _lmdbcall.MDB_MAP_FULL})
 
 
-def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
+def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
     """Re-raise an LMDB error (or a stored value of the wrong size) as a WalError that says what to do.
     On open every error but an operating-system one is damage: the same call succeeds on any file
     LMDB wrote. Any other LMDB code (map full, too many readers, ...) is StateError, and an errno
@@ -361,7 +361,7 @@ class State:
                     f"the state in {path} is already open in this process (LMDB allows one handle per process); "
                     "read through the Store already open, or open it read-only from another process"
                 ) from exc
-            _raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
+            raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
         if self._small_enough_to_verify():
             try:
                 self.verify()
@@ -385,7 +385,7 @@ class State:
                 self._check_every_entry()
         except LmdbError as exc:
             self.close()
-            _raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
+            raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
         except BaseException:
             self.close()
             raise
@@ -473,7 +473,7 @@ class State:
         try:
             raw = self._env.get(META, APPLIED_KEY)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading applied_lsn")
+            raise_lmdb(exc, self.path, "reading applied_lsn")
         return _applied(self.path, raw)
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
@@ -481,7 +481,7 @@ class State:
         try:
             found: tuple[int, bytes] | None = self._env.get(DATA, key)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, f"reading key {key!r}")
+            raise_lmdb(exc, self.path, f"reading key {key!r}")
         return found
 
     def scan_chunk(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, int, bytes]]:
@@ -489,7 +489,7 @@ class State:
         try:
             chunk: list[tuple[bytes, int, bytes]] = self._env.scan(DATA, prefix, after, limit)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "scanning keys")
+            raise_lmdb(exc, self.path, "scanning keys")
         if chunk and not chunk[0][0]:
             _empty_key(self.path)
         return chunk
@@ -501,7 +501,7 @@ class State:
                 return None
             lsn, time_ms = _IDEM.unpack(raw)
         except (LmdbError, struct.error) as exc:
-            _raise_lmdb(exc, self.path, "reading an idempotency key")
+            raise_lmdb(exc, self.path, "reading an idempotency key")
         return lsn, time_ms
 
     def meta_get(self, key: bytes) -> bytes | None:
@@ -509,13 +509,13 @@ class State:
             raw: bytes | None = self._env.get(META, key)
             return raw
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its metadata")
+            raise_lmdb(exc, self.path, "reading its metadata")
 
     def meta_put(self, key: bytes, value: bytes) -> None:
         try:
             self._env.put(META, key, value)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "writing its metadata")
+            raise_lmdb(exc, self.path, "writing its metadata")
 
     def verify(self) -> tuple[int, int]:
         """Check every entry: its checksum, that a lookup of its key finds it, and that the walk
@@ -524,8 +524,13 @@ class State:
         try:
             counts: tuple[int, int] = self._env.verify()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "verifying every entry")
+            raise_lmdb(exc, self.path, "verifying every entry")
         return counts
+
+    @property
+    def lmdb_env(self) -> _lmdbcall.Env:
+        """The LMDB environment, for the store's reads in C (native/storecore.c, "Reads")."""
+        return self._env
 
     def snapshot(self) -> StateSnapshot:
         """One read transaction over the whole state (a consistent view at its applied LSN)."""
@@ -554,7 +559,7 @@ class State:
         try:
             status, lsn = self._env.apply(batch, durable_lsn, background)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "applying log records to it")
+            raise_lmdb(exc, self.path, "applying log records to it")
         # I3: the batch is the commits applied+1..last, every one of them (checked in C, in the txn).
         if status == _lmdbcall.APPLY_GAP:
             raise InvariantError(f"apply of {commits} commit(s) LSN {first}..{last} after applied LSN "
@@ -575,7 +580,7 @@ class State:
         try:
             return self._env.expire_idempotency(max(older_than_ms, 0))
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "expiring idempotency keys")
+            raise_lmdb(exc, self.path, "expiring idempotency keys")
 
     def checkpoint(self) -> SavedCheckpoint:
         """Make the state durable as it is now, and the snapshot the next writable open falls back to
@@ -586,7 +591,7 @@ class State:
         try:
             pin = self._env.begin()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "beginning a checkpoint")
+            raise_lmdb(exc, self.path, "beginning a checkpoint")
         try:
             txnid = pin.txnid()
             applied = _applied(self.path, pin.get(META, APPLIED_KEY))
@@ -600,7 +605,7 @@ class State:
             _write_checkpoint(self.path, saved)
         except LmdbError as exc:
             pin.abort()
-            _raise_lmdb(exc, self.path, "syncing it")
+            raise_lmdb(exc, self.path, "syncing it")
         except BaseException:
             pin.abort()
             raise
@@ -616,14 +621,14 @@ class State:
         try:
             _, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its statistics")
+            raise_lmdb(exc, self.path, "reading its statistics")
         return max(0, last_pgno - self._last_pgno_at_checkpoint) * psize
 
     def stat(self) -> dict[str, int]:
         try:
             entries, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its statistics")
+            raise_lmdb(exc, self.path, "reading its statistics")
         return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize,
                 "background_applies": self._env.background_applies}
 
@@ -636,7 +641,7 @@ class State:
         try:
             self._env.close()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "closing it")
+            raise_lmdb(exc, self.path, "closing it")
 
 
 class StateSnapshot:
@@ -648,13 +653,13 @@ class StateSnapshot:
         try:
             self._txn = state._env.begin()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "beginning a read transaction")
+            raise_lmdb(exc, self.path, "beginning a read transaction")
 
     def applied_lsn(self) -> int:
         try:
             raw = self._txn.get(META, APPLIED_KEY)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading applied_lsn")
+            raise_lmdb(exc, self.path, "reading applied_lsn")
         return _applied(self.path, raw)
 
     def renew(self) -> None:
@@ -662,19 +667,19 @@ class StateSnapshot:
         try:
             self._txn.renew()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "renewing a read transaction")
+            raise_lmdb(exc, self.path, "renewing a read transaction")
 
     def entries(self) -> int:
         try:
             return self._txn.entries(DATA)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "counting its keys")
+            raise_lmdb(exc, self.path, "counting its keys")
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
         try:
             found: tuple[int, bytes] | None = self._txn.get(DATA, key)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, f"reading key {key!r}")
+            raise_lmdb(exc, self.path, f"reading key {key!r}")
         return found
 
     def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
@@ -684,7 +689,7 @@ class StateSnapshot:
             try:
                 chunk: list[tuple[bytes, int, bytes]] = self._txn.scan(DATA, prefix, after, _SCAN_CHUNK)
             except LmdbError as exc:
-                _raise_lmdb(exc, self.path, "scanning keys")
+                raise_lmdb(exc, self.path, "scanning keys")
             if chunk and not chunk[0][0]:
                 _empty_key(self.path)
             yield from chunk
