@@ -22,6 +22,7 @@ from wal.errors import (
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
 from wal.state import StateError
+from wal.snapshot import Snapshot
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
 
@@ -42,6 +43,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "Snapshot",
     "StateError",
     "Store",
     "Transaction",

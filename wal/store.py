@@ -505,9 +505,13 @@ class Store:
         """The values of `keys` (`default` for absent ones), in the order given, all of one
         instant: one LMDB read transaction and one visible LSN (wal/snapshot.py)."""
         self._usable()
-        ks = [_key(k) for k in keys]
-        values: list[bytes | None] | None = self._core.get_many(ks, default)
-        if values is None:  # the C path declined (an error to classify): read again here
+        ks: Sequence[bytes | str] = keys
+        try:  # a list or tuple of bytes goes to C as it is
+            values: list[bytes | None] | None = self._core.get_many(ks, default)  # type: ignore[arg-type]
+        except TypeError:
+            ks = [_key(k) for k in keys]
+            values = self._core.get_many(ks, default)  # type: ignore[arg-type]
+        if values is None:  # the C path declined (an error to classify, an odd key): read again here
             values = [self.get(k, default) for k in ks]
         return values
 
