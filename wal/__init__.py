@@ -21,8 +21,8 @@ from wal.errors import (
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
-from wal.state import StateError
 from wal.snapshot import Snapshot
+from wal.state import StateError
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
 
