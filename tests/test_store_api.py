@@ -1249,3 +1249,24 @@ def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
     applied_in_trickle = sum(1 for c in trickle if c[4] > 0)
     assert applied_in_trickle >= 1
     assert stats["background_applies"] - before == applied_in_trickle  # each in the low-priority thread
+
+
+def test_a_damaged_log_tail_that_the_state_already_holds_is_refused_without_cutting_it(tmp_path: Path) -> None:
+    """A cleanly closed store has applied (and checkpointed) every commit; damage to its newest
+    segment's last record looks like a torn tail, but cutting it would hand that LSN out again
+    to the next commit. The open refuses and changes nothing (Log.open keep_through)."""
+    with wal.open(tmp_path) as store:
+        for i in range(5):
+            last = store.put(f"k{i}", b"v%d" % i)
+    seg = sorted((tmp_path / "log").glob("*.wal"))[-1]
+    data = bytearray(seg.read_bytes())
+    where = data.rfind(b"k4")
+    data[where] ^= 0xFF  # inside the payload of the last record: its CRC fails
+    seg.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "log").iterdir()}
+    with pytest.raises(wal.CorruptionError, match=f"would lose LSNs {last}..{last}") as info:
+        wal.open(tmp_path)
+    assert info.value.reason == "damaged log below the state"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "log").iterdir()} == before
+    with wal.open(tmp_path, readonly=True) as reader:  # the state itself is whole and readable
+        assert reader.get("k4") == b"v4"

@@ -74,7 +74,7 @@ from wal.errors import (
 from wal.log import MAX_PAYLOAD, Log
 from wal.replay import Replay
 from wal.snapshot import Snapshot, lmdb_only, merged
-from wal.state import DURABLE_SEEN_KEY, State
+from wal.state import DURABLE_SEEN_KEY, State, read_checkpoint
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
@@ -352,11 +352,13 @@ class Store:
         # first opened for writing: under the log's lock (a writer of another version still
         # running keeps its store as it is) and before anything of this version is written.
         started = time.monotonic()
+        # The log must never be cut below what the state's last checkpoint holds (Log.open keep_through).
+        saved = read_checkpoint(os.path.join(root, STATE_DIR))
         replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
         try:
             log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
-                           on_sealed_segment=replayer.sealed)
+                           on_sealed_segment=replayer.sealed, keep_through=saved.applied_lsn if saved else 0)
         except BaseException:
             replayer.abandon()
             raise
