@@ -454,6 +454,7 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
                          const char *restore, size_t restore_len);
+static int checksum_meta(EnvObject *e, MDB_txn *txn);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
@@ -576,7 +577,8 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
             where = "mdb_stat";
             if (rc == 0 && !readonly && dst.ms_entries == 0) {
                 MDB_val one = {1, "1"};
-                rc = M.put(txn, self->dbs[2], &ck, &one, 0);
+                rc = checksum_meta(self, txn);
+                if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
                 where = "mdb_put (entry_checksums)";
                 self->require_checks = rc == 0;
             }
@@ -723,6 +725,78 @@ static void set_entry_damage(int code, const MDB_val *k, const char *what) {
     }
 }
 
+/* ---- META values: a CRC-32C of key and value after the value (store format 4) ----
+ *
+ * `applied_lsn` says where the log's replay starts: a flipped bit there would skip commits or
+ * apply them twice without a trace. So in a state that requires checksums every META value
+ * but the marker itself is stored as value || CRC-32C(key || value) (u32 LE), put and checked
+ * here; callers see the value alone. */
+#define META_DB 2
+
+static int is_checks_key(const MDB_val *k) {
+    return k->mv_size == sizeof CHECKS_KEY - 1 && memcmp(k->mv_data, CHECKS_KEY, k->mv_size) == 0;
+}
+
+static int meta_checked(const EnvObject *e, const MDB_val *k) { return e->require_checks && !is_checks_key(k); }
+
+static uint32_t meta_crc(const MDB_val *k, const void *v, size_t n) {
+    return wal_crc32c(wal_crc32c(0, k->mv_data, k->mv_size), v, n);
+}
+
+/* The META value `v` of key `k` with its checksum checked and cut off (in place: v->mv_size
+ * shrinks by 4); -1 with an LmdbError set if it does not match. */
+static int meta_value(const EnvObject *e, const MDB_val *k, MDB_val *v) {
+    if (!meta_checked(e, k)) return 0;
+    if (v->mv_size < 4 || meta_crc(k, v->mv_data, v->mv_size - 4)
+                              != wal_get_u32((const uint8_t *)v->mv_data + v->mv_size - 4)) {
+        set_entry_damage(E_CHECKSUM, k, "a metadata value whose checksum does not match");
+        return -1;
+    }
+    v->mv_size -= 4;
+    return 0;
+}
+
+/* Put META value `n` bytes at `val` under `k` in `txn`, with its checksum when `checked`. */
+static int put_meta(EnvObject *e, MDB_txn *txn, MDB_val *k, const void *val, size_t n, int checked) {
+    MDB_val room = {n + (checked ? 4 : 0), NULL};
+    int rc = M.put(txn, e->dbs[META_DB], k, &room, MDB_RESERVE);
+    if (rc != 0) return rc;
+    memcpy(room.mv_data, val, n);
+    if (checked) wal_put_u32((uint8_t *)room.mv_data + n, meta_crc(k, val, n));
+    return 0;
+}
+
+/* Give every META value but the marker its checksum, in `txn` (the step to store format 4
+ * that sets the marker in the same transaction). GIL not needed. */
+static int checksum_meta(EnvObject *e, MDB_txn *txn) {
+    MDB_cursor *cur;
+    int rc = M.cursor_open(txn, e->dbs[META_DB], &cur);
+    if (rc != 0) return rc;
+    MDB_val k, v;
+    char key[512], *buf = NULL;
+    size_t cap = 0;
+    for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (is_checks_key(&k) || k.mv_size > sizeof key) continue;
+        if (v.mv_size > cap) {
+            char *nb = realloc(buf, v.mv_size);
+            if (nb == NULL) {
+                rc = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap = v.mv_size;
+        }
+        memcpy(key, k.mv_data, k.mv_size);
+        memcpy(buf, v.mv_data, v.mv_size);
+        MDB_val kk = {k.mv_size, key};
+        rc = put_meta(e, txn, &kk, buf, v.mv_size, 1);
+        if (rc != 0) break;
+    }
+    M.cursor_close(cur);
+    free(buf);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
 /* The DATA entry `v` of key `k`, read in `txn`, checked and taken apart: 0 with *version and
  * *value (new bytes: the user's value), -1 with an LmdbError set -- a checksum that does not
  * match (E_CHECKSUM), a flagged value without its tail or too short to be an entry
@@ -827,6 +901,7 @@ static PyObject *txn_get(const EnvObject *e, MDB_txn *txn, int db, PyObject *con
         set_error(rc, "mdb_get");
         return NULL;
     }
+    if (db == META_DB && meta_value(e, &k, &v) < 0) return NULL;
     return value_bytes(&v);
 }
 
@@ -885,6 +960,7 @@ static PyObject *scan_items(const EnvObject *e, MDB_txn *txn, int db, PyObject *
         if (db == DB_DATA) {
             if (read_entry(e, txn, &k, &v, &version, &vb) < 0) goto fail;
         } else {
+            if (db == META_DB && meta_value(e, &k, &v) < 0) goto fail;
             vb = value_bytes(&v);
             if (vb == NULL) goto fail;
         }
@@ -961,6 +1037,9 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
             rc = put_data(self, txn, cur, &k, &v, &where);
             M.cursor_close(cur);
         }
+    } else if (rc == 0 && db == META_DB) {
+        rc = put_meta(self, txn, &k, v.mv_data, v.mv_size, meta_checked(self, &k));
+        where = "mdb_put";
     } else if (rc == 0) {
         rc = M.put(txn, dbi, &k, &v, 0);
         where = "mdb_put";
@@ -1313,6 +1392,7 @@ typedef struct {
 } apply_job;
 
 #define APPLY_NICE 19
+#define BAD_APPLIED_CRC 100000 /* apply_job.bad_applied: applied_lsn's checksum does not match */
 
 static void apply_job_run(apply_job *j) {
     EnvObject *self = j->self;
@@ -1325,10 +1405,15 @@ static void apply_job_run(apply_job *j) {
         MDB_val av;
         rc = M.get(txn, self->dbs[2], &ak, &av);
         j->where = "mdb_get";
+        int checked = meta_checked(self, &ak);
         if (rc == MDB_NOTFOUND) {
             rc = 0;
-        } else if (rc == 0 && av.mv_size != 8) {
-            j->bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
+        } else if (rc == 0 && checked && (av.mv_size < 4 || meta_crc(&ak, av.mv_data, av.mv_size - 4)
+                                                            != wal_get_u32((const uint8_t *)av.mv_data + av.mv_size - 4))) {
+            j->bad_applied = BAD_APPLIED_CRC;
+        } else if (rc == 0 && av.mv_size != (checked ? 12u : 8u)) {
+            size_t n = av.mv_size - (checked ? 4 : 0);
+            j->bad_applied = (int)(n > 1000 ? 1000 : n) + 1;
         } else if (rc == 0) {
             applied = wal_get_u64(av.mv_data);
         }
@@ -1379,8 +1464,8 @@ static void apply_job_run(apply_job *j) {
     wal_put_u64(dv, durable);
     MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
     j->where = "mdb_put";
-    rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
-    if (rc == 0) rc = M.put(txn, self->dbs[2], &dk, &dval, 0);
+    rc = put_meta(self, txn, &ak, lval.mv_data, 8, meta_checked(self, &ak));
+    if (rc == 0) rc = put_meta(self, txn, &dk, dval.mv_data, 8, meta_checked(self, &dk));
     if (rc == 0) {
         rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC, the state is made durable at checkpoints */
         j->where = "mdb_txn_commit";
@@ -1451,7 +1536,10 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
     if (j.lowered) self->background_applies++;
     if (j.py_failed) return NULL;
     if (j.bad_applied) {
-        set_bad_value("an applied_lsn of %d bytes, not 8", j.bad_applied - 1);
+        if (j.bad_applied == BAD_APPLIED_CRC)
+            set_own_error(E_CHECKSUM, "key b'applied_lsn': a metadata value whose checksum does not match");
+        else
+            set_bad_value("an applied_lsn of %d bytes, not 8", j.bad_applied - 1);
         return NULL;
     }
     if (j.rc != 0) {
@@ -1513,6 +1601,19 @@ static PyObject *env_verify(EnvObject *self, PyObject *unused) {
         goto failed;
     }
     if (cur != NULL) M.cursor_close(cur);
+    cur = NULL;
+    if (rc == 0) { /* every metadata value's checksum */
+        rc = M.cursor_open(txn, self->dbs[META_DB], &cur);
+        where = "mdb_cursor_open";
+        if (rc == 0) {
+            where = "mdb_cursor_get";
+            for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT))
+                if (meta_value(self, &k, &v) < 0) goto failed;
+            if (rc == MDB_NOTFOUND) rc = 0;
+            M.cursor_close(cur);
+            cur = NULL;
+        }
+    }
     read_end(self, txn);
     if (rc != 0) {
         set_error(rc, where);
@@ -1610,7 +1711,9 @@ static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ss
     }
     if (rc == MDB_NOTFOUND && !bad) {
         MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, one = {1, "1"};
-        rc = M.put(txn, self->dbs[2], &ck, &one, 0);
+        rc = checksum_meta(self, txn);
+        where = "checksumming the metadata";
+        if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
         where = "mdb_put (entry_checksums)";
         done = rc == 0;
     }

@@ -15,7 +15,8 @@ _FLAGS = 0xC0 << 56  # a version's split (bit 63) and checked (bit 62) flags
 
 def strip_entry_checksums(root: Path) -> None:
     """Rewrite every state entry as store formats 1-3 did: u64 version LE + value, whole (no
-    checksum, no tail), and drop the marker that every entry has a checksum."""
+    checksum, no tail), metadata values without their checksum, and drop the marker that every
+    entry has a checksum."""
     env = lmdb.open(str(root / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
     try:
         with env.begin(write=True) as txn:
@@ -29,6 +30,9 @@ def strip_entry_checksums(root: Path) -> None:
                     value += txn.get(key, db=tail)
                     txn.delete(key, db=tail)
                 txn.put(key, (version & ~_FLAGS).to_bytes(8, "little") + value, db=data)
+            for key, raw in list(txn.cursor(db=meta)):  # metadata values lose their trailing CRC
+                if key != b"entry_checksums":
+                    txn.put(key, raw[:-4], db=meta)
             txn.delete(b"entry_checksums", db=meta)
     finally:
         env.close()

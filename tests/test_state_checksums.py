@@ -130,3 +130,24 @@ def test_a_format_3_store_is_read_unchecked_then_upgraded_so_every_entry_is_chec
     assert all(int.from_bytes(r[:8], "little") & (1 << 62) for r in _raw_entries(tmp_path).values())
     with wal.open(tmp_path, readonly=True) as reader:
         assert [reader.get(b"k%04d" % i) for i in range(500)] == [b"v%d" % i * (1 + i % 700) for i in range(500)]
+
+
+@pytest.mark.parametrize("key", [b"applied_lsn", b"durable_seen"])
+def test_a_flipped_bit_in_a_metadata_value_is_a_corruption_error_not_a_skipped_commit(tmp_path: Path,
+                                                                                       key: bytes) -> None:
+    """applied_lsn 30 read as 31 would skip commit 31 on replay without a trace: metadata values
+    carry a checksum too (FORMAT.md §16)."""
+    with wal.open(tmp_path) as store:
+        for i in range(40):
+            store.put(b"k%d" % i, b"v")
+    env = lmdb.open(str(tmp_path / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        raw = bytearray(txn.get(key, db=meta))
+        assert len(raw) == 12 and raw[8:] == _crc32c(key + bytes(raw[:8])).to_bytes(4, "little")
+        raw[0] ^= 0x01
+        txn.put(key, bytes(raw), db=meta)
+    env.close()
+    for readonly in (True, False):
+        with pytest.raises(wal.CorruptionError, match=f"key {key!r}: a metadata value whose checksum"):
+            wal.open(tmp_path, readonly=readonly)

@@ -22,6 +22,7 @@ import pytest
 from legacy_state import strip_entry_checksums
 
 import wal
+import wal.state
 from wal.errors import CorruptionError
 from wal.state import DEFAULT_MAP_SIZE, State, StateError
 from wal.store import STORE_VERSION
@@ -122,7 +123,8 @@ def test_overwrites_and_deletes_leave_no_tail_behind(tmp_path: Path) -> None:
     assert _db_stats(tmp_path / "state")["tail"]["entries"] == 1 + 10 + 10
 
 
-def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Path) -> None:
+def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     with wal.open(tmp_path / "s") as store:
         store.put(b"big", _value(4096))
         store.put(b"small", b"x")
@@ -130,6 +132,9 @@ def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Pat
     with env.begin(write=True) as txn:
         assert txn.delete(b"big", db=env.open_db(b"tail", txn=txn, create=False))
     env.close()
+    with pytest.raises(CorruptionError, match="tail is missing"):  # the open's walk of a small state
+        wal.open(tmp_path / "s", readonly=True)
+    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk: each read finds it
     with wal.open(tmp_path / "s", readonly=True) as reader:
         assert reader.get(b"small") == b"x"
         with pytest.raises(CorruptionError, match="tail is missing"):
