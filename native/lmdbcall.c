@@ -2008,9 +2008,215 @@ static PyTypeObject SnapshotType = {
     .tp_methods = snap_methods,
 };
 
+/* ---- check_pages: LMDB's own structure, checked before LMDB reads it ----
+ *
+ * LMDB 0.9 trusts its pages: a page number past the end of the file, a node offset past the
+ * end of its page or an overflow run longer than the file makes it read outside the map
+ * (SIGBUS, SIGSEGV) or trip an assertion, killing the process. The entry checksums cannot
+ * help there, since the damage is met before any entry is. So a state small enough to read
+ * whole at open (wal/state.py VERIFY_ON_OPEN_BYTES) is walked here first, from the meta page
+ * LMDB would open at (the valid one with the higher transaction id; or the checkpoint's page
+ * about to be restored), through every tree it holds -- the free list, the main database and
+ * each named database -- checking every page and node against the bounds LMDB relies on.
+ * Written from LMDB 0.9's documented on-disk layout (mdb.c: MDB_page, MDB_node, MDB_meta,
+ * MDB_db; 64-bit). Whatever passes, LMDB can read without leaving its map. */
+
+#define P_BRANCH 0x01
+#define P_LEAF 0x02
+#define P_OVERFLOW 0x04
+#define P_META 0x08
+#define P_LEAF2 0x20
+#define F_BIGDATA 0x01
+#define F_SUBDATA 0x02
+#define F_DUPDATA 0x04
+#define PAGE_HDR 16
+#define NODE_HDR 8
+#define MDB_DB_SIZE 48
+#define META_DBS_AT (PAGE_HDR + 24) /* magic, version, address, mapsize */
+#define META_LAST_PG_AT (META_DBS_AT + 2 * MDB_DB_SIZE)
+#define META_TXNID_AT (META_LAST_PG_AT + 8)
+#define P_INVALID UINT64_MAX
+#define MAX_TREE_DEPTH 64
+
+typedef struct {
+    const unsigned char *file;
+    size_t size, psize, npages;
+    uint64_t last_pg;
+    unsigned char *seen; /* one byte per page: reached already (a cycle or a page shared by two trees) */
+    char why[200];
+} page_walk;
+
+static uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static int bad(page_walk *w, uint64_t pgno, const char *what) {
+    snprintf(w->why, sizeof w->why, "page %llu: %s", (unsigned long long)pgno, what);
+    return -1;
+}
+
+static int walk_tree(page_walk *w, uint64_t root, int free_db, int main_db);
+
+/* One page of a tree and, depth first, what it points to. */
+static int walk_page(page_walk *w, uint64_t pgno, int depth, int free_db, int main_db) {
+    if (depth > MAX_TREE_DEPTH) return bad(w, pgno, "a tree deeper than any LMDB writes");
+    if (pgno < 2 || pgno > w->last_pg || pgno >= w->npages) return bad(w, pgno, "a page number past the file");
+    if (w->seen[pgno]) return bad(w, pgno, "a page reached twice");
+    w->seen[pgno] = 1;
+    const unsigned char *p = w->file + pgno * w->psize;
+    uint16_t flags = get16(p + 10), lower = get16(p + 12), upper = get16(p + 14);
+    if (wal_get_u64(p) != pgno) return bad(w, pgno, "a page header naming another page");
+    int branch = (flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) == P_BRANCH;
+    int leaf = (flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) == P_LEAF;
+    if (!branch && !leaf) return bad(w, pgno, "neither a branch nor a leaf page where one must be");
+    if (lower < PAGE_HDR || (lower - PAGE_HDR) % 2 || upper < lower || upper > w->psize)
+        return bad(w, pgno, "bounds of its free space out of range");
+    size_t n = (size_t)(lower - PAGE_HDR) / 2;
+    if (branch && n == 0) return bad(w, pgno, "a branch page with no child");
+    for (size_t i = 0; i < n; i++) {
+        size_t off = get16(p + PAGE_HDR + 2 * i);
+        if (off < upper || off + NODE_HDR > w->psize) return bad(w, pgno, "a node offset out of range");
+        const unsigned char *node = p + off;
+        size_t ksize = get16(node + 6), at = off + NODE_HDR + ksize;
+        if (at > w->psize) return bad(w, pgno, "a key past the end of its page");
+        uint16_t nflags = get16(node + 4);
+        if (branch) {
+            uint64_t child = (uint64_t)get16(node) | ((uint64_t)get16(node + 2) << 16) | ((uint64_t)nflags << 32);
+            if (walk_page(w, child, depth + 1, free_db, main_db) < 0) return -1;
+            continue;
+        }
+        size_t dsize = (size_t)get16(node) | ((size_t)get16(node + 2) << 16);
+        if (nflags & ~(F_BIGDATA | F_SUBDATA | F_DUPDATA)) return bad(w, pgno, "unknown node flags");
+        if (nflags & F_DUPDATA) return bad(w, pgno, "a duplicate-key node (no database of a store has them)");
+        if (nflags & F_BIGDATA) {
+            if (at + 8 > w->psize) return bad(w, pgno, "an overflow page number past the end of its page");
+            uint64_t ov = wal_get_u64(p + at);
+            if (ov < 2 || ov > w->last_pg || ov >= w->npages) return bad(w, pgno, "an overflow run past the file");
+            const unsigned char *op = w->file + ov * w->psize;
+            uint32_t pages = wal_get_u32(op + 12);
+            if (wal_get_u64(op) != ov || !(get16(op + 10) & P_OVERFLOW) || pages == 0 ||
+                ov + pages - 1 > w->last_pg || ov + pages > w->npages || dsize > (size_t)pages * w->psize - PAGE_HDR)
+                return bad(w, ov, "an overflow run that is not what its node says");
+            for (uint64_t q = ov; q < ov + pages; q++) {
+                if (w->seen[q]) return bad(w, q, "an overflow page reached twice");
+                w->seen[q] = 1;
+            }
+            continue;
+        }
+        if (at + dsize > w->psize) return bad(w, pgno, "a value past the end of its page");
+        if (free_db && (dsize < 8 || wal_get_u64(p + at) > dsize / 8 - 1))
+            return bad(w, pgno, "a free-list record longer than its node");
+        if (nflags & F_SUBDATA) {
+            if (!main_db || dsize != MDB_DB_SIZE) return bad(w, pgno, "a named database record out of place");
+            if (walk_tree(w, wal_get_u64(p + at + 40), 0, 0) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+static int walk_tree(page_walk *w, uint64_t root, int free_db, int main_db) {
+    return root == P_INVALID ? 0 : walk_page(w, root, 0, free_db, main_db);
+}
+
+/* check_pages(data_path, meta=None): walk data.mdb as described above, from its newest valid
+ * meta page or from `meta` (a meta page about to be written over both slots); LmdbError
+ * (E_BAD_VALUE, what and where) if anything is out of bounds. GIL released for the walk. */
+static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    PyObject *path;
+    Py_buffer meta = {0};
+    if (nargs < 1 || nargs > 2 || !PyUnicode_FSConverter(args[0], &path)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "check_pages takes (data_path, meta=None)");
+        return NULL;
+    }
+    if (nargs == 2 && args[1] != Py_None && PyObject_GetBuffer(args[1], &meta, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    page_walk w = {0};
+    int err = 0, rc = 0;
+    unsigned char *file = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    int fd = open(PyBytes_AS_STRING(path), O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        err = errno;
+    } else if ((file = malloc(st.st_size > 0 ? (size_t)st.st_size : 1)) == NULL) {
+        err = ENOMEM;
+    } else {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t r = pread(fd, file + got, (size_t)st.st_size - got, (off_t)got);
+            if (r <= 0) {
+                err = r < 0 ? errno : EIO;
+                break;
+            }
+            got += (size_t)r;
+        }
+        w.file = file;
+        w.size = got;
+    }
+    if (fd >= 0) close(fd);
+    if (!err) {
+        /* The meta page LMDB opens at: the given one, else the slot with the higher txnid. LMDB
+         * reads slot 0 at offset 0 and slot 1 at slot 0's page size, and refuses the file itself
+         * unless both are meta pages with its magic and version: such a file is left to it. */
+        int given = meta.buf != NULL && (size_t)meta.len >= META_TXNID_AT + 8;
+        const unsigned char *best = given ? meta.buf : NULL;
+        int leave_to_lmdb = 0;
+        size_t at = 0;
+        for (int slot = 0; slot < 2 && !given; slot++) {
+            const unsigned char *m = w.file + at;
+            if (at + META_TXNID_AT + 8 > w.size || !(get16(m + 10) & P_META) ||
+                wal_get_u32(m + PAGE_HDR) != 0xBEEFC0DE || wal_get_u32(m + PAGE_HDR + 4) != 1) {
+                leave_to_lmdb = 1;
+                break;
+            }
+            if (best == NULL || wal_get_u64(m + META_TXNID_AT) > wal_get_u64(best + META_TXNID_AT)) best = m;
+            at += wal_get_u32(m + META_DBS_AT); /* the free DB's md_pad: the page size */
+        }
+        size_t psize = best != NULL ? wal_get_u32(best + META_DBS_AT) : 0;
+        if (leave_to_lmdb) {
+            rc = 0;
+        } else if (best == NULL || psize < 4096 || psize > 65536 || (psize & (psize - 1))) {
+            rc = -1;
+            snprintf(w.why, sizeof w.why, "no valid meta page");
+        } else {
+            w.psize = psize;
+            w.npages = w.size / psize;
+            w.last_pg = wal_get_u64(best + META_LAST_PG_AT);
+            if (w.last_pg >= w.npages) {
+                rc = -1;
+                snprintf(w.why, sizeof w.why, "the meta page's last page %llu is past the file's %zu pages",
+                         (unsigned long long)w.last_pg, w.npages);
+            } else if ((w.seen = calloc(w.npages, 1)) == NULL) {
+                err = ENOMEM;
+            } else {
+                rc = walk_tree(&w, wal_get_u64(best + META_DBS_AT + 40), 1, 0);
+                if (rc == 0) rc = walk_tree(&w, wal_get_u64(best + META_DBS_AT + MDB_DB_SIZE + 40), 0, 1);
+            }
+        }
+    }
+    free(w.seen);
+    free(file);
+    Py_END_ALLOW_THREADS
+    if (meta.buf != NULL) PyBuffer_Release(&meta);
+    Py_DECREF(path);
+    if (err) {
+        set_error(err, "reading data.mdb to check its pages");
+        return NULL;
+    }
+    if (rc < 0) {
+        set_bad_value("LMDB's structure is damaged: %s", w.why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- module ---- */
 
 static PyMethodDef mod_methods[] = {
+    {"check_pages", (PyCFunction)(void (*)(void))mod_check_pages, METH_FASTCALL,
+     "check_pages(data_path, meta=None): walk every tree of data.mdb and check each page and node against the "
+     "bounds LMDB relies on; LmdbError(E_BAD_VALUE) on damage"},
     {"load", (PyCFunction)mod_load, METH_O,
      "load(path) -> version: resolve LMDB 0.9 from the already-loaded library at path; ImportError if it "
      "lacks the functions or is not 0.9. The first successful load is kept."},

@@ -352,6 +352,13 @@ class State:
                 self._discard_unfinished_creation()
         else:
             restore = self._page_to_restore(saved)
+        small = self._small_enough_to_verify()
+        if small:  # LMDB's own structure first: LMDB trusts it (native/lmdbcall.c, check_pages)
+            try:
+                _lmdbcall.check_pages(os.path.join(path, DATA_FILE), restore)
+            except LmdbError as exc:
+                if exc.args[0] != errno.ENOENT:
+                    raise_lmdb(exc, path, "checking its pages", opening=True)
         try:
             self._env = _lmdbcall.Env(path, readonly, map_size, restore)
         except LmdbError as exc:
@@ -362,7 +369,7 @@ class State:
                     "read through the Store already open, or open it read-only from another process"
                 ) from exc
             raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
-        if self._small_enough_to_verify():
+        if small:
             try:
                 self.verify()
             except BaseException:
