@@ -550,8 +550,15 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
         rc = M.txn_begin(env, NULL, readonly ? MDB_RDONLY : 0, &txn);
         where = "mdb_txn_begin";
     }
+    /* A state that holds any named database holds data, idem and meta: a writable open creates
+     * them only in an empty one, never in place of one a damaged record hides (MDB_NOTFOUND). */
+    MDB_stat main_stat = {0};
+    if (rc == 0) {
+        rc = M.stat(txn, 1 /* MAIN_DBI */, &main_stat);
+        where = "mdb_stat (main)";
+    }
     for (int i = 0; rc == 0 && i < N_DBS; i++) {
-        rc = M.dbi_open(txn, names[i], readonly ? 0 : MDB_CREATE, &self->dbs[i]);
+        rc = M.dbi_open(txn, names[i], readonly || main_stat.ms_entries > 0 ? 0 : MDB_CREATE, &self->dbs[i]);
         where = "mdb_dbi_open";
     }
     if (rc == 0) {
@@ -2043,6 +2050,7 @@ typedef struct {
     size_t size, psize, npages;
     uint64_t last_pg;
     unsigned char *seen; /* one byte per page: reached already (a cycle or a page shared by two trees) */
+    unsigned named;      /* the store's named databases found in the main one (bit i: names[i] below) */
     char why[200];
 } page_walk;
 
@@ -2064,8 +2072,9 @@ static int walk_page(page_walk *w, uint64_t pgno, int depth, int free_db, int ma
     const unsigned char *p = w->file + pgno * w->psize;
     uint16_t flags = get16(p + 10), lower = get16(p + 12), upper = get16(p + 14);
     if (wal_get_u64(p) != pgno) return bad(w, pgno, "a page header naming another page");
-    int branch = (flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) == P_BRANCH;
-    int leaf = (flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) == P_LEAF;
+    /* On disk a tree page is exactly a branch or a leaf: LMDB clears its in-memory flags (dirty,
+     * loose, keep) before it writes a page, and no database of a store holds sorted duplicates. */
+    int branch = flags == P_BRANCH, leaf = flags == P_LEAF;
     if (!branch && !leaf) return bad(w, pgno, "neither a branch nor a leaf page where one must be");
     if (lower < PAGE_HDR || (lower - PAGE_HDR) % 2 || upper < lower || upper > w->psize)
         return bad(w, pgno, "bounds of its free space out of range");
@@ -2092,7 +2101,7 @@ static int walk_page(page_walk *w, uint64_t pgno, int depth, int free_db, int ma
             if (ov < 2 || ov > w->last_pg || ov >= w->npages) return bad(w, pgno, "an overflow run past the file");
             const unsigned char *op = w->file + ov * w->psize;
             uint32_t pages = wal_get_u32(op + 12);
-            if (wal_get_u64(op) != ov || !(get16(op + 10) & P_OVERFLOW) || pages == 0 ||
+            if (wal_get_u64(op) != ov || get16(op + 10) != P_OVERFLOW || pages == 0 ||
                 ov + pages - 1 > w->last_pg || ov + pages > w->npages || dsize > (size_t)pages * w->psize - PAGE_HDR)
                 return bad(w, ov, "an overflow run that is not what its node says");
             for (uint64_t q = ov; q < ov + pages; q++) {
@@ -2104,9 +2113,17 @@ static int walk_page(page_walk *w, uint64_t pgno, int depth, int free_db, int ma
         if (at + dsize > w->psize) return bad(w, pgno, "a value past the end of its page");
         if (free_db && (dsize < 8 || wal_get_u64(p + at) > dsize / 8 - 1))
             return bad(w, pgno, "a free-list record longer than its node");
-        if (nflags & F_SUBDATA) {
-            if (!main_db || dsize != MDB_DB_SIZE) return bad(w, pgno, "a named database record out of place");
+        if (main_db) { /* the main database holds the store's named databases, and nothing else */
+            static const char *const names[] = {"data", "idem", "meta", "tail"};
+            unsigned which = 0;
+            for (unsigned d = 0; d < 4; d++)
+                if (ksize == strlen(names[d]) && memcmp(node + NODE_HDR, names[d], ksize) == 0) which = 1u << d;
+            if (!(nflags & F_SUBDATA) || dsize != MDB_DB_SIZE || which == 0 || (w->named & which))
+                return bad(w, pgno, "the main database holds a record that is not one of the store's databases");
+            w->named |= which;
             if (walk_tree(w, wal_get_u64(p + at + 40), 0, 0) < 0) return -1;
+        } else if (nflags & F_SUBDATA) {
+            return bad(w, pgno, "a named database record out of place");
         }
     }
     return 0;
@@ -2190,8 +2207,15 @@ static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize
             } else if ((w.seen = calloc(w.npages, 1)) == NULL) {
                 err = ENOMEM;
             } else {
+                uint64_t main_root = wal_get_u64(best + META_DBS_AT + MDB_DB_SIZE + 40);
                 rc = walk_tree(&w, wal_get_u64(best + META_DBS_AT + 40), 1, 0);
-                if (rc == 0) rc = walk_tree(&w, wal_get_u64(best + META_DBS_AT + MDB_DB_SIZE + 40), 0, 1);
+                if (rc == 0) rc = walk_tree(&w, main_root, 0, 1);
+                /* An empty main database is a creation cut short (wal/state.py); otherwise data, idem
+                 * and meta are all there (tail only from store format 3). */
+                if (rc == 0 && main_root != P_INVALID && (w.named & 7) != 7) {
+                    rc = -1;
+                    snprintf(w.why, sizeof w.why, "the main database lacks one of data, idem and meta");
+                }
             }
         }
     }
