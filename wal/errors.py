@@ -56,11 +56,15 @@ class LockedError(WalError):
 class ConflictError(WalError):
     """An ``if_version`` check failed: the key changed since the caller read it."""
 
-    def __init__(self, message: str, *, key: bytes, expected: int | None, actual: int | None) -> None:
+    def __init__(self, message: str, *, key: bytes, expected: int | None, actual: int | None,
+                 conflicting_lsn: int | None = None) -> None:
         super().__init__(message)
         self.key = key
         self.expected = expected
         self.actual = actual
+        # The LSN of the commit that made the key what it is (a deletion's too). The store raises
+        # the error only once that commit is acknowledged, so the caller's next read sees it.
+        self.conflicting_lsn = conflicting_lsn
 
 
 class FailedError(WalError):

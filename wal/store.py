@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
@@ -167,6 +168,17 @@ def _if_version(v: Any) -> int | None:
     return v
 
 
+def _retries(retries: Any) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ArgumentError(f"retries must be an int >= 0, got {retries!r}")
+    return retries
+
+
+def _gave_up(key: bytes, retries: int) -> ConflictError:
+    return ConflictError(f"update of key {key!r} gave up after {retries} retries: other commits kept changing it",
+                         key=key, expected=None, actual=None)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -191,14 +203,26 @@ class Transaction:
 
     An exception inside the block aborts it: nothing is written. After the block, `lsn` is the
     commit's LSN (None if the transaction wrote nothing).
+
+    Isolation. Writes are all-or-nothing and ordered by LSN. `get` and `version` read the newest
+    version of a key, a commit still waiting for its fdatasync included: a commit that depends
+    on it is later in the log, and the log is made durable as a prefix, so it can never be
+    acknowledged before the commit it read (nor survive a crash that loses it). `if_version`
+    checks a key at commit time. With ``serializable=True`` every key read through `get` or
+    `version` is checked the same way, so the transaction commits only if none of them changed
+    since it read them (optimistic serializability for the keys it read); otherwise reads are
+    not checked.
     """
 
-    def __init__(self, store: Store, durability: str | None, idempotency_key: bytes | None) -> None:
+    def __init__(self, store: Store, durability: str | None, idempotency_key: bytes | None,
+                 serializable: bool = False) -> None:
         self._store = store
         self._durability = durability
         self._idem = idempotency_key
+        self._serializable = serializable
         self._ops: dict[bytes, record.Op] = {}
         self._checks: dict[bytes, int] = {}
+        self._reads: dict[bytes, int] = {}  # serializable: version read per key (0: absent)
         self._done = False
         self.lsn: int | None = None
         self.deduplicated = False  # True when an idempotency key matched an earlier commit
@@ -229,13 +253,35 @@ class Transaction:
         self._ops[k] = (record.OP_DELETE, k, None)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        """This transaction's own writes first, then the store's newest state."""
+        """This transaction's own writes first, then the store's newest version (in flight included)."""
         self._open()
         k = _key(key)
         op = self._ops.get(k)
         if op is not None:
             return op[2] if op[0] == record.OP_PUT else default
-        return self._store._latest(k, default)
+        found = self._store._lookup(k, newest=True)
+        self._read(k, found)
+        return default if found is None or found[1] is None else found[1]
+
+    def version(self, key: bytes | str) -> int | None:
+        """The LSN of the newest commit that wrote key (in flight included), or None if absent --
+        the value to pass as `if_version` (None as 0). A key this transaction wrote: None until it
+        commits."""
+        self._open()
+        k = _key(key)
+        if k in self._ops:
+            return None
+        found = self._store._lookup(k, newest=True)
+        self._read(k, found)
+        return found[0] if found is not None and found[1] is not None else None
+
+    def _read(self, key: bytes, found: tuple[int, bytes | None] | None) -> None:
+        if self._serializable and key not in self._reads:
+            self._reads[key] = found[0] if found is not None and found[1] is not None else 0
+
+    def _all_checks(self) -> dict[bytes, int]:
+        """The if_version checks, and with serializable=True the versions read (if_version wins)."""
+        return {**self._reads, **self._checks} if self._reads else self._checks
 
     def _txn(self) -> record.Txn:
         return record.Txn(list(self._ops.values()), _now_ms(), self._idem)
@@ -249,7 +295,7 @@ class Transaction:
         self._done = True
         if et is not None or not self._ops:
             return
-        self.lsn, self.deduplicated = self._store._commit(self._txn(), self._checks, self._durability)
+        self.lsn, self.deduplicated = self._store._commit(self._txn(), self._all_checks(), self._durability)
 
     async def __aenter__(self) -> Transaction:
         return self
@@ -261,7 +307,8 @@ class Transaction:
         self._done = True
         if et is not None or not self._ops:
             return
-        self.lsn, self.deduplicated = await self._store._commit_async(self._txn(), self._checks, self._durability)
+        self.lsn, self.deduplicated = await self._store._commit_async(self._txn(), self._all_checks(),
+                                                                     self._durability)
 
 
 class Store:
@@ -639,20 +686,68 @@ class Store:
             raise
         raise FailedError(f"a commit to the store in {self._path} failed while waiting for its durability level")
 
-    def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None) -> Transaction:
+    def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None, *,
+                    serializable: bool = False) -> Transaction:
         """An atomic transaction (a context manager). durability may be stronger than the store's.
 
         idempotency_key: a second commit with the same key returns the first commit's LSN and
         applies nothing; keys are remembered for `idempotency_ttl_s` (default 24 h).
+        serializable: also check, at commit, that no key read through the transaction changed
+        (`Transaction` says what each read sees).
         """
         self._writable()
         self._durability.allows(durability)
-        return Transaction(self, durability, _key(idempotency_key) if idempotency_key is not None else None)
+        return Transaction(self, durability, _key(idempotency_key) if idempotency_key is not None else None,
+                           serializable)
 
-    def atransaction(self, durability: str | None = None,
-                     idempotency_key: bytes | str | None = None) -> Transaction:
+    def atransaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None, *,
+                     serializable: bool = False) -> Transaction:
         """The same transaction, for ``async with``: committing never blocks the event loop."""
-        return self.transaction(durability, idempotency_key)
+        return self.transaction(durability, idempotency_key, serializable=serializable)
+
+    def update(self, key: bytes | str, fn: Callable[[bytes | None], bytes | None], *,
+               durability: str | None = None, retries: int = 100) -> tuple[int, bytes | None]:
+        """Read-modify-write of one key: commit ``fn(current value or None)`` (bytes to put, None
+        to delete) only if the key is still at the version `fn` was given; on a conflict, read
+        again and call `fn` again, at most `retries` times. Returns (LSN, the value written).
+
+        `fn` sees the newest version, a commit still in flight included (`Transaction` says why
+        that is safe), so concurrent updates of one key share fdatasyncs instead of waiting for
+        each other's, and each retry follows a commit that got in first: it never spins. `fn`
+        must be free of side effects (it may be called more than once). ConflictError once
+        `retries` is exceeded."""
+        k = _key(key)
+        for _ in range(_retries(retries) + 1):
+            txn, checks, new = self._update_step(k, fn)
+            try:
+                return self._commit(txn, checks, durability, wait_visible=False)[0], new
+            except ConflictError:
+                continue
+        raise _gave_up(k, retries)
+
+    async def aupdate(self, key: bytes | str, fn: Callable[[bytes | None], bytes | None], *,
+                      durability: str | None = None, retries: int = 100) -> tuple[int, bytes | None]:
+        """`update` for asyncio: never blocks the event loop."""
+        k = _key(key)
+        for _ in range(_retries(retries) + 1):
+            txn, checks, new = self._update_step(k, fn)
+            try:
+                return (await self._commit_async(txn, checks, durability, wait_visible=False))[0], new
+            except ConflictError:
+                continue
+        raise _gave_up(k, retries)
+
+    def _update_step(self, key: bytes, fn: Callable[[bytes | None], bytes | None]
+                     ) -> tuple[record.Txn, dict[bytes, int], bytes | None]:
+        """One attempt of `update`: the newest version of key (in flight included), fn's result,
+        and the one-op transaction with its if_version check."""
+        self._writable()
+        found = self._lookup(key, newest=True)
+        current = found[1] if found is not None else None
+        version = found[0] if found is not None and current is not None else 0
+        new = fn(current)
+        op: record.Op = (record.OP_PUT, key, _value(new)) if new is not None else (record.OP_DELETE, key, None)
+        return record.Txn([op], _now_ms(), None), {key: version}, new
 
     def _prior_commit(self, idem: bytes) -> int | None:
         lsn = self._idem_pending.get(idem)
@@ -672,8 +767,17 @@ class Store:
                 raise ConflictError(
                     f"if_version failed for key {key!r}: expected version {expected or 'absent'}, "
                     f"found {actual if actual is not None else 'absent'}; re-read the key and retry",
-                    key=key, expected=expected, actual=actual,
+                    key=key, expected=expected, actual=actual, conflicting_lsn=found[0] if found else None,
                 )
+
+    def _until_visible(self, lsn: int | None) -> None:
+        """Wait until commit `lsn` is acknowledged at the store's level, so that a caller told of a
+        conflict with it sees it on its next read (a loop of get/version, then if_version, then
+        makes progress on every retry instead of spinning on a version it cannot yet read). A
+        failure of that commit is reported by the caller's next commit, not here."""
+        if lsn is not None and self._log is not None and lsn > self._visible_lsn():
+            with contextlib.suppress(WalError):
+                self._log.wait(lsn)
 
     def _try_commit(self, log: Log, txn: record.Txn, payload: bytes, checks: dict[bytes, int],
                     durability: str | None, *, for_async: bool) -> tuple[int, bool] | None:
@@ -712,16 +816,23 @@ class Store:
         self._core.disable()  # from now on every commit takes the Python path, which refuses it
 
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
-                payload: bytes | None = None) -> tuple[int, bool]:
+                payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
+        """wait_visible: on a ConflictError, first wait until the conflicting commit is
+        acknowledged (`_until_visible`); `update`, which reads in-flight versions, need not."""
         log = self._writable()
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
         if len(self._core) > self._max_unapplied:
             self._apply_ready()  # the materializer fell behind: help it (bounded memory)
-        while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
-            # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
-            log.wait(log.watermarks.appended, durability="sync")
+        try:
+            while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
+                # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
+                log.wait(log.watermarks.appended, durability="sync")
+        except ConflictError as exc:
+            if wait_visible:
+                self._until_visible(exc.conflicting_lsn)
+            raise
         try:
             if level != _BUFFERED:  # buffered: acknowledged once queued
                 log.wait(done[0], durability=durability)
@@ -731,7 +842,7 @@ class Store:
         return done
 
     async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
-                            payload: bytes | None = None) -> tuple[int, bool]:
+                            payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
         log = self._writable()
         self._durability.allows(durability)
         if payload is None:
@@ -747,8 +858,16 @@ class Store:
             finally:
                 self._async_helping = False
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
-        while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
-            await log.progress_async()
+        try:
+            while (done := self._try_commit(log, txn, payload, checks, durability, for_async=True)) is None:
+                await log.progress_async()
+        except ConflictError as exc:
+            # As _commit: raised once the conflicting commit is acknowledged (_until_visible).
+            lsn = exc.conflicting_lsn
+            if wait_visible and lsn is not None and lsn > self._visible_lsn():
+                with contextlib.suppress(WalError):
+                    await log.wait_async(lsn)
+            raise
         await self._acknowledged_async(done[0], durability)
         return done
 
