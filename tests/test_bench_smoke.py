@@ -153,3 +153,16 @@ def test_recovery_rates_of_a_small_log_are_reported_not_judged(smoke_run: tuple[
         met = t["ratio"] >= t["threshold"]
         assert t["status"] == ("MET" if met else "NOT MET")
     assert [t["ratio"] for t in judged] == pytest.approx([t["ratio"] for t in small])
+
+
+def test_the_read_modify_write_benchmark_runs_and_checks_its_counters(tmp_path: Path) -> None:
+    """benchmarks/rmw.py, tiny: every system's counter ends at the increments it counted (each
+    row asserts it), and the table names every system with a rate and its conflicts per success."""
+    rmw = COMPARE.parent / "rmw.py"
+    proc = subprocess.run([sys.executable, str(rmw), "--seconds", "0.2", "--threads", "2", "--tasks", "20",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {r["system"] for r in rows} == {"agentwal-update", "agentwal-loop", "lmdb", "sqlite", "agentwal-aupdate"}
+    assert all(r["increments"] > 0 for r in rows)
+    assert "conflicts per success" in (tmp_path / "results.md").read_text()
