@@ -2,7 +2,8 @@
 
 Rules: put, delete, transactions of several ops (sometimes aborted by an exception, some
 with an idempotency key), `if_version` writes that must conflict exactly when the model
-says, checkpoints, and close + reopen between steps (the model does not change). Every
+says, `update`, concurrent conditional commits of one key (exactly one wins), snapshots that
+keep their view across a commit, checkpoints, and close + reopen between steps (the model does not change). Every
 step checks get / version / scan(prefix) against the model. A small key alphabet makes
 keys collide and share prefixes; 0x00 and 0xff bytes probe the prefix bounds.
 AGENTWAL_LONG=1 runs many more and longer examples.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -166,6 +168,59 @@ class StoreModel(RuleBasedStateMachine):
             raise AssertionError("a transaction with a failing if_version committed")
 
     # ---- maintenance ----
+
+    @rule(key=KEYS, suffix=st.binary(max_size=3), delete=st.booleans())
+    def update(self, key: bytes, suffix: bytes, delete: bool) -> None:
+        want = self.model.get(key)
+        lsn, written = self.s.update(key, lambda v: None if delete else (v or b"") + suffix)
+        self._committed(lsn)
+        if delete:
+            assert written is None
+            self.model.pop(key, None)
+        else:
+            assert written == (want[1] if want else b"") + suffix
+            self.model[key] = (lsn, written)
+
+    @rule(key=KEYS, n=st.integers(min_value=2, max_value=6))
+    def concurrent_conditional_commits(self, key: bytes, n: int) -> None:
+        """n threads commit key at the version they all read: exactly one wins; every other gets
+        a ConflictError naming the winner's commit, which its next read then sees."""
+        version = self._version(key)
+        barrier = threading.Barrier(n)
+        outcomes: list[tuple[str, int | None]] = [("", None)] * n
+
+        def attempt(i: int) -> None:
+            barrier.wait()
+            try:
+                with self.s.transaction() as tx:
+                    tx.put(key, b"t%d" % i, if_version=version)
+                outcomes[i] = ("won", tx.lsn)
+            except wal.ConflictError as exc:
+                outcomes[i] = ("lost", exc.conflicting_lsn)
+
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [(i, lsn) for i, (what, lsn) in enumerate(outcomes) if what == "won"]
+        assert len(winners) == 1, outcomes
+        i, lsn = winners[0]
+        assert lsn is not None
+        self._committed(lsn)
+        self.model[key] = (lsn, b"t%d" % i)
+        assert all(what == "won" or got == lsn for what, got in outcomes), outcomes
+        assert self.s.version(key) == lsn
+
+    @rule(key=KEYS, value=VALUES, prefix=PREFIXES)
+    def snapshot_keeps_its_view(self, key: bytes, value: bytes, prefix: bytes) -> None:
+        before = sorted((k, v) for k, (_, v) in self.model.items() if k.startswith(prefix))
+        with self.s.snapshot() as snap:
+            lsn = self.s.put(key, value)
+            assert list(snap.scan(prefix)) == before
+            assert snap.lsn < lsn
+        self._committed(lsn)
+        self.model[key] = (lsn, value)
 
     @rule()
     def checkpoint(self) -> None:
