@@ -6,7 +6,6 @@ Nothing here decides policy; callers pass the context that makes a message usefu
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.metadata
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -56,17 +55,14 @@ def _core_missing(exc: ImportError) -> str:
 
 
 def _installed_elsewhere(package: Path) -> Path | None:
-    """Where another copy of agentwal is installed, or None: a `wal` package on sys.path with its
-    C core built, else the folder holding agentwal's installed metadata (an editable install
-    reached through an import hook rather than a path entry)."""
+    """Another copy of agentwal with its C core built, later on sys.path (site-packages, a
+    PYTHONPATH entry), or None. An editable install reached through an import hook is not
+    looked for: it may be this very tree, for which `pip install -e .` is the advice anyway."""
     for entry in sys.path:
         candidate = Path(entry or ".").resolve() / "wal"
         if candidate != package and (candidate / "_bindings.py").is_file() and any(candidate.glob("_native*")):
             return candidate
-    try:
-        return Path(str(importlib.metadata.distribution("agentwal").locate_file("")))
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 try:
