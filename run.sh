@@ -12,6 +12,9 @@ setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         python3 -m venv "$VENV"
     fi
+    # The build's own requirements (pyproject.toml [build-system]) in the venv too, so that
+    # `pip install --no-build-isolation -e .` after a C change builds with them.
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "setuptools>=77" "cffi>=1.16"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test,bench,langgraph,openai-agents]"
 }
 

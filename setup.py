@@ -1,8 +1,28 @@
 """Only here to hook the native builds into `pip install .`; metadata is in pyproject.toml."""
 
 import os
+import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+UNSUPPORTED = (
+    "agentwal runs on Linux only: its C core uses futex(2), eventfd(2) and fdatasync(2), and this is {platform}. "
+    "Nothing was compiled. Install it on Linux (x86_64 and aarch64 wheels, or this sdist with a C compiler), "
+    "e.g. in a container or VM."
+)
+
+
+class LinuxOnlyBuildExt(build_ext):
+    """build_ext that refuses, before any compiler runs, a system the C core does not support:
+    a clear sentence instead of a compiler error halfway through. Building an sdist works anywhere.
+    (cffi's cffi_modules subclasses whatever build_ext is given here, so its module is covered.)"""
+
+    def run(self) -> None:
+        if not sys.platform.startswith("linux"):
+            raise SystemExit("error: " + UNSUPPORTED.format(platform=sys.platform))
+        super().run()
+
 
 # The sanitizer builds (fuzz/build_asan.sh) instrument the CPython extensions too, like the
 # cffi module (native/build.py reads the same variable).
@@ -52,4 +72,8 @@ lmdbcall = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-setup(cffi_modules=["native/build.py:ffibuilder"], ext_modules=[crashsim, appendcall, readcall, storecore, lmdbcall])
+setup(
+    cffi_modules=["native/build.py:ffibuilder"],
+    ext_modules=[crashsim, appendcall, readcall, storecore, lmdbcall],
+    cmdclass={"build_ext": LinuxOnlyBuildExt},
+)

@@ -26,7 +26,7 @@ from wal.state import StateError
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml and `agentwal --version` read it
 
 __all__ = [
     "ArgumentError",

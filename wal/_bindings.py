@@ -5,19 +5,71 @@ Nothing here decides policy; callers pass the context that makes a message usefu
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from wal import errors
 
+_CORE = ("_native", "_appendcall", "_readcall", "_storecore", "_lmdbcall")
+
+
+def _core_missing(exc: ImportError) -> str:
+    """Why the C core did not load, and what to do: the message of the ImportError `import wal`
+    raises without it. Three cases, told apart by what is on disk beside this file:
+
+    - not Linux: the C core uses futex(2), eventfd(2) and fdatasync(2), so it is never built
+      elsewhere (setup.py refuses the build with the same words);
+    - a source tree (native/build.py and pyproject.toml next to wal/) with the modules unbuilt:
+      Python found the tree before site-packages, because the current directory (or PYTHONPATH)
+      comes first on sys.path -- the trap numpy's "you should not try to import numpy from its
+      source directory" names. An installed copy, if any, is named, and how to reach it;
+    - otherwise an install whose modules are missing or fail to load (a cffi too old for the
+      wheel, a file removed): the loader's own error, and a reinstall."""
+    package = Path(__file__).resolve().parent
+    if not sys.platform.startswith("linux"):
+        return (f"agentwal runs on Linux only: its C core uses futex(2), eventfd(2) and fdatasync(2), and this "
+                f"is {sys.platform}. Run it on Linux (x86_64 or aarch64 wheels; any Linux with a C compiler from "
+                f"the sdist), e.g. in a container or VM.")
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    built = [name for name in _CORE if any((package / f"{name}{suffix}").exists() for suffix in suffixes)]
+    root = package.parent
+    if len(built) < len(_CORE) and (root / "native" / "build.py").is_file() and (root / "pyproject.toml").is_file():
+        message = (f"`import wal` found agentwal's source tree ({package}), where the C core is not built: "
+                   f"Python searches the current directory (or PYTHONPATH) before the installed packages. ")
+        installed = _installed_elsewhere(package)
+        if installed is not None:
+            message += (f"agentwal is installed at {installed}: leave the source tree (cd to another directory) "
+                        f"and start Python again to use it. ")
+        else:
+            message += ("Install it (`pip install agentwal`, or `pip install .` here, which needs a C compiler), "
+                        "then leave the source tree (cd to another directory) and start Python again. ")
+        return message + ("To work on agentwal itself, `pip install -e .` builds the C core in this tree "
+                          f"(./run.sh test does it). The loader said: {exc}")
+    missing = [f"wal.{name}" for name in _CORE if name not in built]
+    return (f"agentwal's C core failed to load from {package}"
+            + (f" (missing: {', '.join(missing)})" if missing else "") + f": {exc}. "
+            "Reinstall it: pip install --force-reinstall agentwal")
+
+
+def _installed_elsewhere(package: Path) -> Path | None:
+    """Another copy of agentwal with its C core built, later on sys.path (site-packages, a
+    PYTHONPATH entry), or None. An editable install reached through an import hook is not
+    looked for: it may be this very tree, for which `pip install -e .` is the advice anyway."""
+    for entry in sys.path:
+        candidate = Path(entry or ".").resolve() / "wal"
+        if candidate != package and (candidate / "_bindings.py").is_file() and any(candidate.glob("_native*")):
+            return candidate
+    return None
+
+
 try:
     from wal import _appendcall, _lmdbcall, _readcall, _storecore
     from wal._native import ffi, lib
-except ImportError as exc:  # pragma: no cover - only on a broken install
-    raise ImportError(
-        "agentwal's C core (wal._native, wal._appendcall, wal._readcall, wal._storecore, wal._lmdbcall) is not "
-        "built; install the package with `pip install .` (needs a C compiler) rather than running from a source tree"
-    ) from exc
+except ImportError as exc:
+    raise ImportError(_core_missing(exc)) from exc
 
 __all__ = ["append_nowait", "append_record", "check", "durable_lsn_reader", "ffi", "handle_address", "lib",
            "raise_code", "span_records", "storecore"]
