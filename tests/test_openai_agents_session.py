@@ -169,8 +169,9 @@ def test_open_kwargs_go_to_wal_open_and_must_agree_when_shared(tmp_path: Path) -
 def test_a_store_passed_in_stays_open(store: wal.Store) -> None:
     session = AgentwalSession("s", store)
     session.close()
-    with pytest.raises(wal.ClosedError):
+    with pytest.raises(wal.ClosedError) as info:
         run(session.add_items([]))  # refused even when there is nothing to add, as SQLiteSession
+    assert isinstance(info.value, RuntimeError)  # the type SQLiteSession raises there
     assert store.get(b"x") is None  # the caller's store is still open
 
 

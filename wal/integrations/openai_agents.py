@@ -60,7 +60,7 @@ from wal.errors import ArgumentError, ArgumentTypeError, ClosedError, ConflictEr
 from wal.integrations._mutation import run_mutation
 from wal.store import Store, open_store
 
-__all__ = ["AgentwalSession"]
+__all__ = ["AgentwalSession", "SessionClosedError"]
 
 _T = TypeVar("_T")
 _DELETE_BATCH = 1000
@@ -70,6 +70,11 @@ def _esc(name: str) -> bytes:
     if not isinstance(name, str) or not name:
         raise ArgumentError("session_id must be a non-empty str")
     return name.replace("%", "%25").replace("/", "%2F").encode()
+
+
+class SessionClosedError(ClosedError, RuntimeError):
+    """A closed AgentwalSession was used: a `wal.ClosedError`, and a RuntimeError as the SDK's
+    own SQLiteSession raises in that case."""
 
 
 class _Shared:
@@ -168,7 +173,7 @@ class AgentwalSession(SessionABC):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError(f"AgentwalSession {self.session_id!r} is closed; make a new one")
+            raise SessionClosedError(f"AgentwalSession {self.session_id!r} is closed; make a new one")
 
     def _ikey(self, seq: int) -> bytes:
         return self._items + b"%016x" % seq
