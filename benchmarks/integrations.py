@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# ruff: noqa: PLC0415  (each peer is imported where it is used: a missing one is skipped with a note)
 """The integrations side by side with their peers (issue 26 item 6), in one run.
 
     python benchmarks/integrations.py [--steps 200] [--msg-bytes 2048] [--out DIR] [--no-postgres]
@@ -38,14 +39,17 @@ import contextlib
 import cProfile
 import datetime as dt
 import io
+import itertools
 import json
 import os
 import platform
 import pstats
+import random
 import shutil
 import socket
 import sqlite3
 import statistics
+import string
 import subprocess
 import sys
 import tempfile
@@ -57,8 +61,6 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
-
-import wal
 
 GOAL_VS_SQLITE_FULL = 2.0
 
@@ -89,13 +91,15 @@ class Postgres:
         self.port = 0
         self.note = ""
         self._bin: Path | None = None
+        self._run_as: list[str] = []
 
     def start(self) -> bool:
         try:
             import psycopg  # noqa: F401
             from langgraph.checkpoint.postgres import PostgresSaver  # noqa: F401
         except ImportError as exc:
-            self.note = f"skipped: {exc.name} is not installed (pip install langgraph-checkpoint-postgres 'psycopg[binary]')"
+            self.note = (f"skipped: {exc.name} is not installed "
+                         "(pip install langgraph-checkpoint-postgres 'psycopg[binary]')")
             return False
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
         initdb = Path(found[-1]) if found else (Path(shutil.which("initdb")) if shutil.which("initdb") else None)
@@ -120,9 +124,9 @@ class Postgres:
             self.port = s.getsockname()[1]
         self._run_as = run_as
         try:
-            subprocess.run(run_as + [str(self._bin / "initdb"), "-D", str(self.dir / "data"), "-A", "trust",
+            subprocess.run([*run_as, str(self._bin / "initdb"), "-D", str(self.dir / "data"), "-A", "trust",
                                      "-U", "postgres", "--no-sync"], check=True, capture_output=True, timeout=120)
-            subprocess.run(run_as + [str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-w", "-l",
+            subprocess.run([*run_as, str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-w", "-l",
                                      str(self.dir / "log"), "-o",
                                      f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir}",
                                      "start"], check=True, capture_output=True, timeout=120)
@@ -150,7 +154,7 @@ class Postgres:
 
     def stop(self) -> None:
         if self._bin is not None and (self.dir / "data" / "postmaster.pid").exists():
-            subprocess.run(self._run_as + [str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast",
+            subprocess.run([*self._run_as, str(self._bin / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast",
                                            "stop"], capture_output=True, timeout=120, check=False)
 
 
@@ -213,12 +217,22 @@ class SaverTimer:
         return st
 
 
+def texts(n: int, size: int) -> list[str]:
+    """n distinct messages of `size` bytes of random letters and spaces (made before the clock
+    starts): text that neither PostgreSQL's TOAST compression nor anyone else shrinks to nothing,
+    as a run of one repeated letter would be."""
+    rng = random.Random(26)
+    alphabet = string.ascii_letters + "      "
+    return ["".join(rng.choices(alphabet, k=size)) for _ in range(n)]
+
+
 def build_graph(saver: Any, steps: int, msg_bytes: int, marks: list[float]) -> Any:
-    body = "x" * msg_bytes
+    bodies = texts(steps, msg_bytes)
 
     def step(state: MessagesState) -> dict[str, Any]:
         marks.append(time.perf_counter())
-        return {"messages": [AIMessage(content=body, id=f"m{len(state['messages'])}")]}
+        n = len(state["messages"])
+        return {"messages": [AIMessage(content=bodies[n], id=f"m{n}")]}
 
     def route(state: MessagesState) -> str:
         return "step" if len(state["messages"]) < steps else END
@@ -265,7 +279,7 @@ def lg_saver(kind: str, where: Path, pg: Postgres | None) -> Iterator[tuple[Any,
             written["log"] = int(st.get("bytes_written", 0))
 
 
-def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres | None,
+def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres | None, *,
               profile: bool = False) -> dict[str, Any]:
     where.mkdir(parents=True)
     marks: list[float] = []
@@ -280,7 +294,7 @@ def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres |
         assert len(out["messages"]) == steps, len(out["messages"])
         if kind != "InMemorySaver":  # a real round trip: the latest state comes back from the saver
             assert len(graph.get_state({"configurable": {"thread_id": "bench"}}).values["messages"]) == steps
-    step_s = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    step_s = [b - a for a, b in itertools.pairwise(marks)]
     res: dict[str, Any] = {
         "system": kind, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
         "p50_ms": pct(step_s, 0.5) * 1e3, "p99_ms": pct(step_s, 0.99) * 1e3,
@@ -301,15 +315,15 @@ def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres |
 
 def run_session(kind: str, where: Path, steps: int, msg_bytes: int) -> dict[str, Any]:
     where.mkdir(parents=True)
-    body = "x" * msg_bytes
+    bodies = texts(2 * steps, msg_bytes)
 
     async def conversation(session: Any) -> list[float]:
         lat = []
         for i in range(steps):
             t = time.perf_counter()
             await session.get_items()
-            await session.add_items([{"role": "user", "content": f"{i} {body}"},
-                                     {"role": "assistant", "content": f"{i} {body}"}])
+            await session.add_items([{"role": "user", "content": bodies[2 * i]},
+                                     {"role": "assistant", "content": bodies[2 * i + 1]}])
             lat.append(time.perf_counter() - t)
         assert len(await session.get_items()) == 2 * steps
         return lat
@@ -418,14 +432,22 @@ def main(argv: list[str] | None = None) -> int:
 
     by = {r["system"]: r for r in graphs}
     goals = []
+
+    def per_round(peer: str) -> list[float]:
+        """agentwal sync over `peer` in each round (the two ran next to each other: the same load)."""
+        return [a["steps_per_s"] / b["steps_per_s"]
+                for a, b in zip(graph_rows["AgentwalSaver sync"], graph_rows[peer], strict=True)]
+
     if "SqliteSaver FULL" in by:
-        x = by["AgentwalSaver sync"]["steps_per_s"] / by["SqliteSaver FULL"]["steps_per_s"]
-        goals.append({"what": "AgentwalSaver sync >= 2x SqliteSaver FULL (steps/s)", "ratio": x,
-                      "status": "MET" if x >= GOAL_VS_SQLITE_FULL else "NOT MET"})
+        xs = per_round("SqliteSaver FULL")
+        x = statistics.median(xs)
+        goals.append({"what": "AgentwalSaver sync >= 2x SqliteSaver FULL (steps/s, median of the rounds' ratios)",
+                      "ratio": x, "rounds": xs, "status": "MET" if x >= GOAL_VS_SQLITE_FULL else "NOT MET"})
     if "PostgresSaver" in by:
-        x = by["AgentwalSaver sync"]["steps_per_s"] / by["PostgresSaver"]["steps_per_s"]
-        goals.append({"what": "AgentwalSaver sync ahead of PostgresSaver (steps/s)", "ratio": x,
-                      "status": "MET" if x > 1 else "NOT MET"})
+        xs = per_round("PostgresSaver")
+        x = statistics.median(xs)
+        goals.append({"what": "AgentwalSaver sync ahead of PostgresSaver (steps/s, median of the rounds' ratios)",
+                      "ratio": x, "rounds": xs, "status": "MET" if x > 1 else "NOT MET"})
     else:
         goals.append({"what": "AgentwalSaver sync ahead of PostgresSaver (steps/s)", "ratio": None,
                       "status": "n/a", "detail": "PostgresSaver not measured"})
@@ -447,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     if sessions:
         md += ["", "## OpenAI Agents SDK session (get_items + add_items of 2 items per turn)", ""]
         md += table(sessions, "SQLiteSession")
-    md += ["", "## Goals", ""] + [f"- {g['what']}: " + (f"{g['ratio']:.2f}x " if g["ratio"] else "") + g["status"]
-                                  for g in goals]
+    md += ["", "## Goals", ""] + [
+        f"- {g['what']}: " + (f"{g['ratio']:.2f}x " if g["ratio"] else "") + g["status"]
+        + (f" (rounds: {', '.join(f'{r:.2f}' for r in g['rounds'])})" if g.get("rounds") else "")
+        for g in goals]
     md += ["", "## The saver's own share of a step (AgentwalSaver sync)", "",
            f"- timed by wrapping its methods: {by['AgentwalSaver sync']['saver_share'] * 100:.0f}% of the wall time "
            f"({by['AgentwalSaver sync']['saver_s'] * 1e3 / args.steps:.3f} ms a step; calls "

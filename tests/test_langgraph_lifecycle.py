@@ -26,7 +26,7 @@ def _cfg(thread: str, cid: str | None = None) -> Any:
 
 
 def test_from_conn_string_opens_and_closes_its_store(tmp_path: Path) -> None:
-    with AgentwalSaver.from_conn_string(tmp_path / "db", durability=None, rpo_ms=50) as saver:
+    with AgentwalSaver.from_conn_string(tmp_path / "db", durability="interval", rpo_ms=50) as saver:
         assert isinstance(saver, AgentwalSaver)
         assert saver.store.stats()["durability"] == "interval"  # open_kwargs reached wal.open
         ck = empty_checkpoint()

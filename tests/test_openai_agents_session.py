@@ -147,7 +147,7 @@ def test_a_path_opens_the_store_and_close_closes_it(tmp_path: Path) -> None:
 
 def test_sessions_on_one_path_share_one_store_until_the_last_closes(tmp_path: Path) -> None:
     a = AgentwalSession("a", tmp_path / "db")
-    b = AgentwalSession("b", str(tmp_path / "sub" / ".." / "db"), durability="sync")  # same directory
+    b = AgentwalSession("b", str(tmp_path / "sub" / ".." / "db"))  # the same directory
     assert a.store is b.store
     a.close()
     run(b.add_items([msg("user", "still open")]))
@@ -158,8 +158,8 @@ def test_sessions_on_one_path_share_one_store_until_the_last_closes(tmp_path: Pa
 
 
 def test_open_kwargs_go_to_wal_open_and_must_agree_when_shared(tmp_path: Path) -> None:
-    with AgentwalSession("a", tmp_path / "db", rpo_ms=50) as a:
-        assert a.store.stats()["durability"] == "interval"
+    with AgentwalSession("a", tmp_path / "db", durability="interval", rpo_ms=50) as a:
+        assert a.store.stats()["durability"] == "interval"  # the store opened at that level
         with pytest.raises(ValueError, match="already open in this process"):
             AgentwalSession("b", tmp_path / "db", rpo_ms=10)
         with AgentwalSession("c", tmp_path / "db") as c:  # no options: shares whatever is open

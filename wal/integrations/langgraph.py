@@ -153,15 +153,16 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
 
     @classmethod
     def from_conn_string(cls, path: str | os.PathLike[str], *, serde: SerializerProtocol | None = None,
-                         durability: str | None = None, **open_kwargs: Any) -> _SaverScope:
+                         **open_kwargs: Any) -> _SaverScope:
         """A context manager that opens the store at `path` (``wal.open(path, **open_kwargs)``),
         yields a saver on it and closes the store on exit -- LangGraph's
         ``SqliteSaver.from_conn_string`` convention. Both forms work: ``with ... as saver`` and,
         as LangGraph's async savers are used, ``async with ... as saver`` (which opens and
         closes the store in a worker thread: recovery and the final checkpoint never block the
-        event loop). ``serde`` and ``durability`` go to the saver, everything else to `wal.open`.
+        event loop). ``serde`` goes to the saver, everything else to `wal.open` -- ``durability``
+        and ``rpo_ms`` among them: they set the store's level, which every checkpoint then has.
         """
-        return _SaverScope(cls, path, serde, durability, open_kwargs)
+        return _SaverScope(cls, path, serde, open_kwargs)
 
     # ---- keys ---------------------------------------------------------------------------------
 
@@ -542,19 +543,19 @@ class _SaverScope:
     the store it opens. One use: entering it twice is an error, as for a file."""
 
     def __init__(self, cls: type[AgentwalSaver], path: str | os.PathLike[str], serde: SerializerProtocol | None,
-                 durability: str | None, open_kwargs: dict[str, Any]) -> None:
+                 open_kwargs: dict[str, Any]) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentTypeError(
                 f"AgentwalSaver.from_conn_string needs the store's directory as a str or path, got "
                 f"{type(path).__name__}; for a store you opened yourself use AgentwalSaver(store)")
-        self._cls, self._path, self._serde, self._durability = cls, path, serde, durability
+        self._cls, self._path, self._serde = cls, path, serde
         self._open_kwargs = open_kwargs
         self._store: Store | None = None
         self._used = False
 
     def _make(self, store: Store) -> AgentwalSaver:
         try:
-            return self._cls(store, serde=self._serde, durability=self._durability)
+            return self._cls(store, serde=self._serde)
         except BaseException:
             store.close()
             raise

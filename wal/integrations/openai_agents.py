@@ -119,8 +119,9 @@ class AgentwalSession(SessionABC):
 
     ``store_or_path``: a store directory (opened, or shared with the other sessions of this
     process on it, and closed by the last `close()`), or an open `wal.Store` the caller owns.
-    ``open_kwargs`` go to `wal.open` (only with a path). ``durability``: the level each commit
-    asks for (None: the store's; may only be stronger).
+    ``open_kwargs`` go to `wal.open` (only with a path). ``durability``: with a store, the level
+    each commit asks for (None: the store's; may only be stronger); with a path, the level the
+    store is opened at (with ``rpo_ms`` and the other ``open_kwargs``), which every commit has.
     """
 
     def __init__(self, session_id: str, store_or_path: Store | str | os.PathLike[str], *,
@@ -142,6 +143,9 @@ class AgentwalSession(SessionABC):
                     f"they apply only when the session opens the store from a path")
             self.store = store_or_path
         elif isinstance(store_or_path, (str, os.PathLike)):
+            if durability is not None:
+                open_kwargs["durability"] = durability
+                self.durability = durability = None  # the store's own level
             self._shared_key, self.store = _SHARED.acquire(store_or_path, open_kwargs)
         else:
             raise ArgumentTypeError(
