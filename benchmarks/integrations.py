@@ -306,7 +306,11 @@ def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres |
         buf = io.StringIO()
         st.stream = buf  # type: ignore[attr-defined]
         st.sort_stats("tottime").print_stats(30)
-        res["profile_top"] = buf.getvalue()
+        text = buf.getvalue()
+        for prefix in sorted({sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[1])}, key=len,
+                             reverse=True):
+            text = text.replace(prefix + os.sep, "")
+        res["profile_top"] = text
     return res
 
 
