@@ -21,11 +21,8 @@ from wal.integrations.langgraph import AgentwalSaver
 @checkpointer_test(name="AgentwalSaver")
 async def agentwal_checkpointer() -> AsyncIterator[AgentwalSaver]:
     with tempfile.TemporaryDirectory() as tmp:
-        store = wal.open(Path(tmp) / "db")
-        try:
-            yield AgentwalSaver(store)
-        finally:
-            store.close()
+        async with AgentwalSaver.from_conn_string(Path(tmp) / "db") as saver:  # as a LangGraph user would
+            yield saver
 
 
 def test_conformance_suite_passes() -> None:

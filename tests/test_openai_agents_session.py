@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,9 @@ import pytest
 
 pytest.importorskip("agents")
 
+from agents import Agent, Runner
 from agents.memory import Session, SessionABC, SessionSettings
+from agents.testing import ScriptedModel, assistant_message
 
 import wal
 from wal.integrations.openai_agents import AgentwalSession
@@ -122,3 +125,141 @@ def test_clear_large_session(store: wal.Store) -> None:
         assert list(store.scan(b"oa/")) == []
 
     run(go())
+
+
+# ---- lifecycle like SQLiteSession: a path, a shared store, close() -------------------------------
+
+
+def test_a_path_opens_the_store_and_close_closes_it(tmp_path: Path) -> None:
+    session = AgentwalSession("s", tmp_path / "db")
+    run(session.add_items([msg("user", "hi")]))
+    store = session.store
+    session.close()
+    with pytest.raises(wal.ClosedError):
+        store.get(b"x")
+    with pytest.raises(wal.ClosedError):
+        run(session.get_items())
+    session.close()  # twice is harmless
+    again = AgentwalSession("s", str(tmp_path / "db"))  # the lock is free again; the history is there
+    assert run(again.get_items()) == [msg("user", "hi")]
+    again.close()
+
+
+def test_sessions_on_one_path_share_one_store_until_the_last_closes(tmp_path: Path) -> None:
+    a = AgentwalSession("a", tmp_path / "db")
+    b = AgentwalSession("b", str(tmp_path / "sub" / ".." / "db"))  # the same directory
+    assert a.store is b.store
+    a.close()
+    run(b.add_items([msg("user", "still open")]))
+    assert run(b.get_items()) == [msg("user", "still open")]
+    b.close()
+    with pytest.raises(wal.ClosedError):
+        b.store.get(b"x")
+
+
+def test_open_kwargs_go_to_wal_open_and_must_agree_when_shared(tmp_path: Path) -> None:
+    with AgentwalSession("a", tmp_path / "db", durability="interval", rpo_ms=50) as a:
+        assert a.store.stats()["durability"] == "interval"  # the store opened at that level
+        with pytest.raises(ValueError, match="already open in this process"):
+            AgentwalSession("b", tmp_path / "db", rpo_ms=10)
+        with AgentwalSession("c", tmp_path / "db") as c:  # no options: shares whatever is open
+            assert c.store is a.store
+
+
+def test_a_store_passed_in_stays_open(store: wal.Store) -> None:
+    session = AgentwalSession("s", store)
+    session.close()
+    with pytest.raises(wal.ClosedError) as info:
+        run(session.add_items([]))  # refused even when there is nothing to add, as SQLiteSession
+    assert isinstance(info.value, RuntimeError)  # the type SQLiteSession raises there
+    assert store.get(b"x") is None  # the caller's store is still open
+
+
+@pytest.mark.parametrize("bad", [None, 42, object()])
+def test_what_is_neither_a_store_nor_a_path_is_refused(bad: Any) -> None:
+    with pytest.raises(TypeError, match="store directory"):
+        AgentwalSession("s", bad)
+
+
+def test_open_options_with_a_store_are_refused(store: wal.Store) -> None:
+    with pytest.raises(TypeError, match="only when the session opens"):
+        AgentwalSession("s", store, rpo_ms=5)
+
+
+def test_session_settings_go_through_the_sdk_coercion(tmp_path: Path) -> None:
+    with AgentwalSession("s", tmp_path / "db", session_settings={"limit": 1}) as session:
+        assert isinstance(session.session_settings, SessionSettings)
+        assert session.session_settings.limit == 1
+        run(session.add_items([msg("user", "1"), msg("user", "2")]))
+        assert run(session.get_items()) == [msg("user", "2")]
+    with pytest.raises(TypeError, match="Unknown session settings"):
+        AgentwalSession("s", tmp_path / "db", session_settings={"limmit": 1})
+    with pytest.raises(ValueError):
+        AgentwalSession("s", tmp_path / "db", session_settings={"limit": "many"})
+    with AgentwalSession("s", tmp_path / "db") as again:  # the refused sessions left nothing open
+        assert len(run(again.get_items())) == 2
+
+
+def test_runner_run_with_dict_settings_and_a_path(tmp_path: Path) -> None:
+    """The SDK's real Runner.run path (a scripted model from agents.testing, no network)."""
+    async def go() -> list[Any]:
+        model = ScriptedModel([[assistant_message("first answer")], [assistant_message("second answer")]])
+        agent = Agent(name="a", model=model)
+        with AgentwalSession("conv", tmp_path / "db", session_settings={"limit": 10}) as session:
+            r1 = await Runner.run(agent, "hello", session=session)
+            r2 = await Runner.run(agent, "again", session=session)
+            assert (r1.final_output, r2.final_output) == ("first answer", "second answer")
+            # the second call saw the first turn as history
+            assert any("hello" in json.dumps(c.input) for c in model.calls[1:])
+            return await session.get_items()
+
+    items = asyncio.run(go())
+    assert [i.get("content") for i in items if i.get("role") == "user"] == ["hello", "again"]
+    with AgentwalSession("conv", tmp_path / "db") as again:  # and it is on disk
+        assert len(run(again.get_items())) == len(items)
+
+
+# ---- cancellation: done before the CancelledError, or never ----------------------------------------
+
+
+def test_cancelled_mutations_took_effect_before_the_error_or_never(tmp_path: Path) -> None:
+    """Cancel add_items / pop_item / clear_session while their worker commits: the history the
+    caller reads the moment it has the CancelledError is the history for good (after a reopen);
+    so a caller who retries a cancelled add_items only if its item is missing never adds it twice."""
+    rounds = 25
+
+    async def go(session: AgentwalSession) -> tuple[int, list[Any]]:
+        cancelled = 0
+        for i in range(rounds):
+            for make in (lambda i=i: session.add_items([msg("user", f"m{i}")]), session.pop_item,
+                         lambda i=i: session.add_items([msg("user", f"n{i}"), msg("assistant", f"a{i}")])):
+                task = asyncio.ensure_future(make())
+                await asyncio.sleep(0)  # the worker thread has the call
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+        before = await session.get_items()
+        await asyncio.sleep(0.2)  # a worker left running would commit now
+        assert await session.get_items() == before
+        return cancelled, before
+
+    with AgentwalSession("s", tmp_path / "db") as session:
+        cancelled, history = asyncio.run(go(session))
+    assert cancelled == 3 * rounds
+    assert len(history) == 2 * rounds  # every add and every pop took effect before its error
+    with AgentwalSession("s", tmp_path / "db") as session:
+        assert run(session.get_items()) == history
+
+        async def clear() -> None:
+            task = asyncio.ensure_future(session.clear_session())
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await session.get_items() == []
+
+        asyncio.run(clear())
+    with AgentwalSession("s", tmp_path / "db") as session:
+        assert run(session.get_items()) == []

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -245,3 +246,56 @@ def test_commits_apply_the_backlog_themselves_when_the_materializer_falls_behind
         assert stats["apply_batches"] - batches_before >= (commits - limit) // (limit + 1)
         assert stats["applied_commits"] >= commits - limit - 1
         assert all(s.get(b"k%05d" % i) == b"v%05d" % i for i in range(commits))
+
+
+# ---- cancellation: done before the CancelledError, or never ----------------------------------------
+
+
+def _cancel_mid_commit(tmp_path: Path, make: Callable[[wal.Store, int], Any], rounds: int = 60) -> None:
+    """Cancel each commit once it has started and is awaiting its fdatasync. The commit must be
+    visible the moment the caller has its CancelledError (it was in the log: it will survive), and
+    what a caller read then is what the store holds after a reopen -- nothing appears later."""
+    seen: dict[int, bytes | None] = {}
+    cancelled = 0
+
+    async def main(store: wal.Store) -> None:
+        nonlocal cancelled
+        for i in range(rounds):
+            task = asyncio.ensure_future(make(store, i))
+            for _ in range(i % 3):  # cancel at different points: before the first step, or after it
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                cancelled += 1
+            seen[i] = store.get(b"k%d" % i)
+
+    with wal.open(tmp_path / "db", durability="sync") as store:
+        asyncio.run(main(store))
+    assert cancelled > rounds // 2  # the cancellations did reach commits in flight
+    assert sum(v is not None for v in seen.values()) > 0
+    with wal.open(tmp_path / "db") as store:
+        after = {i: store.get(b"k%d" % i) for i in range(rounds)}
+    assert after == seen
+
+
+def test_cancelled_aput_took_effect_before_the_error_or_never(tmp_path: Path) -> None:
+    _cancel_mid_commit(tmp_path, lambda store, i: store.aput(b"k%d" % i, b"v"))
+
+
+def test_cancelled_adelete_took_effect_before_the_error_or_never(tmp_path: Path) -> None:
+    async def put_then_delete(store: wal.Store, i: int) -> None:
+        await store.aput(b"k%d" % i, b"v")  # a cancellation here: the put is there, the delete never comes
+        await store.adelete(b"k%d" % i)
+
+    _cancel_mid_commit(tmp_path, put_then_delete)
+
+
+def test_cancelled_atransaction_took_effect_before_the_error_or_never(tmp_path: Path) -> None:
+    async def txn(store: wal.Store, i: int) -> None:
+        async with store.atransaction() as tx:
+            tx.put(b"k%d" % i, b"v")
+            tx.put(b"other%d" % i, b"w")
+
+    _cancel_mid_commit(tmp_path, txn)

@@ -302,6 +302,9 @@ class Transaction:
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
+        """Commit (or abort on an exception, a CancelledError of the block included). A
+        cancellation during the commit: see `Store.atransaction` (done before the
+        CancelledError, or never)."""
         if self._done:
             return
         self._done = True
@@ -660,10 +663,17 @@ class Store:
         return self._commit(txn, _NO_CHECKS, durability, payload)[0]
 
     async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
-        """`put` for asyncio: never blocks the event loop."""
+        """`put` for asyncio: never blocks the event loop.
+
+        Cancelled (task.cancel(), a timeout): the put either took effect before the
+        CancelledError reaches the caller -- a cancellation that arrives once the commit has
+        its LSN waits, shielded, for the commit's level and is raised after it -- or, when the
+        cancellation came before that (while waiting for back-pressure to ease), never will.
+        Either way the store holds what the caller can learn by reading after the error."""
         return await self._commit_one_async(record.OP_PUT, key, value, durability)
 
     async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
+        """`delete` for asyncio; cancellation as for `aput`: done before the CancelledError, or never."""
         return await self._commit_one_async(record.OP_DELETE, key, None, durability)
 
     async def _commit_one_async(self, kind: int, key: bytes | str, value: bytes | None,
@@ -702,7 +712,13 @@ class Store:
 
     def atransaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None, *,
                      serializable: bool = False) -> Transaction:
-        """The same transaction, for ``async with``: committing never blocks the event loop."""
+        """The same transaction, for ``async with``: committing never blocks the event loop.
+
+        Cancellation: a cancellation inside the block aborts the transaction (nothing is
+        written). One during the commit at the block's end (``__aexit__``) either came before
+        the commit took its LSN -- then it never takes effect -- or after, and then the commit
+        is awaited to its level before the CancelledError is raised: a caller who gets
+        CancelledError can read the store to learn which, and never sees the commit appear later."""
         return self.transaction(durability, idempotency_key, serializable=serializable)
 
     def update(self, key: bytes | str, fn: Callable[[bytes | None], bytes | None], *,
@@ -872,12 +888,30 @@ class Store:
         return done
 
     async def _acknowledged_async(self, lsn: int, durability: str | None) -> None:
+        """Await the level for a commit already in the log (it has its LSN and will be written
+        whatever the caller does now).
+
+        Cancellation contract: a cancellation that arrives here does not abandon the wait, since
+        the commit would then take effect after the caller had its CancelledError (and a caller
+        who retries would commit twice). The wait goes on, shielded, until the commit is
+        acknowledged (or the log fails), and then the CancelledError is raised: the caller
+        that sees it knows the commit took effect. A failure of the log wins over the
+        cancellation (FailedError: the outcome is unknown, as without a cancellation)."""
         assert self._log is not None
+        waiter = asyncio.ensure_future(self._log.wait_async(lsn, durability=durability))
+        cancelled: asyncio.CancelledError | None = None
+        while not waiter.done():
+            try:
+                await asyncio.wait({waiter})
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc  # keep waiting: the commit is already in the log
         try:
-            await self._log.wait_async(lsn, durability=durability)
+            waiter.result()
         except FailedError as exc:
             self._failed(exc)
             raise
+        if cancelled is not None:
+            raise cancelled
 
     # ---- materializer --------------------------------------------------------------------------
 

@@ -1,11 +1,16 @@
 """A LangGraph checkpointer on an agentwal store: `AgentwalSaver`.
 
-    import wal
     from wal.integrations.langgraph import AgentwalSaver
 
-    store = wal.open("agent.db")                       # durability="sync" by default
-    graph = builder.compile(checkpointer=AgentwalSaver(store))
-    graph.invoke(inputs, {"configurable": {"thread_id": "t1"}})
+    with AgentwalSaver.from_conn_string("agent.db") as saver:     # opens the store, closes it on exit
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "t1"}})
+
+    async with AgentwalSaver.from_conn_string("agent.db") as saver:   # the same, for async code
+        await graph.ainvoke(...)
+
+    store = wal.open("agent.db", durability="interval", rpo_ms=50)   # or a store the caller owns
+    saver = AgentwalSaver(store)
 
 Incremental storage. Like LangGraph's Postgres saver, a checkpoint is stored without its
 channel values; each channel value is stored once per ``(thread, ns, channel, version)``
@@ -49,8 +54,11 @@ and ``delete_for_runs`` -- LangGraph's optional capabilities, all covered by its
 suite. They are meant for threads no graph is running on at the time (the section's comment
 says what a concurrent ``put`` can and cannot lose).
 
-The async methods run the sync ones in a worker thread (``asyncio.to_thread``), so they
-never block the event loop.
+The async methods run the sync ones in a worker thread, so they never block the event loop.
+Cancellation: a cancelled ``aput``/``aput_writes``/``adelete_thread``/``acopy_thread``/
+``aprune``/``adelete_for_runs`` waits for its worker to finish before the CancelledError is
+raised, so the change took effect before the caller sees the error, or (when its worker
+raised) never will -- it never appears afterwards (`wal.integrations._mutation`).
 """
 
 from __future__ import annotations
@@ -58,9 +66,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import random
 import struct
 from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -77,7 +87,9 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from wal.store import Store
+from wal.errors import ArgumentTypeError
+from wal.integrations._mutation import run_mutation
+from wal.store import Store, open_store
 
 __all__ = ["AgentwalSaver"]
 
@@ -123,15 +135,34 @@ def _idx(idx: int) -> bytes:
 class AgentwalSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpointer storing incrementally in a `wal.Store` (see the module docstring).
 
-    ``durability``: the level each commit asks for (None: the store's; may only be stronger).
-    The store stays owned by the caller.
+    ``store``: an open `wal.Store`, which stays owned by the caller (to have the saver open and
+    close its own, use `from_conn_string`). ``durability``: the level each commit asks for
+    (None: the store's; may only be stronger).
     """
 
     def __init__(self, store: Store, *, serde: SerializerProtocol | None = None,
                  durability: str | None = None) -> None:
+        if not isinstance(store, Store):
+            raise ArgumentTypeError(
+                f"AgentwalSaver needs an open wal.Store, got {type(store).__name__} {store!r:.80}; pass "
+                f"wal.open(path), or use `with AgentwalSaver.from_conn_string(path) as saver:` to have the "
+                f"saver open and close the store itself")
         super().__init__(serde=serde)
         self.store = store
         self.durability = durability
+
+    @classmethod
+    def from_conn_string(cls, path: str | os.PathLike[str], *, serde: SerializerProtocol | None = None,
+                         **open_kwargs: Any) -> _SaverScope:
+        """A context manager that opens the store at `path` (``wal.open(path, **open_kwargs)``),
+        yields a saver on it and closes the store on exit -- LangGraph's
+        ``SqliteSaver.from_conn_string`` convention. Both forms work: ``with ... as saver`` and,
+        as LangGraph's async savers are used, ``async with ... as saver`` (which opens and
+        closes the store in a worker thread: recovery and the final checkpoint never block the
+        event loop). ``serde`` goes to the saver, everything else to `wal.open` -- ``durability``
+        and ``rpo_ms`` among them: they set the store's level, which every checkpoint then has.
+        """
+        return _SaverScope(cls, path, serde, open_kwargs)
 
     # ---- keys ---------------------------------------------------------------------------------
 
@@ -488,20 +519,80 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await run_mutation(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await run_mutation(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await run_mutation(self.delete_thread, thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await run_mutation(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        await run_mutation(self.prune, thread_ids, strategy=strategy)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await run_mutation(self.delete_for_runs, run_ids)
+
+
+class _SaverScope:
+    """What `AgentwalSaver.from_conn_string` returns: a context manager, sync or async, owning
+    the store it opens. One use: entering it twice is an error, as for a file."""
+
+    def __init__(self, cls: type[AgentwalSaver], path: str | os.PathLike[str], serde: SerializerProtocol | None,
+                 open_kwargs: dict[str, Any]) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentTypeError(
+                f"AgentwalSaver.from_conn_string needs the store's directory as a str or path, got "
+                f"{type(path).__name__}; for a store you opened yourself use AgentwalSaver(store)")
+        self._cls, self._path, self._serde = cls, path, serde
+        self._open_kwargs = open_kwargs
+        self._store: Store | None = None
+        self._used = False
+
+    def _make(self, store: Store) -> AgentwalSaver:
+        try:
+            return self._cls(store, serde=self._serde)
+        except BaseException:
+            store.close()
+            raise
+
+    def _claim(self) -> None:
+        if self._used:
+            raise RuntimeError("AgentwalSaver.from_conn_string(...) can be entered once; call it again for another")
+        self._used = True
+
+    def __enter__(self) -> AgentwalSaver:
+        self._claim()
+        self._store = open_store(self._path, **self._open_kwargs)
+        return self._make(self._store)
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            store.close()
+
+    async def __aenter__(self) -> AgentwalSaver:
+        self._claim()
+        opening = asyncio.ensure_future(asyncio.to_thread(open_store, self._path, **self._open_kwargs))
+        try:
+            self._store = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The worker opens the store anyway: close it once it has (no one else will).
+            opening.add_done_callback(_close_opened)
+            raise
+        return self._make(self._store)
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._store is not None:
+            store, self._store = self._store, None
+            await run_mutation(store.close)
+
+
+def _close_opened(opening: asyncio.Future[Store]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

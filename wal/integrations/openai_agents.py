@@ -1,12 +1,25 @@
 """An OpenAI Agents SDK session on an agentwal store: `AgentwalSession`.
 
-    import wal
     from agents import Agent, Runner
     from wal.integrations.openai_agents import AgentwalSession
 
-    store = wal.open("agent.db")
-    session = AgentwalSession("user-42", store)
+    session = AgentwalSession("user-42", "agent.db")    # as SQLiteSession("user-42", "agent.db")
     await Runner.run(agent, "hello", session=session)
+    session.close()
+
+    store = wal.open("agent.db", durability="interval", rpo_ms=50)   # or on a store the caller owns
+    session = AgentwalSession("user-42", store)
+
+Lifecycle. Given a path, the session opens the store there (``wal.open(path, **open_kwargs)``),
+or, when another session of this process already opened it, shares that store: sessions of
+one process on one path hold one store (a store has one writer, I6), reference-counted, and
+the last `close()` closes it. Given a `wal.Store`, the session never closes it. After `close()`
+the session's methods raise `wal.ClosedError`. A path that the process also opened itself
+with `wal.open` gives `wal.LockedError`: pass that store instead.
+
+``session_settings`` goes through the SDK's own coercion, as ``SQLiteSession`` does: a
+`SessionSettings` or a dict (``{"limit": 10}``); unknown fields or bad values are refused
+when the session is made (the SDK's TypeError / ValidationError).
 
 Contract (the SDK's ``Session`` protocol, same semantics as its ``SQLiteSession``):
 ``get_items(limit=None)`` returns the history oldest first; with a limit (or
@@ -23,24 +36,31 @@ Key layout (prefix ``oa/``; the session id escaped like `wal.agents` names)::
     oa/m/<session>               JSON {"first": a, "next": b}: items live at sequence numbers [a, b)
     oa/i/<session>/<seq:016x>    one item, JSON
 
-Methods are coroutines that run the store calls in a worker thread (``asyncio.to_thread``).
+Methods are coroutines that run the store calls in a worker thread, never blocking the event
+loop. Cancellation: a cancelled ``add_items``/``pop_item``/``clear_session`` waits for its worker
+to finish before the CancelledError is raised, so the change took effect before the caller
+sees the error (or, when the worker raised, never will); it never appears afterwards and a
+retry after the error does not add an item twice (`wal.integrations._mutation`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agents.memory.session import SessionABC
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
-from wal.errors import ArgumentError, ConflictError
-from wal.store import Store
+from wal.errors import ArgumentError, ArgumentTypeError, ClosedError, ConflictError
+from wal.integrations._mutation import run_mutation
+from wal.store import Store, open_store
 
-__all__ = ["AgentwalSession"]
+__all__ = ["AgentwalSession", "SessionClosedError"]
 
 _T = TypeVar("_T")
 _DELETE_BATCH = 1000
@@ -52,18 +72,112 @@ def _esc(name: str) -> bytes:
     return name.replace("%", "%25").replace("/", "%2F").encode()
 
 
-class AgentwalSession(SessionABC):
-    """Conversation history of one session id, stored in a `wal.Store` (see the module docstring)."""
+class SessionClosedError(ClosedError, RuntimeError):
+    """A closed AgentwalSession was used: a `wal.ClosedError`, and a RuntimeError as the SDK's
+    own SQLiteSession raises in that case."""
 
-    def __init__(self, session_id: str, store: Store, *, session_settings: SessionSettings | None = None,
-                 durability: str | None = None) -> None:
-        self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
-        self.store = store
-        self.durability = durability
+
+class _Shared:
+    """The stores sessions opened by path, one per directory in this process, reference-counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[Store, dict[str, Any], int]] = {}
+
+    def acquire(self, path: str | os.PathLike[str], open_kwargs: dict[str, Any]) -> tuple[str, Store]:
+        key = os.path.realpath(os.fspath(path))
+        with self._lock:
+            found = self._open.get(key)
+            if found is not None:
+                store, kwargs, refs = found
+                if open_kwargs and open_kwargs != kwargs:
+                    raise ArgumentError(
+                        f"the store in {key} is already open in this process (by another AgentwalSession) with "
+                        f"{kwargs or 'the defaults'}, not {open_kwargs}; sessions on one path share one store: "
+                        f"pass the same options, or none")
+                self._open[key] = (store, kwargs, refs + 1)
+                return key, store
+            store = open_store(key, **open_kwargs)  # under the lock: one opener per directory
+            self._open[key] = (store, dict(open_kwargs), 1)
+            return key, store
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            store, kwargs, refs = self._open[key]
+            if refs > 1:
+                self._open[key] = (store, kwargs, refs - 1)
+                return
+            del self._open[key]
+            store.close()
+
+
+_SHARED = _Shared()
+
+
+class AgentwalSession(SessionABC):
+    """Conversation history of one session id, stored in a `wal.Store` (see the module docstring).
+
+    ``store_or_path``: a store directory (opened, or shared with the other sessions of this
+    process on it, and closed by the last `close()`), or an open `wal.Store` the caller owns.
+    ``open_kwargs`` go to `wal.open` (only with a path). ``durability``: with a store, the level
+    each commit asks for (None: the store's; may only be stronger); with a path, the level the
+    store is opened at (with ``rpo_ms`` and the other ``open_kwargs``), which every commit has.
+    """
+
+    def __init__(self, session_id: str, store_or_path: Store | str | os.PathLike[str], *,
+                 session_settings: SessionSettings | dict[str, Any] | None = None,
+                 durability: str | None = None, **open_kwargs: Any) -> None:
         sid = _esc(session_id)
+        settings = coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
+        self.session_id = session_id
+        self.session_settings = settings
+        self.durability = durability
         self._meta = b"oa/m/" + sid
         self._items = b"oa/i/" + sid + b"/"
+        self._shared_key: str | None = None
+        self._closed = False
+        if isinstance(store_or_path, Store):
+            if open_kwargs:
+                raise ArgumentTypeError(
+                    f"AgentwalSession got wal.open options {sorted(open_kwargs)} with an open store; "
+                    f"they apply only when the session opens the store from a path")
+            self.store = store_or_path
+        elif isinstance(store_or_path, (str, os.PathLike)):
+            if durability is not None:
+                open_kwargs["durability"] = durability
+                self.durability = durability = None  # the store's own level
+            self._shared_key, self.store = _SHARED.acquire(store_or_path, open_kwargs)
+        else:
+            raise ArgumentTypeError(
+                f"AgentwalSession needs a store directory (str or path) or an open wal.Store, got "
+                f"{type(store_or_path).__name__}")
+        if durability is not None:
+            try:
+                self.store._durability.allows(durability)
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Close the session: its methods raise `wal.ClosedError` from now on. The store it opened
+        from a path is closed with the last session of this process on it; a store passed in
+        stays open (its owner closes it). Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shared_key is not None:
+            key, self._shared_key = self._shared_key, None
+            _SHARED.release(key)
+
+    def __enter__(self) -> AgentwalSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"AgentwalSession {self.session_id!r} is closed; make a new one")
 
     def _ikey(self, seq: int) -> bytes:
         return self._items + b"%016x" % seq
@@ -160,16 +274,24 @@ class AgentwalSession(SessionABC):
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The history oldest first; with limit (or session_settings.limit) only the latest limit items."""
+        self._check_open()
         return await asyncio.to_thread(self._get_items, limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        """Append items atomically (one transaction)."""
-        await asyncio.to_thread(self._add_items, list(items))
+        """Append items atomically (one transaction). Cancelled: done before the CancelledError, or never."""
+        self._check_open()
+        if items:
+            await run_mutation(self._add_items, list(items))
 
     async def pop_item(self) -> Any:
-        """Remove and return the newest item, or None if the session is empty."""
-        return await asyncio.to_thread(self._pop_item)
+        """Remove and return the newest item, or None if the session is empty. Cancelled: the
+        item was removed before the CancelledError (and is lost to the caller, as in the SDK's
+        sessions), or never will be."""
+        self._check_open()
+        return await run_mutation(self._pop_item)
 
     async def clear_session(self) -> None:
-        """Remove every item of this session."""
-        await asyncio.to_thread(self._clear)
+        """Remove every item of this session. Cancelled: cleared before the CancelledError, or
+        never (a failure part-way through a large session leaves a consistent newest suffix)."""
+        self._check_open()
+        await run_mutation(self._clear)
