@@ -89,6 +89,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from wal.errors import ArgumentTypeError
 from wal.integrations._mutation import run_mutation
+from wal.snapshot import Snapshot
 from wal.store import Store, open_store
 
 __all__ = ["AgentwalSaver"]
@@ -184,13 +185,19 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
 
     # ---- reading --------------------------------------------------------------------------------
 
-    def _tuple(self, raw: bytes) -> tuple[CheckpointTuple, dict[str, Any]]:
+    def _tuple(self, raw: bytes, reader: Store | Snapshot | None = None
+               ) -> tuple[CheckpointTuple, dict[str, Any]]:
+        """The CheckpointTuple of checkpoint record `raw`, its channel values and pending writes
+        read through `reader` (a snapshot: all of one instant; default the store), the values
+        in one batched read."""
+        src = reader if reader is not None else self.store
         head, (ckpt_b, meta_b) = _unframe(raw)
         thread, ns, cid, parent = head["thread"], head["ns"], head["id"], head["parent"]
         checkpoint: Checkpoint = self.serde.loads_typed((head["ct"], ckpt_b))
         values: dict[str, Any] = {}
-        for channel, ver in checkpoint["channel_versions"].items():
-            blob = self.store.get(self._bkey(thread, ns, channel, ver))
+        channels = list(checkpoint["channel_versions"].items())
+        blobs = src.get_many([self._bkey(thread, ns, channel, ver) for channel, ver in channels])
+        for (channel, _), blob in zip(channels, blobs, strict=True):
             if blob is None:
                 continue
             bhead, (data,) = _unframe(blob)
@@ -198,7 +205,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                 continue
             values[channel] = self.serde.loads_typed((bhead["t"], data))
         writes = []
-        for _, wraw in self.store.scan(self._wprefix(thread, ns, cid)):
+        for _, wraw in src.scan(self._wprefix(thread, ns, cid)):
             whead, (data,) = _unframe(wraw)
             writes.append((whead, data))
         writes.sort(key=lambda w: writes_sort_key(w[0]["path"], w[0]["task"], w[0]["idx"]))
@@ -222,20 +229,23 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         thread: str = conf["thread_id"]
         ns: str = conf.get("checkpoint_ns", "")
         cid = get_checkpoint_id(config)
-        if cid:
-            raw = self.store.get(self._ckey(thread, ns, cid))
-            if raw is None:
+        # One snapshot for every read: the latest pointer, the checkpoint, its channel values and
+        # its pending writes are of one instant even while another step of the thread commits.
+        with self.store.snapshot() as snap:
+            if cid:
+                raw = snap.get(self._ckey(thread, ns, cid))
+                if raw is None:
+                    return None
+                tup, _ = self._tuple(raw, snap)
+                return tup._replace(config=config) if conf.get("checkpoint_id") else tup
+            latest = snap.get(self._lkey(thread, ns))
+            last = snap.get(self._ckey(thread, ns, latest.decode())) if latest is not None else None
+            if last is None:
+                for _, value in snap.scan(self._ckey(thread, ns)):
+                    last = value  # ids are time-ordered UUIDs: the last in key order is the newest
+            if last is None:
                 return None
-            tup, _ = self._tuple(raw)
-            return tup._replace(config=config) if conf.get("checkpoint_id") else tup
-        latest = self.store.get(self._lkey(thread, ns))
-        last = self.store.get(self._ckey(thread, ns, latest.decode())) if latest is not None else None
-        if last is None:
-            for _, value in self.store.scan(self._ckey(thread, ns)):
-                last = value  # ids are time-ordered UUIDs: the last in key order is the newest
-        if last is None:
-            return None
-        return self._tuple(last)[0]
+            return self._tuple(last, snap)[0]
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:

@@ -49,7 +49,6 @@ import asyncio
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -182,21 +181,23 @@ class AgentwalSession(SessionABC):
     def _ikey(self, seq: int) -> bytes:
         return self._items + b"%016x" % seq
 
-    def _bounds(self) -> tuple[int, int, int]:
-        """(version of the record, first, next)."""
-        version = self.store.version(self._meta) or 0
-        raw = self.store.get(self._meta)
+    def _bounds(self, reader: Any) -> tuple[int, int, int]:
+        """(version of the record, first, next), read through `reader` (a transaction, a snapshot)."""
+        version = reader.version(self._meta) or 0
+        raw = reader.get(self._meta)
         if raw is None:
             return version, 1, 1
         meta = json.loads(raw)
         return version, int(meta["first"]), int(meta["next"])
 
     def _mutate(self, fn: Callable[[Any, int, int], tuple[int, int, _T]]) -> _T:
-        """fn(tx, first, next) -> (first, next, result), retried until the record check passes."""
+        """fn(tx, first, next) -> (first, next, result), retried until the record check passes.
+        The record is read inside the transaction, its newest version in flight included
+        (wal.Transaction), so a retry follows a commit that got in first and never spins."""
         while True:
-            version, first, nxt = self._bounds()
             try:
                 with self.store.transaction(durability=self.durability) as tx:
+                    version, first, nxt = self._bounds(tx)
                     first2, nxt2, result = fn(tx, first, nxt)
                     if (first2, nxt2) != (first, nxt):
                         if first2 >= nxt2:
@@ -208,23 +209,19 @@ class AgentwalSession(SessionABC):
             except ConflictError as exc:
                 if exc.key != self._meta:
                     raise
-            time.sleep(0.0002)  # a concurrent commit of this session is being acknowledged
 
     # ---- sync bodies ----------------------------------------------------------------------------
 
     def _get_items(self, limit: int | None) -> list[Any]:
         limit = resolve_session_limit(limit, self.session_settings)
-        _, first, nxt = self._bounds()
-        if limit is None or limit < 0:
-            return [json.loads(v) for _, v in self.store.scan(self._items)]
         if limit == 0:
             return []
-        out = []
-        for seq in range(max(first, nxt - limit), nxt):
-            raw = self.store.get(self._ikey(seq))
-            if raw is not None:
-                out.append(json.loads(raw))
-        return out
+        with self.store.snapshot() as snap:  # the record and the items of one instant
+            if limit is None or limit < 0:
+                return [json.loads(v) for _, v in snap.scan(self._items)]
+            _, first, nxt = self._bounds(snap)
+            raws = snap.get_many([self._ikey(seq) for seq in range(max(first, nxt - limit), nxt)])
+        return [json.loads(raw) for raw in raws if raw is not None]
 
     def _add_items(self, items: list[Any]) -> None:
         encoded = [json.dumps(item, separators=(",", ":")).encode() for item in items]
