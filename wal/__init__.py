@@ -18,6 +18,7 @@ from wal.errors import (
     NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    StorageError,
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
@@ -43,6 +44,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecoveryReport",
     "StateError",
+    "StorageError",
     "Store",
     "Transaction",
     "WalError",

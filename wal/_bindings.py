@@ -81,7 +81,7 @@ def raise_code(code: int, context: str, detail: str = "") -> NoReturn:
     if cls is not None:
         raise cls(message)
     if code in (lib.WAL_EIO, lib.WAL_EOS):
-        raise OSError(message)
+        raise errors.StorageError(message)
     raise errors.WalError(message)
 
 
