@@ -139,6 +139,8 @@ def storage_error(exc: OSError, doing: str) -> WalError:
     if isinstance(exc, WalError):
         return exc
     code = exc.errno
+    if code is None and isinstance(exc, FileNotFoundError):  # raised with a message only
+        code = _errno.ENOENT
     what = exc.strerror or str(exc)
     if code is not None and not exc.strerror:
         what = _os.strerror(code)

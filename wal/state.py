@@ -203,10 +203,12 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
     if code == _lmdbcall.E_FORKED:
         raise LockedError(f"the LMDB state in {path} was opened by another process (this is a forked child); "
                           "open the store again in this process") from exc
-    if code in (errno.ENOSPC, errno.EDQUOT):
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and not opening and _nearly_full(path)):
+        # LMDB 0.9 reports a short write (the disk filled up in the middle of it) as EIO.
+        kind = errno.EDQUOT if code == errno.EDQUOT else errno.ENOSPC
         raise NoSpaceError(
             f"the LMDB state in {path} could not grow while {doing}: {text}. Nothing acknowledged is lost (the "
-            "log holds it); the store retries once space is freed on this filesystem", errno=code,
+            "log holds it); the store retries once space is freed on this filesystem", errno=kind,
             filename=os.path.join(path, DATA_FILE)) from exc
     if code in _OS_ERRORS:
         raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
@@ -219,6 +221,17 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
             path=data, reason="state damaged",
         ) from exc
     raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
+
+
+def _nearly_full(path: str) -> bool:
+    """The filesystem of `path` has less than 1 MiB free for this user: an EIO from an LMDB write
+    there is a short write at a full disk (mdb_page_flush turns one into EIO), not a bad device.
+    LMDB aborted the transaction before writing a meta page, so running it again is safe."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 def _versioned(path: str, key: bytes, raw: bytes) -> tuple[int, bytes]:

@@ -173,7 +173,8 @@ def _retryable(exc: BaseException) -> bool:
     """A failure of the state's writes that waits for the host, not a fail-stop: no space
     (ENOSPC, EDQUOT) or no file descriptor (EMFILE, ENFILE) left. LMDB aborted the
     transaction, so the state is as it was, and the log holds every commit."""
-    return isinstance(exc, StorageError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
+    return isinstance(exc, NoSpaceError) or (isinstance(exc, StorageError) and exc.errno in (errno.EMFILE,
+                                                                                             errno.ENFILE))
 
 
 def _now_ms() -> int:
