@@ -99,6 +99,10 @@ _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction (no fsync there: MDB_NOSYNC)
 # per background (lowest-priority) transaction: a starved one holds the apply lock for one small batch
 _BACKGROUND_BATCH_RECORDS = 1024
 _SCAN_CHUNK = 512
+# An idle materializer (nothing queued for this many rounds) sleeps this long between rounds,
+# woken early by the next commit (Store._next_wait).
+_IDLE_AFTER_ROUNDS = 50
+_IDLE_WAIT_S = 1.0
 
 Version = int
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
@@ -329,6 +333,7 @@ class Store:
         self._unapplied_batch: record.Collapsed | None = None  # taken, its apply failed: applied first
         self._stall: BaseException | None = None  # the state's writes fail for lack of space (_stalled)
         self._stall_rounds = 0
+        self._idle_rounds = 0  # materializer rounds with nothing queued (_next_wait)
 
     # ---- opening -----------------------------------------------------------------------------
 
@@ -776,7 +781,7 @@ class Store:
 
     def _materializer(self) -> None:
         while not self._stop:
-            self._wake.wait(self._apply_interval)
+            self._wake.wait(self._next_wait())
             self._wake.clear()
             if self._stop:
                 break
@@ -818,6 +823,23 @@ class Store:
                 self._log_failure(exc)
                 self._fail_stop(exc)
                 return
+
+    def _next_wait(self) -> float:
+        """How long the materializer sleeps: `apply_interval_ms` while there is work, and once a
+        store has had none for _IDLE_AFTER_ROUNDS rounds, _IDLE_WAIT_S -- woken at once by the next
+        queued commit (the core's `idle` flag, native/storecore.c). A thousand idle stores in one
+        process then cost a thousand wake-ups a second, not fifty thousand."""
+        if len(self._core) or self._unapplied_batch is not None or self._stall is not None:
+            self._idle_rounds = 0
+            return self._apply_interval
+        self._idle_rounds += 1
+        if self._idle_rounds < _IDLE_AFTER_ROUNDS:
+            return self._apply_interval
+        self._core.idle = True
+        if len(self._core):  # a commit queued before the flag was up: it did not wake us
+            self._core.idle = False
+            return self._apply_interval
+        return _IDLE_WAIT_S
 
     def _stalled(self, exc: BaseException | None) -> None:
         """Observability of a full disk under the state: a WARNING when applies or checkpoints
@@ -972,9 +994,6 @@ class Store:
             self._state.close()
         except BaseException as exc:
             error = error or exc
-        if self._failure is not None:
-            raise FailedError(f"the store in {self._path} stopped after a failure ({self._failure}) and is now "
-                              "closed; reopen it to recover every acknowledged commit") from self._failure
         if error is not None:
             if isinstance(error, WalError):
                 raise error
