@@ -88,7 +88,7 @@ from wal import _lmdbcall, record
 from wal._bindings import lib
 from wal._fs import boot_id, fsync_dir
 from wal._lmdbcall import DATA, IDEM, META, LmdbError
-from wal.errors import ClosedError, CorruptionError, LockedError, NoSpaceError, WalError, storage_error
+from wal.errors import _ADVICE, ClosedError, CorruptionError, LockedError, NoSpaceError, WalError, storage_error
 
 _logger = logging.getLogger("wal.state")
 
@@ -211,7 +211,12 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
             "log holds it); the store retries once space is freed on this filesystem", errno=kind,
             filename=os.path.join(path, DATA_FILE)) from exc
     if code in _OS_ERRORS:
-        raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
+        advice = _ADVICE.get(code)
+        if code == errno.EACCES and opening:
+            advice = ("a read-only open needs write access to state/lock.mdb (LMDB's table of readers) unless the "
+                      "filesystem is mounted read-only; " + (advice or ""))
+        raise StateError(f"the LMDB state in {path} failed while {doing}: {text}"
+                         + (f"; {advice}" if advice else "")) from exc
     if opening or code is None or code in _DAMAGE or code > 0:
         raise CorruptionError(
             f"the LMDB state {data} is damaged ({text}) -- found while {doing}. LMDB keeps no checksums, so this "

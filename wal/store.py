@@ -1074,7 +1074,9 @@ def _check_store_file(root: str, *, create: bool) -> int:
             raise FileNotFoundError(f"no agentwal store at {root} (no {STORE_FILE} file)") from None
         _write_store_file(root)
         return STORE_VERSION
-    except (ValueError, OSError, RecursionError) as exc:
+    except OSError as exc:  # the file is there but cannot be read now (EMFILE, EACCES, EIO): not damage
+        raise storage_error(exc, f"reading {path}") from exc
+    except (ValueError, RecursionError) as exc:
         raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",
                               path=path, reason="bad store file") from exc
     if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
