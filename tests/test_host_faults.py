@@ -390,10 +390,13 @@ def test_no_file_descriptors_left_while_a_store_runs_gives_wal_errors_and_loses_
             got = dict(again.scan())
         lost = [k for k, v in acked.items() if got.get(k) != v]
         assert not lost, lost[:3]
-        print("ok", sorted(seen))
+        print("ok", *sorted(seen))
     """, nofile=64)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("ok ")
+    seen = done.stdout.split()
+    assert seen[0] == "ok"
+    # A roll that cannot open its new segment fail-stops the log; a checkpoint waits (README table).
+    assert set(seen[1:]) <= {"FailedError", "StorageError", "close:FailedError"}, seen
 
 
 def test_a_store_directory_deleted_under_a_running_store_gives_only_wal_errors(tmp_path: Path) -> None:
