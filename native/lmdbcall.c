@@ -371,9 +371,18 @@ static int db_index(PyObject *arg, int *out) {
  * transaction keeps its database records by value and its reader slot in the lock file,
  * never a pointer into the data map. A transaction begun later checks its snapshot's last
  * page against the new map (MDB_MAP_RESIZED if another process grew the file past it). */
+static void env_close_now(EnvObject *e);
+
 static int set_map_size(EnvObject *e, size_t size) {
     if (e->busy > 0) return E_BUSY;
-    return M.env_set_mapsize(e->env, size);
+    int rc = M.env_set_mapsize(e->env, size);
+    /* EINVAL (a write transaction active) is refused before anything changes. Any other
+     * failure comes from the new mmap (ENOMEM: no address space left), after LMDB unmapped
+     * the old map and left none: the handle is closed (its calls then fail with E_CLOSED)
+     * rather than left to touch a map that is gone. Mapping the old size again would go
+     * through mdb_env_set_mapsize, which would munmap from address 0. */
+    if (rc != 0 && rc != EINVAL) env_close_now(e);
+    return rc;
 }
 
 /* A read transaction: a spare one renewed, else a new one. GIL held. Another process (the

@@ -486,3 +486,21 @@ def test_a_thousand_stores_open_at_once_in_one_process_each_usable(tmp_path: Pat
         assert done.stdout.strip() == "ok"
     finally:
         _umount(point)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_an_idle_store_sleeps_long_and_its_next_commit_wakes_it(tmp_path: Path, level: str) -> None:
+    """A thousand idle stores must not each wake fifty times a second: after 50 empty rounds the
+    materializer raises the core's idle flag and sleeps a second; the next commit (C path or
+    Python path) lowers it and wakes the materializer."""
+    with wal.open(tmp_path / level, **LEVELS[level]) as store:  # type: ignore[arg-type]
+        store.put(b"a", b"1")
+        assert _wait(lambda: store._core.idle, timeout=30), "the materializer never went idle"
+        store.put(b"b", b"2")  # the C fast path
+        assert not store._core.idle
+        assert _wait(lambda: store.watermarks.applied >= 2)
+        assert _wait(lambda: store._core.idle, timeout=30)
+        with store.transaction() as tx:  # the Python path
+            tx.put(b"c", b"3")
+        assert not store._core.idle
+        assert _wait(lambda: store.watermarks.applied >= 3)
