@@ -335,7 +335,9 @@ static void do_write(wal_log *log) {
 
     pthread_mutex_lock(&log->mu);
     uint64_t failed_last = b.last_lsn; /* before the concat below moves it */
-    if (rc && b.rolls == 0 && (rc == -ENOSPC || rc == -EDQUOT) && failed_last &&
+    /* No space: keep the batch (rolls included: wal_writer_write is idempotent) and write it
+     * again later. Never after a failed fdatasync (I5). */
+    if (rc && !log->w.sync_failed && (rc == -ENOSPC || rc == -EDQUOT) && failed_last &&
         wal_batch_concat(&b, &log->pending) == 0) {
         log->write_failed_through = failed_last;
         log->write_failed_attempt = attempt;

@@ -360,7 +360,39 @@ static int db_index(PyObject *arg, int *out) {
     return 0;
 }
 
-/* A read transaction: a spare one renewed, else a new one. GIL held. */
+/* ---- The map's size ----
+ * The map is address space, not memory or disk: LMDB maps the whole map_size at open and the
+ * file grows only with the data. The state sizes it from the file and grows it on
+ * MDB_MAP_FULL (wal/state.py), so that a process can hold a thousand environments (a fixed
+ * 1 TiB each would take the whole 47-bit user address space at the 128th).
+ *
+ * mdb_env_set_mapsize on an open environment munmaps and remaps the file. lmdb.h asks that
+ * no transaction be active in the process; what LMDB 0.9 needs (mdb.c) is that no write
+ * transaction is (it returns EINVAL then) and that nothing holds a pointer into the old
+ * mapping: a cursor, or a value not yet copied out. Every call of this binding copies what
+ * it reads and closes its cursors before it returns, and the ones that release the GIL
+ * count themselves in `busy`: with the GIL held and busy == 0, only idle read transactions
+ * (the spares, the snapshots, the checkpoint's pin) exist, and an idle LMDB 0.9 read
+ * transaction keeps its database records by value and its reader slot in the lock file,
+ * never a pointer into the data map. A transaction begun later checks its snapshot's last
+ * page against the new map (MDB_MAP_RESIZED if another process grew the file past it). */
+static void env_close_now(EnvObject *e);
+
+static int set_map_size(EnvObject *e, size_t size) {
+    if (e->busy > 0) return E_BUSY;
+    int rc = M.env_set_mapsize(e->env, size);
+    /* EINVAL (a write transaction active) is refused before anything changes. Any other
+     * failure comes from the new mmap (ENOMEM: no address space left), after LMDB unmapped
+     * the old map and left none: the handle is closed (its calls then fail with E_CLOSED)
+     * rather than left to touch a map that is gone. Mapping the old size again would go
+     * through mdb_env_set_mapsize, which would munmap from address 0. */
+    if (rc != 0 && rc != EINVAL) env_close_now(e);
+    return rc;
+}
+
+/* A read transaction: a spare one renewed, else a new one. GIL held. Another process (the
+ * writer) may have grown the map past ours: MDB_MAP_RESIZED, and lmdb.h's answer is to adopt
+ * the size it recorded (mdb_env_set_mapsize(env, 0)) and begin again. */
 static int read_begin(EnvObject *e, MDB_txn **txn) {
     while (e->n_spare > 0) {
         MDB_txn *t = e->spare[--e->n_spare];
@@ -370,7 +402,9 @@ static int read_begin(EnvObject *e, MDB_txn **txn) {
         }
         M.txn_abort(t);
     }
-    return M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    int rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    if (rc == MDB_MAP_RESIZED && set_map_size(e, 0) == 0) rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    return rc;
 }
 
 static void read_end(EnvObject *e, MDB_txn *txn) {
@@ -1811,11 +1845,49 @@ static PyObject *env_begin(EnvObject *self, PyObject *unused) {
     if (usable(self) < 0) return NULL;
     MDB_txn *txn;
     int rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &txn);
+    if (rc == MDB_MAP_RESIZED && set_map_size(self, 0) == 0) /* see read_begin */
+        rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &txn);
     if (rc != 0) {
         set_error(rc, "mdb_txn_begin");
         return NULL;
     }
     return snapshot_adopt(self, txn);
+}
+
+/* set_map_size(size) -> the map's size now: mdb_env_set_mapsize on the open environment
+ * (0: adopt the size the file's newest meta page records; LMDB rounds a size below the data
+ * up to it). E_BUSY while a call on this handle runs with the GIL released: try again. */
+static PyObject *env_set_map_size(EnvObject *self, PyObject *arg) {
+    unsigned long long size = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred() || usable(self) < 0) return NULL;
+    int rc = set_map_size(self, (size_t)size);
+    if (rc == E_BUSY) {
+        set_own_error(E_BUSY, "resizing the LMDB map while another thread is in a call on it");
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, "mdb_env_set_mapsize");
+        return NULL;
+    }
+    MDB_envinfo info;
+    rc = M.env_info(self->env, &info);
+    if (rc != 0) {
+        set_error(rc, "mdb_env_info");
+        return NULL;
+    }
+    return PyLong_FromSize_t(info.me_mapsize);
+}
+
+static PyObject *env_get_map_size(EnvObject *self, void *closure) {
+    (void)closure;
+    if (usable(self) < 0) return NULL;
+    MDB_envinfo info;
+    int rc = M.env_info(self->env, &info);
+    if (rc != 0) {
+        set_error(rc, "mdb_env_info");
+        return NULL;
+    }
+    return PyLong_FromSize_t(info.me_mapsize);
 }
 
 static PyObject *env_get_path(EnvObject *self, void *closure) {
@@ -1853,6 +1925,8 @@ static PyMethodDef env_methods[] = {
      "check_entries(after, limit) -> last key | None: give up to `limit` unchecked DATA entries a checksum, "
      "in one write txn; None once all have one (META entry_checksums then set)"},
     {"close", (PyCFunction)env_close, METH_NOARGS, "close(): idempotent; aborts live snapshots"},
+    {"set_map_size", (PyCFunction)env_set_map_size, METH_O,
+     "set_map_size(size) -> map size now: resize the map (0: adopt the file's); E_BUSY during a GIL-free call"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1871,6 +1945,7 @@ static PyGetSetDef env_getset[] = {
      "True if every DATA entry carries a checksum (an entry without one is damage)", NULL},
     {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
     {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
+    {"map_size", (getter)env_get_map_size, NULL, "the map's size in bytes (address space, not disk)", NULL},
     {"restored", (getter)env_get_restored, NULL, "True if the open wrote the given meta page into both slots", NULL},
     {"background_applies", (getter)env_get_background_applies, NULL,
      "applies whose transaction ran in a thread at the lowest CPU priority", NULL},
@@ -1932,6 +2007,7 @@ static PyObject *snap_renew(SnapshotObject *s, PyObject *unused) {
     if (snap_usable(s) < 0) return NULL;
     M.txn_reset(s->txn);
     int rc = M.txn_renew(s->txn);
+    if (rc == MDB_MAP_RESIZED && set_map_size(s->owner, 0) == 0) rc = M.txn_renew(s->txn); /* see read_begin */
     if (rc != 0) {
         M.txn_abort(s->txn);
         s->txn = NULL;

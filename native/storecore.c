@@ -827,6 +827,7 @@ typedef struct {
     Py_ssize_t max_unapplied;
     long long checkpoint_bytes;
     long long bytes_since_checkpoint;
+    char idle; /* the materializer sleeps long: the next queued commit wakes it (set by wal/store.py) */
     qentry *q; /* ring buffer */
     size_t head, len, cap;
     PyObject *env;       /* the store's LMDB environment (bind_state), for reads; or NULL */
@@ -882,7 +883,8 @@ static PyObject *exact_bytes(PyObject *o, const char *what) {
  * flusher's fdatasync, and a materializer woken per commit finds nothing to apply and only
  * steals the GIL. Both commit paths go through here. */
 static int core_maybe_wake(Core *c) {
-    if ((c->len % WAKE_EVERY) != 0 && c->bytes_since_checkpoint < c->checkpoint_bytes) return 0;
+    if ((c->len % WAKE_EVERY) != 0 && c->bytes_since_checkpoint < c->checkpoint_bytes && !c->idle) return 0;
+    c->idle = 0; /* an idle materializer: woken by the first commit (then polls again) */
     PyObject *set = PyObject_CallNoArgs(c->wake_is_set);
     if (set == NULL) return -1;
     int is_set = PyObject_IsTrue(set);
@@ -1549,6 +1551,8 @@ static PyMethodDef core_methods[] = {
 static PyMemberDef core_members[] = {
     {"bytes_since_checkpoint", T_LONGLONG, offsetof(Core, bytes_since_checkpoint), 0,
      "Log bytes committed since the last checkpoint (the store resets it)."},
+    {"idle", T_BOOL, offsetof(Core, idle), 0,
+     "Set by an idle materializer before a long sleep; the next queued commit clears it and wakes it."},
     {NULL, 0, 0, 0, NULL},
 };
 

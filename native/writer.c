@@ -329,11 +329,14 @@ static void close_segment(wal_writer *w) {
     w->fd = -1;
 }
 
+/* Create the segment of span s and make it the open one, closing the previous one only once
+ * it exists (a failed creation leaves the writer as it was). */
 static int open_segment(wal_writer *w, const wal_span *s) {
     wal_segment_header h = {WAL_FORMAT_VERSION, w->log_id, s->segment_no, s->first_lsn, s->salt, s->file_size};
     int fd;
     int rc = wal_segment_create(w->dir, &h, s->file_size, w->zero_fill, &fd);
     if (rc) return rc;
+    close_segment(w);
     w->fd = fd;
     w->fd_segno = s->segment_no;
     w->fd_size = s->file_size;
@@ -377,17 +380,27 @@ static void zero_ahead(wal_writer *w, uint64_t end) {
     }
 }
 
+/* Written again whole after a failure for lack of space (commit.c do_write keeps the batch and
+ * retries it once space returns), so every step is idempotent: spans are written at fixed
+ * offsets; a span of a segment below the open one was written and fdatasynced before that
+ * segment was created (skipped); a segment this batch already created is not created again;
+ * and the sealed segment stays open until its successor exists, so a failed creation leaves
+ * the writer where it was. A failed fdatasync sets sync_failed: that is never retried (I5). */
 int wal_writer_write(wal_writer *w, const wal_batch *b, uint64_t *synced_through) {
+    w->sync_failed = 0;
     for (size_t i = 0; i < b->nspans; i++) {
         const wal_span *s = &b->spans[i];
-        if (s->create) {
+        if (w->fd >= 0 && s->segment_no < w->fd_segno) continue; /* an earlier attempt wrote and synced it */
+        if (s->create && !(w->fd >= 0 && w->fd_segno == s->segment_no)) {
             /* I1 across segments: the sealed segment is durable before the next
              * one exists, so every segment but the last is sealed on disk. */
             if (w->fd >= 0) {
                 int rc = wal_io_fdatasync(w->fd);
-                if (rc) return rc;
+                if (rc) {
+                    w->sync_failed = 1;
+                    return rc;
+                }
                 *synced_through = s->first_lsn - 1;
-                close_segment(w);
             }
             int rc = open_segment(w, s);
             if (rc) return rc;

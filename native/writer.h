@@ -57,6 +57,7 @@ typedef struct {
     /* the open segment: only by the thread holding the write slot */
     int fd;
     uint64_t fd_segno;
+    int sync_failed; /* the last wal_writer_write failed in an fdatasync (never retried: I5) */
     uint64_t fd_size;   /* the open segment's file size */
     uint64_t fd_zeroed; /* bytes below this offset are data or written zeros, never a hole */
     int mappable;       /* the open segment may take stores through a mapping (writer.c) */

@@ -113,7 +113,7 @@ def test_a_forked_child_cannot_use_its_parents_handle_and_leaves_it_intact(tmp_p
 _DAMAGE = [_lmdbcall.MDB_CORRUPTED, _lmdbcall.MDB_PAGE_NOTFOUND, _lmdbcall.MDB_INVALID,
            _lmdbcall.MDB_VERSION_MISMATCH, _lmdbcall.MDB_INCOMPATIBLE, _lmdbcall.MDB_BAD_DBI,
            _lmdbcall.MDB_PANIC, _lmdbcall.MDB_BAD_VALSIZE, errno.EINVAL, errno.EXDEV]
-_OS = [errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EMFILE,
+_OS = [errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EMFILE,
        errno.ENFILE, errno.EIO, errno.ENOMEM, errno.EAGAIN, errno.EBUSY, errno.ENOTDIR]
 _RESOURCE = [_lmdbcall.MDB_MAP_FULL, _lmdbcall.MDB_READERS_FULL, _lmdbcall.MDB_TXN_FULL, _lmdbcall.MDB_BAD_TXN]
 
@@ -130,6 +130,14 @@ def test_operating_system_errors_are_state_errors_even_while_opening(code: int) 
     for opening in (False, True):
         with pytest.raises(StateError, match="the LMDB state in /s failed while doing it: mdb_x: boom"):
             state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it", opening=opening)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_no_space_from_lmdb_is_no_space_error_even_while_opening(code: int) -> None:
+    for opening in (False, True):
+        with pytest.raises(wal.NoSpaceError, match="the LMDB state in /s could not grow while doing it") as info:
+            state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it", opening=opening)
+        assert info.value.errno == code and isinstance(info.value, OSError)
 
 
 @pytest.mark.parametrize("code", _RESOURCE)
@@ -154,15 +162,30 @@ def test_a_damaged_meta_page_of_data_mdb_is_a_corruption_error(tmp_path: Path) -
         State(str(tmp_path / "state"))
 
 
-def test_a_full_map_is_a_state_error_and_the_state_stays_usable(tmp_path: Path) -> None:
+def test_a_full_map_grows_and_the_transaction_runs_again(tmp_path: Path) -> None:
     st = State(str(tmp_path / "state"), map_size=1 << 20)
     try:
-        with pytest.raises(StateError, match="MDB_MAP_FULL"):
-            st.apply(_batch(1, 2000, value=b"x" * 1000), lambda: 2000)
-        assert st.applied_lsn() == 0 and st.get(b"k000000001") is None  # the transaction was aborted
-        assert st.apply(_batch(1, 2), lambda: 2) == 2
+        assert st.stat()["state_map_bytes"] == 1 << 20
+        assert st.apply(_batch(1, 2000, value=b"x" * 1000), lambda: 2000) == 2000  # 2 MB+ in a 1 MiB map
+        assert st.map_grows >= 1 and st.stat()["state_map_bytes"] >= 4 << 20
+        assert st.get(b"k000000001") is not None and st.applied_lsn() == 2000
+        st.checkpoint()  # the checkpoint's pin was held across the resize
+        st.meta_put(b"m", b"x" * 50_000)
     finally:
         st.close()
+    again = State(str(tmp_path / "state"))
+    try:
+        assert again.applied_lsn() == 2000 and again.get(b"k000000002") is not None
+    finally:
+        again.close()
+
+
+def test_a_map_starts_at_twice_the_file_and_at_least_the_minimum(tmp_path: Path) -> None:
+    assert state.initial_map_size(str(tmp_path / "none")) == state.MIN_MAP_SIZE
+    (tmp_path / "big").mkdir()
+    with open(tmp_path / "big" / "data.mdb", "wb") as f:
+        f.truncate(100 << 20)
+    assert state.initial_map_size(str(tmp_path / "big")) == 200 << 20
 
 
 def test_a_missing_state_opened_read_only_is_a_state_error(tmp_path: Path) -> None:

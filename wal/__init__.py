@@ -18,6 +18,7 @@ from wal.errors import (
     NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    StorageError,
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
@@ -45,6 +46,7 @@ __all__ = [
     "RecoveryReport",
     "Snapshot",
     "StateError",
+    "StorageError",
     "Store",
     "Transaction",
     "WalError",

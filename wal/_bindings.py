@@ -131,10 +131,14 @@ def raise_code(code: int, context: str, detail: str = "") -> NoReturn:
     if detail:
         message += f" ({detail})"
     cls = _BY_CODE.get(code)
+    if cls is errors.FailedError:
+        message += ("; the store fail-stops (invariant I5): a failed fsync or write is never retried, since the "
+                    "kernel may have dropped the pages it could not write and a later success would prove nothing "
+                    "-- reopen it, which replays the log from what is on disk")
     if cls is not None:
         raise cls(message)
     if code in (lib.WAL_EIO, lib.WAL_EOS):
-        raise OSError(message)
+        raise errors.StorageError(message)
     raise errors.WalError(message)
 
 

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wal._fs import fsync_dir
-from wal.errors import ArgumentError, ConflictError, CorruptionError, WalError
+from wal.errors import ArgumentError, ConflictError, CorruptionError, WalError, storage_error
 from wal.store import MAX_KEY_BYTES, Store
 
 __all__ = [
@@ -278,12 +278,19 @@ class AgentStore:
             fsync_dir(self.blob_dir)
             fsync_dir(self.store.path)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(sub)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            fsync_dir(sub)
+        except OSError as exc:
+            # Nothing references the blob yet (the commit comes after it): the call fails, and a
+            # retry writes a new temporary file (a failed fsync is never trusted: I5).
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise storage_error(exc, f"writing the blob file {path}") from exc
         hook = type(self)._after_blob_write
         if hook is not None:
             hook(path)

@@ -5,6 +5,9 @@ Messages say what happened, where, and what to do about it.
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 
 class WalError(Exception):
     """Root of every error agentwal raises on purpose."""
@@ -75,10 +78,35 @@ class FailedError(WalError):
     """
 
 
-class NoSpaceError(WalError, OSError):
+class StorageError(WalError, OSError):
+    """The operating system refused an operation on the store's files: a read-only filesystem
+    (EROFS), no permission (EACCES/EPERM), no file descriptors left (EMFILE/ENFILE), a file
+    deleted or replaced under the store (ENOENT/ESTALE), an I/O error outside an fsync. An
+    `OSError` too: `errno` and `filename` say which. Nothing acknowledged is lost by it; what
+    to do is in the message (free descriptors, fix the mount or the permissions, reopen)."""
+
+    def __init__(self, message: str, *, errno: int | None = None, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.strerror = message
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """A file or directory of the store is missing (ENOENT): never created, or deleted or moved
+    under the store. A `FileNotFoundError` too."""
+
+
+class NoSpaceError(StorageError):
     """A write failed for lack of disk space (ENOSPC/EDQUOT). The commit was not acknowledged;
     nothing acknowledged was lost, and the log stays open: its unwritten records are written
     again (they may still become durable) once space returns, so free space and retry."""
+
+    def __init__(self, message: str, *, errno: int | None = _errno.ENOSPC, filename: str | None = None) -> None:
+        super().__init__(message, errno=errno, filename=filename)
 
 
 class ClosedError(WalError):
@@ -87,3 +115,45 @@ class ClosedError(WalError):
 
 class ReadOnlyError(WalError):
     """A write was attempted through a read-only handle."""
+
+
+# What a caller can do about each operating-system error (StorageError's messages).
+_ADVICE = {
+    _errno.ENOSPC: "the filesystem is full: free space on it; nothing acknowledged was lost, and the store "
+                   "goes on once space returns (commits refused meanwhile raise NoSpaceError)",
+    _errno.EDQUOT: "the disk quota is used up: raise it or free space; nothing acknowledged was lost",
+    _errno.EROFS: "the filesystem is mounted read-only: remount it read-write, or open the store with readonly=True",
+    _errno.EACCES: "permission denied: give this process's user read and write access to the store's directory "
+                   "(or open it with readonly=True where only reading is allowed)",
+    _errno.EPERM: "operation not permitted: check the permissions and attributes of the store's files",
+    _errno.EMFILE: "this process has no file descriptors left: close stores or files it no longer needs, or raise "
+                   "its limit (ulimit -n, resource.setrlimit(RLIMIT_NOFILE))",
+    _errno.ENFILE: "the system has no file descriptors left: close files, or raise fs.file-max",
+    _errno.ENOENT: "a file or directory of the store is missing: it was deleted or moved while in use, or the path "
+                   "is wrong; reopen the store (recovery checks what remains)",
+    _errno.ESTALE: "a file of the store was replaced under it (stale handle): reopen the store",
+    _errno.EIO: "the device reported an I/O error: check the disk (dmesg); reopening replays the log",
+}
+
+
+def storage_error(exc: OSError, doing: str) -> WalError:
+    """The WalError for an OSError met while `doing` (e.g. "opening the store in /x"): itself if
+    it already is one; NoSpaceError for ENOSPC/EDQUOT, NotFoundError for ENOENT, else
+    StorageError -- each keeping errno and filename and saying what the caller can do."""
+    if isinstance(exc, WalError):
+        return exc
+    code = exc.errno
+    if code is None and isinstance(exc, FileNotFoundError):  # raised with a message only
+        code = _errno.ENOENT
+    what = exc.strerror or str(exc)
+    if code is not None and not exc.strerror:
+        what = _os.strerror(code)
+    where = f" ({exc.filename})" if exc.filename else ""
+    advice = _ADVICE.get(code or 0)
+    message = f"{doing}: {what}{where}" + (f"; {advice}" if advice else "")
+    cls: type[StorageError] = StorageError
+    if code in (_errno.ENOSPC, _errno.EDQUOT):
+        cls = NoSpaceError
+    elif code == _errno.ENOENT:
+        cls = NotFoundError
+    return cls(message, errno=code, filename=None if exc.filename is None else str(exc.filename))

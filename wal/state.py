@@ -88,7 +88,7 @@ from wal import _lmdbcall, record
 from wal._bindings import lib
 from wal._fs import boot_id, fsync_dir
 from wal._lmdbcall import DATA, IDEM, META, LmdbError
-from wal.errors import ClosedError, CorruptionError, LockedError, WalError
+from wal.errors import _ADVICE, ClosedError, CorruptionError, LockedError, NoSpaceError, WalError, storage_error
 
 _logger = logging.getLogger("wal.state")
 
@@ -98,7 +98,14 @@ APPLIED_KEY = b"applied_lsn"
 # The log's durable LSN as seen at the last apply: a log that later ends below it lost durable
 # records (a zeroed or cut tail looks like unwritten space; this mark makes the loss visible).
 DURABLE_SEEN_KEY = b"durable_seen"
-DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
+# LMDB's map is address space, not memory or disk (the file grows with the data), but a process
+# has only 128 TiB of it: a fixed 1 TiB map per state stopped the 128th store. So the map starts
+# at twice the file (at least MIN_MAP_SIZE) and grows on MDB_MAP_FULL (`State._grow_map`), by
+# doubling, capped at MAX_MAP_SIZE. DEFAULT_MAP_SIZE is a map no state outgrows, for readers
+# outside the package (py-lmdb) that would rather never see MDB_MAP_RESIZED.
+MIN_MAP_SIZE = 64 << 20
+MAX_MAP_SIZE = 1 << 40
+DEFAULT_MAP_SIZE = MAX_MAP_SIZE
 _SCAN_CHUNK = 1024  # keys per call of a snapshot's walk
 # A state file up to this size is verified entry by entry by every open (State._small_enough_to_verify).
 VERIFY_ON_OPEN_BYTES = 8 << 20
@@ -202,8 +209,20 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
     if code == _lmdbcall.E_FORKED:
         raise LockedError(f"the LMDB state in {path} was opened by another process (this is a forked child); "
                           "open the store again in this process") from exc
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code == errno.EIO and not opening and _nearly_full(path)):
+        # LMDB 0.9 reports a short write (the disk filled up in the middle of it) as EIO.
+        kind = errno.EDQUOT if code == errno.EDQUOT else errno.ENOSPC
+        raise NoSpaceError(
+            f"the LMDB state in {path} could not grow while {doing}: {text}. Nothing acknowledged is lost (the "
+            "log holds it); the store retries once space is freed on this filesystem", errno=kind,
+            filename=os.path.join(path, DATA_FILE)) from exc
     if code in _OS_ERRORS:
-        raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
+        advice = _ADVICE.get(code)
+        if code == errno.EACCES and opening:
+            advice = ("a read-only open needs write access to state/lock.mdb (LMDB's table of readers) unless the "
+                      "filesystem is mounted read-only; " + (advice or ""))
+        raise StateError(f"the LMDB state in {path} failed while {doing}: {text}"
+                         + (f"; {advice}" if advice else "")) from exc
     if opening or code is None or code in _DAMAGE or code > 0:
         raise CorruptionError(
             f"the LMDB state {data} is damaged ({text}) -- found while {doing}. No crash leaves the state so "
@@ -220,6 +239,17 @@ def _empty_key(path: str) -> NoReturn:
     """The store never writes an empty key: one in the state is damage."""
     raise CorruptionError(f"the LMDB state in {path} holds an empty key", path=os.path.join(path, "data.mdb"),
                           reason="state damaged")
+
+
+def _nearly_full(path: str) -> bool:
+    """The filesystem of `path` has less than 1 MiB free for this user: an EIO from an LMDB write
+    there is a short write at a full disk (mdb_page_flush turns one into EIO), not a bad device.
+    LMDB aborted the transaction before writing a meta page, so running it again is safe."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
 
 
 def _applied(path: str, raw: bytes | None) -> int:
@@ -317,27 +347,47 @@ def _write_checkpoint(path: str, saved: SavedCheckpoint) -> None:
                           saved.applied_lsn, saved.unix_ms) + saved.page
     name = os.path.join(path, CHECKPOINT_FILE)
     tmp = name + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    data = body + lib.wal_crc32c(0, body, len(body)).to_bytes(4, "little")
     try:
-        os.write(fd, body + lib.wal_crc32c(0, body, len(body)).to_bytes(4, "little"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, name)
-    fsync_dir(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            if os.write(fd, data) != len(data):  # a short write: the filesystem filled up under it
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name)
+        fsync_dir(path)
+    except OSError as exc:
+        # The previous checkpoint.meta is still in place (the new one is only renamed over it
+        # once whole): the checkpoint did not happen, the caller may try again.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise storage_error(exc, f"writing the state's checkpoint file {name}") from exc
+
+
+def initial_map_size(path: str) -> int:
+    """The map a state opens with: twice its data file, at least MIN_MAP_SIZE, at most
+    MAX_MAP_SIZE, in whole MiB. Room for the file to double before the first MDB_MAP_FULL."""
+    try:
+        size = os.stat(os.path.join(path, DATA_FILE)).st_size
+    except OSError:
+        size = 0
+    return min(MAX_MAP_SIZE, max(MIN_MAP_SIZE, (2 * size + (1 << 20) - 1) >> 20 << 20))
 
 
 class State:
     """The LMDB state of one store. A writable State holds the pin of its last checkpoint (see the
     module docstring) from the open to the close; `restored` says whether the open fell back to it."""
 
-    def __init__(self, path: str, *, readonly: bool = False, map_size: int = DEFAULT_MAP_SIZE,
+    def __init__(self, path: str, *, readonly: bool = False, map_size: int | None = None,
                  legacy_synced: bool = False, check_entries: bool = True) -> None:
         """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
         synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
-        creation cut short, which is started again). `check_entries`: a writable open gives every
-        entry without a checksum one (store format 4) -- only once STORE says 4, so never within
-        an upgrade's earlier steps (wal/store.py `_upgrade_store`)."""
+        creation cut short, which is started again). `map_size`: the map to start with (None:
+        `initial_map_size`); it grows on MDB_MAP_FULL either way. `check_entries`: a writable
+        open gives every entry without a checksum one (store format 4) -- only once STORE says 4,
+        so never within an upgrade's earlier steps (wal/store.py `_upgrade_store`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
@@ -345,6 +395,7 @@ class State:
         self.restored = False
         self._pin: _lmdbcall.Snapshot | None = None
         self._last_pgno_at_checkpoint = 0
+        self.map_grows = 0
         saved = read_checkpoint(path)
         restore: bytes | None = None
         if readonly:
@@ -362,7 +413,7 @@ class State:
                 if exc.args[0] != errno.ENOENT:
                     raise_lmdb(exc, path, "checking its pages", opening=True)
         try:
-            self._env = _lmdbcall.Env(path, readonly, map_size, restore)
+            self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
         except LmdbError as exc:
             if exc.args[0] == _lmdbcall.E_ALREADY_OPEN:
                 # One handle per environment and process (two would break LMDB's per-process locks).
@@ -412,9 +463,16 @@ class State:
         """Give every entry written before store format 4 its checksum (native/lmdbcall.c, "DATA
         entries"), in LMDB transactions of _UPGRADE_BATCH entries, then checkpoint. A crash
         part-way leaves entries of both kinds, each read correctly; the next writable open goes on."""
-        after = self._env.check_entries(None, _UPGRADE_BATCH)
-        while after is not None:
-            after = self._env.check_entries(after, _UPGRADE_BATCH)
+        after: bytes | None = None
+        while True:
+            try:
+                after = self._env.check_entries(after, _UPGRADE_BATCH)
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise
+                continue  # the same batch again, in a larger map
+            if after is None:
+                break
         self.checkpoint()
         _logger.info("the state in %s now keeps a checksum with every entry (store format 4)", self.path)
 
@@ -521,10 +579,35 @@ class State:
             raise_lmdb(exc, self.path, "reading its metadata")
 
     def meta_put(self, key: bytes, value: bytes) -> None:
+        while True:
+            try:
+                self._env.put(META, key, value)
+                return
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise_lmdb(exc, self.path, "writing its metadata")
+
+    def _grow_map(self, exc: LmdbError) -> bool:
+        """After MDB_MAP_FULL (the write transaction was aborted, nothing of it is in the state):
+        double the map, up to MAX_MAP_SIZE, and say whether to run the transaction again. The
+        map is resized only between transactions, with the GIL held and no call on the handle
+        running without it (native/lmdbcall.c, "The map's size"): the caller holds the store's
+        apply lock, the one writer. False for any other error, or a map that cannot grow."""
+        if not exc.args or exc.args[0] != _lmdbcall.MDB_MAP_FULL:
+            return False
         try:
-            self._env.put(META, key, value)
-        except LmdbError as exc:
-            raise_lmdb(exc, self.path, "writing its metadata")
+            size = self._env.map_size
+            if size >= MAX_MAP_SIZE:
+                return False
+            grown = self._env.set_map_size(min(MAX_MAP_SIZE, size * 2))
+        except LmdbError as err:
+            if err.args[0] == _lmdbcall.E_BUSY:  # a reader's GIL-free call: let it finish, then retry
+                time.sleep(0.001)
+                return True
+            raise_lmdb(err, self.path, f"growing its map past {size} bytes")
+        self.map_grows += 1
+        _logger.info("the LMDB map of %s grew from %d to %d bytes", self.path, size, grown)
+        return grown > size
 
     def verify(self) -> tuple[int, int]:
         """Check every entry: its checksum, that a lookup of its key finds it, and that the walk
@@ -565,10 +648,13 @@ class State:
         native/lmdbcall.c `apply` says why it cannot hold up the interpreter).
         """
         first, last, commits = batch[0], batch[1], batch[2]
-        try:
-            status, lsn = self._env.apply(batch, durable_lsn, background)
-        except LmdbError as exc:
-            raise_lmdb(exc, self.path, "applying log records to it")
+        while True:
+            try:
+                status, lsn = self._env.apply(batch, durable_lsn, background)
+                break
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise_lmdb(exc, self.path, "applying log records to it")
         # I3: the batch is the commits applied+1..last, every one of them (checked in C, in the txn).
         if status == _lmdbcall.APPLY_GAP:
             raise InvariantError(f"apply of {commits} commit(s) LSN {first}..{last} after applied LSN "
@@ -586,10 +672,12 @@ class State:
 
     def expire_idempotency(self, older_than_ms: int) -> int:
         """Forget idempotency keys of commits older than `older_than_ms` (wall clock)."""
-        try:
-            return self._env.expire_idempotency(max(older_than_ms, 0))
-        except LmdbError as exc:
-            raise_lmdb(exc, self.path, "expiring idempotency keys")
+        while True:
+            try:
+                return self._env.expire_idempotency(max(older_than_ms, 0))
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise_lmdb(exc, self.path, "expiring idempotency keys")
 
     def checkpoint(self) -> SavedCheckpoint:
         """Make the state durable as it is now, and the snapshot the next writable open falls back to
@@ -639,6 +727,7 @@ class State:
         except LmdbError as exc:
             raise_lmdb(exc, self.path, "reading its statistics")
         return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize,
+                "state_map_bytes": self._env.map_size, "state_map_grows": self.map_grows,
                 "background_applies": self._env.background_applies}
 
     def close(self) -> None:

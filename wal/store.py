@@ -43,13 +43,16 @@ applied_lsn and the next open continues from there (I4).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
+import errno
 import json
 import logging
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -68,9 +71,12 @@ from wal.errors import (
     FailedError,
     FormatVersionError,
     LockedError,
+    NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    StorageError,
     WalError,
+    storage_error,
 )
 from wal.log import MAX_PAYLOAD, Log
 from wal.replay import Replay
@@ -97,6 +103,10 @@ _SCAN_CHUNK = 512
 # LMDB entries a scan reads in its first call: a scan of up to this many keys is one C call and
 # a list; a longer one goes on in chunks of wal.snapshot.SCAN_CHUNK from the same transaction.
 _SCAN_FIRST = 256
+# An idle materializer (nothing queued for this many rounds) sleeps this long between rounds,
+# woken early by the next commit (Store._next_wait).
+_IDLE_AFTER_ROUNDS = 50
+_IDLE_WAIT_S = 1.0
 
 Version = int
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
@@ -177,6 +187,14 @@ def _retries(retries: Any) -> int:
 def _gave_up(key: bytes, retries: int) -> ConflictError:
     return ConflictError(f"update of key {key!r} gave up after {retries} retries: other commits kept changing it",
                          key=key, expected=None, actual=None)
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A failure of the state's writes that waits for the host, not a fail-stop: no space
+    (ENOSPC, EDQUOT) or no file descriptor (EMFILE, ENFILE) left. LMDB aborted the
+    transaction, so the state is as it was, and the log holds every commit."""
+    return isinstance(exc, NoSpaceError) or (isinstance(exc, StorageError) and exc.errno in (errno.EMFILE,
+                                                                                             errno.ENFILE))
 
 
 def _now_ms() -> int:
@@ -362,11 +380,15 @@ class Store:
         # Store-level counters, all present from the start (stats() merges them over the log's own).
         self._counters = collections.Counter[str](dict.fromkeys(
             ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
-             "auto_checkpoints", "segments_removed"), 0))
+             "auto_checkpoints", "segments_removed", "state_stalls"), 0))
         self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0, "state_restored": 0}
         self._recovery_mode = "strict"
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._unapplied_batch: record.Collapsed | None = None  # taken, its apply failed: applied first
+        self._stall: BaseException | None = None  # the state's writes fail for lack of space (_stalled)
+        self._stall_rounds = 0
+        self._idle_rounds = 0  # materializer rounds with nothing queued (_next_wait)
 
     # ---- opening -----------------------------------------------------------------------------
 
@@ -391,7 +413,9 @@ class Store:
         if readonly:
             _check_store_file(root, create=False)
             state = State(os.path.join(root, STATE_DIR), readonly=True)
-            return cls(root, None, state, level, **common)  # type: ignore[arg-type]
+            ro = cls(root, None, state, level, **common)  # type: ignore[arg-type]
+            _open_stores.add(ro)
+            return ro
         makedirs_durable(root)
         # Refuse an unknown or newer format before the log's recovery touches (or misreads as
         # damage) a log laid out by another version.
@@ -923,17 +947,26 @@ class Store:
         never do."""
         assert self._log is not None
         with self._apply_lock:
-            durable = self._log.watermarks.durable
-            try:
+            # A batch whose apply failed is out of the apply queue, so it is kept and applied
+            # again before anything is taken after it: the state never gets a gap (I3), and a
+            # full disk (NoSpaceError: LMDB aborted the transaction, nothing of it is in the
+            # state) only delays the apply until space returns.
+            batch = self._unapplied_batch
+            if batch is None:
+                durable = self._log.watermarks.durable
                 with self._commit_lock:
                     batch = self._core.take(durable, limit)  # collapsed to each key's last write, in C
                 if batch is None:
                     return 0
+            try:
                 self._applied = self._state.apply(batch, self._durable_lsn, background=background)
-            except BaseException as exc:  # the batch is out of the queue: only a reopen replays it
-                self._log_failure(exc)
-                self._fail_stop(exc)
+            except BaseException as exc:
+                self._unapplied_batch = batch
+                if not _retryable(exc):  # anything else stops writes (reads keep working)
+                    self._log_failure(exc)
+                    self._fail_stop(exc)
                 raise
+            self._unapplied_batch = None
             _, _, commits, puts, deletes, idempotency = batch
             with self._commit_lock:
                 self._core.prune(self._applied, puts, deletes)
@@ -946,7 +979,7 @@ class Store:
 
     def _materializer(self) -> None:
         while not self._stop:
-            self._wake.wait(self._apply_interval)
+            self._wake.wait(self._next_wait())
             self._wake.clear()
             if self._stop:
                 break
@@ -969,6 +1002,18 @@ class Store:
                         or self._state.growth_since_checkpoint() >= self._checkpoint_bytes):
                     self._checkpoint(sync_log=False)
                     self._counters["auto_checkpoints"] += 1
+                self._stalled(None)
+            except (NoSpaceError, StorageError) as exc:
+                if not _retryable(exc):
+                    self._log_failure(exc)
+                    self._fail_stop(exc)
+                    return
+                self._stalled(exc)  # wait and retry: the store goes on once space returns
+                # Back off (up to a second, not woken by commits, each of which sets _wake), so a
+                # full disk is not hammered with transactions that cannot commit.
+                until = time.monotonic() + min(1.0, self._apply_interval * (1 << min(self._stall_rounds, 6)))
+                while not self._stop and time.monotonic() < until:
+                    time.sleep(0.02)
             except FailedError as exc:
                 self._log_failure(exc)
                 return  # the log stopped; commits already report it
@@ -976,6 +1021,40 @@ class Store:
                 self._log_failure(exc)
                 self._fail_stop(exc)
                 return
+
+    def _next_wait(self) -> float:
+        """How long the materializer sleeps: `apply_interval_ms` while there is work, and once a
+        store has had none for _IDLE_AFTER_ROUNDS rounds, _IDLE_WAIT_S -- woken at once by the next
+        queued commit (the core's `idle` flag, native/storecore.c). A thousand idle stores in one
+        process then cost a thousand wake-ups a second, not fifty thousand."""
+        if len(self._core) or self._unapplied_batch is not None or self._stall is not None:
+            self._idle_rounds = 0
+            return self._apply_interval
+        self._idle_rounds += 1
+        if self._idle_rounds < _IDLE_AFTER_ROUNDS:
+            return self._apply_interval
+        self._core.idle = True
+        if len(self._core):  # a commit queued before the flag was up: it did not wake us
+            self._core.idle = False
+            return self._apply_interval
+        return _IDLE_WAIT_S
+
+    def _stalled(self, exc: BaseException | None) -> None:
+        """Observability of a full disk under the state: a WARNING when applies or checkpoints
+        start failing for lack of space (they are retried, with back-off up to a second), an
+        INFO when they go through again. stats()["state_stalled"] holds the error meanwhile."""
+        if exc is None:
+            if self._stall is not None:
+                _logger.info("store %s: the state applies again after %d failed attempt(s)", self._path,
+                             self._stall_rounds)
+                self._stall, self._stall_rounds = None, 0
+            return
+        if self._stall is None:
+            _logger.warning("store %s: the state cannot be written (%s); commits still go to the log while it "
+                            "has room, and the apply is retried until space returns", self._path, exc)
+        self._stall = exc
+        self._stall_rounds += 1
+        self._counters["state_stalls"] += 1
 
     def _log_failure(self, exc: BaseException) -> None:
         """Observability: one ERROR when the store fail-stops (I5), however many commits then see it."""
@@ -1008,13 +1087,22 @@ class Store:
         assert self._log is not None
         if sync_log:
             self._log.sync()
-        while self._apply_ready():
-            pass
+        stuck: NoSpaceError | None = None
+        try:
+            while self._apply_ready():
+                pass
+        except NoSpaceError as exc:
+            # A full disk: still checkpoint what is applied, which lets the log segments below
+            # it go (the space a full disk needs most); then report it.
+            stuck = exc
         with self._apply_lock:
             applied = self._applied
-            self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
+            with contextlib.suppress(NoSpaceError):  # a note for operators, not worth failing for
+                self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(),
+                                                                "applied_lsn": applied}).encode())
             self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
-            self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
+            with contextlib.suppress(NoSpaceError):  # housekeeping: retried at the next checkpoint
+                self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
             removed = self._log.remove_segments_before(applied + 1, self._archive)
             self._core.bytes_since_checkpoint = 0
             self._last_checkpoint = time.time()
@@ -1022,6 +1110,8 @@ class Store:
             self._counters["segments_removed"] += len(removed)
         _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
                      "archived" if self._archive else "removed")
+        if stuck is not None:
+            raise stuck
         return applied
 
     # ---- observing ---------------------------------------------------------------------------------
@@ -1057,6 +1147,7 @@ class Store:
             "last_checkpoint": _meta_json(self._state, b"checkpoint"),
             "last_writer": _meta_json(self._state, b"writer"),
             "failed": str(self._failure) if self._failure is not None else out.get("failed"),
+            "state_stalled": str(self._stall) if self._stall is not None else None,
         })
         return out
 
@@ -1076,24 +1167,37 @@ class Store:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        _open_stores.discard(self)
         error: BaseException | None = None
         if self._log is not None:
             try:
                 if self._failure is None:
-                    self._log.sync()
+                    self._log.sync()  # a failure here is the log's (fsync: I5; buffered commits lost)
+            except BaseException as exc:
+                error = exc
+            try:
+                # The state only saves work for the next open, which replays the log from the
+                # last checkpoint: a full disk or an earlier failure here loses nothing, so it
+                # is logged, not raised (close raises at most the failure already reported).
                 while self._apply_ready():
                     pass
                 self._state.checkpoint()  # the next open starts from here, crash or not
             except BaseException as exc:
-                error = exc
+                _logger.warning("closing store %s: the state was left at applied LSN %d (%s); the next open "
+                                "replays the log from its last checkpoint", self._path, self._applied, exc)
             try:
                 self._log.close()
             except BaseException as exc:
                 error = error or exc
-        self._state.close()
+        try:
+            self._state.close()
+        except BaseException as exc:
+            error = error or exc
         if error is not None:
             if isinstance(error, WalError):
                 raise error
+            if isinstance(error, OSError):
+                raise storage_error(error, f"closing the store in {self._path}") from error
             raise FailedError(f"closing the store in {self._path}: {error}") from error
 
     def __enter__(self) -> Store:
@@ -1186,7 +1290,9 @@ def _check_store_file(root: str, *, create: bool) -> int:
             raise FileNotFoundError(f"no agentwal store at {root} (no {STORE_FILE} file)") from None
         _write_store_file(root)
         return STORE_VERSION
-    except (ValueError, OSError, RecursionError) as exc:
+    except OSError as exc:  # the file is there but cannot be read now (EMFILE, EACCES, EIO): not damage
+        raise storage_error(exc, f"reading {path}") from exc
+    except (ValueError, RecursionError) as exc:
         raise CorruptionError(f"{path} is unreadable ({exc}); it should hold the store's format version",
                               path=path, reason="bad store file") from exc
     if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
@@ -1206,11 +1312,39 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
                checkpoint_bytes: int = 256 << 20, archive: bool | str = False,
                idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
                preallocate: str = "size") -> Store:
-    """Open (creating if needed) the store at `path`. See `wal.open`."""
-    return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
-                       segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
-                       idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                       max_unapplied=max_unapplied, preallocate=preallocate)
+    """Open (creating if needed) the store at `path`. See `wal.open`.
+
+    Every failure is a WalError: what the operating system refuses (a full disk, a read-only
+    filesystem, a directory without permission, no file descriptors left, a missing file)
+    is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open."""
+    try:
+        return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
+                           segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
+                           idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                           max_unapplied=max_unapplied, preallocate=preallocate)
+    except WalError:
+        raise
+    except OSError as exc:
+        where = os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
+        raise storage_error(exc, f"opening the store in {where}" + (" read-only" if readonly else "")) from exc
+
+
+def _close_at_exit() -> None:
+    """A store never closed is closed at interpreter exit, with a ResourceWarning naming it (as
+    an unclosed file warns; shown under `python -X dev` or `-W default`): its acknowledged
+    commits are made durable and applied, and its directory released."""
+    for store in list(_open_stores):
+        if store._closed or store._forked or store._pid != os.getpid():
+            continue
+        warnings.warn(f"unclosed store {store!r}: closed at interpreter exit; close it (or use `with`)",
+                      ResourceWarning, source=store, stacklevel=1)
+        try:
+            store.close()
+        except WalError as exc:
+            _logger.error("closing store %s at interpreter exit: %s", store._path, exc)
+
+
+atexit.register(_close_at_exit)
 
 
 _ = asyncio  # atransaction uses Transaction's async context methods
