@@ -405,10 +405,12 @@ class AgentStore:
         tname = _name(thread, "thread")
         rkey = self._rkey(tname)
         while True:
-            version = self.store.version(rkey) or 0
             with self._blob_lock.writing():
                 try:
                     with self.store.transaction(durability=durability) as tx:
+                        # The record's newest version, in flight included (wal.Transaction): a
+                        # retry follows a commit that got in first, it never spins.
+                        version = tx.version(rkey) or 0
                         rec = self._record(tx, rkey)
                         now = _now_ms()
                         if rec is None:
@@ -426,7 +428,6 @@ class AgentStore:
                 except ConflictError as exc:
                     if exc.key != rkey:
                         raise
-            time.sleep(0.0002)  # a concurrent commit on this thread is being acknowledged: let it land
 
     def threads(self) -> Iterator[str]:
         """Names of this agent's threads (deleting ones included), in key order."""
