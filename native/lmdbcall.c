@@ -2263,12 +2263,18 @@ static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize
                 leave_to_lmdb = 1;
                 break;
             }
+            if ((wal_get_u64(m + META_TXNID_AT) & 1) != (uint64_t)slot) { /* LMDB writes txn t's meta in slot t & 1 */
+                rc = -1;
+                snprintf(w.why, sizeof w.why, "meta page %d names transaction %llu, which LMDB writes in the other "
+                         "slot", slot, (unsigned long long)wal_get_u64(m + META_TXNID_AT));
+                break;
+            }
             if (best == NULL || wal_get_u64(m + META_TXNID_AT) > wal_get_u64(best + META_TXNID_AT)) best = m;
             at += wal_get_u32(m + META_DBS_AT); /* the free DB's md_pad: the page size */
         }
         size_t psize = best != NULL ? wal_get_u32(best + META_DBS_AT) : 0;
-        if (leave_to_lmdb) {
-            rc = 0;
+        if (rc < 0 || leave_to_lmdb) {
+            /* refused above, or left to LMDB */
         } else if (best == NULL || psize < 4096 || psize > 65536 || (psize & (psize - 1))) {
             rc = -1;
             snprintf(w.why, sizeof w.why, "no valid meta page");

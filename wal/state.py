@@ -440,7 +440,14 @@ class State:
             # A checkpoint at once unless the saved one is this state as it is, taken in this boot: a
             # reader compares the boot id to tell a writer's unsynced pages from lost ones.
             if saved is None or self._pin.txnid() != saved.txnid or saved.boot_id != boot_id():
-                self.checkpoint()
+                try:
+                    self.checkpoint()
+                except InvariantError as exc:  # its meta pages disagree with what LMDB opened
+                    raise CorruptionError(
+                        f"the LMDB state {os.path.join(path, DATA_FILE)} is damaged ({exc}): a meta page names a "
+                        "transaction LMDB did not write there. If the log still holds every commit from LSN 1, "
+                        "move state/ aside and reopen to rebuild the state; otherwise restore the store from a "
+                        "backup.", path=os.path.join(path, DATA_FILE), reason="state damaged") from exc
             if check_entries and not self._env.require_checks:
                 self._check_every_entry()
         except LmdbError as exc:
