@@ -1289,6 +1289,8 @@ static PyMethodDef core_methods[] = {
 static PyMemberDef core_members[] = {
     {"bytes_since_checkpoint", T_LONGLONG, offsetof(Core, bytes_since_checkpoint), 0,
      "Log bytes committed since the last checkpoint (the store resets it)."},
+    {"max_unapplied", T_PYSSIZET, offsetof(Core, max_unapplied), 0,
+     "Queued commits above which the C path declines (the store lowers it to bound the log and state)."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -254,6 +254,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         w, st = data["watermarks"], data["state"]
         print(f"  state:       applied LSN {w['applied_lsn']}, {st['keys']} key(s), {h(st['map_bytes_used'])} "
               "of LMDB map used")
+        print(f"  state space: {h(st['file_bytes'])} file, {h(st['used_bytes'])} in use, {h(st['free_bytes'])} free "
+              f"({st['free_pages']} page(s); `agentwal compact` returns them), "
+              f"{h(st['checkpoint_reclaims_bytes'])} reusable after the next checkpoint")
         print(f"  to replay:   {w['unapplied_records']} record(s) after the applied LSN (replayed by the next open)")
         c = data["commits"]
         if c["newest"]:
@@ -705,6 +708,36 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_COMPACT_DESCRIPTION = f"""\
+Give a bloated state file's space back to the filesystem.
+
+The LMDB state keeps the pages it freed (it reuses them before it grows the file) and pages
+that splits left half full. compact takes a checkpoint, rebuilds the state into a new file
+with no free page and its pages filled in key order, and swaps it in atomically (a crash
+leaves the old or the new state, both whole). It reads and writes the state once: minutes
+for many gigabytes. `agentwal info` shows the free bytes it would return.
+
+{_WRITER}
+
+example:
+  agentwal compact /var/lib/agent/store
+"""
+
+
+def _compact_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """`agentwal compact`: see `wal.ops.compact`."""
+    result = ops.compact(args.store)
+    h = ops.human_bytes
+    print(f"compacted the state: {h(result['state_file_bytes_before'])} -> {h(result['state_file_bytes'])} "
+          f"({h(result['state_used_bytes_before'])} -> {h(result['state_used_bytes'])} in use); "
+          f"the store now allocates {h(result['total_disk_bytes'])}")
+    return EXIT_OK
+
+
 _REPAIR_DESCRIPTION = f"""\
 Make a damaged log openable again, at its last good record.
 
@@ -902,6 +935,8 @@ COMMANDS: tuple[Command, ...] = (
             _import_arguments, cmd_import),
     Command("checkpoint", "make the state durable and release old log segments (needs the writer lock)",
             _CHECKPOINT_DESCRIPTION, _checkpoint_arguments, cmd_checkpoint),
+    Command("compact", "return the state file's free pages to the filesystem (needs the writer lock)",
+            _COMPACT_DESCRIPTION, _compact_arguments, cmd_compact),
     Command("repair", "cut a damaged log at its last good record, after a backup (needs the writer lock)",
             _REPAIR_DESCRIPTION, _repair_arguments, cmd_repair),
     Command("tail", "print the newest commits; -f follows a writer live (read-only)", _TAIL_DESCRIPTION,
