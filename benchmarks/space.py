@@ -32,7 +32,8 @@ import threading
 import time
 from typing import Any
 
-SYSTEMS = ("agentwal-interval", "agentwal-buffered", "agentwal-sync", "lmdb", "rocksdb", "sqlite")
+SYSTEMS = ("agentwal-interval", "agentwal-buffered", "agentwal-sync", "agentwal-interval+compact", "lmdb", "rocksdb",
+           "sqlite")
 PROFILES = {
     "quick": {"keys": 100_000, "seconds": 30.0, "sample": 2.0},
     "default": {"keys": 800_000, "seconds": 60.0, "sample": 5.0},
@@ -63,19 +64,42 @@ def rss() -> dict[str, int]:
 
 # ---- one system, in a child process ----
 
+def key_of(n: int) -> bytes:
+    return b"key%010d" % n
+
+
+def prefill(path: str, keys: int, value_bytes: int, threads: int, **kwargs: Any) -> None:
+    """Every key written once, by `threads` threads as the workload does (for "+compact")."""
+    wal = importlib.import_module("wal")
+    per = keys // threads
+    value = os.urandom(value_bytes)
+    with wal.open(path, **kwargs) as store:
+        workers = [threading.Thread(target=lambda t=t: [store.put(key_of(t * per + i), value) for i in range(per)])
+                   for t in range(threads)]
+        for th in workers:
+            th.start()
+        for th in workers:
+            th.join()
+
+
 class Writer:
     """The open system: put(thread, key, value) from any thread; close()."""
 
-    def __init__(self, system: str, path: str, threads: int) -> None:
+    def __init__(self, system: str, path: str, threads: int, keys: int, value_bytes: int) -> None:
         self.system = system
         self.store: Any = None
         if system.startswith("agentwal"):
             wal = importlib.import_module("wal")
-            level = system.split("-", 1)[1]
+            level, _, then = system.split("-", 1)[1].partition("+")
             kwargs: dict[str, Any] = {"durability": level}
             if level in ("interval", "buffered"):
                 kwargs["rpo_ms"] = 100
             self.store = wal.open(path, **kwargs)
+            if then == "compact":  # every key written once, then `agentwal compact`, before the clock starts
+                self.store.close()
+                prefill(path, keys, value_bytes, threads, **kwargs)
+                importlib.import_module("wal.ops").compact(path)
+                self.store = wal.open(path, **kwargs)
             self.put = lambda t, k, v: self.store.put(k, v)
         elif system == "lmdb":
             lmdb = importlib.import_module("lmdb")
@@ -124,7 +148,7 @@ class Writer:
 
 
 def child(args: argparse.Namespace) -> None:
-    w = Writer(args.child, args.dir, args.threads)
+    w = Writer(args.child, args.dir, args.threads, args.keys, args.value_bytes)
     per = args.keys // args.threads
     pool = [os.urandom(args.value_bytes) for _ in range(64)]
     counts = [0] * args.threads
@@ -137,7 +161,7 @@ def child(args: argparse.Namespace) -> None:
         try:
             while not stop.is_set():
                 i = n % per
-                w.put(t, b"key%010d" % (base + i), pool[(n + t) & 63])
+                w.put(t, key_of(base + i), pool[(n + t) & 63])
                 n += 1
                 counts[t] = n
         except BaseException as exc:  # reported, then the run stops
@@ -168,7 +192,7 @@ def child(args: argparse.Namespace) -> None:
     if errors:
         print(f"{args.child}: a writer failed: {errors[0]!r}", file=sys.stderr)
     json.dump({"system": args.child, "seconds": elapsed, "puts": sum(counts), "first_pass_s": first_pass_at,
-               "live_bytes": per * args.threads * (len(b"key%010d" % 0) + args.value_bytes),
+               "live_bytes": per * args.threads * (len(key_of(0)) + args.value_bytes),
                "allocated_after_close": allocated_bytes(args.dir), "samples": samples,
                "error": repr(errors[0]) if errors else None}, sys.stdout)
 

@@ -31,8 +31,8 @@ import pytest
 import wal
 from wal import cli, ops
 
-COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "repair",
-            "tail", "stats")
+COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "compact",
+            "repair", "tail", "stats")
 
 
 def run(*args: str, stdin: str | bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -116,6 +116,8 @@ _SPACE_MIN_BYTES = 8 << 20
 # The apply queue's bound in commits is lowered to about one space bound of log bytes (the log keeps
 # every unapplied record), never below this many commits (a batch's worth, for group collapse).
 _MIN_UNAPPLIED = _APPLY_BATCH_RECORDS
+_PAGE_BYTES = 4096  # LMDB's page on this platform: what one applied record may dirty
+_MIN_BATCH_RECORDS = 256
 
 Version = int
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
@@ -305,6 +307,7 @@ class Store:
         self._apply_interval = apply_interval_ms / 1000
         self._max_unapplied = max_unapplied  # the caller's bound; _unapplied_limit is the one in force
         self._unapplied_limit = max_unapplied
+        self._batch_limit = _APPLY_BATCH_RECORDS  # records per apply: lowered with the space bound
         self._appended_at_checkpoint = 0
         self._async_helping = False  # an async commit is applying a backlog (_commit_async)
         self._pid = os.getpid()
@@ -777,7 +780,7 @@ class Store:
         that may then be due -- behind the apply lock, so behind a checkpoint in progress. This is
         the state's back-pressure on commits (module docstring, "Space"), counted in stats()."""
         started = time.monotonic()
-        self._apply_ready()
+        self._apply_ready(self._batch_limit)
         self._checkpoint_if_due()
         self._counters["state_backpressure_waits"] += 1
         self._backpressure_s += time.monotonic() - started
@@ -800,7 +803,7 @@ class Store:
                 # A checkpoint is considered after every batch (space: module docstring).
                 while True:
                     background = len(self._core) <= self._unapplied_limit // 4
-                    limit = _BACKGROUND_BATCH_RECORDS if background else _APPLY_BATCH_RECORDS
+                    limit = min(_BACKGROUND_BATCH_RECORDS if background else _APPLY_BATCH_RECORDS, self._batch_limit)
                     applied = self._apply_ready(limit, background=background)
                     self._checkpoint_if_due()
                     if applied < limit:
@@ -860,7 +863,8 @@ class Store:
     def _limit_unapplied(self) -> None:
         """Bound the apply queue to about one space bound of log bytes (every unapplied record keeps
         its segment), from the mean commit size since the last checkpoint; the caller's
-        max_unapplied stays the upper bound. Called at each checkpoint (apply lock held)."""
+        max_unapplied stays the upper bound. And an apply batch to about one bound of pages.
+        Called at each checkpoint (apply lock held)."""
         assert self._log is not None
         appended = self._log.watermarks.appended
         commits = appended - self._appended_at_checkpoint
@@ -871,6 +875,9 @@ class Store:
         bound = self._space_bound(self._state.space()["state_used_bytes"])
         limit = min(self._max_unapplied, max(_MIN_UNAPPLIED, int(bound / mean)))
         self._unapplied_limit = self._core.max_unapplied = limit
+        # A record may dirty a page of its own: a batch stays within the bound, which is checked
+        # between batches (a small store's bound is smaller than a full batch's pages).
+        self._batch_limit = max(_MIN_BATCH_RECORDS, min(_APPLY_BATCH_RECORDS, bound // _PAGE_BYTES))
 
     def _checkpoint_if_due(self) -> bool:
         """Take an automatic checkpoint if `_checkpoint_due`, at the state as applied (without
