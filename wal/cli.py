@@ -685,8 +685,9 @@ _CHECKPOINT_DESCRIPTION = f"""\
 Apply every commit in the log to the state, make the state durable, and release the log
 segments wholly below its applied LSN (deleted, or moved to STORE/archive/ when that
 directory exists, as with archive=True), so the next open replays less and the log takes
-less space. A running writer checkpoints by itself every checkpoint_bytes of log; this is
-for a store whose writer is stopped.
+less space. A running writer checkpoints by itself (once the state's pages freed, or the log
+written, since the last checkpoint reach 1/8 of the state's pages in use, at most
+checkpoint_bytes); this is for a store whose writer is stopped.
 
 {_WRITER}
 

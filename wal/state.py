@@ -570,7 +570,9 @@ class State:
     def growth_since_checkpoint(self) -> int:
         """Bytes the file grew since the last checkpoint. While the checkpoint's snapshot is pinned,
         LMDB cannot reuse the pages later transactions free, so a state that overwrites its keys
-        grows by what it writes until the next checkpoint: the store checkpoints on this too."""
+        grows by what it writes until the next checkpoint. The store's policy counts those pages
+        directly (`space`, ``state_pinned_free_bytes``): growth misses the ones taken from reusable
+        free pages, and a policy on growth alone lets each interval write more than the last."""
         try:
             _, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
