@@ -93,9 +93,12 @@ typedef struct {
 #define MDB_NORDAHEAD 0x800000
 #define MDB_CREATE 0x40000 /* mdb_dbi_open */
 #define MDB_RESERVE 0x10000 /* mdb_put: make room for the value and return it; the caller fills it */
+#define MDB_APPEND 0x20000  /* mdb_put: the key sorts after every key of the database (a bulk load) */
 #define MDB_FIRST 0        /* MDB_cursor_op */
 #define MDB_NEXT 8
 #define MDB_SET_RANGE 17
+#define FREE_DBI 0          /* LMDB's own databases: the free-page lists (key: txnid), the main one */
+#define MAIN_DBI 1
 
 #define MDB_KEYEXIST (-30799)
 #define MDB_NOTFOUND (-30798)
@@ -1820,6 +1823,149 @@ static wal_lmdb_capi capi = {
     WAL_LMDB_CAPI_VERSION, capi_is_env, capi_read_begin, capi_read_end, capi_get, capi_scan, capi_adopt,
 };
 
+/* ---- Space: where the file's pages go, and a compacted rebuild ---- */
+
+/* space(pin_txnid) -> (page size, pages in the file, pages in use, free pages, free pages freed by
+ * transactions after pin_txnid). In use: every page of the newest snapshot's B-trees (LMDB's free
+ * list and main database included) and the two meta pages; free: the rest of the file, which LMDB
+ * reuses before it grows the file -- except the pages freed after the oldest live reader's snapshot
+ * (a checkpoint's pin, wal/state.py), which it keeps until that reader ends. LMDB's free list is
+ * keyed by the id of the transaction that freed the pages, each value an ID list whose first word
+ * is its length; reclaimed leftovers are saved under ids below the oldest reader (mdb.c,
+ * mdb_freelist_save), so the records after pin_txnid are exactly the pages freed since the pin.
+ * Walks only those records (one per write transaction since the pin). GIL held: a short read. */
+static PyObject *env_space(EnvObject *self, PyObject *arg) {
+    unsigned long long pin = PyLong_AsUnsignedLongLong(arg);
+    if (pin == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (usable(self) < 0) return NULL;
+    MDB_txn *txn;
+    MDB_envinfo info;
+    MDB_stat st;
+    MDB_cursor *cur = NULL;
+    unsigned long long used = 2, pinned = 0; /* the two meta pages */
+    const char *where = "mdb_txn_begin";
+    int rc = read_begin(self, &txn);
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    MDB_dbi dbis[N_DBS + 3] = {FREE_DBI, MAIN_DBI};
+    int n = 2;
+    for (int i = 0; i < N_DBS; i++) dbis[n++] = self->dbs[i];
+    if (self->has_tail) dbis[n++] = self->dbs[DB_TAIL];
+    for (int i = 0; rc == 0 && i < n; i++) {
+        rc = M.stat(txn, dbis[i], &st);
+        where = "mdb_stat";
+        if (rc == 0) used += st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+    }
+    if (rc == 0) {
+        rc = M.cursor_open(txn, FREE_DBI, &cur);
+        where = "mdb_cursor_open";
+    }
+    if (rc == 0) {
+        size_t from = (size_t)pin + 1;
+        MDB_val k = {sizeof from, &from}, v;
+        for (rc = M.cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+            size_t count;
+            if (v.mv_size < sizeof count) continue;
+            memcpy(&count, v.mv_data, sizeof count);
+            pinned += count;
+        }
+        if (rc == MDB_NOTFOUND) rc = 0;
+        where = "mdb_cursor_get";
+        M.cursor_close(cur);
+    }
+    read_end(self, txn);
+    if (rc == 0) {
+        rc = M.env_info(self->env, &info);
+        where = "mdb_env_info";
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    unsigned long long pages = (unsigned long long)info.me_last_pgno + 1;
+    unsigned long long free_pages = pages > used ? pages - used : 0;
+    return Py_BuildValue("(IKKKK)", self->psize, pages, used, free_pages, pinned < free_pages ? pinned : free_pages);
+}
+
+/* Rebuild the newest snapshot into a new environment in `dir`: every database walked in key order
+ * and written with MDB_APPEND, which fills each page before it starts the next (a B-tree filled by
+ * random or interleaved inserts keeps its pages about half full: LMDB splits a full page in two,
+ * and mdb_env_copy2's compaction renumbers pages but does not refill them). Values are copied as
+ * stored (split ones stay split). A write transaction per COMPACT_TXN_ITEMS items keeps LMDB's
+ * dirty-page list bounded; the new file is fdatasynced (mdb_env_sync force) before the return. */
+#define COMPACT_TXN_ITEMS 65536
+static int compact_into(EnvObject *e, const char *dir, unsigned long long *items, const char **where) {
+    static const char *const names[N_DBS + 1] = {"data", "idem", "meta", "tail"};
+    MDB_envinfo info;
+    MDB_env *dst = NULL;
+    MDB_txn *rtxn = NULL, *wtxn = NULL;
+    MDB_cursor *cur = NULL;
+    int rc = M.env_info(e->env, &info);
+    *where = "mdb_env_info";
+    if (rc == 0) rc = M.env_create(&dst), *where = "mdb_env_create";
+    if (rc == 0) rc = M.env_set_mapsize(dst, info.me_mapsize), *where = "mdb_env_set_mapsize";
+    if (rc == 0) rc = M.env_set_maxdbs(dst, MAX_DBS), *where = "mdb_env_set_maxdbs";
+    if (rc == 0) rc = M.env_open(dst, dir, MDB_NOSYNC | MDB_NOTLS | MDB_NORDAHEAD, FILE_MODE), *where = "mdb_env_open";
+    if (rc == 0) rc = M.txn_begin(e->env, NULL, MDB_RDONLY, &rtxn), *where = "mdb_txn_begin";
+    int n_dbs = e->has_tail ? N_DBS + 1 : N_DBS;
+    for (int i = 0; rc == 0 && i < n_dbs; i++) {
+        MDB_dbi to;
+        MDB_val k, v;
+        rc = M.txn_begin(dst, NULL, 0, &wtxn), *where = "mdb_txn_begin";
+        if (rc == 0) rc = M.dbi_open(wtxn, names[i], MDB_CREATE, &to), *where = "mdb_dbi_open";
+        if (rc == 0) rc = M.cursor_open(rtxn, e->dbs[i], &cur), *where = "mdb_cursor_open";
+        unsigned long long n = 0;
+        for (int op = MDB_FIRST; rc == 0; op = MDB_NEXT) {
+            rc = M.cursor_get(cur, &k, &v, op), *where = "mdb_cursor_get";
+            if (rc != 0) break;
+            rc = M.put(wtxn, to, &k, &v, MDB_APPEND), *where = "mdb_put";
+            if (rc == 0 && ++n % COMPACT_TXN_ITEMS == 0) {
+                rc = M.txn_commit(wtxn), *where = "mdb_txn_commit";
+                wtxn = NULL;
+                if (rc == 0) rc = M.txn_begin(dst, NULL, 0, &wtxn), *where = "mdb_txn_begin";
+            }
+        }
+        if (rc == MDB_NOTFOUND) rc = 0;
+        *items += n;
+        if (cur != NULL) M.cursor_close(cur);
+        cur = NULL;
+        if (rc == 0) rc = M.txn_commit(wtxn), *where = "mdb_txn_commit";
+        else if (wtxn != NULL) M.txn_abort(wtxn);
+        wtxn = NULL;
+    }
+    if (rtxn != NULL) M.txn_abort(rtxn);
+    if (rc == 0) rc = M.env_sync(dst, 1), *where = "mdb_env_sync";
+    if (dst != NULL) M.env_close(dst);
+    return rc;
+}
+
+/* compact_into(dir) -> items copied: `compact_into` above, into dir (an existing, empty directory),
+ * GIL released. The caller keeps writes out if the copy must be the state as of now. */
+static PyObject *env_compact_into(EnvObject *self, PyObject *arg) {
+    PyObject *path;
+    if (!PyUnicode_FSConverter(arg, &path)) return NULL;
+    if (usable(self) < 0) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    int rc;
+    unsigned long long items = 0;
+    const char *where = "";
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = compact_into(self, PyBytes_AS_STRING(path), &items, &where);
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    Py_DECREF(path);
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(items);
+}
+
 static PyTypeObject SnapshotType;
 
 /* A Snapshot that owns `txn` (a read transaction of `self`) from now on; NULL with the
@@ -1925,6 +2071,10 @@ static PyMethodDef env_methods[] = {
      "check_entries(after, limit) -> last key | None: give up to `limit` unchecked DATA entries a checksum, "
      "in one write txn; None once all have one (META entry_checksums then set)"},
     {"close", (PyCFunction)env_close, METH_NOARGS, "close(): idempotent; aborts live snapshots"},
+    {"space", (PyCFunction)env_space, METH_O,
+     "space(pin_txnid) -> (page size, pages, pages in use, free pages, free pages freed after pin_txnid)"},
+    {"compact_into", (PyCFunction)env_compact_into, METH_O,
+     "compact_into(dir) -> items: the newest snapshot rebuilt, pages filled, into a new environment in dir; synced"},
     {"set_map_size", (PyCFunction)env_set_map_size, METH_O,
      "set_map_size(size) -> map size now: resize the map (0: adopt the file's); E_BUSY during a GIL-free call"},
     {NULL, NULL, 0, NULL},

@@ -1553,6 +1553,8 @@ static PyMemberDef core_members[] = {
      "Log bytes committed since the last checkpoint (the store resets it)."},
     {"idle", T_BOOL, offsetof(Core, idle), 0,
      "Set by an idle materializer before a long sleep; the next queued commit clears it and wakes it."},
+    {"max_unapplied", T_PYSSIZET, offsetof(Core, max_unapplied), 0,
+     "Queued commits above which the C path declines (the store lowers it to bound the log and state)."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -25,14 +25,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import crcmod.predefined
 import lmdb
 import pytest
 
 import wal
 from wal import cli, ops
 
-COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "repair",
-            "tail", "stats")
+COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "compact",
+            "repair", "tail", "stats")
 
 
 def run(*args: str, stdin: str | bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -219,7 +220,7 @@ def test_info_shows_versions_watermarks_segments_and_size(store: Path) -> None:
     result = run("info", str(store))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "store format 3" in out and "log format 1" in out
+    assert "store format 4" in out and "log format 1" in out
     assert "writer:      not running" in out
     assert "applied LSN" in out and "to replay" in out
     for seg in segment_files(store):
@@ -274,7 +275,11 @@ def test_verify_finds_the_state_disagreeing_with_the_log(store: Path) -> None:
     data = env.open_db(b"data")
     with env.begin(write=True, db=data) as txn:
         raw = txn.get(b"agent/1/step")
-        txn.put(b"agent/1/step", raw[:8] + b"tampered")
+        # A well-formed entry (FORMAT.md §16: version with its flag, CRC-32C, value) whose value no
+        # commit wrote: its own checksum holds, only the log can tell.
+        version = int.from_bytes(raw[:8], "little") & ~(3 << 62)
+        crc = crcmod.predefined.mkCrcFun("crc-32c")(b"agent/1/step" + version.to_bytes(8, "little") + b"tampered")
+        txn.put(b"agent/1/step", raw[:8] + crc.to_bytes(4, "little") + b"tampered")
     env.close()
     result = run("verify", str(store))
     assert result.returncode == 1

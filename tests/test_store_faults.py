@@ -12,6 +12,7 @@ import lmdb
 import pytest
 
 import wal
+import wal.state
 from wal import testing
 
 
@@ -128,10 +129,10 @@ def test_a_log_tail_zeroed_below_the_durable_mark_is_corruption_not_silent_loss(
         assert store.get("after") == b"1"
 
 
-def test_a_state_entry_without_its_version_is_corruption_when_scanned(tmp_path: Path) -> None:
-    # LMDB has no checksums, so the store checks the shape of what it reads back. (An empty key,
-    # which LMDB's put refuses, only arises from a damaged page: the LMDB byte-flip matrix of
-    # tests/test_corruption_matrix.py found one, then reported as CorruptionError too.)
+def test_a_state_entry_without_its_version_is_corruption_at_open_and_when_scanned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The store checks the shape of what it reads back: the open's walk of a small state finds it,
+    # and so does a scan of a state too large for that walk.
     store = tmp_path / "s"
     with wal.open(store) as s:
         s.put(b"a", b"1")
@@ -139,5 +140,8 @@ def test_a_state_entry_without_its_version_is_corruption_when_scanned(tmp_path: 
     with env.begin(write=True, db=env.open_db(b"data")) as txn:
         txn.put(b"b", b"xyz")  # no 8-byte version
     env.close()
-    with wal.open(store) as s, pytest.raises(wal.CorruptionError, match="8-byte version"):
+    with pytest.raises(wal.CorruptionError, match="8-byte version"):
+        wal.open(store, readonly=True)
+    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)
+    with wal.open(store, readonly=True) as s, pytest.raises(wal.CorruptionError, match="8-byte version"):
         list(s.scan())

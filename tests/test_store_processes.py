@@ -85,7 +85,7 @@ def read_applied_lsn(env: lmdb.Environment) -> int:
     meta = env.open_db(b"meta", create=False)
     with env.begin(db=meta) as txn:
         raw = txn.get(b"applied_lsn")
-    return struct.unpack("<Q", raw)[0] if raw else 0
+    return struct.unpack_from("<Q", raw)[0] if raw else 0  # u64 LE, then its CRC-32C (FORMAT.md §16)
 
 
 def lmdb_dump(state_dir: Path) -> dict[str, object]:

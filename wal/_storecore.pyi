@@ -27,6 +27,7 @@ class CommitLock:
 class Core:
     bytes_since_checkpoint: int
     idle: bool
+    max_unapplied: int
     overlay_keys: int
     def __init__(self, log: Any, handle_address: int, lock: CommitLock, wake: threading.Event, level: int,
                  max_unapplied: int, checkpoint_bytes: int) -> None: ...

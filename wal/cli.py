@@ -254,6 +254,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         w, st = data["watermarks"], data["state"]
         print(f"  state:       applied LSN {w['applied_lsn']}, {st['keys']} key(s), {h(st['map_bytes_used'])} "
               "of LMDB map used")
+        print(f"  state space: {h(st['file_bytes'])} file, {h(st['used_bytes'])} in use, {h(st['free_bytes'])} free "
+              f"({st['free_pages']} page(s); `agentwal compact` returns them), "
+              f"{h(st['checkpoint_reclaims_bytes'])} reusable after the next checkpoint")
         print(f"  to replay:   {w['unapplied_records']} record(s) after the applied LSN (replayed by the next open)")
         c = data["commits"]
         if c["newest"]:
@@ -682,8 +685,9 @@ _CHECKPOINT_DESCRIPTION = f"""\
 Apply every commit in the log to the state, make the state durable, and release the log
 segments wholly below its applied LSN (deleted, or moved to STORE/archive/ when that
 directory exists, as with archive=True), so the next open replays less and the log takes
-less space. A running writer checkpoints by itself every checkpoint_bytes of log; this is
-for a store whose writer is stopped.
+less space. A running writer checkpoints by itself (once the state's pages freed, or the log
+written, since the last checkpoint reach 1/8 of the state's pages in use, at most
+checkpoint_bytes); this is for a store whose writer is stopped.
 
 {_WRITER}
 
@@ -702,6 +706,36 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     removed = result["segments_removed"]
     print(f"checkpoint at applied LSN {result['applied_lsn']}: {len(removed)} segment(s) removed"
           + (f" ({', '.join(removed)})" if removed else "") + f", {result['segments_left']} left")
+    return EXIT_OK
+
+
+_COMPACT_DESCRIPTION = f"""\
+Give a bloated state file's space back to the filesystem.
+
+The LMDB state keeps the pages it freed (it reuses them before it grows the file) and pages
+that splits left half full. compact takes a checkpoint, rebuilds the state into a new file
+with no free page and its pages filled in key order, and swaps it in atomically (a crash
+leaves the old or the new state, both whole). It reads and writes the state once: minutes
+for many gigabytes. `agentwal info` shows the free bytes it would return.
+
+{_WRITER}
+
+example:
+  agentwal compact /var/lib/agent/store
+"""
+
+
+def _compact_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """`agentwal compact`: see `wal.ops.compact`."""
+    result = ops.compact(args.store)
+    h = ops.human_bytes
+    print(f"compacted the state: {h(result['state_file_bytes_before'])} -> {h(result['state_file_bytes'])} "
+          f"({h(result['state_used_bytes_before'])} -> {h(result['state_used_bytes'])} in use); "
+          f"the store now allocates {h(result['total_disk_bytes'])}")
     return EXIT_OK
 
 
@@ -902,6 +936,8 @@ COMMANDS: tuple[Command, ...] = (
             _import_arguments, cmd_import),
     Command("checkpoint", "make the state durable and release old log segments (needs the writer lock)",
             _CHECKPOINT_DESCRIPTION, _checkpoint_arguments, cmd_checkpoint),
+    Command("compact", "return the state file's free pages to the filesystem (needs the writer lock)",
+            _COMPACT_DESCRIPTION, _compact_arguments, cmd_compact),
     Command("repair", "cut a damaged log at its last good record, after a backup (needs the writer lock)",
             _REPAIR_DESCRIPTION, _repair_arguments, cmd_repair),
     Command("tail", "print the newest commits; -f follows a writer live (read-only)", _TAIL_DESCRIPTION,

@@ -22,6 +22,7 @@ COUNTERS = frozenset({
     "commits", "appends", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
     "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs", "background_applies",
+    "space_checkpoints", "state_backpressure_waits", "state_backpressure_ms",
 })
 
 HELP = {
@@ -70,6 +71,15 @@ HELP = {
     "last_commit_age_seconds": "Seconds since the newest commit in the log.",
     "stats_seconds": "Seconds `agentwal stats` took to read these.",
     "slow_fsyncs": "Times the slowest fdatasync grew past slow_fsync_ms.",
+    "space_checkpoints": "Automatic checkpoints due to the state's pages freed since the last one.",
+    "state_backpressure_waits": "Commits that waited for the state (apply queue full, a checkpoint in progress).",
+    "state_backpressure_ms": "Milliseconds commits spent waiting for the state.",
+    "state_file_bytes": "Size of the LMDB state's pages, bytes (in use + free).",
+    "state_used_bytes": "Bytes of the state's pages in use by its newest snapshot.",
+    "state_free_bytes": "Bytes of free pages in the state (reused before the file grows; compact returns them).",
+    "state_free_pages": "Free pages in the state.",
+    "state_pinned_free_bytes": "Bytes of pages freed since the last checkpoint: reusable after the next.",
+    "checkpoint_space_bound_bytes": "Pages freed or log written since the last checkpoint at which the next is due.",
 }
 
 _BAD = re.compile(r"[^a-zA-Z0-9_:]")

@@ -764,7 +764,15 @@ def info(path: str) -> dict[str, Any]:
         stats = _state_stats(target)
         applied = int(stats["applied_lsn"])
         out["state"] = {"applied_lsn": applied, "keys": stats["state_keys"],
-                        "map_bytes_used": stats["state_map_bytes_used"]}
+                        "map_bytes_used": stats["state_map_bytes_used"],
+                        # Free pages: LMDB reuses them before growing the file; `agentwal compact`
+                        # gives them back. Of those, the ones freed since the last checkpoint: what
+                        # the next checkpoint makes reusable (the writer's pin keeps them till then).
+                        "file_bytes": stats.get("state_file_bytes", 0),
+                        "used_bytes": stats.get("state_used_bytes", 0),
+                        "free_bytes": stats.get("state_free_bytes", 0),
+                        "free_pages": stats.get("state_free_pages", 0),
+                        "checkpoint_reclaims_bytes": stats.get("state_pinned_free_bytes", 0)}
         out["watermarks"] = {"log_last_lsn": last, "applied_lsn": applied,
                              "unapplied_records": max(0, last - applied)}
         oldest = _commit_time(target.log_dir, first) if segs else None
@@ -1337,6 +1345,17 @@ def checkpoint(path: str) -> dict[str, Any]:
     after = {p for _, p in recovery.list_segments(target.log_dir)}
     removed = [os.path.basename(p) for p in before if p not in after]
     return {"applied_lsn": applied, "segments_removed": removed, "segments_left": len(after)}
+
+
+def compact(path: str) -> dict[str, Any]:
+    """Return the state's free and half-empty pages to the filesystem, as the store's writer: a
+    checkpoint, then the state rebuilt into a new file swapped in atomically (`wal.state.compact`).
+    Returns the state file's bytes before and after, and the store's allocated bytes after."""
+    target = locate(path, need_store=True)
+    with open_writer(target, "compact") as store:
+        result: dict[str, Any] = store._compact_state()
+    result["total_disk_bytes"] = _tree_bytes(target.path)[1]
+    return result
 
 
 # ---- export / import ---------------------------------------------------------------------------------

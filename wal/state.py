@@ -74,11 +74,13 @@ neither: see the known limitations in that test.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import importlib
 import importlib.metadata
 import logging
 import os
+import shutil
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -721,12 +723,36 @@ class State:
     def growth_since_checkpoint(self) -> int:
         """Bytes the file grew since the last checkpoint. While the checkpoint's snapshot is pinned,
         LMDB cannot reuse the pages later transactions free, so a state that overwrites its keys
-        grows by what it writes until the next checkpoint: the store checkpoints on this too."""
+        grows by what it writes until the next checkpoint. The store's policy counts those pages
+        directly (`space`, ``state_pinned_free_bytes``): growth misses the ones taken from reusable
+        free pages, and a policy on growth alone lets each interval write more than the last."""
         try:
             _, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
             raise_lmdb(exc, self.path, "reading its statistics")
         return max(0, last_pgno - self._last_pgno_at_checkpoint) * psize
+
+    def space(self) -> dict[str, int]:
+        """Where the state file's bytes go (native/lmdbcall.c `space`): ``state_file_bytes`` (pages
+        in the file), ``state_used_bytes`` (pages of the newest snapshot), ``state_free_bytes``
+        (every other page: LMDB reuses them before it grows the file, and a compaction,
+        `compact_state`, gives them back to the filesystem) and, of those,
+        ``state_pinned_free_bytes``: pages freed since the last checkpoint, which its pin keeps
+        from reuse until the next one -- the space a checkpoint would give back to LMDB. The
+        pin is the writer's (this State's, or on a read-only open the one checkpoint.meta
+        names); another process's snapshot pins pages too, uncounted here."""
+        if self._pin is not None:
+            pin = self._pin.txnid()
+        else:
+            saved = read_checkpoint(self.path) if self.readonly else None
+            pin = saved.txnid if saved is not None else 0
+        try:
+            psize, pages, used, free, pinned = self._env.space(pin)
+        except LmdbError as exc:
+            raise_lmdb(exc, self.path, "reading its free pages")
+        return {"state_file_bytes": pages * psize, "state_used_bytes": used * psize,
+                "state_free_bytes": free * psize, "state_free_pages": free,
+                "state_pinned_free_bytes": pinned * psize}
 
     def stat(self) -> dict[str, int]:
         try:
@@ -747,6 +773,64 @@ class State:
             self._env.close()
         except LmdbError as exc:
             raise_lmdb(exc, self.path, "closing it")
+
+
+COMPACT_SUFFIX = ".compact"  # state.compact/: a compaction's new state, or (after the swap) the old one
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE, Linux 3.15+, glibc 2.28+): a
+    crash leaves either both as they were or both swapped, never neither in place."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None or fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno() if fn is not None else errno.ENOSYS
+        raise StateError(f"compacting the state needs an atomic swap of {a} and {b} (renameat2 with "
+                         f"RENAME_EXCHANGE), which this system refused: {os.strerror(err)}; the state is unchanged")
+
+
+def compact(state: State) -> State:
+    """Rebuild `state` into a new file and swap it in; returns the reopened State (`state` is closed).
+
+    The new file (native/lmdbcall.c `compact_into`) holds the newest snapshot with no free page
+    and its B-tree pages filled in key order: what LMDB's own file keeps of free pages and of
+    half-filled pages (a page split leaves two halves) is given back to the filesystem. It is
+    built in ``state.compact/`` beside the state, fdatasynced, given its own checkpoint.meta (so
+    it is a checkpointed state of this boot, FORMAT.md §16), then swapped with ``state/`` in one
+    atomic rename (`_exchange`) and the parent directory fsynced; the old state, now in
+    ``state.compact/``, is deleted. A crash before the swap leaves the old state in place; after
+    it, the new one; either way a leftover ``state.compact/`` is deleted by the next compaction.
+
+    The caller keeps every write out (the store's apply lock) and every reader off `state` (it is
+    closed); readers in other processes keep the old file until they reopen."""
+    if state.readonly or state._pin is None:
+        raise StateError(f"the state in {state.path} is not open for writing; it cannot be compacted")
+    path = os.path.abspath(state.path)
+    tmp = path + COMPACT_SUFFIX
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    try:
+        applied = state.applied_lsn()
+        try:
+            state._env.compact_into(tmp)
+            _, psize, _ = state._env.stat()
+        except LmdbError as exc:
+            raise_lmdb(exc, state.path, "compacting it")
+        newest = _newest_meta(_meta_pages(tmp, psize))
+        if newest is None:
+            raise InvariantError(f"the compacted state in {tmp} has no meta page")
+        _write_checkpoint(tmp, SavedCheckpoint(newest[1], newest[0], applied, boot_id(),
+                                               time.time_ns() // 1_000_000))
+        state.close()
+        _exchange(tmp, path)
+    except BaseException:  # the old state is in place (closed if it got that far: the caller reopens it)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(os.path.dirname(path))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return State(path)
 
 
 class StateSnapshot:

@@ -31,9 +31,25 @@ nothing visible there finds it in LMDB.
 
 Materializer. A background thread applies queued transactions with LSN <= durable_lsn
 in batches (`State.apply`, which asserts I1), then drops them from the overlay. It also
-runs automatic checkpoints once `checkpoint_bytes` of log have accumulated, so recovery
-replays a bounded amount of log however large the state grows, or once the state's file has
-grown by as much since the last one (LMDB reuses no page a checkpoint pins, wal/state.py).
+runs automatic checkpoints, so that recovery replays a bounded amount of log and the files
+stay bounded by the live data (`_checkpoint_due`).
+
+Space (bounded at any write rate). LMDB reuses no page freed after the snapshot the last
+checkpoint pins (wal/state.py), so every page a transaction copies on write between two
+checkpoints is new space: overwriting 1 KiB values scattered over many keys writes a 4 KiB
+page per key. A checkpoint is therefore due, checked after every applied batch (not once the
+backlog is gone: under a sustained load it never is), when the pages freed since the last one
+or the log written since it reach `_space_bound`: 1/8 of the state's pages in use, at least
+32 MiB, at most `checkpoint_bytes`. The file then holds its pages in use, at most one bound
+of pinned free pages and one of reusable ones (~1.25x its pages in use), and the log about one
+bound plus its open segment. The trade: a checkpoint fdatasyncs what the state wrote since the
+last one while holding the apply lock, so when commits arrive faster than the disk takes the
+state's pages, the apply queue fills to its bound (`_limit_unapplied`: about one space bound of log
+bytes, at most `max_unapplied` commits) and committers wait for the state
+(they help apply, behind the checkpoint): the commit rate falls to what the disk sustains,
+rather than the disk filling. `stats()` counts it (``state_backpressure_waits``,
+``state_backpressure_ms``). A bloated file (from an older version, or pages in use that a
+workload has since deleted) shrinks only by `compact_state` (`agentwal compact`).
 
 Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
 (applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
@@ -81,7 +97,7 @@ from wal.errors import (
 from wal.log import MAX_PAYLOAD, Log
 from wal.replay import Replay
 from wal.snapshot import Snapshot, lmdb_only, merged
-from wal.state import DURABLE_SEEN_KEY, State, read_checkpoint
+from wal.state import DURABLE_SEEN_KEY, State, compact, read_checkpoint
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
@@ -107,6 +123,16 @@ _SCAN_FIRST = 256
 # woken early by the next commit (Store._next_wait).
 _IDLE_AFTER_ROUNDS = 50
 _IDLE_WAIT_S = 1.0
+# Space policy (module docstring): a checkpoint once the state's pages freed since the last one, or
+# the log written since, reach 1/_SPACE_FRACTION of the state's pages in use, but at least
+# _SPACE_MIN_BYTES (a small store is not checkpointed at every batch) and at most checkpoint_bytes.
+_SPACE_FRACTION = 8
+_SPACE_MIN_BYTES = 8 << 20
+# The apply queue's bound in commits is lowered to about one space bound of log bytes (the log keeps
+# every unapplied record), never below this many commits (a batch's worth, for group collapse).
+_MIN_UNAPPLIED = _APPLY_BATCH_RECORDS
+_PAGE_BYTES = 4096  # LMDB's page on this platform: what one applied record may dirty
+_MIN_BATCH_RECORDS = 256
 
 Version = int
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
@@ -352,7 +378,10 @@ class Store:
         self._archive = archive
         self._idem_ttl_ms = int(idempotency_ttl_s * 1000)
         self._apply_interval = apply_interval_ms / 1000
-        self._max_unapplied = max_unapplied
+        self._max_unapplied = max_unapplied  # the caller's bound; _unapplied_limit is the one in force
+        self._unapplied_limit = max_unapplied
+        self._batch_limit = _APPLY_BATCH_RECORDS  # records per apply: lowered with the space bound
+        self._appended_at_checkpoint = 0
         self._async_helping = False  # an async commit is applying a backlog (_commit_async)
         self._pid = os.getpid()
         self._forked = False  # set in a forked child by _after_fork_in_child
@@ -380,7 +409,9 @@ class Store:
         # Store-level counters, all present from the start (stats() merges them over the log's own).
         self._counters = collections.Counter[str](dict.fromkeys(
             ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
-             "auto_checkpoints", "segments_removed", "state_stalls"), 0))
+             "auto_checkpoints", "space_checkpoints", "segments_removed", "state_stalls",
+             "state_backpressure_waits"), 0))
+        self._backpressure_s = 0.0  # committers' time spent waiting for the state (_commit)
         self._recovery: dict[str, Any] = {"recovery_seconds": 0.0, "records_replayed": 0, "state_restored": 0}
         self._recovery_mode = "strict"
         self._stop = False
@@ -863,8 +894,8 @@ class Store:
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
-        if len(self._core) > self._max_unapplied:
-            self._apply_ready()  # the materializer fell behind: help it (bounded memory)
+        if len(self._core) > self._unapplied_limit:
+            self._help_apply()  # the materializer fell behind: help it (bounded memory and space)
         try:
             while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
                 # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
@@ -887,14 +918,14 @@ class Store:
         self._durability.allows(durability)
         if payload is None:
             payload = _encode(txn)
-        if len(self._core) > self._max_unapplied and not self._async_helping:
+        if len(self._core) > self._unapplied_limit and not self._async_helping:
             # The materializer fell behind: help it, as _commit does, in a worker thread (an LMDB
             # transaction must not run on the event loop). One such helper at a time: the
             # applies run one after another anyway, and a helper per waiting task would fill
             # the default executor that other to_thread calls share.
             self._async_helping = True
             try:
-                await asyncio.to_thread(self._apply_ready)
+                await asyncio.to_thread(self._help_apply)
             finally:
                 self._async_helping = False
         # The commit lock is only held for in-memory work, so taking it here does not stall the loop.
@@ -977,6 +1008,16 @@ class Store:
             self._counters["applied_commits"] += commits
             return commits
 
+    def _help_apply(self) -> None:
+        """A committer's share when max_unapplied commits wait: one batch applied, and the checkpoint
+        that may then be due -- behind the apply lock, so behind a checkpoint in progress. This is
+        the state's back-pressure on commits (module docstring, "Space"), counted in stats()."""
+        started = time.monotonic()
+        self._apply_ready(self._batch_limit)
+        self._checkpoint_if_due()
+        self._counters["state_backpressure_waits"] += 1
+        self._backpressure_s += time.monotonic() - started
+
     def _materializer(self) -> None:
         while not self._stop:
             self._wake.wait(self._next_wait())
@@ -992,16 +1033,15 @@ class Store:
                 # finding 28), and a starved apply holds the apply lock (which helping committers,
                 # checkpoints and close wait for) for one small batch. Not once a backlog builds,
                 # which a starved low-priority apply would only let grow.
+                # A checkpoint is considered after every batch (space: module docstring).
                 while True:
-                    background = len(self._core) <= self._max_unapplied // 4
-                    limit = _BACKGROUND_BATCH_RECORDS if background else _APPLY_BATCH_RECORDS
-                    if self._apply_ready(limit, background=background) < limit:
+                    background = len(self._core) <= self._unapplied_limit // 4
+                    limit = min(_BACKGROUND_BATCH_RECORDS if background else _APPLY_BATCH_RECORDS, self._batch_limit)
+                    applied = self._apply_ready(limit, background=background)
+                    self._checkpoint_if_due()
+                    if applied < limit:
                         break
                 self._check_fsync_latency()
-                if (self._core.bytes_since_checkpoint >= self._checkpoint_bytes
-                        or self._state.growth_since_checkpoint() >= self._checkpoint_bytes):
-                    self._checkpoint(sync_log=False)
-                    self._counters["auto_checkpoints"] += 1
                 self._stalled(None)
             except (NoSpaceError, StorageError) as exc:
                 if not _retryable(exc):
@@ -1083,6 +1123,60 @@ class Store:
         self._writable()
         return self._checkpoint(sync_log=True)
 
+    def _space_bound(self, used_bytes: int) -> int:
+        """Bytes of state pages freed, or of log written, since the last checkpoint at which the
+        next is due (module docstring, "Space")."""
+        return min(self._checkpoint_bytes, max(_SPACE_MIN_BYTES, used_bytes // _SPACE_FRACTION))
+
+    def _checkpoint_due(self) -> str | None:
+        """Why an automatic checkpoint is due now ("space": the state's pages freed since the last
+        one; "log": the log written since), or None. Reads the state's free list (a short read)."""
+        space = self._state.space()
+        bound = self._space_bound(space["state_used_bytes"])
+        if space["state_pinned_free_bytes"] >= bound:
+            return "space"
+        if self._core.bytes_since_checkpoint >= bound:
+            return "log"
+        return None
+
+    def _limit_unapplied(self) -> None:
+        """Bound the apply queue to about one space bound of log bytes (every unapplied record keeps
+        its segment), from the mean commit size since the last checkpoint; the caller's
+        max_unapplied stays the upper bound. And an apply batch to about one bound of pages.
+        Called at each checkpoint (apply lock held)."""
+        assert self._log is not None
+        appended = self._log.watermarks.appended
+        commits = appended - self._appended_at_checkpoint
+        self._appended_at_checkpoint = appended
+        if commits <= 0 or self._core.bytes_since_checkpoint <= 0:
+            return
+        mean = self._core.bytes_since_checkpoint / commits
+        bound = self._space_bound(self._state.space()["state_used_bytes"])
+        limit = min(self._max_unapplied, max(_MIN_UNAPPLIED, int(bound / mean)))
+        self._unapplied_limit = self._core.max_unapplied = limit
+        # A record may dirty a page of its own: a batch stays within the bound, which is checked
+        # between batches (a small store's bound is smaller than a full batch's pages).
+        self._batch_limit = max(_MIN_BATCH_RECORDS, min(_APPLY_BATCH_RECORDS, bound // _PAGE_BYTES))
+
+    def _checkpoint_if_due(self) -> bool:
+        """Take an automatic checkpoint if `_checkpoint_due`, at the state as applied (without
+        waiting for the apply queue to empty, which a sustained load never lets it). A failure
+        stops the store's writes (fail-stop), as a failed apply does."""
+        with self._apply_lock:
+            if self._failure is not None or (due := self._checkpoint_due()) is None:
+                return False
+            try:
+                self._checkpoint_locked()
+            except BaseException as exc:
+                if not _retryable(exc):  # a full disk waits and retries (the materializer's stall)
+                    self._log_failure(exc)
+                    self._fail_stop(exc)
+                raise
+            self._counters["auto_checkpoints"] += 1
+            if due == "space":
+                self._counters["space_checkpoints"] += 1
+            return True
+
     def _checkpoint(self, *, sync_log: bool) -> int:
         assert self._log is not None
         if sync_log:
@@ -1096,23 +1190,52 @@ class Store:
             # it go (the space a full disk needs most); then report it.
             stuck = exc
         with self._apply_lock:
-            applied = self._applied
-            with contextlib.suppress(NoSpaceError):  # a note for operators, not worth failing for
-                self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(),
-                                                                "applied_lsn": applied}).encode())
-            self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
-            with contextlib.suppress(NoSpaceError):  # housekeeping: retried at the next checkpoint
-                self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
-            removed = self._log.remove_segments_before(applied + 1, self._archive)
-            self._core.bytes_since_checkpoint = 0
-            self._last_checkpoint = time.time()
-            self._counters["checkpoints"] += 1
-            self._counters["segments_removed"] += len(removed)
-        _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
-                     "archived" if self._archive else "removed")
+            applied = self._checkpoint_locked()
         if stuck is not None:
             raise stuck
         return applied
+
+    def _checkpoint_locked(self) -> int:
+        """The checkpoint itself, at applied_lsn; the caller holds the apply lock."""
+        assert self._log is not None
+        applied = self._applied
+        with contextlib.suppress(NoSpaceError):  # a note for operators, not worth failing for
+            self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
+        self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
+        with contextlib.suppress(NoSpaceError):  # housekeeping: retried at the next checkpoint
+            self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
+        removed = self._log.remove_segments_before(applied + 1, self._archive)
+        self._limit_unapplied()
+        self._core.bytes_since_checkpoint = 0
+        self._last_checkpoint = time.time()
+        self._counters["checkpoints"] += 1
+        self._counters["segments_removed"] += len(removed)
+        _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
+                     "archived" if self._archive else "removed")
+        return applied
+
+    def _compact_state(self) -> dict[str, int]:
+        """Give the state's free and half-empty pages back to the filesystem (`wal.state.compact`),
+        after a checkpoint; returns the state file's size before and after. For `wal.ops.compact`
+        (`agentwal compact`), which opens the store for this alone: the state is closed while it
+        is swapped, so no read may run meanwhile. Commits may: they wait for the apply lock."""
+        self._writable()
+        self._checkpoint(sync_log=True)
+        with self._apply_lock:
+            before = self._state.space()
+            try:
+                self._state = compact(self._state)
+            except BaseException:
+                if self._state._pin is None:  # closed before the swap failed: the old state is in place
+                    self._state = State(self._state.path)
+                    self._core.bind_state(self._state.lmdb_env)
+                raise
+            self._core.bind_state(self._state.lmdb_env)  # reads in C go to the new environment
+            after = self._state.space()
+        _logger.info("compacted the state of %s: %d -> %d bytes", self._path, before["state_file_bytes"],
+                     after["state_file_bytes"])
+        return {"state_file_bytes_before": before["state_file_bytes"], "state_file_bytes": after["state_file_bytes"],
+                "state_used_bytes_before": before["state_used_bytes"], "state_used_bytes": after["state_used_bytes"]}
 
     # ---- observing ---------------------------------------------------------------------------------
 
@@ -1137,6 +1260,10 @@ class Store:
         out.update(self._recovery)
         out.update(self._counters)
         out.update(self._state.stat())
+        space = self._state.space()
+        out.update(space)
+        out["checkpoint_space_bound_bytes"] = self._space_bound(space["state_used_bytes"])
+        out["state_backpressure_ms"] = self._backpressure_s * 1000
         out.update({
             "durability": self._durability.level,
             "rpo_ms": self._durability.rpo_ms,
