@@ -265,6 +265,8 @@ class Store:
     # The materializer logs a WARNING when the slowest fdatasync (stats()["fsync_ms_max"]) grew past
     # this many milliseconds since it last looked (about once a second). Set per store to tune.
     slow_fsync_ms: float = 1000.0
+    # ---- archive hooks (wal/archive/store.py's ArchivedStore overrides these) ----
+    _object_archive = False  # the store ships to an object archive: "replicated" is a level it can keep
     _fsync_ms_seen: float = 0.0
     _fsync_checked_at: float = 0.0
 
@@ -319,7 +321,7 @@ class Store:
               readonly: bool, recovery: str, segment_bytes: int, checkpoint_bytes: int,
               archive: bool | str, idempotency_ttl_s: float, apply_interval_ms: int,
               max_unapplied: int, preallocate: str) -> Store:
-        level = dur.parse(durability, rpo_ms)
+        level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
         root = os.fspath(path)
         if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
             raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
@@ -348,7 +350,7 @@ class Store:
         started = time.monotonic()
         replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
         try:
-            log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
+            log = Log.open(os.path.join(root, LOG_DIR), durability=level.log_level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
                            on_sealed_segment=replayer.sealed)
         except BaseException:
@@ -816,7 +818,7 @@ class Store:
             self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
             self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
-            removed = self._log.remove_segments_before(applied + 1, self._archive)
+            removed = self._log.remove_segments_before(self._removable_before(applied), self._archive)
             self._core.bytes_since_checkpoint = 0
             self._last_checkpoint = time.time()
             self._counters["checkpoints"] += 1
@@ -824,6 +826,11 @@ class Store:
         _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
                      "archived" if self._archive else "removed")
         return applied
+
+    def _removable_before(self, applied: int) -> int:
+        """Archive hook: segments wholly below this LSN may go at a checkpoint (an object archive
+        keeps every segment it has not shipped yet: wal/archive/store.py)."""
+        return applied + 1
 
     # ---- observing ---------------------------------------------------------------------------------
 
@@ -986,10 +993,29 @@ def _check_store_file(root: str, *, create: bool) -> int:
 
 def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
                readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
-               checkpoint_bytes: int = 256 << 20, archive: bool | str = False,
+               checkpoint_bytes: int = 256 << 20, archive: Any = False,
                idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
-               preallocate: str = "size") -> Store:
-    """Open (creating if needed) the store at `path`. See `wal.open`."""
+               preallocate: str = "size", **archive_options: Any) -> Store:
+    """Open (creating if needed) the store at `path`. See `wal.open`.
+
+    archive: True or a directory path keeps the log segments a checkpoint removes in a local
+    folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
+    snapshots off the machine (wal/archive/: `archive_rpo_ms`, `archive_policy`, ... in
+    archive_options) and enables durability="replicated"."""
+    from wal.archive import is_archive_url  # noqa: PLC0415 -- keeps wal.archive out of plain opens
+
+    if is_archive_url(archive) and not readonly:
+        from wal.archive.store import open_archived  # noqa: PLC0415
+
+        return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
+                             recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
+                             idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                             max_unapplied=max_unapplied, preallocate=preallocate)
+    if archive_options:
+        raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
+                            "(archive='s3://...' or 'file:///...'), or unknown")
+    if is_archive_url(archive):
+        archive = False  # read-only: nothing to ship
     return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
                        segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
                        idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
