@@ -76,10 +76,10 @@ class WeedServer:
                 client.head_bucket(Bucket=BUCKET)
                 client.put_object(Bucket=BUCKET, Key="probe", Body=b"")
                 return
-            except Exception:
+            except Exception as exc:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not serve S3 within {timeout} s; see {self.dir}/weed.log")
+                    raise RuntimeError(f"weed mini did not serve S3 within {timeout} s; see {self.dir}/weed.log") from exc
                 time.sleep(0.3)
 
     def kill(self) -> None:
@@ -93,7 +93,7 @@ class WeedServer:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(3)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()

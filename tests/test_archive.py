@@ -5,8 +5,10 @@ server (SeaweedFS, tests/archive_server.py). Faults are real: the file:// archiv
 replaced by a file (every write to it fails), the S3 server killed (tests/test_archive_faults.py).
 """
 
+# ruff: noqa: F811 -- the archive fixtures are imported by name (tests/archive_server.py)
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
 import shutil
@@ -83,11 +85,13 @@ def test_a_damaged_object_is_refused_naming_its_lsns(tmp_path):
             s.put(f"k{i}", b"v")
     name = names(url, layout.LOG_PREFIX)[0]
     path = os.path.join(urlparse(url).path, name)
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
     data[80] ^= 1
     with pytest.raises(wal.CorruptionError, match=r"LSNs 1\.\."):
         layout.decode_log(bytes(data), name)
-    open(path, "wb").write(bytes(data))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
     with pytest.raises(wal.CorruptionError, match="damaged"):
         wal.restore(url, tmp_path / "r")
     assert not os.path.exists(tmp_path / "r")
@@ -247,8 +251,6 @@ async def _async_replicated(s: wal.Store, url: str) -> None:
 
 
 def test_replicated_async_commits(tmp_path):
-    import asyncio
-
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "s", durability="replicated", archive=url) as s:
         asyncio.run(_async_replicated(s, url))
@@ -375,7 +377,7 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
         primary.put("old", b"3")
     primary.close()  # a failed store closes without syncing (as after an fsync failure)
     # Reopened with the archive, it refuses: the archive went on without it.
-    with pytest.raises(wal.FailedError, match="differ at LSN|holds LSNs up to"):
+    with pytest.raises(wal.FailedError, match=r"differ at LSN|holds LSNs up to"):
         wal.open(tmp_path / "p", archive=archive_url)
     wait_until(lambda: new.stats()["archived_lsn"] == 62)
     new.close()

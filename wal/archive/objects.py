@@ -164,6 +164,33 @@ _S3_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "Reque
                        "RequestTimeTooSkewed", "503", "500", "502", "504"}
 
 
+_clients: dict[tuple[str, ...], Any] = {}
+_clients_lock = threading.Lock()
+_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE")
+
+
+def _s3_client() -> Any:
+    """One boto3 client per process and AWS environment: making one loads botocore's service
+    model (~1 s the first time), and a client is thread-safe, so every archive shares it."""
+    key = tuple(os.environ.get(name, "") for name in _ENV)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is not None:
+            return client
+        try:
+            import boto3  # noqa: PLC0415 -- optional: only s3:// URLs need it
+            from botocore.config import Config  # noqa: PLC0415
+        except ImportError as exc:
+            raise ArgumentError("s3:// archives need boto3: pip install 'agentwal[s3]'") from exc
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        cfg = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"},
+                     max_pool_connections=32)
+        client = boto3.session.Session().client("s3", region_name=region, config=cfg)
+        _clients[key] = client
+        return client
+
+
 class S3Objects(ObjectStore):
     """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3.
 
@@ -175,20 +202,7 @@ class S3Objects(ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        if client is None:
-            try:
-                import boto3  # noqa: PLC0415 -- optional: only s3:// URLs need it
-                from botocore.config import Config  # noqa: PLC0415
-            except ImportError as exc:
-                raise ArgumentError(
-                    "s3:// archives need boto3: pip install 'agentwal[s3]'"
-                ) from exc
-            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-            cfg = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"},
-                         max_pool_connections=32)
-            client = boto3.session.Session().client("s3", region_name=region, config=cfg)
-        self.client = client
-        self._lock = threading.Lock()
+        self.client = client if client is not None else _s3_client()
 
     def _err(self, exc: BaseException, doing: str, name: str) -> ArchiveError:
         code = ""

@@ -218,7 +218,14 @@ class Shipper:
         """PUT one group object of what is durable and not archived; False if nothing was."""
         log = self.store._log
         assert log is not None
-        durable = log.watermarks.durable
+        marks = log.watermarks
+        durable = marks.durable
+        if marks.appended > durable and self.lag_ms() > self.rpo_ms / 2:
+            # Only durable records are shipped (an archive ahead of a log that a crash cut back
+            # would refuse the store). At interval/buffered the log syncs every rpo_ms; when
+            # that would make the archive miss its own bound, sync now.
+            log.sync()
+            durable = log.watermarks.durable
         if durable <= self.archived:
             return False
         records: list[tuple[int, bytes]] = []
