@@ -79,7 +79,8 @@ class WeedServer:
             except Exception as exc:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"weed mini did not serve S3 within {timeout} s; see {self.dir}/weed.log") from exc
+                    msg = f"weed mini did not serve S3 within {timeout} s; see {self.dir}/weed.log"
+                    raise RuntimeError(msg) from exc
                 time.sleep(0.3)
 
     def kill(self) -> None:

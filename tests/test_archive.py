@@ -411,3 +411,38 @@ def test_a_store_not_continuing_the_archive_refuses_it(tmp_path):
     with pytest.raises(wal.FailedError, match="holds LSNs up to 5"):
         wal.open(tmp_path / "three", archive=url)
     shutil.rmtree(tmp_path / "three", ignore_errors=True)
+
+
+# ---- operator tools ----------------------------------------------------------------------------
+
+
+def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys):
+    from wal.cli import main
+    from wal.metrics import prometheus_text
+
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, **FAST) as s:
+        for i in range(30):
+            s.put(f"k{i}", b"v")
+        wait_until(lambda: s.stats()["archived_lsn"] == 30)
+        text = prometheus_text(s.stats())
+        assert "agentwal_archived_lsn 30" in text and "agentwal_archive_lag_ms" in text
+        assert "# TYPE agentwal_archive_puts_total counter" in text
+    assert main(["archive", "status", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "archived:   LSN 30 of 30" in out
+    assert main(["info", str(tmp_path / "s")]) == 0
+    assert f"archive:     {url}: archived LSN 30" in capsys.readouterr().out
+    assert main(["verify", url]) == 0
+    assert capsys.readouterr().out.strip().endswith("sound")
+    assert main(["restore", url, str(tmp_path / "r"), "--lsn", "12"]) == 0
+    assert "LSN 12" in capsys.readouterr().out
+    with wal.open(tmp_path / "r") as r:
+        assert r.watermarks.durable == 12
+    # Damage: verify exits 1 and names the object.
+    objects = FileObjects(urlparse(url).path)
+    name = names(url, layout.LOG_PREFIX)[1]
+    objects.put(name, objects.get(name)[:-1] + b"\0", create_only=False)
+    assert main(["verify", url]) == 1
+    assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
+    assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1

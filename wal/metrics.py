@@ -22,6 +22,9 @@ COUNTERS = frozenset({
     "commits", "appends", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
     "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs", "background_applies",
+    # the object archive (wal/archive/shipper.py)
+    "archive_puts", "archive_put_bytes", "archive_put_errors", "archive_objects", "archive_snapshots",
+    "archive_merges", "archive_deletes", "archive_gets",
 })
 
 HELP = {
@@ -70,6 +73,20 @@ HELP = {
     "last_commit_age_seconds": "Seconds since the newest commit in the log.",
     "stats_seconds": "Seconds `agentwal stats` took to read these.",
     "slow_fsyncs": "Times the slowest fdatasync grew past slow_fsync_ms.",
+    "archived_lsn": "Last LSN the object archive holds.",
+    "archive_lag_ms": "Upper bound on the age of the oldest commit not yet in the object archive, milliseconds.",
+    "archive_rpo_ms": "The archive's lag bound (archive_rpo_ms), milliseconds.",
+    "archive_puts": "PUT requests to the object archive (they cost money).",
+    "archive_puts_per_s": "PUT requests to the object archive per second since the store opened.",
+    "archive_put_bytes": "Bytes PUT to the object archive.",
+    "archive_put_errors": "Failed object-archive requests (retried with backoff).",
+    "archive_objects": "Log objects shipped to the archive.",
+    "archive_snapshots": "State snapshots shipped to the archive.",
+    "archive_merges": "Merges of small log objects into one.",
+    "archive_deletes": "Objects deleted from the archive (merged away).",
+    "archive_gets": "GET requests to the archive (merges, ownership checks).",
+    "archive_last_snapshot_lsn": "LSN of the newest state snapshot in the archive.",
+    "archive_fenced": "1 if another writer took the archive over and this store stopped.",
 }
 
 _BAD = re.compile(r"[^a-zA-Z0-9_:]")

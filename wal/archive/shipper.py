@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("wal.archive")
 
+STATUS_FILE = "archive.json"  # in the store's directory: the shipper's state for `agentwal archive status`
 MAX_OBJECT_BYTES = 16 << 20  # one group object holds at most this much log (more: several PUTs)
 SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
 
@@ -71,6 +73,7 @@ class Shipper:
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
         self._samples.append((archived, time.monotonic()))
         self._started = time.monotonic()
+        self._status_at = 0.0
         self.counters = collections.Counter[str](dict.fromkeys(
             ("archive_puts", "archive_put_bytes", "archive_put_errors", "archive_objects", "archive_snapshots",
              "archive_merges", "archive_deletes", "archive_gets"), 0))
@@ -102,6 +105,7 @@ class Shipper:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
+        self.write_status()
 
     # ---- waiting ------------------------------------------------------------------------------
 
@@ -162,12 +166,26 @@ class Shipper:
 
     # ---- the thread ---------------------------------------------------------------------------
 
+    def write_status(self) -> None:
+        """archive.json in the store's directory (FORMAT.md): what `agentwal archive status` and
+        `agentwal info` show from another process. Informational: written by rename, not synced."""
+        self._status_at = time.monotonic()
+        data = {k: v for k, v in self.stats().items() if k != "archive_puts_per_s"}
+        data.update({"pid": os.getpid(), "updated_unix_ms": time.time_ns() // 1_000_000})
+        path = os.path.join(self.store.path, STATUS_FILE)
+        with contextlib.suppress(OSError):
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(path + ".tmp", path)
+
     def _run(self) -> None:
         backoff = 0.05
         while not self._stop:
             self._wake.wait(self.period)
             self._wake.clear()
             self.lag_ms()  # a sample: the lag's bound stays tight between commits
+            if time.monotonic() - self._status_at >= 1.0:
+                self.write_status()
             try:
                 while self._ship_once():
                     pass
@@ -205,6 +223,7 @@ class Shipper:
             "rather than diverge. Restore or follow the archive to continue.")
         _logger.error("%s", self.fenced)
         self.store._fenced(self.fenced)
+        self.write_status()
         with self._cond:
             self._cond.notify_all()
 
