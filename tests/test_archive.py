@@ -24,6 +24,8 @@ from wal.archive import layout
 from wal.archive.objects import FileObjects, open_objects
 from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError
+from wal.cli import main
+from wal.metrics import prometheus_text
 
 FAST = {"archive_rpo_ms": 200}
 
@@ -417,9 +419,6 @@ def test_a_store_not_continuing_the_archive_refuses_it(tmp_path):
 
 
 def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys):
-    from wal.cli import main
-    from wal.metrics import prometheus_text
-
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "s", archive=url, **FAST) as s:
         for i in range(30):
