@@ -445,3 +445,40 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
     assert main(["verify", url]) == 1
     assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
     assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1
+
+
+def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", archive=archive_url, archive_rpo_ms=50, archive_snapshot_bytes=500,
+                  archive_retention_s=1.0) as s:
+        lsns = []
+        for i in range(40):
+            lsns.append(s.put(f"k{i % 5}", b"x" * 100))
+            time.sleep(0.05)
+        old = lsns[2]
+        time.sleep(1.2)
+        for i in range(10):
+            s.put(f"n{i}", b"y")
+            time.sleep(0.05)
+        wait_until(lambda: s.stats()["archive_deletes"] > 0)
+        wait_until(lambda: s.stats()["archived_lsn"] == 50)
+    snaps = [layout.parse_name(n).first for n in names(archive_url, layout.SNAP_PREFIX)]
+    assert min(snaps) > 0, "the snapshots before the window's base were deleted"
+    with pytest.raises(wal.ArgumentError, match="before the oldest snapshot"):
+        wal.restore(archive_url, tmp_path / "old", lsn=old)
+    assert wal.restore(archive_url, tmp_path / "r").lsn == 50
+    assert verify(archive_url).ok
+
+
+def test_a_writer_cut_off_while_another_took_over_stops_before_shipping(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, **FAST) as s:
+        s.put("a", b"1")
+        wait_until(lambda: s.stats()["archived_lsn"] == 1)
+        # Another writer's object past this one's position (it was promoted while we were away).
+        FileObjects(urlparse(url).path).put(layout.log_name(2), layout.encode_log([(2, b"T" + b"\0" * 13)],
+                                                                                  os.urandom(16)))
+        s._shipper._owner_checked_at = 0  # as if 10 s went by
+        s._shipper.kick()
+        wait_until(lambda: s.stats()["archive_fenced"])
+        with pytest.raises(wal.FailedError, match="fenced"):
+            s.put("b", b"2")

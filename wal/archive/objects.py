@@ -72,6 +72,10 @@ class ObjectStore:
     def delete(self, name: str) -> None:
         raise NotImplementedError
 
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(name, unix time the object was written) under prefix, for retention."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
@@ -150,6 +154,13 @@ class FileObjects(ObjectStore):
             if start_after is not None and name <= start_after:
                 continue
             yield name, entry.stat().st_size
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        for name, _ in self.list(prefix):
+            try:
+                yield name, os.stat(self._path(name)).st_mtime
+            except FileNotFoundError:
+                continue
 
     def delete(self, name: str) -> None:
         try:
@@ -247,6 +258,19 @@ class S3Objects(ObjectStore):
                 raise self._err(exc, "listing", prefix) from exc
             for item in page.get("Contents", ()):
                 yield item["Key"][len(self.prefix):], int(item["Size"])
+            if not page.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
+        while True:
+            try:
+                page = self.client.list_objects_v2(**kwargs)
+            except Exception as exc:
+                raise self._err(exc, "listing", prefix) from exc
+            for item in page.get("Contents", ()):
+                yield item["Key"][len(self.prefix):], item["LastModified"].timestamp()
             if not page.get("IsTruncated"):
                 return
             kwargs["ContinuationToken"] = page["NextContinuationToken"]

@@ -120,17 +120,53 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
             parallel: int, progress: Progress | None) -> tuple[list[tuple[int, bytes]], int, int]:
     """Verified records after+1.. (to `upto` / to the last commit at or before time_ms / to the
     end), the number of objects and bytes downloaded. CorruptionError on damage or a gap."""
-    pieces, gap = cover(listing.logs, after)
+    records: list[tuple[int, bytes]] = []
+    tally = {"objects": 0, "bytes": 0}
+    reached = False  # stopped at the target, before any gap
+    for attempt in range(_REPLANS + 1):
+        try:
+            reached = _collect_planned(objects, listing, records, after, upto=upto, time_ms=time_ms,
+                                       parallel=parallel, progress=progress, tally=tally)
+            break
+        except ObjectMissingError:
+            # Merged away (or removed by retention) between the listing and the download: list
+            # again and go on from the last record already verified.
+            if attempt == _REPLANS:
+                raise
+            listing = list_archive(objects)
+    pos = records[-1][0] if records else after
+    count, nbytes = tally["objects"], tally["bytes"]
+    end_known = pos
+    if upto is not None and end_known >= upto:
+        reached = True
+    _, gap = cover(listing.logs, pos)
+    if gap is not None and not reached:
+        later = min((p.first for p in listing.logs if p.first > gap), default=gap)
+        raise CorruptionError(f"the archive {objects.url} is missing LSNs {gap}..{later - 1}: no object holds "
+                              "them; restore refused (restore to an LSN before the gap with lsn=)",
+                              path=objects.url, lsn=gap, reason="archive gap")
+    if upto is not None and end_known < upto:
+        raise ArgumentError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
+                            f"{end_known}")
+    return records, count, nbytes
+
+
+_REPLANS = 5
+
+
+def _collect_planned(objects: ObjectStore, listing: Listing, records: list[tuple[int, bytes]], after: int, *,
+                     upto: int | None, time_ms: int | None, parallel: int, progress: Progress | None,
+                     tally: dict[str, int]) -> bool:
+    """One pass of `collect` over the plan from `listing`, from the last record in `records`
+    (else `after`); appends verified records. Returns whether it stopped at the target."""
+    pos = records[-1][0] if records else after
+    pieces, _ = cover(listing.logs, pos)
     if upto is not None:
         pieces = [p for p in pieces if p.first <= upto]
-    records: list[tuple[int, bytes]] = []
-    pos = after
-    nbytes = 0
-    count = 0
-    reached = False  # stopped at the target, before any gap
+    reached = False
     for piece, data in _fetch_all(objects, pieces, parallel, progress):
-        count += 1
-        nbytes += len(data)
+        tally["objects"] += 1
+        tally["bytes"] += len(data)
         obj = layout.decode_log(data, piece.name)
         if obj.first > pos + 1:
             raise CorruptionError(f"the archive {objects.url} is missing LSNs {pos + 1}..{obj.first - 1} "
@@ -148,18 +184,7 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
         if stop:
             reached = True
             break
-    end_known = pos
-    if upto is not None and end_known >= upto:
-        reached = True
-    if gap is not None and not reached:
-        later = min((p.first for p in listing.logs if p.first > gap), default=gap)
-        raise CorruptionError(f"the archive {objects.url} is missing LSNs {gap}..{later - 1}: no object holds "
-                              "them; restore refused (restore to an LSN before the gap with lsn=)",
-                              path=objects.url, lsn=gap, reason="archive gap")
-    if upto is not None and end_known < upto:
-        raise ArgumentError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
-                            f"{end_known}")
-    return records, count, nbytes
+    return reached
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,

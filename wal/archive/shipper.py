@@ -30,7 +30,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from wal.archive import layout
-from wal.archive.objects import ArchiveError, ArchiveUnavailableError, ObjectExistsError, ObjectStore
+from wal.archive.objects import (
+    ArchiveError,
+    ArchiveUnavailableError,
+    ObjectExistsError,
+    ObjectMissingError,
+    ObjectStore,
+)
 from wal.errors import FailedError, WalError
 
 if TYPE_CHECKING:
@@ -50,13 +56,16 @@ class ArchiveLagError(WalError):
 class Shipper:
     def __init__(self, store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str,
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
-                 last_snapshot: int) -> None:
+                 last_snapshot: int, retention_s: float | None = None) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
         self.policy = policy
         self.snapshot_bytes = snapshot_bytes
         self.merge_objects = merge_objects
+        self.retention_s = retention_s
+        self._retained_at = time.monotonic()
+        self._owner_checked_at = time.monotonic()
         self.writer_id = os.urandom(16)
         self.archived = archived
         self.fenced: FailedError | None = None
@@ -189,8 +198,11 @@ class Shipper:
             try:
                 while self._ship_once():
                     pass
+                if self.error is not None or time.monotonic() - self._owner_checked_at > 10:
+                    self._check_still_writer()
                 self._snapshot_if_due()
                 self._merge_if_due()
+                self._retain_if_due()
                 if self.error is not None:
                     _logger.info("archive %s reachable again: shipping resumed (archived LSN %d)",
                                  self.objects.url, self.archived)
@@ -327,7 +339,11 @@ class Shipper:
         records: list[tuple[int, bytes]] = []
         for first, _, _ in run:
             name = layout.log_name(first)
-            records.extend(layout.decode_log(self._get(name), name).records)
+            try:
+                records.extend(layout.decode_log(self._get(name), name).records)
+            except ObjectMissingError:  # removed by retention meanwhile: nothing to merge there
+                del self._unmerged[: len(run)]
+                return
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
         try:
@@ -339,6 +355,47 @@ class Shipper:
             self.counters["archive_deletes"] += 1
         del self._unmerged[: len(run)]
         self.counters["archive_merges"] += 1
+
+    def _check_still_writer(self) -> None:
+        """One LIST: no object may start after this writer's archived LSN but its own next one.
+        Catches a takeover while this writer was cut off (an outage, a long pause) before its next
+        PUT would, and one whose fence object retention has since deleted."""
+        self._owner_checked_at = time.monotonic()
+        for name, _ in self.objects.list(layout.LOG_PREFIX, layout.log_name(self.archived)):
+            parsed = layout.parse_name(name)
+            if parsed is not None and parsed.first > self.archived:
+                raise ObjectExistsError(f"{self.objects.url}/{name} was written by another writer")
+
+    # ---- retention ----------------------------------------------------------------------------
+
+    def _retain_if_due(self) -> None:
+        """Delete what a restore to any time within the last `retention_s` does not need: every
+        snapshot older than the newest one written before the window, and every log object wholly
+        at or below that snapshot's LSN. Checked every retention_s / 10 (at most once a minute)."""
+        if self.retention_s is None:
+            return
+        now = time.monotonic()
+        if now - self._retained_at < min(self.retention_s / 10, 60.0):
+            return
+        self._retained_at = now
+        cutoff = time.time() - self.retention_s
+        snaps = sorted((layout.parse_name(n), n, t) for n, t in self.objects.list_times(layout.SNAP_PREFIX)
+                       if layout.parse_name(n) is not None)
+        before = [(p.first, n) for p, n, t in snaps if p is not None and t <= cutoff]
+        if not before:
+            return
+        base = before[-1][0]
+        for _, name in before[:-1]:
+            self.objects.delete(name)
+            self.counters["archive_deletes"] += 1
+        from wal.archive.plan import list_archive  # noqa: PLC0415
+
+        self._unmerged = [u for u in self._unmerged if u[1] > base]  # the merger must not look for them
+        for piece in list_archive(self.objects).logs:
+            # Never the newest object, nor one whose end is unknown.
+            if piece.last is not None and piece.last <= base and piece.last < self.archived:
+                self.objects.delete(piece.name)
+                self.counters["archive_deletes"] += 1
 
     def stats(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self._started, 1e-9)

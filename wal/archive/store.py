@@ -161,7 +161,7 @@ class ArchivedStore(Store):
 
 
 def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
-            merge_objects: int) -> None:
+            merge_objects: int, retention_s: float | None) -> None:
     """Find where the archive ends and check this store continues it; then start shipping."""
     log = store._log
     assert log is not None
@@ -200,7 +200,7 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
         archived = end
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=archived, need_snapshot=need_snapshot,
-                      last_snapshot=last_snapshot)
+                      last_snapshot=last_snapshot, retention_s=retention_s)
     store._shipper = shipper
     shipper.start()
     shipper.kick()
@@ -214,6 +214,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     policy = opts.pop("archive_policy", "block")
     snapshot_bytes = opts.pop("archive_snapshot_bytes", 64 << 20)
     merge_objects = opts.pop("archive_merge_objects", 32)
+    retention_s = opts.pop("archive_retention_s", None)
     if opts:
         raise ArgumentError(f"unknown option(s) of wal.open: {', '.join(sorted(opts))}")
     if isinstance(rpo_ms, bool) or not isinstance(rpo_ms, int) or rpo_ms <= 0:
@@ -224,6 +225,9 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
         raise ArgumentError(f"archive_snapshot_bytes must be an int > 0, got {snapshot_bytes!r}")
     if not isinstance(merge_objects, int) or merge_objects < 2:
         raise ArgumentError(f"archive_merge_objects must be an int >= 2, got {merge_objects!r}")
+    if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
+                                    or retention_s <= 0):
+        raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
     objects = open_objects(archive)
     store = ArchivedStore._open(path, readonly=False, archive=False, **store_kwargs)
     assert isinstance(store, ArchivedStore)
@@ -232,7 +236,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
         store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
     try:
         _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
-                merge_objects=merge_objects)
+                merge_objects=merge_objects, retention_s=retention_s)
     except BaseException:
         store.close()
         raise
