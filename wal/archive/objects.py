@@ -89,6 +89,7 @@ class FileObjects(ObjectStore):
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
+        self._made: set[str] = set()  # directories known to exist durably (makedirs_durable fsyncs)
 
     def _path(self, name: str) -> str:
         parts = name.split("/")
@@ -100,7 +101,9 @@ class FileObjects(ObjectStore):
         path = self._path(name)
         directory = os.path.dirname(path)
         try:
-            makedirs_durable(directory)
+            if directory not in self._made:
+                makedirs_durable(directory)
+                self._made.add(directory)
             tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -126,6 +129,7 @@ class FileObjects(ObjectStore):
         except ArchiveError:
             raise
         except OSError as exc:
+            self._made.discard(directory)  # it may have gone (an unmounted share): make it again
             raise ArchiveUnavailableError(f"writing {self.url}/{name}: {exc}") from exc
 
     def get(self, name: str) -> bytes:
