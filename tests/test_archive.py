@@ -440,7 +440,7 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
         assert r.watermarks.durable == 12
     # Damage: verify exits 1 and names the object.
     objects = FileObjects(urlparse(url).path)
-    name = names(url, layout.LOG_PREFIX)[1]
+    name = names(url, layout.LOG_PREFIX)[0]
     objects.put(name, objects.get(name)[:-1] + b"\0", create_only=False)
     assert main(["verify", url]) == 1
     assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
