@@ -208,7 +208,15 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
 
 def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any],
                   **store_kwargs: Any) -> ArchivedStore:
-    """`wal.open` with an object archive (see the module docstring for the options)."""
+    """`wal.open` with an object archive. Options (all keyword, all optional):
+
+    - archive_rpo_ms (1000): the machine-loss bound; the archive's lag is kept under it.
+    - archive_policy ("block"): when the lag passes the bound, commits wait ("block") or raise
+      `ArchiveLagError` ("error").
+    - archive_snapshot_bytes (64 MiB): ship a state snapshot after this much shipped log.
+    - archive_merge_objects (32): merge this many small group objects into one.
+    - archive_retention_s (None: keep all): keep what a restore within this window needs.
+    """
     opts = dict(options)
     rpo_ms = opts.pop("archive_rpo_ms", 1000)
     policy = opts.pop("archive_policy", "block")
