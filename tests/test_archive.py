@@ -482,3 +482,19 @@ def test_a_writer_cut_off_while_another_took_over_stops_before_shipping(tmp_path
         wait_until(lambda: s.stats()["archive_fenced"])
         with pytest.raises(wal.FailedError, match="fenced"):
             s.put("b", b"2")
+
+
+def test_a_store_opens_while_its_archive_is_unreachable_and_ships_once_it_answers(tmp_path):
+    url = f"file://{tmp_path}/a"
+    os.makedirs(urlparse(url).path)
+    with Blocked(url):
+        s = wal.open(tmp_path / "s", archive=url, archive_rpo_ms=60_000, segment_bytes=4096)
+        for i in range(100):
+            s.put(f"k{i}", b"v" * 50)
+        st = s.stats()
+        assert st["archived_lsn"] == 0 and st["archive_error"]
+        s.checkpoint()
+        assert s._log.first_lsn == 1, "a segment went before the archive held it"
+    wait_until(lambda: s.stats()["archived_lsn"] == 100)
+    s.close()
+    assert wal.restore(url, tmp_path / "r").lsn == 100

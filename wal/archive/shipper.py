@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from wal.archive import layout
@@ -56,7 +57,8 @@ class ArchiveLagError(WalError):
 class Shipper:
     def __init__(self, store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str,
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
-                 last_snapshot: int, retention_s: float | None = None) -> None:
+                 last_snapshot: int, retention_s: float | None = None,
+                 resolve: Callable[[], tuple[int, bool, int]] | None = None) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -64,6 +66,7 @@ class Shipper:
         self.snapshot_bytes = snapshot_bytes
         self.merge_objects = merge_objects
         self.retention_s = retention_s
+        self._resolve = resolve  # set while the archive's end is unknown (unreachable at open)
         self._retained_at = time.monotonic()
         self._owner_checked_at = time.monotonic()
         self.writer_id = os.urandom(16)
@@ -196,6 +199,10 @@ class Shipper:
             if time.monotonic() - self._status_at >= 1.0:
                 self.write_status()
             try:
+                if self._resolve is not None:
+                    archived, self._need_snapshot, self.last_snapshot = self._resolve()
+                    self._resolve = None
+                    self._publish(archived)
                 while self._ship_once():
                     pass
                 if self.error is not None or time.monotonic() - self._owner_checked_at > 10:
@@ -210,6 +217,9 @@ class Shipper:
                 backoff = 0.05
             except ObjectExistsError as exc:
                 self._fence(exc)
+                return
+            except FailedError as exc:  # resolved late: this store does not continue the archive
+                self._stop_with(exc)
                 return
             except ArchiveError as exc:
                 self.counters["archive_put_errors"] += 1
@@ -229,10 +239,13 @@ class Shipper:
                     self._cond.wait(1.0)
 
     def _fence(self, exc: ObjectExistsError) -> None:
-        self.fenced = FailedError(
+        self._stop_with(FailedError(
             f"the store in {self.store.path} was fenced: another writer now ships into {self.objects.url} "
             f"(a follower was promoted; {exc}). Its LSNs above {self.archived} were never archived; it stops "
-            "rather than diverge. Restore or follow the archive to continue.")
+            "rather than diverge. Restore or follow the archive to continue."))
+
+    def _stop_with(self, exc: FailedError) -> None:
+        self.fenced = exc
         _logger.error("%s", self.fenced)
         self.store._fenced(self.fenced)
         self.write_status()

@@ -22,7 +22,7 @@ from typing import Any
 
 from wal import record
 from wal.archive import layout
-from wal.archive.objects import ObjectStore, open_objects
+from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
 from wal.archive.plan import list_archive
 from wal.archive.shipper import Shipper
 from wal.errors import ArgumentError, FailedError
@@ -160,9 +160,10 @@ class ArchivedStore(Store):
         super().close()
 
 
-def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
-            merge_objects: int, retention_s: float | None) -> None:
-    """Find where the archive ends and check this store continues it; then start shipping."""
+def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int]:
+    """Where the archive ends, checked against this store's log: (archived LSN, a snapshot is
+    needed, newest snapshot's LSN). FailedError if the store does not continue the archive;
+    ArchiveError if the object store does not answer."""
     log = store._log
     assert log is not None
     listing = list_archive(objects)
@@ -198,9 +199,28 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
+    return archived, need_snapshot, last_snapshot
+
+
+def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
+            merge_objects: int, retention_s: float | None) -> None:
+    """Find where the archive ends and check this store continues it; then start shipping. An
+    object store that does not answer does not stop the open: the shipper resolves the archive's
+    end once it answers, and until then ships nothing and lets no segment go (archived LSN 0)."""
+    resolve = None
+    try:
+        archived, need_snapshot, last_snapshot = _resolve(store, objects)
+    except ArchiveUnavailableError as exc:
+        _logger.error("archive %s unreachable when %s was opened; the store works, shipping starts once it "
+                      "answers (commits wait or fail once the lag passes archive_rpo_ms): %s", objects.url,
+                      store.path, exc)
+        archived, need_snapshot, last_snapshot = 0, True, 0
+        resolve = lambda: _resolve(store, objects)  # noqa: E731
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=archived, need_snapshot=need_snapshot,
-                      last_snapshot=last_snapshot, retention_s=retention_s)
+                      last_snapshot=last_snapshot, retention_s=retention_s, resolve=resolve)
+    if resolve is not None:
+        shipper.error = "unreachable when the store was opened"
     store._shipper = shipper
     shipper.start()
     shipper.kick()
