@@ -210,10 +210,7 @@ class Shipper:
                 self._snapshot_if_due()
                 self._merge_if_due()
                 self._retain_if_due()
-                if self.error is not None:
-                    _logger.info("archive %s reachable again: shipping resumed (archived LSN %d)",
-                                 self.objects.url, self.archived)
-                    self.error = None
+                self._reachable()
                 backoff = 0.05
             except ObjectExistsError as exc:
                 self._fence(exc)
@@ -304,12 +301,20 @@ class Shipper:
         self._publish(last)
         return True
 
+    def _reachable(self) -> None:
+        """After a request succeeded: the outage (if any) is over."""
+        if self.error is not None:
+            _logger.info("archive %s reachable again: shipping resumed (archived LSN %d)",
+                         self.objects.url, self.archived)
+            self.error = None
+
     def _put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
         try:
             self.objects.put(name, data, create_only=create_only)
         finally:
             self.counters["archive_puts"] += 1
         self.counters["archive_put_bytes"] += len(data)
+        self._reachable()
 
     def _get(self, name: str) -> bytes:
         self.counters["archive_gets"] += 1
