@@ -27,6 +27,9 @@ SHA-256 and each record's CRC-32C); a gap or a damaged object is refused, naming
 target past the archive's end is refused, naming the end. Downloads run in parallel.
 S3 endpoint and credentials come from the standard AWS environment (AWS_ENDPOINT_URL, ...).
 
+Writes: opens the store as its one writer -- a new one, in DIR, which must not exist or be
+empty; the archive is only read.
+
 examples:
   agentwal restore s3://backups/agent7 /var/lib/agent/restored
   agentwal restore s3://backups/agent7 /tmp/at-lsn --lsn 120345
@@ -38,6 +41,9 @@ Keep a read-only copy of an archive in DIR (restored first if DIR is new), apply
 objects as the writer ships them; prints the follower's LSN and lag every --every seconds.
 Ctrl-C stops it. --promote makes it the archive's writer at once (fencing the old one) and exits.
 
+Writes: opens the store as its one writer -- the follower's own store in DIR (the archive is
+only read, except by --promote, which writes the fence object).
+
 examples:
   agentwal follow s3://backups/agent7 /var/lib/agent/replica
   agentwal follow s3://backups/agent7 /var/lib/agent/replica --promote
@@ -47,6 +53,13 @@ STATUS_DESCRIPTION = """\
 Show a store's archive as its writer last reported it (STORE/archive.json, updated about
 once a second): the archive URL, the archived LSN against the log's last LSN, the lag,
 PUT counts, the current error (an unreachable object store) and whether it was fenced.
+
+Read-only: takes no lock, so it works while an agent runtime (the writer) has the store
+open, and changes nothing.
+
+examples:
+  agentwal archive status /var/lib/agent/store
+  agentwal archive status /var/lib/agent/store --json
 """
 
 
