@@ -46,7 +46,8 @@ storecore = Extension(
 # from py-lmdb's extension, so nothing links against it here.
 lmdbcall = Extension(
     "wal._lmdbcall",
-    sources=["native/lmdbcall.c"],
+    sources=["native/lmdbcall.c", "native/crc32c.c"],
+    include_dirs=["native"],
     libraries=["dl"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )

@@ -63,7 +63,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "crc32c.h" /* the per-entry checksum of DATA values (store format 4) */
 #include "format.h" /* wal_get_u64 / wal_put_u64: little-endian u64, as everywhere on disk */
+#include "lmdbapi.h" /* the C API this module lends wal._storecore (its fast reads) */
 
 /* ---- LMDB 0.9's public API, as documented in lmdb.h (declared here, not included) ---- */
 
@@ -120,6 +122,7 @@ typedef struct {
 #define E_BUSY (-40004)
 #define E_BAD_VALUE (-40005) /* a stored value of the wrong size, or a split one without its tail: damage */
 #define E_NO_TAILS (-40006)  /* a read-only handle opened before the state had split values met one */
+#define E_CHECKSUM (-40007)  /* a DATA entry whose checksum does not match its key, version and value: damage */
 
 /* apply's outcomes besides an LMDB error. */
 #define APPLY_OK 0
@@ -132,6 +135,7 @@ typedef struct {
 #define DB_DATA 0
 #define DB_TAIL 3 /* the tails of split DATA values: internal, never a `db` argument */
 #define SPARE_TXNS 4
+static const char CHECKS_KEY[] = "entry_checksums"; /* META: every DATA entry carries a checksum */
 
 typedef struct {
     char *(*version)(int *, int *, int *);
@@ -287,6 +291,7 @@ typedef struct EnvObject {
     MDB_env *env; /* NULL once closed */
     MDB_dbi dbs[N_DBS + 1]; /* the N_DBS databases, then DB_TAIL */
     int has_tail;           /* DB_TAIL exists (a read-only open of a format-2 state may lack it) */
+    int require_checks;     /* every DATA entry carries a checksum (META "entry_checksums" is set) */
     unsigned int psize;     /* LMDB's page size: where split_tail() draws its line */
     pid_t pid;
     dev_t dev;
@@ -449,6 +454,7 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
                          const char *restore, size_t restore_len);
+static int checksum_meta(EnvObject *e, MDB_txn *txn);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
@@ -559,6 +565,25 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
         where = "mdb_env_stat";
         self->psize = est.ms_psize;
     }
+    if (rc == 0) { /* does every DATA entry carry a checksum? A new, empty state says so at once */
+        MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, cv;
+        MDB_stat dst;
+        rc = M.get(txn, self->dbs[2], &ck, &cv);
+        where = "mdb_get (entry_checksums)";
+        if (rc == 0) {
+            self->require_checks = 1;
+        } else if (rc == MDB_NOTFOUND) {
+            rc = M.stat(txn, self->dbs[DB_DATA], &dst);
+            where = "mdb_stat";
+            if (rc == 0 && !readonly && dst.ms_entries == 0) {
+                MDB_val one = {1, "1"};
+                rc = checksum_meta(self, txn);
+                if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
+                where = "mdb_put (entry_checksums)";
+                self->require_checks = rc == 0;
+            }
+        }
+    }
     if (rc == 0) {
         rc = M.txn_commit(txn); /* also for a read txn: its dbi handles then stay usable */
         txn = NULL;
@@ -597,20 +622,42 @@ static PyObject *env_close(EnvObject *self, PyObject *unused) {
 
 static PyObject *value_bytes(const MDB_val *v) { return PyBytes_FromStringAndSize((const char *)v->mv_data, (Py_ssize_t)v->mv_size); }
 
-/* ---- Split values (FORMAT.md §16) ----
+/* ---- DATA entries: checksums and split values (FORMAT.md §16) ----
  *
- * LMDB gives a value too large for a leaf overflow pages of its own: ceil((16 + size) / P)
- * whole pages, 16 being the page header. A DATA value is the version (8 bytes) and then the
- * user's value, so a 4 KiB value is 4,104 bytes on two 4 KiB pages, the second holding 24
- * bytes: every put of one writes twice the pages its bytes need, and the state's pages are
- * what bounds a sustained run of 4 KiB commits once the page cache has to give them to the
- * disk (benchmarks/PROFILING.md, finding 21). So when the last overflow page would hold at
- * most P/8 bytes, those last bytes go to DB_TAIL under the same key, and the DATA value,
- * one page shorter, carries SPLIT_FLAG in its version's top bit (an LSN never reaches 2^63;
- * apply refuses a version that does). The line is the writer's choice alone: a reader joins
- * any flagged value with its tail, whatever the sizes. */
+ * A DATA value as callers give and get it is the version (u64 LE, the LSN of the commit that
+ * wrote the key) and the user's value. As stored (store format 4) it is
+ *
+ *     version:u64 LE | crc:u32 LE | value        crc = CRC-32C(key || version || value)
+ *
+ * with CHECKED_FLAG set in the version's byte 7 (bit 62), the version in the checksum taken
+ * without its flags. Every read recomputes the checksum (in C, ~15 GB/s) before anything
+ * leaves this file, so a damaged entry -- a flipped byte of its key, version, value or size,
+ * or a page pointer that lands in another entry's bytes -- raises E_CHECKSUM instead of
+ * returning what was never written. Why per entry and not LMDB 1.0's page checksums: the state
+ * must stay LMDB 0.9's format (py-lmdb opens 0.9 by default, so do operators' tools, and the
+ * checkpoint code reads its meta pages), and the entry is what a read returns: its checksum
+ * travels with it through splits and page moves, and covers the key the read asked for.
+ * What it cannot see, a damaged branch page that steers a lookup away from a key, a full
+ * walk sees (`agentwal verify` compares every entry it scans with a lookup of the same key).
+ * Entries written before format 4 have no CHECKED_FLAG; they are read as they are until the
+ * first writable open rewrites them (check_entries) and sets META "entry_checksums", after
+ * which an entry without the flag is damage too.
+ *
+ * Split values. LMDB gives a value too large for a leaf overflow pages of its own:
+ * ceil((16 + size) / P) whole pages, 16 being the page header. A 4 KiB value is 4,116 bytes
+ * stored, on two 4 KiB pages, the second holding a few dozen: every put of one writes twice
+ * the pages its bytes need, and the state's pages are what bounds a sustained run of 4 KiB
+ * commits once the page cache has to give them to the disk (docs: performance notes). So when
+ * the last overflow page would hold at most P/8 bytes, those last bytes go to DB_TAIL under
+ * the same key, and the DATA value, one page shorter, carries SPLIT_FLAG in its version's top
+ * bit (an LSN never reaches 2^62; apply refuses a version that does). The line is the
+ * writer's choice alone: a reader joins any flagged value with its tail, whatever the sizes.
+ * The checksum is over the whole value, so it is checked after the join. */
 #define PAGE_HEADER 16  /* LMDB 0.9's page header on 64-bit: an overflow page holds P - 16 bytes */
 #define SPLIT_FLAG 0x80 /* in byte 7 of a DATA value: the top bit of its u64 LE version */
+#define CHECKED_FLAG 0x40 /* in byte 7: bit 62, the entry carries a checksum after its version */
+#define VERSION_FLAGS (SPLIT_FLAG | CHECKED_FLAG)
+#define ENTRY_HEAD 12   /* version + crc */
 
 /* The bytes of a DATA value of `size` to store in DB_TAIL: 0 (store it whole) unless they are
  * all its last overflow page would hold, and at most P/8. */
@@ -626,75 +673,226 @@ static int del_tail(EnvObject *e, MDB_txn *txn, MDB_val *k) {
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
-/* Put DATA value `v` under `k` in `txn` through `cur` (a DATA cursor of `txn`), split or
- * whole; either way no tail of an earlier value of `k` is left behind. On failure *where
- * names the call. GIL not needed. */
-static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v, const char **where) {
-    size_t tail = split_tail(e, v->mv_size);
+/* CRC-32C of a DATA entry: key, version (flags cleared, u64 LE), value in up to two pieces. */
+static uint32_t entry_crc(const MDB_val *k, uint64_t version, const void *v1, size_t n1, const void *v2, size_t n2) {
+    unsigned char ver[8];
+    wal_put_u64(ver, version);
+    uint32_t crc = wal_crc32c(0, k->mv_data, k->mv_size);
+    crc = wal_crc32c(crc, ver, 8);
+    crc = wal_crc32c(crc, v1, n1);
+    return n2 ? wal_crc32c(crc, v2, n2) : crc;
+}
+
+/* Put the DATA entry of key `k`: version `version` (no flags) and `n` bytes of value at `val`,
+ * checksummed, split or whole, through `cur` (a DATA cursor of `txn`); either way no tail of
+ * an earlier value of `k` is left behind. On failure *where names the call. GIL not needed. */
+static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, uint64_t version, const char *val,
+                     size_t n, const char **where) {
+    size_t total = ENTRY_HEAD + n, tail = split_tail(e, total);
+    MDB_val head = {total - tail, NULL};
     *where = "mdb_cursor_put";
+    int rc = M.cursor_put(cur, k, &head, MDB_RESERVE); /* head.mv_data: the room in the page */
+    if (rc != 0) return rc;
+    unsigned char *dst = head.mv_data;
+    wal_put_u64(dst, version);
+    dst[7] |= CHECKED_FLAG | (tail ? SPLIT_FLAG : 0);
+    wal_put_u32(dst + 8, entry_crc(k, version, val, n, NULL, 0));
+    memcpy(dst + ENTRY_HEAD, val, n - tail);
     if (tail == 0) {
-        MDB_val whole = *v;
-        int rc = M.cursor_put(cur, k, &whole, 0);
-        if (rc != 0) return rc;
         *where = "mdb_del (tail)";
         return del_tail(e, txn, k);
     }
-    MDB_val head = {v->mv_size - tail, NULL}, rest = {tail, (char *)v->mv_data + (v->mv_size - tail)};
-    int rc = M.cursor_put(cur, k, &head, MDB_RESERVE); /* head.mv_data: the room in the page */
-    if (rc != 0) return rc;
-    memcpy(head.mv_data, v->mv_data, head.mv_size);
-    ((unsigned char *)head.mv_data)[7] |= SPLIT_FLAG;
+    MDB_val rest = {tail, (char *)val + (n - tail)};
     *where = "mdb_put (tail)";
     return M.put(txn, e->dbs[DB_TAIL], k, &rest, 0);
 }
 
-/* A DATA value `v` of key `k`, read in `txn`, as bytes: whole again if it was stored split.
- * NULL with an LmdbError set when a flagged value has no tail (damage), or when this handle
- * cannot see tails (read-only, opened before the state had any). */
-static PyObject *data_value(const EnvObject *e, MDB_txn *txn, MDB_val *k, const MDB_val *v) {
-    const unsigned char *head = v->mv_data;
-    if (v->mv_size < 8 || !(head[7] & SPLIT_FLAG)) return value_bytes(v);
-    if (!e->has_tail) {
-        set_own_error(E_NO_TAILS, "the state stores split values (store format 3) since this read-only handle "
-                                  "opened it; open the store again to read them");
-        return NULL;
-    }
-    MDB_val tail;
-    int rc = M.get(txn, e->dbs[DB_TAIL], k, &tail);
-    if (rc == MDB_NOTFOUND) {
-        PyObject *key = PyBytes_FromStringAndSize(k->mv_data, (Py_ssize_t)k->mv_size);
-        if (key != NULL) set_bad_value("key %R is stored split but its tail is missing", key);
-        Py_XDECREF(key);
-        return NULL;
-    }
-    if (rc != 0) {
-        set_error(rc, "mdb_get");
-        return NULL;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(v->mv_size + tail.mv_size));
-    if (out == NULL) return NULL;
-    char *dst = PyBytes_AS_STRING(out);
-    memcpy(dst, head, v->mv_size);
-    memcpy(dst + v->mv_size, tail.mv_data, tail.mv_size);
-    dst[7] = (char)(head[7] & ~SPLIT_FLAG);
-    return out;
+/* put_entry for a value given as the caller's layout: u64 LE version + value. */
+static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v, const char **where) {
+    return put_entry(e, txn, cur, k, wal_get_u64(v->mv_data), (const char *)v->mv_data + 8, v->mv_size - 8, where);
 }
 
-/* A value read from database `db` as bytes (DATA values joined, data_value). */
-static PyObject *stored_value(const EnvObject *e, MDB_txn *txn, int db, MDB_val *k, const MDB_val *v) {
-    return db == DB_DATA ? data_value(e, txn, k, v) : value_bytes(v);
+static void set_entry_damage(int code, const MDB_val *k, const char *what) {
+    PyObject *key = PyBytes_FromStringAndSize(k->mv_data, (Py_ssize_t)k->mv_size);
+    if (key == NULL) return;
+    PyObject *msg = PyUnicode_FromFormat("key %R: %s", key, what);
+    Py_DECREF(key);
+    if (msg == NULL) return;
+    PyObject *a = Py_BuildValue("(iN)", code, msg);
+    if (a != NULL) {
+        PyErr_SetObject(LmdbError, a);
+        Py_DECREF(a);
+    }
+}
+
+/* ---- META values: a CRC-32C of key and value after the value (store format 4) ----
+ *
+ * `applied_lsn` says where the log's replay starts: a flipped bit there would skip commits or
+ * apply them twice without a trace. So in a state that requires checksums every META value
+ * but the marker itself is stored as value || CRC-32C(key || value) (u32 LE), put and checked
+ * here; callers see the value alone. */
+#define META_DB 2
+
+static int is_checks_key(const MDB_val *k) {
+    return k->mv_size == sizeof CHECKS_KEY - 1 && memcmp(k->mv_data, CHECKS_KEY, k->mv_size) == 0;
+}
+
+static int meta_checked(const EnvObject *e, const MDB_val *k) { return e->require_checks && !is_checks_key(k); }
+
+static uint32_t meta_crc(const MDB_val *k, const void *v, size_t n) {
+    return wal_crc32c(wal_crc32c(0, k->mv_data, k->mv_size), v, n);
+}
+
+/* The META value `v` of key `k` with its checksum checked and cut off (in place: v->mv_size
+ * shrinks by 4); -1 with an LmdbError set if it does not match. */
+static int meta_value(const EnvObject *e, const MDB_val *k, MDB_val *v) {
+    if (!meta_checked(e, k)) return 0;
+    if (v->mv_size < 4 || meta_crc(k, v->mv_data, v->mv_size - 4)
+                              != wal_get_u32((const uint8_t *)v->mv_data + v->mv_size - 4)) {
+        set_entry_damage(E_CHECKSUM, k, "a metadata value whose checksum does not match");
+        return -1;
+    }
+    v->mv_size -= 4;
+    return 0;
+}
+
+/* Put META value `n` bytes at `val` under `k` in `txn`, with its checksum when `checked`. */
+static int put_meta(EnvObject *e, MDB_txn *txn, MDB_val *k, const void *val, size_t n, int checked) {
+    MDB_val room = {n + (checked ? 4 : 0), NULL};
+    int rc = M.put(txn, e->dbs[META_DB], k, &room, MDB_RESERVE);
+    if (rc != 0) return rc;
+    memcpy(room.mv_data, val, n);
+    if (checked) wal_put_u32((uint8_t *)room.mv_data + n, meta_crc(k, val, n));
+    return 0;
+}
+
+/* Give every META value but the marker its checksum, in `txn` (the step to store format 4
+ * that sets the marker in the same transaction). GIL not needed. */
+static int checksum_meta(EnvObject *e, MDB_txn *txn) {
+    MDB_cursor *cur;
+    int rc = M.cursor_open(txn, e->dbs[META_DB], &cur);
+    if (rc != 0) return rc;
+    MDB_val k, v;
+    char key[512], *buf = NULL;
+    size_t cap = 0;
+    for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (is_checks_key(&k) || k.mv_size > sizeof key) continue;
+        if (v.mv_size > cap) {
+            char *nb = realloc(buf, v.mv_size);
+            if (nb == NULL) {
+                rc = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap = v.mv_size;
+        }
+        memcpy(key, k.mv_data, k.mv_size);
+        memcpy(buf, v.mv_data, v.mv_size);
+        MDB_val kk = {k.mv_size, key};
+        rc = put_meta(e, txn, &kk, buf, v.mv_size, 1);
+        if (rc != 0) break;
+    }
+    M.cursor_close(cur);
+    free(buf);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* The DATA entry `v` of key `k`, read in `txn`, checked and taken apart: 0 with *version and
+ * *value (new bytes: the user's value), -1 with an LmdbError set -- a checksum that does not
+ * match (E_CHECKSUM), a flagged value without its tail or too short to be an entry
+ * (E_BAD_VALUE), an entry without a checksum in a state that requires them (E_CHECKSUM), or a
+ * split value this handle cannot see (E_NO_TAILS). */
+static int read_entry(const EnvObject *e, MDB_txn *txn, const MDB_val *k, const MDB_val *v, uint64_t *version,
+                      PyObject **value) {
+    const unsigned char *head = v->mv_data;
+    if (v->mv_size < 8) {
+        set_entry_damage(E_BAD_VALUE, k, "an entry shorter than its 8-byte version");
+        return -1;
+    }
+    unsigned char flags = head[7] & VERSION_FLAGS;
+    uint64_t ver = wal_get_u64(head) & ~((uint64_t)VERSION_FLAGS << 56);
+    MDB_val tail = {0, NULL};
+    if (flags & SPLIT_FLAG) {
+        if (!e->has_tail) {
+            set_own_error(E_NO_TAILS, "the state stores split values (store format 3) since this read-only handle "
+                                      "opened it; open the store again to read them");
+            return -1;
+        }
+        MDB_val kk = *k;
+        int rc = M.get(txn, e->dbs[DB_TAIL], &kk, &tail);
+        if (rc == MDB_NOTFOUND) {
+            set_entry_damage(E_BAD_VALUE, k, "stored split but its tail is missing");
+            return -1;
+        }
+        if (rc != 0) {
+            set_error(rc, "mdb_get");
+            return -1;
+        }
+    }
+    size_t at = 8;
+    if (flags & CHECKED_FLAG) {
+        if (v->mv_size < ENTRY_HEAD) {
+            set_entry_damage(E_BAD_VALUE, k, "an entry shorter than its version and checksum");
+            return -1;
+        }
+        uint32_t want = wal_get_u32(head + 8);
+        uint32_t got = entry_crc(k, ver, head + ENTRY_HEAD, v->mv_size - ENTRY_HEAD, tail.mv_data, tail.mv_size);
+        if (want != got) {
+            char what[160];
+            snprintf(what, sizeof what, "checksum mismatch (stored %08x, computed %08x over the key, version %llu "
+                     "and %zu value bytes)", want, got, (unsigned long long)ver,
+                     v->mv_size - ENTRY_HEAD + tail.mv_size);
+            set_entry_damage(E_CHECKSUM, k, what);
+            return -1;
+        }
+        at = ENTRY_HEAD;
+    } else if (e->require_checks) {
+        set_entry_damage(E_CHECKSUM, k, "an entry without a checksum in a state whose every entry has one");
+        return -1;
+    }
+    size_t n1 = v->mv_size - at;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n1 + tail.mv_size));
+    if (out == NULL) return -1;
+    char *dst = PyBytes_AS_STRING(out);
+    memcpy(dst, head + at, n1);
+    if (tail.mv_size) memcpy(dst + n1, tail.mv_data, tail.mv_size);
+    *version = ver;
+    *value = out;
+    return 0;
 }
 
 /* A read in a transaction, from the call's arguments after the db: what Env and Snapshot
  * share (env_read, snap_read). */
 typedef PyObject *(*txn_reader)(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args);
 
-/* get in `txn` (args: key): bytes, None, or NULL with an error set. */
+/* The DATA entry of `key` in `txn`: 1 found (*version, *value), 0 absent, -1 error set. */
+static int get_entry(const EnvObject *e, MDB_txn *txn, PyObject *key, uint64_t *version, PyObject **value) {
+    MDB_val k = {(size_t)PyBytes_GET_SIZE(key), PyBytes_AS_STRING(key)}, v;
+    int rc = M.get(txn, e->dbs[DB_DATA], &k, &v);
+    if (rc == MDB_NOTFOUND) return 0;
+    if (rc != 0) {
+        set_error(rc, "mdb_get");
+        return -1;
+    }
+    return read_entry(e, txn, &k, &v, version, value) < 0 ? -1 : 1;
+}
+
+/* get in `txn` (args: key): for DATA (version, value) or None; for the others bytes or None. */
 static PyObject *txn_get(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args) {
     PyObject *key = args[0];
     if (!PyBytes_Check(key)) {
         PyErr_SetString(PyExc_TypeError, "key must be bytes");
         return NULL;
+    }
+    if (db == DB_DATA) {
+        uint64_t version;
+        PyObject *value;
+        int found = get_entry(e, txn, key, &version, &value);
+        if (found <= 0) {
+            if (found == 0) Py_RETURN_NONE;
+            return NULL;
+        }
+        return Py_BuildValue("(KN)", (unsigned long long)version, value);
     }
     MDB_val k = {(size_t)PyBytes_GET_SIZE(key), PyBytes_AS_STRING(key)}, v;
     int rc = M.get(txn, e->dbs[db], &k, &v);
@@ -703,7 +901,8 @@ static PyObject *txn_get(const EnvObject *e, MDB_txn *txn, int db, PyObject *con
         set_error(rc, "mdb_get");
         return NULL;
     }
-    return stored_value(e, txn, db, &k, &v);
+    if (db == META_DB && meta_value(e, &k, &v) < 0) return NULL;
+    return value_bytes(&v);
 }
 
 /* (db, ...) -> read(...) in a spare read transaction of the environment. */
@@ -730,16 +929,11 @@ static PyObject *env_get(EnvObject *self, PyObject *const *args, Py_ssize_t narg
     return env_read(self, args, nargs, 2, "get takes (db, key)", txn_get);
 }
 
-/* Up to `limit` (key, value) of `dbi` in key order, keys starting with `prefix` and
- * greater than `after` (None: from the prefix on). */
-static PyObject *txn_scan(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args) {
-    PyObject *prefix = args[0], *after = args[1];
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
-    if (limit == -1 && PyErr_Occurred()) return NULL;
-    if (!PyBytes_Check(prefix) || (after != Py_None && !PyBytes_Check(after))) {
-        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix: bytes, after: bytes | None, limit: int)");
-        return NULL;
-    }
+/* Up to `limit` items of database `db` in key order, keys starting with `prefix` and greater
+ * than `after` (NULL: from the prefix on). DATA items are checked entries: (key, value), or
+ * (key, version, value) with `versions`; the other databases' are (key, value) as stored. */
+static PyObject *scan_items(const EnvObject *e, MDB_txn *txn, int db, PyObject *prefix, PyObject *after,
+                            Py_ssize_t limit, int versions) {
     PyObject *out = PyList_New(0);
     if (out == NULL || limit <= 0) return out;
     MDB_cursor *cur;
@@ -751,28 +945,34 @@ static PyObject *txn_scan(const EnvObject *e, MDB_txn *txn, int db, PyObject *co
     }
     const char *p = PyBytes_AS_STRING(prefix);
     size_t plen = (size_t)PyBytes_GET_SIZE(prefix);
-    PyObject *start = after != Py_None ? after : prefix;
+    PyObject *start = after != NULL ? after : prefix;
     MDB_val k = {(size_t)PyBytes_GET_SIZE(start), PyBytes_AS_STRING(start)}, v;
     /* An empty key is not a valid LMDB key for MDB_SET_RANGE: start from the first. */
     rc = k.mv_size ? M.cursor_get(cur, &k, &v, MDB_SET_RANGE) : M.cursor_get(cur, &k, &v, MDB_FIRST);
+    if (rc == 0 && after != NULL && k.mv_size == (size_t)PyBytes_GET_SIZE(after)
+        && memcmp(k.mv_data, PyBytes_AS_STRING(after), k.mv_size) == 0)
+        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
     while (rc == 0) {
-        if (after != Py_None && k.mv_size == (size_t)PyBytes_GET_SIZE(after)
-            && memcmp(k.mv_data, PyBytes_AS_STRING(after), k.mv_size) == 0) {
-            rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
-            continue;
-        }
         if (k.mv_size < plen || memcmp(k.mv_data, p, plen) != 0) break;
-        /* one at a time: a failed join sets its own error, which must not be overwritten */
-        PyObject *vb = stored_value(e, txn, db, &k, &v);
-        PyObject *kb = vb != NULL ? value_bytes(&k) : NULL;
-        PyObject *item = kb != NULL ? PyTuple_New(2) : NULL;
-        if (item == NULL) {
-            Py_XDECREF(kb);
-            Py_XDECREF(vb);
-            goto fail;
+        /* one at a time: a failed check sets its own error, which must not be overwritten */
+        uint64_t version = 0;
+        PyObject *vb;
+        if (db == DB_DATA) {
+            if (read_entry(e, txn, &k, &v, &version, &vb) < 0) goto fail;
+        } else {
+            if (db == META_DB && meta_value(e, &k, &v) < 0) goto fail;
+            vb = value_bytes(&v);
+            if (vb == NULL) goto fail;
         }
-        PyTuple_SET_ITEM(item, 0, kb);
-        PyTuple_SET_ITEM(item, 1, vb);
+        PyObject *kb = value_bytes(&k);
+        PyObject *item = kb == NULL ? NULL
+                         : db == DB_DATA && versions ? Py_BuildValue("(NKN)", kb, (unsigned long long)version, vb)
+                                                     : PyTuple_Pack(2, kb, vb);
+        if (!(db == DB_DATA && versions) || item == NULL) {
+            Py_XDECREF(kb);
+            Py_DECREF(vb);
+        }
+        if (item == NULL) goto fail;
         int err = PyList_Append(out, item);
         Py_DECREF(item);
         if (err < 0) goto fail;
@@ -792,6 +992,18 @@ fail:
     return NULL;
 }
 
+/* scan in `txn` (args: prefix, after | None, limit): DATA items as (key, version, value). */
+static PyObject *txn_scan(const EnvObject *e, MDB_txn *txn, int db, PyObject *const *args) {
+    PyObject *prefix = args[0], *after = args[1];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(prefix) || (after != Py_None && !PyBytes_Check(after))) {
+        PyErr_SetString(PyExc_TypeError, "scan takes (db, prefix: bytes, after: bytes | None, limit: int)");
+        return NULL;
+    }
+    return scan_items(e, txn, db, prefix, after == Py_None ? NULL : after, limit, 1);
+}
+
 static PyObject *env_scan(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return env_read(self, args, nargs, 4, "scan takes (db, prefix, after, limit)", txn_scan);
 }
@@ -806,8 +1018,8 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
     if (writable(self) < 0 || db_index(args[0], &db) < 0) return NULL;
     MDB_val k = {(size_t)PyBytes_GET_SIZE(args[1]), PyBytes_AS_STRING(args[1])};
     MDB_val v = {(size_t)PyBytes_GET_SIZE(args[2]), PyBytes_AS_STRING(args[2])};
-    if (db == DB_DATA && (v.mv_size < 8 || (((unsigned char *)v.mv_data)[7] & SPLIT_FLAG))) {
-        PyErr_SetString(PyExc_ValueError, "a DATA value is a u64 LE version below 2^63 and then the value");
+    if (db == DB_DATA && (v.mv_size < 8 || (((unsigned char *)v.mv_data)[7] & VERSION_FLAGS))) {
+        PyErr_SetString(PyExc_ValueError, "a DATA value is a u64 LE version below 2^62 and then the value");
         return NULL;
     }
     MDB_dbi dbi = self->dbs[db];
@@ -825,6 +1037,9 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
             rc = put_data(self, txn, cur, &k, &v, &where);
             M.cursor_close(cur);
         }
+    } else if (rc == 0 && db == META_DB) {
+        rc = put_meta(self, txn, &k, v.mv_data, v.mv_size, meta_checked(self, &k));
+        where = "mdb_put";
     } else if (rc == 0) {
         rc = M.put(txn, dbi, &k, &v, 0);
         where = "mdb_put";
@@ -998,8 +1213,8 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
             return -1;
         }
         PyObject *v = PyTuple_GET_ITEM(it, 1);
-        if (PyBytes_GET_SIZE(v) < 8 || ((unsigned char)PyBytes_AS_STRING(v)[7] & SPLIT_FLAG)) {
-            PyErr_SetString(PyExc_ValueError, "apply: a put's value is a u64 LE version below 2^63 and then the value");
+        if (PyBytes_GET_SIZE(v) < 8 || ((unsigned char)PyBytes_AS_STRING(v)[7] & VERSION_FLAGS)) {
+            PyErr_SetString(PyExc_ValueError, "apply: a put's value is a u64 LE version below 2^62 and then the value");
             return -1;
         }
     }
@@ -1177,6 +1392,7 @@ typedef struct {
 } apply_job;
 
 #define APPLY_NICE 19
+#define BAD_APPLIED_CRC 100000 /* apply_job.bad_applied: applied_lsn's checksum does not match */
 
 static void apply_job_run(apply_job *j) {
     EnvObject *self = j->self;
@@ -1189,10 +1405,15 @@ static void apply_job_run(apply_job *j) {
         MDB_val av;
         rc = M.get(txn, self->dbs[2], &ak, &av);
         j->where = "mdb_get";
+        int checked = meta_checked(self, &ak);
         if (rc == MDB_NOTFOUND) {
             rc = 0;
-        } else if (rc == 0 && av.mv_size != 8) {
-            j->bad_applied = (int)(av.mv_size > 1000 ? 1000 : av.mv_size) + 1;
+        } else if (rc == 0 && checked && (av.mv_size < 4 || meta_crc(&ak, av.mv_data, av.mv_size - 4)
+                                                            != wal_get_u32((const uint8_t *)av.mv_data + av.mv_size - 4))) {
+            j->bad_applied = BAD_APPLIED_CRC;
+        } else if (rc == 0 && av.mv_size != (checked ? 12u : 8u)) {
+            size_t n = av.mv_size - (checked ? 4 : 0);
+            j->bad_applied = (int)(n > 1000 ? 1000 : n) + 1;
         } else if (rc == 0) {
             applied = wal_get_u64(av.mv_data);
         }
@@ -1243,8 +1464,8 @@ static void apply_job_run(apply_job *j) {
     wal_put_u64(dv, durable);
     MDB_val lval = {8, lv}, dk = {sizeof DURABLE_SEEN_KEY - 1, (void *)DURABLE_SEEN_KEY}, dval = {8, dv};
     j->where = "mdb_put";
-    rc = M.put(txn, self->dbs[2], &ak, &lval, 0);
-    if (rc == 0) rc = M.put(txn, self->dbs[2], &dk, &dval, 0);
+    rc = put_meta(self, txn, &ak, lval.mv_data, 8, meta_checked(self, &ak));
+    if (rc == 0) rc = put_meta(self, txn, &dk, dval.mv_data, 8, meta_checked(self, &dk));
     if (rc == 0) {
         rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC, the state is made durable at checkpoints */
         j->where = "mdb_txn_commit";
@@ -1315,7 +1536,10 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
     if (j.lowered) self->background_applies++;
     if (j.py_failed) return NULL;
     if (j.bad_applied) {
-        set_bad_value("an applied_lsn of %d bytes, not 8", j.bad_applied - 1);
+        if (j.bad_applied == BAD_APPLIED_CRC)
+            set_own_error(E_CHECKSUM, "key b'applied_lsn': a metadata value whose checksum does not match");
+        else
+            set_bad_value("an applied_lsn of %d bytes, not 8", j.bad_applied - 1);
         return NULL;
     }
     if (j.rc != 0) {
@@ -1325,28 +1549,266 @@ static PyObject *env_apply(EnvObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(iK)", j.status, (unsigned long long)j.result);
 }
 
-static PyTypeObject SnapshotType;
-
-static PyObject *env_begin(EnvObject *self, PyObject *unused) {
+/* verify() -> (entries, value bytes): walk every DATA entry in one read transaction and check
+ * what a read cannot see alone: each entry's checksum (read_entry), that a lookup of its key
+ * finds this very entry (a damaged branch page or page header could steer it elsewhere, making
+ * the key read as absent), and that the walk met as many entries as the database records. Any
+ * failure raises as a read would (E_CHECKSUM / E_BAD_VALUE / an LMDB code). GIL held. */
+static PyObject *env_verify(EnvObject *self, PyObject *unused) {
     (void)unused;
     if (usable(self) < 0) return NULL;
-    SnapshotObject *s = PyObject_New(SnapshotObject, &SnapshotType);
-    if (s == NULL) return NULL;
-    s->txn = NULL;
-    s->prev = s->next = NULL;
-    Py_INCREF(self);
-    s->owner = self;
-    int rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &s->txn);
+    MDB_txn *txn;
+    int rc = read_begin(self, &txn);
     if (rc != 0) {
-        s->txn = NULL;
-        Py_DECREF(s);
         set_error(rc, "mdb_txn_begin");
         return NULL;
     }
+    MDB_cursor *cur = NULL;
+    MDB_stat st;
+    size_t entries = 0, bytes = 0;
+    const char *where = "mdb_stat";
+    rc = M.stat(txn, self->dbs[DB_DATA], &st);
+    if (rc == 0) {
+        rc = M.cursor_open(txn, self->dbs[DB_DATA], &cur);
+        where = "mdb_cursor_open";
+    }
+    MDB_val k, v;
+    if (rc == 0) {
+        where = "mdb_cursor_get";
+        for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+            uint64_t version;
+            PyObject *value;
+            if (read_entry(self, txn, &k, &v, &version, &value) < 0) goto failed;
+            bytes += (size_t)PyBytes_GET_SIZE(value);
+            Py_DECREF(value);
+            MDB_val kk = k, found;
+            int got = M.get(txn, self->dbs[DB_DATA], &kk, &found);
+            if (got != 0 || found.mv_data != v.mv_data || found.mv_size != v.mv_size) {
+                set_entry_damage(E_BAD_VALUE, &k, got == MDB_NOTFOUND
+                                                      ? "walked to, but a lookup of its key finds nothing (a damaged page)"
+                                                      : "walked to, but a lookup of its key finds another entry");
+                goto failed;
+            }
+            entries++;
+        }
+    }
+    if (rc == MDB_NOTFOUND) rc = 0;
+    if (rc == 0 && entries != st.ms_entries) {
+        char what[128];
+        snprintf(what, sizeof what, "the data database records %zu entries but a walk finds %zu (a damaged page)",
+                 (size_t)st.ms_entries, entries);
+        set_bad_value("%s", what);
+        goto failed;
+    }
+    if (cur != NULL) M.cursor_close(cur);
+    cur = NULL;
+    if (rc == 0) { /* every metadata value's checksum */
+        rc = M.cursor_open(txn, self->dbs[META_DB], &cur);
+        where = "mdb_cursor_open";
+        if (rc == 0) {
+            where = "mdb_cursor_get";
+            for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT))
+                if (meta_value(self, &k, &v) < 0) goto failed;
+            if (rc == MDB_NOTFOUND) rc = 0;
+            M.cursor_close(cur);
+            cur = NULL;
+        }
+    }
+    read_end(self, txn);
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return Py_BuildValue("(nn)", (Py_ssize_t)entries, (Py_ssize_t)bytes);
+failed:
+    if (cur != NULL) M.cursor_close(cur);
+    read_end(self, txn);
+    return NULL;
+}
+
+/* check_entries(after, limit) -> last key rewritten, or None once every entry is checked.
+ * Store format 4's upgrade of an older state: in ONE write transaction, rewrite up to `limit`
+ * DATA entries that carry no checksum (CHECKED_FLAG clear), from the first key > `after`
+ * (None: the first key), with one; when the walk reaches the end, also set META
+ * "entry_checksums", after which reads refuse an entry without one. GIL released. */
+static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || (args[0] != Py_None && !PyBytes_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "check_entries takes (after: bytes | None, limit: int)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if ((limit == -1 && PyErr_Occurred()) || writable(self) < 0) return NULL;
+    if (limit < 1) limit = 1;
+    PyObject *after = args[0];
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    const char *where = "mdb_txn_begin";
+    char last[512];
+    size_t last_len = 0, bad = 0;
+    int rc, done = 0;
+    Py_ssize_t n = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) {
+        rc = M.cursor_open(txn, self->dbs[DB_DATA], &cur);
+        where = "mdb_cursor_open";
+    }
+    MDB_val k, v;
+    if (rc == 0) {
+        where = "mdb_cursor_get";
+        if (after != Py_None) {
+            k = (MDB_val){(size_t)PyBytes_GET_SIZE(after), PyBytes_AS_STRING(after)};
+            rc = M.cursor_get(cur, &k, &v, MDB_SET_RANGE);
+            if (rc == 0 && k.mv_size == (size_t)PyBytes_GET_SIZE(after)
+                && memcmp(k.mv_data, PyBytes_AS_STRING(after), k.mv_size) == 0)
+                rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+        } else {
+            rc = M.cursor_get(cur, &k, &v, MDB_FIRST);
+        }
+    }
+    while (rc == 0 && n < limit) {
+        const unsigned char *head = v.mv_data;
+        if (v.mv_size < 8 || k.mv_size > sizeof last) {
+            bad = 1;
+            break;
+        }
+        if (!(head[7] & CHECKED_FLAG)) {
+            MDB_val tail = {0, NULL};
+            if (head[7] & SPLIT_FLAG) {
+                MDB_val kk = k;
+                rc = M.get(txn, self->dbs[DB_TAIL], &kk, &tail);
+                where = "mdb_get (tail)";
+                if (rc != 0) break;
+            }
+            size_t size = v.mv_size - 8 + tail.mv_size;
+            if (size + k.mv_size > cap) {
+                char *nb = realloc(buf, size + k.mv_size);
+                if (nb == NULL) {
+                    rc = ENOMEM;
+                    where = "rewriting an entry";
+                    break;
+                }
+                buf = nb;
+                cap = size + k.mv_size;
+            }
+            /* Copies first: the put below may move or free the pages they point into. */
+            memcpy(buf, k.mv_data, k.mv_size);
+            memcpy(buf + k.mv_size, head + 8, v.mv_size - 8);
+            if (tail.mv_size) memcpy(buf + k.mv_size + v.mv_size - 8, tail.mv_data, tail.mv_size);
+            uint64_t version = wal_get_u64(head) & ~((uint64_t)VERSION_FLAGS << 56);
+            MDB_val key = {k.mv_size, buf};
+            rc = put_entry(self, txn, cur, &key, version, buf + k.mv_size, size, &where);
+            if (rc != 0) break;
+            n++;
+        }
+        memcpy(last, k.mv_data, k.mv_size);
+        last_len = k.mv_size;
+        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+        where = "mdb_cursor_get";
+    }
+    if (rc == MDB_NOTFOUND && !bad) {
+        MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, one = {1, "1"};
+        rc = checksum_meta(self, txn);
+        where = "checksumming the metadata";
+        if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
+        where = "mdb_put (entry_checksums)";
+        done = rc == 0;
+    }
+    if (cur != NULL) M.cursor_close(cur);
+    if (txn != NULL) {
+        if (rc == 0 && !bad) {
+            rc = M.txn_commit(txn);
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    free(buf);
+    if (bad) {
+        set_bad_value("a DATA entry shorter than its version, or with a key over 511 bytes, at the upgrade to "
+                      "checksummed entries");
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    if (done) {
+        self->require_checks = 1;
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize(last, (Py_ssize_t)last_len);
+}
+
+/* ---- the C API lent to wal._storecore (native/lmdbapi.h) ---- */
+
+static int capi_is_env(PyObject *o);
+
+static int capi_read_begin(PyObject *env, void **txn) {
+    EnvObject *e = (EnvObject *)env;
+    if (usable(e) < 0) return -1;
+    int rc = read_begin(e, (MDB_txn **)txn);
+    if (rc != 0) {
+        set_error(rc, "mdb_txn_begin");
+        return -1;
+    }
+    return 0;
+}
+
+static void capi_read_end(PyObject *env, void *txn) { read_end((EnvObject *)env, txn); }
+
+static int capi_get(PyObject *env, void *txn, PyObject *key, uint64_t *version, PyObject **value) {
+    return get_entry((EnvObject *)env, txn, key, version, value);
+}
+
+static PyObject *capi_scan(PyObject *env, void *txn, PyObject *prefix, PyObject *after, Py_ssize_t limit,
+                           int versions) {
+    return scan_items((EnvObject *)env, txn, DB_DATA, prefix, after, limit, versions);
+}
+
+static PyObject *snapshot_adopt(EnvObject *self, MDB_txn *txn);
+
+static PyObject *capi_adopt(PyObject *env, void *txn) { return snapshot_adopt((EnvObject *)env, txn); }
+
+static wal_lmdb_capi capi = {
+    WAL_LMDB_CAPI_VERSION, capi_is_env, capi_read_begin, capi_read_end, capi_get, capi_scan, capi_adopt,
+};
+
+static PyTypeObject SnapshotType;
+
+/* A Snapshot that owns `txn` (a read transaction of `self`) from now on; NULL with the
+ * transaction aborted if the object cannot be made. */
+static PyObject *snapshot_adopt(EnvObject *self, MDB_txn *txn) {
+    SnapshotObject *s = PyObject_New(SnapshotObject, &SnapshotType);
+    if (s == NULL) {
+        M.txn_abort(txn);
+        return NULL;
+    }
+    s->txn = txn;
+    s->prev = s->next = NULL;
+    Py_INCREF(self);
+    s->owner = self;
     s->next = self->snapshots;
     if (s->next != NULL) s->next->prev = s;
     self->snapshots = s;
     return (PyObject *)s;
+}
+
+static PyObject *env_begin(EnvObject *self, PyObject *unused) {
+    (void)unused;
+    if (usable(self) < 0) return NULL;
+    MDB_txn *txn;
+    int rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &txn);
+    if (rc != 0) {
+        set_error(rc, "mdb_txn_begin");
+        return NULL;
+    }
+    return snapshot_adopt(self, txn);
 }
 
 static PyObject *env_get_path(EnvObject *self, void *closure) {
@@ -1366,7 +1828,8 @@ static PyObject *env_get_closed(EnvObject *self, void *closure) {
 }
 
 static PyMethodDef env_methods[] = {
-    {"get", (PyCFunction)(void (*)(void))env_get, METH_FASTCALL, "get(db, key) -> bytes | None (a read txn of its own)"},
+    {"get", (PyCFunction)(void (*)(void))env_get, METH_FASTCALL,
+     "get(db, key) -> bytes | None; DATA: (version, value) | None (a read txn of its own)"},
     {"scan", (PyCFunction)(void (*)(void))env_scan, METH_FASTCALL,
      "scan(db, prefix, after, limit) -> [(key, value)]: keys with prefix, > after, in order"},
     {"put", (PyCFunction)(void (*)(void))env_put, METH_FASTCALL, "put(db, key, value): one committed write txn"},
@@ -1377,6 +1840,11 @@ static PyMethodDef env_methods[] = {
     {"sync", (PyCFunction)env_sync, METH_O, "sync(force): mdb_env_sync, GIL released"},
     {"stat", (PyCFunction)env_stat, METH_NOARGS, "stat() -> (data entries, page size, last page number)"},
     {"begin", (PyCFunction)env_begin, METH_NOARGS, "begin() -> Snapshot: a read-only transaction"},
+    {"verify", (PyCFunction)env_verify, METH_NOARGS,
+     "verify() -> (entries, value bytes): every DATA entry checked, looked up again, and counted"},
+    {"check_entries", (PyCFunction)(void (*)(void))env_check_entries, METH_FASTCALL,
+     "check_entries(after, limit) -> last key | None: give up to `limit` unchecked DATA entries a checksum, "
+     "in one write txn; None once all have one (META entry_checksums then set)"},
     {"close", (PyCFunction)env_close, METH_NOARGS, "close(): idempotent; aborts live snapshots"},
     {NULL, NULL, 0, NULL},
 };
@@ -1386,7 +1854,14 @@ static PyObject *env_get_background_applies(EnvObject *self, void *closure) {
     return PyLong_FromUnsignedLongLong(self->background_applies);
 }
 
+static PyObject *env_get_require_checks(EnvObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(self->require_checks);
+}
+
 static PyGetSetDef env_getset[] = {
+    {"require_checks", (getter)env_get_require_checks, NULL,
+     "True if every DATA entry carries a checksum (an entry without one is damage)", NULL},
     {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
     {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
     {"restored", (getter)env_get_restored, NULL, "True if the open wrote the given meta page into both slots", NULL},
@@ -1407,6 +1882,8 @@ static PyTypeObject EnvType = {
     .tp_init = (initproc)env_init,
     .tp_new = PyType_GenericNew,
 };
+
+static int capi_is_env(PyObject *o) { return PyObject_TypeCheck(o, &EnvType); }
 
 /* ---- Snapshot: one read-only transaction, for consistent whole-state walks ---- */
 
@@ -1478,6 +1955,17 @@ static PyObject *snap_scan(SnapshotObject *s, PyObject *const *args, Py_ssize_t 
     return snap_read(s, args, nargs, 4, "scan takes (db, prefix, after, limit)", txn_scan);
 }
 
+/* scan_values(prefix, after | None, limit) -> [(key, value)] of DATA, checked (no versions). */
+static PyObject *snap_scan_values(SnapshotObject *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0]) || (args[1] != Py_None && !PyBytes_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "scan_values takes (prefix: bytes, after: bytes | None, limit: int)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if ((limit == -1 && PyErr_Occurred()) || snap_usable(s) < 0) return NULL;
+    return scan_items(s->owner, s->txn, DB_DATA, args[0], args[1] == Py_None ? NULL : args[1], limit, 0);
+}
+
 static PyObject *snap_entries(SnapshotObject *s, PyObject *arg) {
     int db;
     if (snap_usable(s) < 0 || db_index(arg, &db) < 0) return NULL;
@@ -1498,8 +1986,12 @@ static PyObject *snap_txnid(SnapshotObject *s, PyObject *unused) {
 
 static PyMethodDef snap_methods[] = {
     {"txnid", (PyCFunction)snap_txnid, METH_NOARGS, "txnid() -> the LMDB transaction id the snapshot reads"},
-    {"get", (PyCFunction)(void (*)(void))snap_get, METH_FASTCALL, "get(db, key) -> bytes | None"},
-    {"scan", (PyCFunction)(void (*)(void))snap_scan, METH_FASTCALL, "scan(db, prefix, after, limit) -> [(key, value)]"},
+    {"get", (PyCFunction)(void (*)(void))snap_get, METH_FASTCALL,
+     "get(db, key) -> bytes | None; DATA: (version, value) | None"},
+    {"scan", (PyCFunction)(void (*)(void))snap_scan, METH_FASTCALL,
+     "scan(db, prefix, after, limit) -> [(key, value)]; DATA: [(key, version, value)]"},
+    {"scan_values", (PyCFunction)(void (*)(void))snap_scan_values, METH_FASTCALL,
+     "scan_values(prefix, after, limit) -> [(key, value)] of DATA"},
     {"entries", (PyCFunction)snap_entries, METH_O, "entries(db) -> number of keys"},
     {"renew", (PyCFunction)snap_renew, METH_NOARGS, "renew(): move the snapshot to the newest commit"},
     {"abort", (PyCFunction)snap_abort, METH_NOARGS, "abort(): end the transaction (idempotent)"},
@@ -1548,6 +2040,13 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
         Py_DECREF(m);
         return NULL;
     }
+    PyObject *capsule = PyCapsule_New(&capi, WAL_LMDB_CAPI_NAME, NULL);
+    int added = capsule != NULL ? PyModule_AddObjectRef(m, "CAPI", capsule) : -1;
+    Py_XDECREF(capsule);
+    if (added < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     static const struct {
         const char *name;
         long value;
@@ -1556,7 +2055,7 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
         {"APPLY_OK", APPLY_OK}, {"APPLY_GAP", APPLY_GAP}, {"APPLY_NOT_DURABLE", APPLY_NOT_DURABLE},
         {"E_ALREADY_OPEN", E_ALREADY_OPEN}, {"E_FORKED", E_FORKED}, {"E_CLOSED", E_CLOSED}, {"E_BUSY", E_BUSY},
         {"E_BAD_VALUE", E_BAD_VALUE},
-        {"E_NO_TAILS", E_NO_TAILS},
+        {"E_NO_TAILS", E_NO_TAILS}, {"E_CHECKSUM", E_CHECKSUM},
         {"MDB_KEYEXIST", MDB_KEYEXIST}, {"MDB_NOTFOUND", MDB_NOTFOUND}, {"MDB_PAGE_NOTFOUND", MDB_PAGE_NOTFOUND},
         {"MDB_CORRUPTED", MDB_CORRUPTED}, {"MDB_PANIC", MDB_PANIC}, {"MDB_VERSION_MISMATCH", MDB_VERSION_MISMATCH},
         {"MDB_INVALID", MDB_INVALID}, {"MDB_MAP_FULL", MDB_MAP_FULL}, {"MDB_DBS_FULL", MDB_DBS_FULL},

@@ -47,6 +47,7 @@
 
 #include "collapse.h"
 #include "commitlock.h"
+#include "lmdbapi.h"
 #include "logcall.h"
 #include "overlay.h"
 #include "spanargs.h"
@@ -828,6 +829,8 @@ typedef struct {
     long long bytes_since_checkpoint;
     qentry *q; /* ring buffer */
     size_t head, len, cap;
+    PyObject *env;       /* the store's LMDB environment (bind_state), for reads; or NULL */
+    int reads_off;       /* close_reads(): reads take the Python path */
 } Core;
 
 static void q_clear_entry(qentry *e) {
@@ -1203,6 +1206,254 @@ static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(marks[at]);
 }
 
+/* ---- Reads: a get, a batch of gets, the start of a scan, a snapshot, each in one call ----
+ *
+ * What a read sees (wal/store.py, "Reads"): for each key, its newest version with LSN <= V,
+ * where V is the store's visible LSN (durable at sync, written at interval, appended at
+ * buffered), taken from the overlay if it holds one, else from LMDB. Each function here does
+ * the whole read holding the GIL, which every overlay change (commit, prune) also needs, so
+ * the overlay cannot change under it; and it begins its LMDB read transaction BEFORE it reads
+ * V: the materializer applies only durable commits, durable <= V, so the transaction holds no
+ * commit above V, and a version pruned from the overlay (only once LMDB holds it) is in any
+ * transaction begun after the prune. Overlay and transaction together then hold, for every
+ * key, its newest version <= V; where both hold one the newer wins.
+ *
+ * LMDB is reached through the capsule of wal._lmdbcall (native/lmdbapi.h). An LMDB error
+ * (damage, a closed environment) is not raised from here: the fast paths answer "take the
+ * Python path", which reads again and raises the error classified (wal/state.py). */
+
+static const wal_lmdb_capi *g_lmdb; /* set by bind_lmdb() */
+
+/* V for a read, with an overlay to consult; UINT64_MAX (and no overlay look) for a read-only
+ * store, which has neither log nor overlay. */
+static uint64_t read_limit(Core *c) {
+    if (c->marks == NULL || g_watermarks == NULL) return UINT64_MAX;
+    uint64_t marks[3]; /* appended, written, durable */
+    (void)g_watermarks(c->marks, marks);
+    return marks[c->level == WAL_LEVEL_SYNC ? 2 : c->level == WAL_LEVEL_INTERVAL ? 1 : 0];
+}
+
+/* The value of `key` (exact bytes) as of V in `txn` (begun before V was read): 1 with *value
+ * (a new reference; Py_None for a key deleted in the overlay), 0 absent, -1 error set. */
+static int read_key(Core *c, void *txn, uint64_t limit, PyObject *key, uint64_t *version, PyObject **value) {
+    if (c->ov.used != 0) {
+        const ov_version *v = overlay_find(&c->ov, key, limit);
+        if (v != NULL) {
+            *version = v->lsn;
+            *value = Py_NewRef(v->value != NULL ? v->value : Py_None);
+            return 1;
+        }
+    }
+    return g_lmdb->get(c->env, txn, key, version, value);
+}
+
+/* Whether reads may take the C path: the store is open in this process and bound to its state. */
+static int reads_on(Core *c) { return c->env != NULL && !c->reads_off && g_lmdb != NULL; }
+
+/* A key as exact bytes of 1..MAX_KEY_BYTES (a new reference), from bytes or str; NULL without
+ * an error set when it is anything else (the Python path then explains what is wrong). */
+static PyObject *plain_key(PyObject *key) {
+    PyObject *out;
+    if (PyBytes_CheckExact(key)) {
+        out = Py_NewRef(key);
+    } else if (PyUnicode_CheckExact(key)) {
+        out = PyUnicode_AsUTF8String(key);
+        if (out == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    } else {
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(out);
+    if (n < 1 || n > MAX_KEY_BYTES) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* get(key, default) for FastGet: the value, `dflt`, or NULL with NO error set (take the Python
+ * path), or NULL with an error set (out of memory). */
+static PyObject *core_fast_get(Core *c, PyObject *key_arg, PyObject *dflt, int want_version) {
+    if (!reads_on(c)) return NULL;
+    PyObject *key = plain_key(key_arg);
+    if (key == NULL) return NULL;
+    void *txn = NULL;
+    if (g_lmdb->read_begin(c->env, &txn) < 0) {
+        Py_DECREF(key);
+        PyErr_Clear();
+        return NULL;
+    }
+    uint64_t version = 0;
+    PyObject *value = NULL;
+    int found = read_key(c, txn, read_limit(c), key, &version, &value);
+    g_lmdb->read_end(c->env, txn);
+    Py_DECREF(key);
+    if (found < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (found == 0 || value == Py_None) {
+        Py_XDECREF(value);
+        return Py_NewRef(dflt);
+    }
+    if (want_version) {
+        Py_DECREF(value);
+        return PyLong_FromUnsignedLongLong(version);
+    }
+    return value;
+}
+
+/* get_many(keys, default) -> [value | default]: keys (a list or tuple of exact bytes, checked by
+ * the caller) read in ONE LMDB transaction against ONE V, so the values are of one instant.
+ * None when the C path cannot answer (closed, not bound, an LMDB error): the caller reads
+ * again on the Python path. */
+static PyObject *core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "get_many takes (keys: list | tuple of bytes, default)");
+        return NULL;
+    }
+    if (!reads_on(c)) Py_RETURN_NONE;
+    PyObject *keys = PySequence_Fast(args[0], "keys");
+    if (keys == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_CheckExact(PySequence_Fast_GET_ITEM(keys, i))) {
+            Py_DECREF(keys);
+            PyErr_SetString(PyExc_TypeError, "get_many: every key must be bytes");
+            return NULL;
+        }
+    }
+    PyObject *out = PyList_New(n);
+    void *txn = NULL;
+    if (out == NULL || g_lmdb->read_begin(c->env, &txn) < 0) {
+        Py_DECREF(keys);
+        Py_XDECREF(out);
+        if (out == NULL) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    uint64_t limit = read_limit(c);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t version;
+        PyObject *value = NULL;
+        int found = read_key(c, txn, limit, PySequence_Fast_GET_ITEM(keys, i), &version, &value);
+        if (found < 0) {
+            g_lmdb->read_end(c->env, txn);
+            Py_DECREF(keys);
+            Py_DECREF(out);
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (found == 0 || value == Py_None) {
+            Py_XDECREF(value);
+            value = Py_NewRef(args[1]);
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    g_lmdb->read_end(c->env, txn);
+    Py_DECREF(keys);
+    return out;
+}
+
+/* scan_begin(prefix, limit) -> (first, rest, overlay) | None, the start of a consistent scan:
+ *   first: up to `limit` LMDB entries with `prefix` in key order, as (key, value) when overlay
+ *          is None, else as (key, version, value);
+ *   rest: None if `first` holds every LMDB entry with the prefix, else the read transaction as
+ *         a wal._lmdbcall.Snapshot to go on from (the same instant);
+ *   overlay: None if the overlay holds no version <= V of a key with the prefix, else its
+ *            [(key, lsn, value | None)] (unsorted), to merge.
+ * None: take the Python path (an error, read again there). */
+static PyObject *core_scan_begin(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "scan_begin takes (prefix: bytes, limit: int)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (!reads_on(c)) Py_RETURN_NONE;
+    void *txn = NULL;
+    if (g_lmdb->read_begin(c->env, &txn) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *over = NULL;
+    if (c->ov.used != 0) {
+        over = overlay_scan(&c->ov, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), read_limit(c));
+        if (over == NULL) {
+            g_lmdb->read_end(c->env, txn);
+            return NULL;
+        }
+        if (PyList_GET_SIZE(over) == 0) Py_CLEAR(over);
+    }
+    PyObject *first = g_lmdb->scan(c->env, txn, args[0], NULL, limit, over != NULL);
+    if (first == NULL) {
+        g_lmdb->read_end(c->env, txn);
+        Py_XDECREF(over);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *rest;
+    if (PyList_GET_SIZE(first) < limit) {
+        g_lmdb->read_end(c->env, txn);
+        rest = Py_NewRef(Py_None);
+    } else {
+        rest = g_lmdb->adopt(c->env, txn);
+        if (rest == NULL) {
+            Py_DECREF(first);
+            Py_XDECREF(over);
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(NNN)", first, rest, over != NULL ? over : Py_NewRef(Py_None));
+}
+
+/* snapshot() -> (txn, lsn, overlay) | None: a read transaction (a wal._lmdbcall.Snapshot), the
+ * V it goes with (for a read-only store: None, the transaction's applied LSN stands), and
+ * every overlay key's newest version <= V as [(key, lsn, value | None)]. Together: the store as
+ * of V, for as long as the transaction is kept. None: take the Python path. */
+static PyObject *core_snapshot(Core *c, PyObject *unused) {
+    (void)unused;
+    if (!reads_on(c)) Py_RETURN_NONE;
+    void *txn = NULL;
+    if (g_lmdb->read_begin(c->env, &txn) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    uint64_t limit = read_limit(c);
+    PyObject *over = c->ov.used != 0 ? overlay_scan(&c->ov, "", 0, limit) : PyList_New(0);
+    if (over == NULL) {
+        g_lmdb->read_end(c->env, txn);
+        return NULL;
+    }
+    PyObject *snap = g_lmdb->adopt(c->env, txn);
+    if (snap == NULL) {
+        Py_DECREF(over);
+        return NULL;
+    }
+    PyObject *lsn = limit == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(limit);
+    return Py_BuildValue("(NNN)", snap, lsn, over);
+}
+
+/* bind_state(env): the store's LMDB environment (a wal._lmdbcall.Env) for the reads above. */
+static PyObject *core_bind_state(Core *c, PyObject *env) {
+    if (g_lmdb == NULL || !g_lmdb->is_env(env)) {
+        PyErr_SetString(PyExc_TypeError, "bind_state takes a wal._lmdbcall.Env (after bind_lmdb())");
+        return NULL;
+    }
+    Py_XSETREF(c->env, Py_NewRef(env));
+    Py_RETURN_NONE;
+}
+
+/* close_reads(): reads take the Python path from now on (which refuses them once the store is
+ * closed, or in a forked child). */
+static PyObject *core_close_reads(Core *c, PyObject *unused) {
+    (void)unused;
+    c->reads_off = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_get_overlay_keys(Core *c, void *closure) {
     (void)closure;
     return PyLong_FromSize_t(c->ov.used);
@@ -1260,6 +1511,7 @@ static void core_dealloc(Core *c) {
     PyMem_Free(c->q);
     overlay_free(&c->ov);
     Py_XDECREF(c->log);
+    Py_XDECREF(c->env);
     Py_XDECREF(c->lock);
     Py_XDECREF(c->wake_set);
     Py_XDECREF(c->wake_is_set);
@@ -1281,6 +1533,14 @@ static PyMethodDef core_methods[] = {
      "overlay_get(key, limit) -> (lsn, value | None) | None: the newest version with lsn <= limit (None: any)."},
     {"overlay_scan", (PyCFunction)(void (*)(void))core_overlay_scan, METH_FASTCALL,
      "overlay_scan(prefix, limit) -> [(key, lsn, value | None)]: keys with prefix, newest version <= limit."},
+    {"get_many", (PyCFunction)(void (*)(void))core_get_many, METH_FASTCALL,
+     "get_many(keys, default) -> [value | default] of one instant, or None: take the Python path."},
+    {"scan_begin", (PyCFunction)(void (*)(void))core_scan_begin, METH_FASTCALL,
+     "scan_begin(prefix, limit) -> (first, rest, overlay) | None: the start of a consistent scan."},
+    {"snapshot", (PyCFunction)core_snapshot, METH_NOARGS,
+     "snapshot() -> (txn, lsn | None, overlay) | None: the store as of one visible LSN."},
+    {"bind_state", (PyCFunction)core_bind_state, METH_O, "bind_state(env): the LMDB environment reads use."},
+    {"close_reads", (PyCFunction)core_close_reads, METH_NOARGS, "close_reads(): reads take the Python path."},
     {"disable", (PyCFunction)core_disable, METH_NOARGS,
      "Turn the fast path off for good (close, failure, fork): commit returns 0 from now on."},
     {NULL, NULL, 0, NULL},
@@ -1444,11 +1704,83 @@ static PyTypeObject FastCommitType = {
     .tp_members = fast_commit_members,
 };
 
+/* ---- FastRead: Store.get and Store.version as one C call ----
+ *
+ * `Store.get = FastRead(Store.get, READ_VALUE)` (wal/store.py): a call store.get(key) or
+ * store.get(key, default), key bytes or str, reads in C (core_fast_get: the overlay, else
+ * LMDB, checksum checked) without entering the Python function; any other call form, and
+ * every read the C path declines (closed or forked store, an odd key, an LMDB error to
+ * classify), runs the wrapped function unchanged. Same descriptor protocol as FastCommit. */
+
+#define READ_VALUE 1
+#define READ_VERSION 2
+
+static PyObject *fast_read_call(FastCommit *f, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs < 2 || nargs > (f->kind == READ_VALUE ? 3 : 2))
+        return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
+    PyObject *core = PyObject_GetAttr(args[0], str_core);
+    if (core == NULL) return NULL;
+    PyObject *r = NULL;
+    if (PyObject_TypeCheck(core, &CoreType))
+        r = core_fast_get((Core *)core, args[1], nargs == 3 ? args[2] : Py_None, f->kind == READ_VERSION);
+    Py_DECREF(core);
+    if (r != NULL || PyErr_Occurred()) return r;
+    return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
+}
+
+static PyObject *fast_read_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *func;
+    long kind;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) != 0) || !PyArg_ParseTuple(args, "Ol:FastRead", &func, &kind))
+        return NULL;
+    if (!PyCallable_Check(func) || (kind != READ_VALUE && kind != READ_VERSION)) {
+        PyErr_SetString(PyExc_TypeError, "FastRead takes (a function, READ_VALUE or READ_VERSION)");
+        return NULL;
+    }
+    FastCommit *f = (FastCommit *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    f->vectorcall = (vectorcallfunc)fast_read_call;
+    f->func = Py_NewRef(func);
+    f->kind = kind;
+    return (PyObject *)f;
+}
+
+static PyTypeObject FastReadType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wal._storecore.FastRead",
+    .tp_basicsize = sizeof(FastCommit),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Store.get / Store.version: the read in C, else the wrapped function (storecore.c).",
+    .tp_new = fast_read_new,
+    .tp_dealloc = (destructor)fast_commit_dealloc,
+    .tp_traverse = (traverseproc)fast_commit_traverse,
+    .tp_clear = (inquiry)fast_commit_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastCommit, vectorcall),
+    .tp_descr_get = fast_commit_get,
+    .tp_getset = fast_commit_getset,
+    .tp_members = fast_commit_members,
+};
+
 /* ---- module ---------------------------------------------------------------------------------- */
 
 static PyObject *sc_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (log_calls_bind(&g_log, args, nargs) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *sc_bind_lmdb(PyObject *self, PyObject *capsule) {
+    (void)self;
+    const wal_lmdb_capi *api = PyCapsule_GetPointer(capsule, WAL_LMDB_CAPI_NAME);
+    if (api == NULL) return NULL;
+    if (api->version != WAL_LMDB_CAPI_VERSION) {
+        PyErr_Format(PyExc_ImportError, "wal._lmdbcall's C API is version %d, wal._storecore needs %d: rebuild "
+                     "agentwal", api->version, WAL_LMDB_CAPI_VERSION);
+        return NULL;
+    }
+    g_lmdb = api;
     Py_RETURN_NONE;
 }
 
@@ -1467,6 +1799,7 @@ static PyMethodDef sc_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
      "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, "
      "wal_log_wait and wal_log_wait_try."},
+    {"bind_lmdb", sc_bind_lmdb, METH_O, "bind_lmdb(capsule): wal._lmdbcall.CAPI, for the reads (lmdbapi.h)."},
     {"bind_watermarks", sc_bind_watermarks, METH_O,
      "bind_watermarks(address): the cffi module's wal_log_watermarks, for Core.visible_lsn."},
     {"encode", (PyCFunction)(void (*)(void))sc_encode, METH_FASTCALL,
@@ -1484,6 +1817,7 @@ static struct PyModuleDef sc_module = {
 
 PyMODINIT_FUNC PyInit__storecore(void) {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&CollapserType) < 0 || PyType_Ready(&FastCommitType) < 0 ||
+        PyType_Ready(&FastReadType) < 0 ||
         PyType_Ready(&CommitLockType) < 0)
         return NULL;
     str_core = PyUnicode_InternFromString("_core");
@@ -1494,6 +1828,12 @@ PyMODINIT_FUNC PyInit__storecore(void) {
     Py_INCREF(&FastCommitType);
     if (PyModule_AddObject(m, "FastCommit", (PyObject *)&FastCommitType) < 0) {
         Py_DECREF(&FastCommitType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "FastRead", (PyObject *)&FastReadType) < 0
+        || PyModule_AddIntConstant(m, "READ_VALUE", READ_VALUE) < 0
+        || PyModule_AddIntConstant(m, "READ_VERSION", READ_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

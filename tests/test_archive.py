@@ -367,6 +367,8 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
         primary.put(f"k{i}", b"b")
     wait_until(lambda: replica.lsn == 60)
     assert replica.get("k59") == b"b" and replica.lag()["lag_lsns"] == 0
+    with replica.snapshot() as snap:
+        assert snap.get("k0") == b"a" and snap.lsn == 60
     new = replica.promote()
     assert new.watermarks.durable == 61  # the fence: an empty transaction at the next LSN
     assert new.put("after", b"1") == 62

@@ -35,17 +35,18 @@ section 10 only vouch for what precedes them); loss of commits the state already
 A truncated newest segment is no longer among them: a segment never shrinks below the size its
 header records, so FORMAT.md rule S6 makes that a `CorruptionError` ("segment truncated").
 
-The LMDB state has no checksums: LMDB trusts its pages. A flipped byte in ``data.mdb`` can be
-refused (a `wal.WalError`: the store turns LMDB's errors into `CorruptionError`/`StateError`,
-a fix this test found), go unnoticed (free space, unused bytes), or -- known limitations --
-change a key, value or version silently when it lands in a page's data, or kill the process
-inside LMDB (an assertion in mdb.c aborts; a trusted length or page number reads past the end
-of the map: SIGBUS; or LMDB writes past a buffer from a bad page and glibc's heap checks abort
-in its commit). Measured over every byte of this store's 69,632-byte data.mdb: 84% correct
-data, 15% wrong data, 0.9% refused, 0.06% crashed (42 flips, in meta fields, page headers and
-node offsets). The test asserts what can hold: nothing but a `wal.WalError` escapes, and every
-crash is LMDB's: a signal, an mdb.c assertion, or an abort whose innermost Python frame is a
-call into LMDB in wal/state.py (the worker runs a crashing case again with faulthandler on).
+LMDB trusts its pages; the store checks what it reads. Every state entry carries a CRC-32C of its
+key, version and value, checked on every read, and an open of a small state walks every entry,
+looks each key up again and counts them (FORMAT.md §16). So a flipped byte in ``data.mdb`` is
+refused (a `wal.WalError`: LMDB's own errors become `CorruptionError`/`StateError`, the
+checksums `CorruptionError`), or goes unnoticed because it changed nothing read (free space,
+unused bytes) -- and never gives wrong data, which this test asserts. Known limitation: a few
+flips (meta fields, page headers, node offsets) kill the process inside LMDB (an assertion in
+mdb.c aborts; a trusted length or page number reads past the end of the map: SIGBUS; or LMDB
+writes past a buffer from a bad page and glibc's heap checks abort in its commit). The test
+asserts every crash is LMDB's: a signal, an mdb.c assertion, or an abort whose innermost Python
+frame is a call into LMDB in wal/state.py (the worker runs a crashing case again with
+faulthandler on).
 agentwal's defence is that the state is derived: while the log still holds every commit (no
 checkpoint removed a segment, or they are archived) moving ``state/`` aside rebuilds it.
 
@@ -194,6 +195,16 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("matrix")
     store = base / "pristine"
     subprocess.run([sys.executable, "-c", BUILD, str(store)], check=True, timeout=60)
+    return store
+
+
+@pytest.fixture(scope="module")
+def pristine_closed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same store, closed cleanly: every commit applied, the state checkpointed."""
+    base = tmp_path_factory.mktemp("matrix-closed")
+    store = base / "pristine"
+    subprocess.run([sys.executable, "-c", BUILD.replace("os._exit(0)", "s.close()"), str(store)], check=True,
+                   timeout=60)
     return store
 
 
@@ -386,16 +397,20 @@ def _crashed_inside_lmdb(status: int, stderr: str) -> bool:
     return bool(frames) and Path(frames[0]).parts[-2:] == ("wal", "state.py")
 
 
-def test_byte_flips_of_the_lmdb_state_are_refused_as_wal_errors_or_harmless(pristine: Path, work: Path) -> None:
-    """Known limitations (module docstring): a flip LMDB does not detect may give wrong data, and a
-    few kill the process inside LMDB. Asserted: nothing but a `wal.WalError` ever escapes, and a
-    crash is LMDB's own (an mdb.c assertion's abort, or SIGBUS/SIGSEGV reading a page it trusted)."""
+@pytest.mark.parametrize("stopped", ["killed", "closed"])
+@pytest.mark.parametrize("name", ["state/data.mdb", "state/checkpoint.meta"])
+def test_byte_flips_of_the_state_files_give_the_data_or_a_wal_error(
+        pristine: Path, pristine_closed: Path, work: Path, stopped: str, name: str) -> None:
+    """Asserted: the store reads the right data or raises a `wal.WalError` -- never wrong data (the
+    entry checksums and the open's walk of a small state, FORMAT.md §16; checkpoint.meta's CRC) -- and
+    a crash is LMDB's own (known limitation: an mdb.c assertion's abort, or SIGBUS/SIGSEGV reading a
+    page it trusted)."""
+    store = pristine if stopped == "killed" else pristine_closed
     rng = random.Random(SEED + 1)
-    size = (pristine / "state" / "data.mdb").stat().st_size
+    size = (store / name).stat().st_size
     offsets = list(range(size)) if LONG else sorted(set(range(0, 256)) | set(rng.sample(range(size), 400)))
-    cases = [{"id": i, "kind": "flip", "file": "state/data.mdb", "offset": off, "xor": 0xFF}
-             for i, off in enumerate(offsets)]
-    results = _run_cases(pristine, work, cases)
+    cases = [{"id": i, "kind": "flip", "file": name, "offset": off, "xor": 0xFF} for i, off in enumerate(offsets)]
+    results = _run_cases(store, work / stopped, cases)
     expected = _expected_digests()
     tally: Counter[str] = Counter()
     failures = []
@@ -415,10 +430,31 @@ def test_byte_flips_of_the_lmdb_state_are_refused_as_wal_errors_or_harmless(pris
         elif expected.get(r["digest"]) == N_COMMITS:
             tally["correct data"] += 1
         else:
-            tally["wrong data (known limitation: LMDB has no checksums)"] += 1
-    print(f"{len(cases)} flips of data.mdb ({size} bytes): " + "; ".join(f"{n} {w}" for w, n in sorted(tally.items())))
+            tally["wrong data"] += 1
+            failures.append(f"offset {case['offset']}: the store opened and read WRONG DATA")
+    print(f"{len(cases)} flips of {name} ({size} bytes, store {stopped}): "
+          + "; ".join(f"{n} {w}" for w, n in sorted(tally.items())))
     assert not failures, "\n".join(failures[:30])
-    assert tally["correct data"] and any(w.startswith("refused") for w in tally)
+    assert any(w.startswith("refused") for w in tally)
+    assert tally["correct data"] or name.endswith("checkpoint.meta")  # its CRC covers every byte
+
+
+def test_flips_truncations_and_zeroed_ranges_of_a_closed_stores_log_give_a_prefix_or_an_error(
+        pristine_closed: Path, work: Path) -> None:
+    """The log cases of the killed store, sampled, on the store closed cleanly (its state holds all
+    60 commits, so damage to the log below them is "state ahead of log", never silent)."""
+    rng = random.Random(SEED + 2)
+    cases = _log_cases(pristine_closed, rng)
+    if not LONG:
+        cases = rng.sample(cases, min(len(cases), 400))
+    for i, c in enumerate(cases):
+        c["id"] = i
+    results = _run_cases(pristine_closed, work / "closed-log", cases)
+    expected = _expected_digests()
+    failures: list[str] = []
+    for case in cases:
+        failures.extend(_judge(case, results[case["id"]], expected, pristine_closed))
+    assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures[:30])
 
 
 def test_a_damaged_lmdb_meta_page_is_a_corruption_error_naming_data_mdb(pristine: Path, tmp_path: Path) -> None:

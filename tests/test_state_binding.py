@@ -120,7 +120,7 @@ _RESOURCE = [_lmdbcall.MDB_MAP_FULL, _lmdbcall.MDB_READERS_FULL, _lmdbcall.MDB_T
 @pytest.mark.parametrize("code", _DAMAGE)
 def test_lmdb_damage_codes_and_unexpected_errnos_are_corruption_errors_naming_data_mdb(code: int) -> None:
     with pytest.raises(CorruptionError, match=r"/s/data\.mdb is damaged \(mdb_get: boom\)") as info:
-        state._raise_lmdb(_lmdbcall.LmdbError(code, "mdb_get: boom"), "/s", "reading a key")
+        state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_get: boom"), "/s", "reading a key")
     assert info.value.reason == "state damaged"
 
 
@@ -128,15 +128,15 @@ def test_lmdb_damage_codes_and_unexpected_errnos_are_corruption_errors_naming_da
 def test_operating_system_errors_are_state_errors_even_while_opening(code: int) -> None:
     for opening in (False, True):
         with pytest.raises(StateError, match="the LMDB state in /s failed while doing it: mdb_x: boom"):
-            state._raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it", opening=opening)
+            state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it", opening=opening)
 
 
 @pytest.mark.parametrize("code", _RESOURCE)
 def test_other_lmdb_errors_are_state_errors_but_corruption_while_opening(code: int) -> None:
     with pytest.raises(StateError):
-        state._raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it")
+        state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "doing it")
     with pytest.raises(CorruptionError):
-        state._raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "opening it", opening=True)
+        state.raise_lmdb(_lmdbcall.LmdbError(code, "mdb_x: boom"), "/s", "opening it", opening=True)
 
 
 def test_a_damaged_meta_page_of_data_mdb_is_a_corruption_error(tmp_path: Path) -> None:

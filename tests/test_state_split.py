@@ -19,16 +19,21 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from legacy_state import strip_entry_checksums
 
 import wal
+import wal.state
 from wal.errors import CorruptionError
 from wal.state import DEFAULT_MAP_SIZE, State, StateError
+from wal.store import STORE_VERSION
 
 P = 4096  # LMDB's page size on this platform (checked below)
-# LMDB puts a value of S bytes (S = 8-byte version + value) on ceil((S + 16) / P) overflow pages.
+ENTRY_HEAD = 12  # a state entry's version and checksum before its value (FORMAT.md §16)
+# LMDB puts a value of S bytes (S = 8-byte version + 4-byte checksum + value) on ceil((S + 16) / P)
+# overflow pages.
 # Sizes of the user's value around each line: a whole page, one byte over, the P/8 limit and one
 # byte past it, on one to three pages.
-SIZES = sorted({n for pages in (1, 2, 3) for base in (pages * P - 16 - 8,)
+SIZES = sorted({n for pages in (1, 2, 3) for base in (pages * P - 16 - ENTRY_HEAD,)
                 for n in (base - 1, base, base + 1, base + 24, base + P // 8, base + P // 8 + 1)}
                | {0, 1, 100, 2000, 4096, 8192, 100_000})
 
@@ -58,7 +63,7 @@ def _db_stats(state_dir: Path) -> dict[str, dict[str, int]]:
 
 def _expected_tail(n: int) -> int:
     """The rule of native/lmdbcall.c `split_tail`, for a user value of n bytes."""
-    stored = 8 + n
+    stored = ENTRY_HEAD + n
     last = (stored + 16) % P
     return last if stored + 16 > P and 0 < last <= P // 8 else 0
 
@@ -86,7 +91,7 @@ def test_every_size_around_the_page_boundaries_reads_back_whole_through_get_scan
 
 def test_a_4_kib_value_takes_one_overflow_page_and_a_value_past_the_line_takes_two(tmp_path: Path) -> None:
     n = 64
-    for size, pages_each, tails in ((4096, 1, n), (4600, 2, 0), (4072, 1, 0)):
+    for size, pages_each, tails in ((4096, 1, n), (4600, 2, 0), (P - 16 - ENTRY_HEAD, 1, 0)):
         d = tmp_path / str(size)
         st = State(str(d))
         try:
@@ -118,7 +123,8 @@ def test_overwrites_and_deletes_leave_no_tail_behind(tmp_path: Path) -> None:
     assert _db_stats(tmp_path / "state")["tail"]["entries"] == 1 + 10 + 10
 
 
-def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Path) -> None:
+def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     with wal.open(tmp_path / "s") as store:
         store.put(b"big", _value(4096))
         store.put(b"small", b"x")
@@ -126,6 +132,9 @@ def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Pat
     with env.begin(write=True) as txn:
         assert txn.delete(b"big", db=env.open_db(b"tail", txn=txn, create=False))
     env.close()
+    with pytest.raises(CorruptionError, match="tail is missing"):  # the open's walk of a small state
+        wal.open(tmp_path / "s", readonly=True)
+    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk: each read finds it
     with wal.open(tmp_path / "s", readonly=True) as reader:
         assert reader.get(b"small") == b"x"
         with pytest.raises(CorruptionError, match="tail is missing"):
@@ -134,13 +143,14 @@ def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Pat
             list(reader.scan(b""))
 
 
-def test_a_version_with_its_top_bit_set_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bit", [63, 62])
+def test_a_version_with_a_flag_bit_set_is_refused_before_anything_is_written(tmp_path: Path, bit: int) -> None:
     st = State(str(tmp_path / "state"))
     try:
-        bad = (1 << 63).to_bytes(8, "little") + b"v"
-        with pytest.raises(ValueError, match="below 2\\^63"):
+        bad = (1 << bit).to_bytes(8, "little") + b"v"
+        with pytest.raises(ValueError, match="below 2\\^62"):
             _apply(st, 1, [(b"a", (1).to_bytes(8, "little") + b"ok"), (b"b", bad)])
-        with pytest.raises(ValueError, match="below 2\\^63"):
+        with pytest.raises(ValueError, match="below 2\\^62"):
             _apply(st, 1, [(b"short", b"1234567")])
         assert st.applied_lsn() == 0 and st.get(b"a") is None
     finally:
@@ -151,7 +161,9 @@ def test_a_version_with_its_top_bit_set_is_refused_before_anything_is_written(tm
 
 
 def _as_format_2(path: Path) -> None:
-    """What format 2 left on disk: the same files without the `tail` database, STORE saying 2."""
+    """What format 2 left on disk: the same files without checksums or the `tail` database,
+    STORE saying 2."""
+    strip_entry_checksums(path)
     env = lmdb.open(str(path / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
     with env.begin(write=True) as txn:
         tail = env.open_db(b"tail", txn=txn, create=False)
@@ -170,7 +182,7 @@ def _tail_exists(state_dir: Path) -> bool:
         env.close()
 
 
-def test_a_format_2_store_is_read_and_upgraded_to_3_by_its_first_writable_open(tmp_path: Path) -> None:
+def test_a_format_2_store_is_read_and_upgraded_by_its_first_writable_open(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         for i in range(20):
             store.put(f"k{i}", b"v%d" % i)
@@ -180,7 +192,7 @@ def test_a_format_2_store_is_read_and_upgraded_to_3_by_its_first_writable_open(t
         assert reader.get("k7") == b"v7"
     assert json.loads((tmp_path / "STORE").read_text())["version"] == 2
     with wal.open(tmp_path) as store:
-        assert json.loads((tmp_path / "STORE").read_text())["version"] == 3
+        assert json.loads((tmp_path / "STORE").read_text())["version"] == STORE_VERSION
         assert [store.get(f"k{i}") for i in range(20)] == [b"v%d" % i for i in range(20)]
         store.put("big", _value(4096))
     assert _db_stats(tmp_path / "state")["tail"]["entries"] == 1

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from legacy_state import strip_entry_checksums
 
 import wal
 from wal import record
 from wal.state import InvariantError, State
-from wal.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from wal.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, STORE_VERSION
 from wal.testing import failpoint
 
 HELPERS = Path(__file__).parent / "store_helpers"
@@ -952,24 +953,24 @@ def test_opening_a_missing_store_read_only_fails_without_creating_it(tmp_path: P
 # ---- on-disk format version ----------------------------------------------------------------------
 
 
-def test_a_new_store_has_a_store_file_naming_format_version_3(tmp_path: Path) -> None:
+def test_a_new_store_has_a_store_file_naming_format_version_4(tmp_path: Path) -> None:
     wal.open(tmp_path).close()
     meta = json.loads((tmp_path / "STORE").read_text())
-    assert meta["version"] == 3
+    assert meta["version"] == 4 == STORE_VERSION
     assert {p.name for p in tmp_path.iterdir()} >= {"STORE", "log", "state"}
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_a_store_of_format_version_4_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
+def test_a_store_of_format_version_5_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
     with wal.open(tmp_path) as store:
         store.put(b"k", b"v")
     meta = json.loads((tmp_path / "STORE").read_text())
-    meta["version"] = 4
+    meta["version"] = 5
     (tmp_path / "STORE").write_text(json.dumps(meta))
-    with pytest.raises(wal.FormatVersionError, match="version 4"):
+    with pytest.raises(wal.FormatVersionError, match="version 5"):
         wal.open(tmp_path, readonly=readonly)
-    meta["version"] = 3
+    meta["version"] = 4
     (tmp_path / "STORE").write_text(json.dumps(meta))
     with wal.open(tmp_path) as store:  # the failed open left it intact and unlocked
         assert store.get(b"k") == b"v"
@@ -978,11 +979,12 @@ def test_a_store_of_format_version_4_raises_format_version_error(tmp_path: Path,
 def _as_format_1(path: Path) -> None:
     """What format 1 left on disk: the same log and LMDB files (its LMDB synced at every commit,
     as a clean close of format 2 leaves it too), no checkpoint.meta, and STORE saying 1."""
+    strip_entry_checksums(path)
     (path / "state" / "checkpoint.meta").unlink()
     (path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 1}) + "\n")
 
 
-def test_a_format_1_store_is_read_and_upgraded_to_3_by_its_first_writable_open(tmp_path: Path) -> None:
+def test_a_format_1_store_is_read_and_upgraded_by_its_first_writable_open(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         for i in range(50):
             store.put(f"k{i}", b"v%d" % i)
@@ -994,7 +996,7 @@ def test_a_format_1_store_is_read_and_upgraded_to_3_by_its_first_writable_open(t
     with wal.open(tmp_path) as store:
         assert [store.get(f"k{i}") for i in range(50)] == [b"v%d" % i for i in range(50)]
         store.put("after", b"upgrade")
-    assert json.loads((tmp_path / "STORE").read_text())["version"] == 3
+    assert json.loads((tmp_path / "STORE").read_text())["version"] == STORE_VERSION
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
     with wal.open(tmp_path) as store:
         assert store.get("after") == b"upgrade" and store.get("k49") == b"v49"
@@ -1011,13 +1013,13 @@ def test_an_older_store_is_upgraded_only_by_the_open_that_gets_its_writer_lock(t
         running.put(b"k", b"v")
     with wal.open(tmp_path) as store:
         assert store.get(b"k") == b"v"
-    assert json.loads((tmp_path / "STORE").read_text())["version"] == 3
+    assert json.loads((tmp_path / "STORE").read_text())["version"] == STORE_VERSION
 
 
 def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
-    """A version-4 store may lay out its log differently: refuse before recovering (or
+    """A version-5 store may lay out its log differently: refuse before recovering (or
     creating) anything in it."""
-    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 4}))
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 5}))
     (tmp_path / "log").mkdir()
     junk = b"\x00" * 100 + b"not a v1 segment"
     (tmp_path / "log" / "0000000000000001.wal").write_bytes(junk)
@@ -1247,3 +1249,24 @@ def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
     applied_in_trickle = sum(1 for c in trickle if c[4] > 0)
     assert applied_in_trickle >= 1
     assert stats["background_applies"] - before == applied_in_trickle  # each in the low-priority thread
+
+
+def test_a_damaged_log_tail_that_the_state_already_holds_is_refused_without_cutting_it(tmp_path: Path) -> None:
+    """A cleanly closed store has applied (and checkpointed) every commit; damage to its newest
+    segment's last record looks like a torn tail, but cutting it would hand that LSN out again
+    to the next commit. The open refuses and changes nothing (Log.open keep_through)."""
+    with wal.open(tmp_path) as store:
+        for i in range(5):
+            last = store.put(f"k{i}", b"v%d" % i)
+    seg = sorted((tmp_path / "log").glob("*.wal"))[-1]
+    data = bytearray(seg.read_bytes())
+    where = data.rfind(b"k4")
+    data[where] ^= 0xFF  # inside the payload of the last record: its CRC fails
+    seg.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "log").iterdir()}
+    with pytest.raises(wal.CorruptionError, match=f"would lose LSNs {last}..{last}") as info:
+        wal.open(tmp_path)
+    assert info.value.reason == "damaged log below the state"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "log").iterdir()} == before
+    with wal.open(tmp_path, readonly=True) as reader:  # the state itself is whole and readable
+        assert reader.get("k4") == b"v4"

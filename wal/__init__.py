@@ -21,6 +21,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import Log, LogWatermarks, RecoveryReport
+from wal.snapshot import Snapshot
 from wal.state import StateError
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
@@ -58,6 +59,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "Snapshot",
     "StateError",
     "Store",
     "Transaction",

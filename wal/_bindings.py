@@ -34,6 +34,7 @@ _appendcall.bind(*_LOG_CALLS)
 _storecore.bind(*_LOG_CALLS)
 _WATERMARKS = _address("wal_log_watermarks")
 _storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
+_storecore.bind_lmdb(_lmdbcall.CAPI)  # ... and read LMDB through wal._lmdbcall's C API (native/lmdbapi.h)
 storecore = _storecore
 
 # append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*

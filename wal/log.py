@@ -139,6 +139,7 @@ class Log:
         preallocate: str = "size",
         max_pending_bytes: int = 4 << 20,
         on_sealed_segment: Callable[[SealedSegment], None] | None = None,
+        keep_through: int = 0,
         _seed: int = 0,
         _new_log_id: int = 0,
         _new_salt: int = 0,
@@ -159,6 +160,11 @@ class Log:
         thread can work on those records while the open reads on (the store's replay does).
         An exception it raises fails the open. A damaged log can still fail the open after
         some calls.
+
+        keep_through: an LSN that something built on this log already holds (a store passes its
+        state's checkpointed applied LSN). A torn tail, or a `recovery="truncate"` cut, that would
+        leave the log ending before it is refused as `CorruptionError` before anything is changed:
+        such a cut would hand out those LSNs again to new commits.
         """
         level = dur.parse(durability, rpo_ms)
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -175,7 +181,8 @@ class Log:
         makedirs_durable(path)
         lock_fd = _lock(path)
         try:
-            report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, _first_lsn)
+            report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, keep_through,
+                                   first_lsn=_first_lsn)
             cfg.level = level.code
             cfg.rpo_ms = level.rpo_ms
             cfg.max_pending_bytes = max_pending_bytes
@@ -606,10 +613,22 @@ def _segment_first_lsn(path: str) -> int:
     return int.from_bytes(head[32:40], "little")
 
 
-def _recover(path: str, mode: str, segment_bytes: int,
-             on_sealed: Callable[[SealedSegment], None] | None, first_lsn: int = 1) -> tuple[RecoveryReport, Any]:
-    """Scan, repair what a torn tail or `recovery="truncate"` allows, and say where to resume.
-    first_lsn: where a new (empty) log starts; an archive restore continues the archive's LSNs."""
+def _refuse_cut_below(keep_through: int, new_last: int, where: str, offset: int) -> None:
+    """A cut that would end the log at `new_last` < `keep_through`: refused, nothing changed."""
+    if new_last < keep_through:
+        raise CorruptionError(
+            f"{where} is damaged at offset {offset}, after LSN {new_last}; cutting it there would lose LSNs "
+            f"{new_last + 1}..{keep_through}, which the store's state already holds (they would be handed out "
+            "again to new commits). Nothing was changed. The state holds every commit through LSN "
+            f"{keep_through}: export it (`agentwal export`), or restore the log from a backup or the archive.",
+            path=where, offset=offset, lsn=new_last + 1, reason="damaged log below the state")
+
+
+def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[SealedSegment], None] | None,
+             keep_through: int = 0, *, first_lsn: int = 1) -> tuple[RecoveryReport, Any]:
+    """Scan, repair what a torn tail or `recovery="truncate"` allows, and say where to resume;
+    never cut the log below `keep_through` (Log.open). first_lsn: where a new (empty) log
+    starts; an archive restore continues the archive's LSNs."""
     recovery.remove_temp_files(path)
     hook = None
     if on_sealed is not None:
@@ -638,6 +657,7 @@ def _recover(path: str, mode: str, segment_bytes: int,
                 "no good record to open at. Move the directory aside and restore from a backup."
             )
             raise err
+        _refuse_cut_below(keep_through, damage.lsn - 1, bad.path, damage.offset)
         # Set aside every later segment, then cut the damaged one at its last good record.
         for later in recovery.list_segments(path):
             if later[0] > bad.segment_no:
@@ -671,6 +691,7 @@ def _recover(path: str, mode: str, segment_bytes: int,
         lost = (first_lost, last_known if last_known >= first_lost else None)
     elif segments and segments[-1].status == "torn":
         last = segments[-1]
+        _refuse_cut_below(keep_through, last.last_lsn, last.path, last.bad_offset)
         cut = recovery.cut_tail(last.path, last.bad_offset, last.damage_end)
         if cut:
             broken.append(cut)

@@ -1041,6 +1041,11 @@ def _verify_state(report: VerifyReport, snap: _StateSnapshot, segs: list[_Seg], 
         progress("replaying the log", total_records, total_records)
     state_problems: list[Problem] = []
     n_entries = report.state_keys or 0
+    try:  # every entry's checksum, each key found again by a lookup, the count (State.verify)
+        snap.store._state.verify()
+    except WalError as exc:
+        report.problems.append(Problem("state", str(exc)))
+        return
     for seen, (key, version, value) in enumerate(snap.items(), 1):
         if progress is not None and seen % 4096 == 0:
             progress("checking the state", seen, n_entries)

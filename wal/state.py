@@ -64,7 +64,7 @@ it halves the pages a 4 KiB value costs the disk (benchmarks/PROFILING.md findin
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by
-LMDB's int code (`_raise_lmdb`): damage LMDB
+LMDB's int code (`raise_lmdb`): damage LMDB
 detects (bad magic or version, a page that is not found, a database with impossible flags)
 is `CorruptionError` naming ``data.mdb``; anything else LMDB reports (disk error, map full,
 too many readers) is `StateError`. LMDB keeps no checksums, so damage it does not detect is
@@ -100,6 +100,9 @@ APPLIED_KEY = b"applied_lsn"
 DURABLE_SEEN_KEY = b"durable_seen"
 DEFAULT_MAP_SIZE = 1 << 40  # address space only: the file grows with the data
 _SCAN_CHUNK = 1024  # keys per call of a snapshot's walk
+# A state file up to this size is verified entry by entry by every open (State._small_enough_to_verify).
+VERIFY_ON_OPEN_BYTES = 8 << 20
+_UPGRADE_BATCH = 20_000  # entries given a checksum per LMDB transaction at the upgrade to store format 4
 
 CHECKPOINT_FILE = "checkpoint.meta"
 DATA_FILE = "data.mdb"
@@ -171,7 +174,8 @@ class StateError(WalError):
 # the wrong size (applied_lsn, an idempotency entry), found by the binding.
 _DAMAGE = frozenset({_lmdbcall.MDB_CORRUPTED, _lmdbcall.MDB_PAGE_NOTFOUND, _lmdbcall.MDB_INVALID,
                      _lmdbcall.MDB_VERSION_MISMATCH, _lmdbcall.MDB_INCOMPATIBLE, _lmdbcall.MDB_BAD_DBI,
-                     _lmdbcall.MDB_PANIC, _lmdbcall.MDB_BAD_VALSIZE, errno.EINVAL, _lmdbcall.E_BAD_VALUE})
+                     _lmdbcall.MDB_PANIC, _lmdbcall.MDB_BAD_VALSIZE, errno.EINVAL, _lmdbcall.E_BAD_VALUE,
+                     _lmdbcall.E_CHECKSUM})
 
 # Operating-system errors LMDB passes on (its positive codes are errno values): not damage.
 _OS_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
@@ -183,7 +187,7 @@ _OPEN_RESOURCE = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, _lmdbcall.
                             _lmdbcall.MDB_MAP_FULL})
 
 
-def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
+def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
     """Re-raise an LMDB error (or a stored value of the wrong size) as a WalError that says what to do.
     On open every error but an operating-system one is damage: the same call succeeds on any file
     LMDB wrote. Any other LMDB code (map full, too many readers, ...) is StateError, and an errno
@@ -200,8 +204,9 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
         raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
     if opening or code is None or code in _DAMAGE or code > 0:
         raise CorruptionError(
-            f"the LMDB state {data} is damaged ({text}) -- found while {doing}. LMDB keeps no checksums, so this "
-            "is damage to the file (disk, copy or edit), not a crash. The state is derived from the log: if the "
+            f"the LMDB state {data} is damaged ({text}) -- found while {doing}. No crash leaves the state so "
+            "(it is reopened at its last checkpoint): this is damage to the file (disk, copy or edit). "
+            "`agentwal verify` checks every entry. The state is derived from the log: if the "
             "log still holds every commit from LSN 1 (no checkpoint removed a segment), move state/ aside and "
             "reopen to rebuild it; otherwise restore the store from a backup.",
             path=data, reason="state damaged",
@@ -209,14 +214,10 @@ def _raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening
     raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
 
 
-def _versioned(path: str, key: bytes, raw: bytes) -> tuple[int, bytes]:
-    """A data value (FORMAT.md §16: u64 version LE + value, joined by the binding if it was
-    stored split) taken apart; CorruptionError if it is short."""
-    if len(raw) < _U64.size or not key:  # the store never writes an empty key
-        raise CorruptionError(
-            f"the LMDB state in {path} holds " + (f"key {key!r} without its 8-byte version" if key else "an empty key"),
-            path=os.path.join(path, "data.mdb"), reason="state damaged")
-    return _U64.unpack_from(raw)[0], raw[8:]
+def _empty_key(path: str) -> NoReturn:
+    """The store never writes an empty key: one in the state is damage."""
+    raise CorruptionError(f"the LMDB state in {path} holds an empty key", path=os.path.join(path, "data.mdb"),
+                          reason="state damaged")
 
 
 def _applied(path: str, raw: bytes | None) -> int:
@@ -329,10 +330,12 @@ class State:
     module docstring) from the open to the close; `restored` says whether the open fell back to it."""
 
     def __init__(self, path: str, *, readonly: bool = False, map_size: int = DEFAULT_MAP_SIZE,
-                 legacy_synced: bool = False) -> None:
+                 legacy_synced: bool = False, check_entries: bool = True) -> None:
         """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
         synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
-        creation cut short, which is started again)."""
+        creation cut short, which is started again). `check_entries`: a writable open gives every
+        entry without a checksum one (store format 4) -- only once STORE says 4, so never within
+        an upgrade's earlier steps (wal/store.py `_upgrade_store`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
@@ -358,7 +361,13 @@ class State:
                     f"the state in {path} is already open in this process (LMDB allows one handle per process); "
                     "read through the Store already open, or open it read-only from another process"
                 ) from exc
-            _raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
+            raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
+        if self._small_enough_to_verify():
+            try:
+                self.verify()
+            except BaseException:
+                self.close()
+                raise
         if readonly:
             return
         try:
@@ -372,12 +381,33 @@ class State:
             # reader compares the boot id to tell a writer's unsynced pages from lost ones.
             if saved is None or self._pin.txnid() != saved.txnid or saved.boot_id != boot_id():
                 self.checkpoint()
+            if check_entries and not self._env.require_checks:
+                self._check_every_entry()
         except LmdbError as exc:
             self.close()
-            _raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
+            raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
         except BaseException:
             self.close()
             raise
+
+    def _small_enough_to_verify(self) -> bool:
+        """A state of at most VERIFY_ON_OPEN_BYTES is verified whole by every open (a few ms): the
+        entry checksums catch damage to what a read returns, and this walk also damage to LMDB's
+        pages that would make a key read as absent. A larger state is verified by `agentwal verify`."""
+        try:
+            return os.path.getsize(os.path.join(self.path, DATA_FILE)) <= VERIFY_ON_OPEN_BYTES
+        except OSError:
+            return False
+
+    def _check_every_entry(self) -> None:
+        """Give every entry written before store format 4 its checksum (native/lmdbcall.c, "DATA
+        entries"), in LMDB transactions of _UPGRADE_BATCH entries, then checkpoint. A crash
+        part-way leaves entries of both kinds, each read correctly; the next writable open goes on."""
+        after = self._env.check_entries(None, _UPGRADE_BATCH)
+        while after is not None:
+            after = self._env.check_entries(after, _UPGRADE_BATCH)
+        self.checkpoint()
+        _logger.info("the state in %s now keeps a checksum with every entry (store format 4)", self.path)
 
     def _page_to_restore(self, saved: SavedCheckpoint) -> bytes | None:
         """The saved meta page if LMDB must be reopened at the checkpoint: it was not closed cleanly
@@ -443,23 +473,26 @@ class State:
         try:
             raw = self._env.get(META, APPLIED_KEY)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading applied_lsn")
+            raise_lmdb(exc, self.path, "reading applied_lsn")
         return _applied(self.path, raw)
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
+        """(version, value) of key, its checksum verified by the binding; None if absent."""
         try:
-            raw = self._env.get(DATA, key)
+            found: tuple[int, bytes] | None = self._env.get(DATA, key)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading a key")
-        return None if raw is None else _versioned(self.path, key, raw)
+            raise_lmdb(exc, self.path, f"reading key {key!r}")
+        return found
 
     def scan_chunk(self, prefix: bytes, after: bytes | None, limit: int) -> list[tuple[bytes, int, bytes]]:
         """Up to `limit` (key, version, value) with `prefix`, in key order, keys > `after`."""
         try:
-            chunk = self._env.scan(DATA, prefix, after, limit)
+            chunk: list[tuple[bytes, int, bytes]] = self._env.scan(DATA, prefix, after, limit)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "scanning keys")
-        return [(key, *_versioned(self.path, key, raw)) for key, raw in chunk]
+            raise_lmdb(exc, self.path, "scanning keys")
+        if chunk and not chunk[0][0]:
+            _empty_key(self.path)
+        return chunk
 
     def idempotency(self, key: bytes) -> tuple[int, int] | None:
         try:
@@ -468,20 +501,36 @@ class State:
                 return None
             lsn, time_ms = _IDEM.unpack(raw)
         except (LmdbError, struct.error) as exc:
-            _raise_lmdb(exc, self.path, "reading an idempotency key")
+            raise_lmdb(exc, self.path, "reading an idempotency key")
         return lsn, time_ms
 
     def meta_get(self, key: bytes) -> bytes | None:
         try:
-            return self._env.get(META, key)
+            raw: bytes | None = self._env.get(META, key)
+            return raw
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its metadata")
+            raise_lmdb(exc, self.path, "reading its metadata")
 
     def meta_put(self, key: bytes, value: bytes) -> None:
         try:
             self._env.put(META, key, value)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "writing its metadata")
+            raise_lmdb(exc, self.path, "writing its metadata")
+
+    def verify(self) -> tuple[int, int]:
+        """Check every entry: its checksum, that a lookup of its key finds it, and that the walk
+        counts as many entries as LMDB records (native/lmdbcall.c `verify`). Returns (entries,
+        value bytes); CorruptionError naming the key and data.mdb on the first damage."""
+        try:
+            counts: tuple[int, int] = self._env.verify()
+        except LmdbError as exc:
+            raise_lmdb(exc, self.path, "verifying every entry")
+        return counts
+
+    @property
+    def lmdb_env(self) -> _lmdbcall.Env:
+        """The LMDB environment, for the store's reads in C (native/storecore.c, "Reads")."""
+        return self._env
 
     def snapshot(self) -> StateSnapshot:
         """One read transaction over the whole state (a consistent view at its applied LSN)."""
@@ -510,7 +559,7 @@ class State:
         try:
             status, lsn = self._env.apply(batch, durable_lsn, background)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "applying log records to it")
+            raise_lmdb(exc, self.path, "applying log records to it")
         # I3: the batch is the commits applied+1..last, every one of them (checked in C, in the txn).
         if status == _lmdbcall.APPLY_GAP:
             raise InvariantError(f"apply of {commits} commit(s) LSN {first}..{last} after applied LSN "
@@ -531,7 +580,7 @@ class State:
         try:
             return self._env.expire_idempotency(max(older_than_ms, 0))
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "expiring idempotency keys")
+            raise_lmdb(exc, self.path, "expiring idempotency keys")
 
     def checkpoint(self) -> SavedCheckpoint:
         """Make the state durable as it is now, and the snapshot the next writable open falls back to
@@ -542,7 +591,7 @@ class State:
         try:
             pin = self._env.begin()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "beginning a checkpoint")
+            raise_lmdb(exc, self.path, "beginning a checkpoint")
         try:
             txnid = pin.txnid()
             applied = _applied(self.path, pin.get(META, APPLIED_KEY))
@@ -556,7 +605,7 @@ class State:
             _write_checkpoint(self.path, saved)
         except LmdbError as exc:
             pin.abort()
-            _raise_lmdb(exc, self.path, "syncing it")
+            raise_lmdb(exc, self.path, "syncing it")
         except BaseException:
             pin.abort()
             raise
@@ -572,14 +621,14 @@ class State:
         try:
             _, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its statistics")
+            raise_lmdb(exc, self.path, "reading its statistics")
         return max(0, last_pgno - self._last_pgno_at_checkpoint) * psize
 
     def stat(self) -> dict[str, int]:
         try:
             entries, psize, last_pgno = self._env.stat()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading its statistics")
+            raise_lmdb(exc, self.path, "reading its statistics")
         return {"state_keys": entries, "state_map_bytes_used": (last_pgno + 1) * psize,
                 "background_applies": self._env.background_applies}
 
@@ -592,7 +641,7 @@ class State:
         try:
             self._env.close()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "closing it")
+            raise_lmdb(exc, self.path, "closing it")
 
 
 class StateSnapshot:
@@ -604,13 +653,13 @@ class StateSnapshot:
         try:
             self._txn = state._env.begin()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "beginning a read transaction")
+            raise_lmdb(exc, self.path, "beginning a read transaction")
 
     def applied_lsn(self) -> int:
         try:
             raw = self._txn.get(META, APPLIED_KEY)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading applied_lsn")
+            raise_lmdb(exc, self.path, "reading applied_lsn")
         return _applied(self.path, raw)
 
     def renew(self) -> None:
@@ -618,31 +667,32 @@ class StateSnapshot:
         try:
             self._txn.renew()
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "renewing a read transaction")
+            raise_lmdb(exc, self.path, "renewing a read transaction")
 
     def entries(self) -> int:
         try:
             return self._txn.entries(DATA)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "counting its keys")
+            raise_lmdb(exc, self.path, "counting its keys")
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
         try:
-            raw = self._txn.get(DATA, key)
+            found: tuple[int, bytes] | None = self._txn.get(DATA, key)
         except LmdbError as exc:
-            _raise_lmdb(exc, self.path, "reading a key")
-        return None if raw is None else _versioned(self.path, key, raw)
+            raise_lmdb(exc, self.path, f"reading key {key!r}")
+        return found
 
     def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
-        """(key, version, value) with `prefix`, in key order."""
+        """(key, version, value) with `prefix`, in key order, each entry's checksum verified."""
         after: bytes | None = None
         while True:
             try:
-                chunk = self._txn.scan(DATA, prefix, after, _SCAN_CHUNK)
+                chunk: list[tuple[bytes, int, bytes]] = self._txn.scan(DATA, prefix, after, _SCAN_CHUNK)
             except LmdbError as exc:
-                _raise_lmdb(exc, self.path, "scanning keys")
-            for key, raw in chunk:
-                yield (key, *_versioned(self.path, key, raw))
+                raise_lmdb(exc, self.path, "scanning keys")
+            if chunk and not chunk[0][0]:
+                _empty_key(self.path)
+            yield from chunk
             if len(chunk) < _SCAN_CHUNK:
                 return
             after = chunk[-1][0]

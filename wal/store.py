@@ -50,7 +50,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
@@ -73,14 +73,15 @@ from wal.errors import (
 )
 from wal.log import MAX_PAYLOAD, Log
 from wal.replay import Replay
-from wal.state import DURABLE_SEEN_KEY, State
+from wal.snapshot import Snapshot, lmdb_only, merged
+from wal.state import DURABLE_SEEN_KEY, State, read_checkpoint
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
-# state (its `tail` database, FORMAT.md §16). Older versions are read, and upgraded by their
-# first writable open (`_upgrade_store`).
-STORE_VERSION = 3
-READABLE_STORE_VERSIONS = (1, 2, 3)
+# state (its `tail` database, FORMAT.md §16). 4: a checksum in every state entry, verified on
+# every read. Older versions are read, and upgraded by their first writable open (`_upgrade_store`).
+STORE_VERSION = 4
+READABLE_STORE_VERSIONS = (1, 2, 3, 4)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -92,6 +93,9 @@ _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction (no fsync there: MDB_NOSYNC)
 # per background (lowest-priority) transaction: a starved one holds the apply lock for one small batch
 _BACKGROUND_BATCH_RECORDS = 1024
 _SCAN_CHUNK = 512
+# LMDB entries a scan reads in its first call: a scan of up to this many keys is one C call and
+# a list; a longer one goes on in chunks of wal.snapshot.SCAN_CHUNK from the same transaction.
+_SCAN_FIRST = 256
 
 Version = int
 _NO_CHECKS: dict[bytes, int] = {}  # shared, never written: single puts and deletes check nothing
@@ -106,6 +110,7 @@ def _after_fork_in_child() -> None:
     for store in list(_open_stores):
         store._forked = True
         store._core.disable()  # the parent's log handle: never append through it here
+        store._core.close_reads()  # nor read the parent's LMDB handle: the Python path refuses
         # A parent thread may have held or waited on it at the fork; the child refuses every
         # use of the store (_usable), and this keeps the lock itself sane, as for threading's.
         store._commit_lock._at_fork_reinit()
@@ -298,6 +303,7 @@ class Store:
         self._core = storecore.Core(log, log.native_address if log is not None else 0, self._commit_lock,
                                     self._wake, level.code, max_unapplied, checkpoint_bytes)
         self._commit_fast = self._core.commit
+        self._core.bind_state(state.lmdb_env)  # reads in one C call (get, version, get_many, scan)
         # I1's durable LSN for State.apply, read in C without the GIL (native/lmdbcall.c): a
         # Python callable would make apply take the GIL back from a thread busy putting.
         self._durable_lsn = (durable_lsn_reader(log, log.native_address) if log is not None and log.native_address
@@ -348,11 +354,13 @@ class Store:
         # first opened for writing: under the log's lock (a writer of another version still
         # running keeps its store as it is) and before anything of this version is written.
         started = time.monotonic()
+        # The log must never be cut below what the state's last checkpoint holds (Log.open keep_through).
+        saved = read_checkpoint(os.path.join(root, STATE_DIR))
         replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
         try:
             log = Log.open(os.path.join(root, LOG_DIR), durability=level.log_level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
-                           on_sealed_segment=replayer.sealed)
+                           on_sealed_segment=replayer.sealed, keep_through=saved.applied_lsn if saved else 0)
         except BaseException:
             replayer.abandon()
             raise
@@ -497,18 +505,56 @@ class Store:
         found = self._lookup(key, newest=True)
         return default if found is None or found[1] is None else found[1]
 
+    def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
+        """The values of `keys` (`default` for absent ones), in the order given, all of one
+        instant: one LMDB read transaction and one visible LSN (wal/snapshot.py)."""
+        self._usable()
+        ks: Sequence[bytes | str] = keys
+        try:  # a list or tuple of bytes goes to C as it is
+            values: list[bytes | None] | None = self._core.get_many(ks, default)  # type: ignore[arg-type]
+        except TypeError:
+            ks = [_key(k) for k in keys]
+            values = self._core.get_many(ks, default)  # type: ignore[arg-type]
+        if values is None:  # the C path declined (an error to classify, an odd key): read again here
+            values = [self.get(k, default) for k in ks]
+        return values
+
+    def snapshot(self) -> Snapshot:
+        """A consistent view of the store as of its visible LSN (`Snapshot.lsn`): get, version,
+        get_many and scan see exactly the commits acknowledged up to it, whatever is committed
+        meanwhile. A context manager; close it when done (wal/snapshot.py: what it holds)."""
+        self._usable()
+        taken = self._core.snapshot()
+        if taken is None:
+            self._state.applied_lsn()  # raises what made the C path decline
+            raise ClosedError(f"the store in {self._path} is closed")
+        txn, lsn, over = taken
+        return Snapshot(self, txn, lsn, over, _key)
+
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
         """(key, value) pairs whose key starts with prefix, in key order.
 
-        Not a snapshot: commits acknowledged during the scan may or may not appear.
+        A snapshot: the iteration sees exactly the commits acknowledged when the call was made
+        (wal/snapshot.py), all of a transaction or none of it. An iterator not run to its end
+        holds an LMDB read transaction until it is closed or dropped.
         """
         self._usable()
         p = _key(prefix, allow_empty=True)
-        over: dict[bytes, tuple[int, bytes | None]] = {}
+        begun = self._core.scan_begin(p, _SCAN_FIRST)
+        if begun is not None:
+            first, rest, over = begun
+            if rest is None and over is None:
+                return iter(first)  # the common case: every entry in one call, nothing to merge
+            if over is None:
+                return lmdb_only(rest, self._state.path, p, first)
+            return merged(rest if rest is not None else _Ended(), self._state.path, p, first,
+                          first_limit=_SCAN_FIRST, over=over)
+        # The C path declined: read here, which raises the error that made it (or the same data).
+        newest: dict[bytes, tuple[int, bytes | None]] = {}
         if self._log is not None:
             for k, lsn, value in self._core.overlay_scan(p, self._visible_lsn()):
-                over[k] = (lsn, value)
-        return self._merge_scan(p, over)
+                newest[k] = (lsn, value)
+        return self._merge_scan(p, newest)
 
     def _merge_scan(self, prefix: bytes, over: dict[bytes, tuple[int, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
         okeys = sorted(over)
@@ -879,6 +925,7 @@ class Store:
             return
         self._closed = True
         self._core.disable()
+        self._core.close_reads()
         self._stop = True
         self._wake.set()
         if self._thread is not None:
@@ -919,6 +966,20 @@ class Store:
 # path declines, runs them unchanged (storecore.FastCommit, native/storecore.c).
 Store.put = storecore.FastCommit(Store.put, record.OP_PUT)  # type: ignore[method-assign]
 Store.delete = storecore.FastCommit(Store.delete, record.OP_DELETE)  # type: ignore[method-assign]
+# Reads likewise: `store.get(key[, default])` and `store.version(key)` read in one C call (the
+# overlay, else LMDB); the C path declines closed stores and odd keys (native/storecore.c).
+Store.get = storecore.FastRead(Store.get, storecore.READ_VALUE)  # type: ignore[method-assign]
+Store.version = storecore.FastRead(Store.version, storecore.READ_VERSION)  # type: ignore[method-assign]
+
+
+class _Ended:
+    """The transaction of a scan whose LMDB entries all came in its first call (already ended)."""
+
+    def scan(self, db: int, prefix: bytes, after: bytes | None, limit: int, /) -> list[Any]:
+        raise AssertionError("a scan read past its last LMDB entry")
+
+    def abort(self) -> None:
+        pass
 
 
 def _meta_json(state: State, key: bytes) -> dict[str, Any] | None:
@@ -950,9 +1011,12 @@ def _upgrade_store(root: str, found: int) -> None:
     2 -> 3: nothing but the STORE file: a version-2 state is a version-3 state that holds no
     split value (its `tail` database is created by the next writable open of the state), and
     STORE says 3 before the first one is written, so an agentwal that reads only 1 and 2, which
-    would take a split value's flagged version for the version, refuses the store instead."""
+    would take a split value's flagged version for the version, refuses the store instead.
+    3 -> 4: again the STORE file first; then the state's first writable open (right after this)
+    gives every entry a checksum, flagged in its version (wal/state.py `_check_every_entry`),
+    which an agentwal reading only 1-3 would misread: it refuses the store instead."""
     if found == 1:
-        State(os.path.join(root, STATE_DIR), legacy_synced=True).close()
+        State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
     _write_store_file(root)
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
 

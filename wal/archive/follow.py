@@ -76,7 +76,7 @@ class Follower:
         return self._live().scan(prefix)
 
     def snapshot(self) -> Any:
-        return self._live().snapshot()  # type: ignore[attr-defined]
+        return self._live().snapshot()
 
     @property
     def watermarks(self) -> Any:

@@ -1,0 +1,182 @@
+"""Readers see whole transactions: `Store.scan`, `Store.snapshot` and `Store.get_many` read one
+instant, in the writer's process (overlay included) and in read-only openers (wal/snapshot.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import wal
+
+PAIRS = 40  # transactions write key a/<i> and b/<i> with the same value; readers check they agree
+
+
+def _committers(store: wal.Store, stop: threading.Event, n_threads: int = 4) -> list[threading.Thread]:
+    def run(t: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            i = (n * 7 + t) % PAIRS
+            value = b"%d-%d" % (t, n)
+            with store.transaction() as tx:
+                tx.put(b"pair/a/%03d" % i, value)
+                tx.put(b"pair/b/%03d" % i, value)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def _torn(items: dict[bytes, bytes]) -> list[int]:
+    return [i for i in range(PAIRS) if items.get(b"pair/a/%03d" % i) != items.get(b"pair/b/%03d" % i)]
+
+
+@pytest.mark.parametrize("durability", ["sync", "interval", "buffered"])
+def test_a_scan_in_the_writers_process_never_sees_part_of_a_transaction(tmp_path: Path, durability: str) -> None:
+    rpo = None if durability == "sync" else 50
+    with wal.open(tmp_path, durability=durability, rpo_ms=rpo, apply_interval_ms=1) as store:
+        stop = threading.Event()
+        threads = _committers(store, stop)
+        try:
+            torn = []
+            for _ in range(300):
+                items = dict(store.scan(b"pair/"))
+                torn += _torn(items)
+                with store.snapshot() as snap:
+                    got = dict(snap.scan(b"pair/"))
+                    torn += _torn(got)
+                    values = snap.get_many([b"pair/a/%03d" % i for i in range(PAIRS)]
+                                           + [b"pair/b/%03d" % i for i in range(PAIRS)])
+                    torn += [i for i in range(PAIRS) if values[i] != values[PAIRS + i]]
+                    assert got == {k: v for k, v in zip([b"pair/a/%03d" % i for i in range(PAIRS)]
+                                                        + [b"pair/b/%03d" % i for i in range(PAIRS)], values,
+                                                        strict=True) if v is not None}
+                pair = store.get_many([b"pair/a/007", b"pair/b/007"])
+                torn += [7] if pair[0] != pair[1] else []
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        assert not torn, f"{len(torn)} torn reads"
+
+
+_READER = textwrap.dedent("""
+    import sys, wal
+    torn = reads = 0
+    with wal.open(sys.argv[1], readonly=True) as store:
+        for _ in range(int(sys.argv[2])):
+            items = dict(store.scan(b"pair/"))
+            reads += 1
+            torn += sum(items.get(b"pair/a/%03d" % i) != items.get(b"pair/b/%03d" % i) for i in range({pairs}))
+            with store.snapshot() as snap:
+                items = dict(snap.scan(b"pair/"))
+                torn += sum(items.get(b"pair/a/%03d" % i) != items.get(b"pair/b/%03d" % i) for i in range({pairs}))
+    print(reads, torn)
+""").format(pairs=PAIRS)
+
+
+def test_a_read_only_opener_in_another_process_never_sees_part_of_a_transaction(tmp_path: Path) -> None:
+    with wal.open(tmp_path, apply_interval_ms=1) as store:
+        with store.transaction() as tx:
+            for i in range(PAIRS):
+                tx.put(b"pair/a/%03d" % i, b"0")
+                tx.put(b"pair/b/%03d" % i, b"0")
+        store.checkpoint()
+        stop = threading.Event()
+        threads = _committers(store, stop)
+        try:
+            out = subprocess.run([sys.executable, "-c", _READER, str(tmp_path), "300"], capture_output=True,
+                                 text=True, timeout=300, check=True).stdout.split()
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+    assert out == ["300", "0"]
+
+
+def test_a_snapshot_reads_one_lsn_while_commits_go_on(tmp_path: Path) -> None:
+    with wal.open(tmp_path, durability="interval", rpo_ms=100) as store:
+        first = store.put(b"k", b"one")
+        store.put(b"gone", b"x")
+        with store.snapshot() as snap:
+            assert snap.lsn == store.watermarks.written >= first
+            second = store.put(b"k", b"two")
+            store.delete(b"gone")
+            store.put(b"new", b"n")
+            store.checkpoint()  # everything applied to LMDB, the overlay emptied: the snapshot keeps its view
+            assert snap.get(b"k") == b"one" and snap.version(b"k") == first
+            assert snap.get("gone") == b"x" and snap.get(b"new") is None and snap.version(b"new") is None
+            assert list(snap.scan()) == [(b"gone", b"x"), (b"k", b"one")]
+            assert snap.get_many([b"k", b"new", "gone"], b"-") == [b"one", b"-", b"x"]
+        assert store.get(b"k") == b"two" and store.version(b"k") == second
+        assert list(store.scan()) == [(b"k", b"two"), (b"new", b"n")]
+        with pytest.raises(wal.ClosedError, match="snapshot is closed"):
+            snap.get(b"k")
+
+
+def test_closing_the_store_ends_its_snapshots_and_unfinished_scans_with_closed_error(tmp_path: Path) -> None:
+    store = wal.open(tmp_path)
+    with store.transaction() as tx:
+        for i in range(3000):
+            tx.put(b"k%05d" % i, b"v")
+    store.checkpoint()
+    snap = store.snapshot()
+    scan = store.scan(b"k")
+    assert next(scan) == (b"k00000", b"v")
+    store.close()
+    with pytest.raises(wal.ClosedError):
+        snap.get(b"k00001")
+    with pytest.raises(wal.ClosedError):
+        list(snap.scan())
+    with pytest.raises(wal.ClosedError):
+        list(scan)
+    with pytest.raises(wal.ClosedError):
+        store.snapshot()
+    with pytest.raises(wal.ClosedError):
+        store.get_many([b"k00001"])
+
+
+def test_a_long_scan_is_one_snapshot_across_its_chunks(tmp_path: Path) -> None:
+    """A scan longer than one C call's chunk goes on in the same LMDB transaction: commits made
+    while it is iterated, applied to LMDB meanwhile, never appear in it."""
+    with wal.open(tmp_path, apply_interval_ms=1) as store:
+        with store.transaction() as tx:
+            for i in range(5000):
+                tx.put(b"k%05d" % i, b"old")
+        store.checkpoint()
+        seen = []
+        for n, (_, value) in enumerate(store.scan(b"k")):
+            seen.append(value)
+            if n == 10:
+                with store.transaction() as tx:
+                    for i in range(5000):
+                        tx.put(b"k%05d" % i, b"new")
+                store.checkpoint()
+        assert len(seen) == 5000 and set(seen) == {b"old"}
+        assert {v for _, v in store.scan(b"k")} == {b"new"}
+
+
+def test_reads_in_c_and_in_python_agree_on_every_key_form_and_state(tmp_path: Path) -> None:
+    """`get`/`version` read in one C call for bytes and str keys; other call forms take the Python
+    function. Both give the same answers, overlay or LMDB, deleted or absent keys included."""
+    with wal.open(tmp_path, durability="buffered", rpo_ms=1000, apply_interval_ms=100000) as store:
+        lsn = store.put("ü-key", b"v1")
+        store.put(b"deleted", b"x")
+        store.delete(b"deleted")
+        for key in ("ü-key", "ü-key".encode(), bytearray("ü-key".encode())):
+            assert store.get(key) == b"v1" and store.get(key=key) == b"v1" and store.version(key) == lsn
+        assert store.get(b"deleted", b"d") == b"d" == store.get(b"deleted", default=b"d")
+        assert store.get(b"absent") is None and store.version(b"deleted") is None
+        store.checkpoint()
+        assert store.get("ü-key") == b"v1" and store.get(b"deleted") is None
+        with pytest.raises(wal.ArgumentError):
+            store.get(b"")
+        with pytest.raises(TypeError):
+            store.get(12)  # type: ignore[arg-type]
+        with pytest.raises(wal.RecordTooLargeError):
+            store.get(b"x" * 600)
