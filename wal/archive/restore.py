@@ -93,7 +93,10 @@ def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
 
 def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                      time_ms: int | None) -> tuple[layout.Snapshot, int]:
-    """The newest snapshot at or before the target, decoded and verified, and its size."""
+    """The newest snapshot at or before the target, decoded and verified, and its size. An
+    archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
+    if any(p.first == 1 for p in listing.logs):
+        listing = Listing(listing.logs, [(0, ""), *[s for s in listing.snapshots if s[0] > 0]])
     if not listing.snapshots:
         raise CorruptionError(f"the archive {objects.url} holds no snapshot: nothing to restore from "
                               "(is it an agentwal archive? has its writer shipped anything yet?)",
@@ -103,11 +106,13 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
         raise ArgumentError(f"LSN {lsn} is before the oldest snapshot in {objects.url} (LSN "
                             f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
     for _, name in reversed(candidates):
+        if not name:
+            return layout.Snapshot(0, 0, b"", []), 0
         data = objects.get(name)
         snap = layout.decode_snapshot(data, name)
         if time_ms is None or snap.taken_ms <= time_ms:
             return snap, len(data)
-    oldest = layout.decode_snapshot(objects.get(candidates[0][1]), candidates[0][1])
+    oldest = layout.decode_snapshot(objects.get(candidates[0][1]), candidates[0][1])  # never the implicit one
     raise ArgumentError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
                         f"(taken {_iso(oldest.taken_ms)})")
 
@@ -282,9 +287,10 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             layout.decode_snapshot(data, name)
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
-    if not listing.snapshots:
+    from_start = any(p.first == 1 for p in listing.logs)  # an implicit empty snapshot at LSN 0
+    if not listing.snapshots and not from_start:
         problems.append(f"{objects.url} holds no snapshot: a restore has nothing to start from")
-    base = listing.snapshots[0][0] if listing.snapshots else 0
+    base = 0 if from_start or not listing.snapshots else listing.snapshots[0][0]
     first = base + 1
     pos = base
     pieces, gap = cover(listing.logs, base)
