@@ -6,6 +6,9 @@ into an LMDB materialized state. `wal.Log` is the bare segmented log. See README
 every byte on disk.
 """
 
+# The object archive (wal/archive/). Its modules use `wal.open` only when called, so this order is safe.
+from wal.archive.follow import Follower, follow
+from wal.archive.restore import RestoreReport, restore
 from wal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -26,22 +29,6 @@ from wal.state import StateError
 from wal.store import Store, Transaction, Watermarks
 from wal.store import open_store as open
 
-
-def restore(url: object, directory: object, *, lsn: int | None = None, time: object = None,
-            parallel: int = 16, progress: object = None) -> object:
-    """Point-in-time restore of an archive into a new store (wal/archive/restore.py)."""
-    from wal.archive.restore import restore as _restore  # noqa: PLC0415 -- wal.archive loads on use
-
-    return _restore(url, directory, lsn=lsn, time=time, parallel=parallel, progress=progress)  # type: ignore[arg-type]
-
-
-def follow(url: object, directory: object, **options: object) -> object:
-    """A read-only follower of an archive that can be promoted to its writer (wal/archive/follow.py)."""
-    from wal.archive.follow import follow as _follow  # noqa: PLC0415
-
-    return _follow(url, directory, **options)  # type: ignore[arg-type]
-
-
 __version__ = "0.1.0"
 
 __all__ = [
@@ -51,6 +38,7 @@ __all__ = [
     "ConflictError",
     "CorruptionError",
     "FailedError",
+    "Follower",
     "FormatVersionError",
     "LockedError",
     "Log",
@@ -59,6 +47,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "RestoreReport",
     "Snapshot",
     "StateError",
     "Store",
