@@ -33,7 +33,7 @@ import wal
 from wal import cli, ops
 
 COMMANDS = ("info", "verify", "dump", "get", "put", "delete", "scan", "export", "import", "checkpoint", "compact",
-            "repair", "tail", "stats")
+            "repair", "tail", "stats", "restore", "follow", "archive")
 
 
 def run(*args: str, stdin: str | bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

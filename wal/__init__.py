@@ -6,6 +6,9 @@ into an LMDB materialized state. `wal.Log` is the bare segmented log. See README
 every byte on disk.
 """
 
+# The object archive (wal/archive/). Its modules use `wal.open` only when called, so this order is safe.
+from wal.archive.follow import Follower, follow
+from wal.archive.restore import RestoreReport, restore
 from wal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -36,6 +39,7 @@ __all__ = [
     "ConflictError",
     "CorruptionError",
     "FailedError",
+    "Follower",
     "FormatVersionError",
     "LockedError",
     "Log",
@@ -44,6 +48,7 @@ __all__ = [
     "ReadOnlyError",
     "RecordTooLargeError",
     "RecoveryReport",
+    "RestoreReport",
     "Snapshot",
     "StateError",
     "StorageError",
@@ -51,5 +56,7 @@ __all__ = [
     "Transaction",
     "WalError",
     "Watermarks",
+    "follow",
     "open",
+    "restore",
 ]

@@ -41,6 +41,7 @@ from typing import Any, TextIO
 import wal
 from wal import demo, metrics, ops
 from wal import durability as dur
+from wal.archive import cli as _archive_cli
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -232,6 +233,9 @@ def _info_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     """`agentwal info`: see `wal.ops.info`."""
     data = ops.info(args.store)
+    archive = _archive_cli.read_status(args.store)  # STORE/archive.json, written by an archived store
+    if archive is not None:
+        data["archive"] = archive
     if args.json:
         _print_json(data)
         return EXIT_OK
@@ -246,6 +250,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     pid = data["writer_pid"]
     print(f"  writer:      {'running, pid ' + str(pid) if pid else 'not running'}")
     print(f"  durability:  {data['durability']}")
+    if archive is not None:
+        print(f"  archive:     {archive.get('archive_url')}: archived LSN {archive.get('archived_lsn')}, lag "
+              f"{float(archive.get('archive_lag_ms', 0)):.0f} ms"
+              + (f", ERROR: {archive['archive_error']}" if archive.get("archive_error") else "")
+              + (", FENCED (another writer took over)" if archive.get("archive_fenced") else ""))
     log = data["log"]
     span = f"LSN {log['first_lsn']}..{log['last_lsn']}" if log["last_lsn"] >= log["first_lsn"] else "empty"
     print(f"  log:         {span}, {log['records']} record(s) in {log['segments']} segment(s), "
@@ -328,8 +337,12 @@ def _verify_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """`agentwal verify`: see `wal.ops.verify`."""
+    """`agentwal verify`: see `wal.ops.verify` (an archive URL: `wal.archive.restore.verify`)."""
     bar = _ProgressBar()
+    if "://" in args.store:
+        from wal.archive import cli as archive_cli  # noqa: PLC0415
+
+        return archive_cli.verify_url(args.store, args.json, bar)
     try:
         report = ops.verify(args.store, progress=bar)
     finally:
@@ -944,6 +957,14 @@ COMMANDS: tuple[Command, ...] = (
             _tail_arguments, cmd_tail),
     Command("stats", "print gauges as text, JSON or Prometheus text format (read-only)", _STATS_DESCRIPTION,
             _stats_arguments, cmd_stats),
+    # ---- the object archive (wal/archive/cli.py) ----
+    Command("restore", "restore an archive (s3://, file://) into a new store, to an LSN or a time",
+            _archive_cli.RESTORE_DESCRIPTION, _archive_cli.restore_arguments,
+            lambda args: _archive_cli.cmd_restore(args, _ProgressBar())),
+    Command("follow", "keep a read-only copy of an archive up to date; --promote takes over as its writer",
+            _archive_cli.FOLLOW_DESCRIPTION, _archive_cli.follow_arguments, _archive_cli.cmd_follow),
+    Command("archive", "archive status STORE: the archived LSN, lag, PUTs and errors of a store's archive",
+            _archive_cli.STATUS_DESCRIPTION, _archive_cli.status_arguments, _archive_cli.cmd_status),
 )
 
 _MAIN_DESCRIPTION = """\

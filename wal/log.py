@@ -143,6 +143,7 @@ class Log:
         _seed: int = 0,
         _new_log_id: int = 0,
         _new_salt: int = 0,
+        _first_lsn: int = 1,
     ) -> Log:
         """Open (creating if needed) the log in `directory`.
 
@@ -180,7 +181,8 @@ class Log:
         makedirs_durable(path)
         lock_fd = _lock(path)
         try:
-            report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, keep_through)
+            report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, keep_through,
+                                   first_lsn=_first_lsn)
             cfg.level = level.code
             cfg.rpo_ms = level.rpo_ms
             cfg.max_pending_bytes = max_pending_bytes
@@ -623,9 +625,10 @@ def _refuse_cut_below(keep_through: int, new_last: int, where: str, offset: int)
 
 
 def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[SealedSegment], None] | None,
-             keep_through: int = 0) -> tuple[RecoveryReport, Any]:
+             keep_through: int = 0, *, first_lsn: int = 1) -> tuple[RecoveryReport, Any]:
     """Scan, repair what a torn tail or `recovery="truncate"` allows, and say where to resume;
-    never cut the log below `keep_through` (Log.open)."""
+    never cut the log below `keep_through` (Log.open). first_lsn: where a new (empty) log
+    starts; an archive restore continues the archive's LSNs."""
     recovery.remove_temp_files(path)
     hook = None
     if on_sealed is not None:
@@ -720,7 +723,7 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
     else:
         cfg.need_new_segment = 1
         cfg.segment_no = 1
-        cfg.next_lsn = 1
+        cfg.next_lsn = first_lsn
     report = RecoveryReport(
         segments=len(segments), records=sum(s.records for s in segments),
         last_lsn=int(cfg.next_lsn) - 1, seconds=scan.seconds, torn_tail=torn,

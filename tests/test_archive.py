@@ -1,0 +1,502 @@
+"""The object archive (wal/archive/): shipping, the replicated level, restore, followers, fencing.
+
+Every test that takes `archive_url` runs twice: against a `file://` folder and against a real S3
+server (SeaweedFS, tests/archive_server.py). Faults are real: the file:// archive's folder
+replaced by a file (every write to it fails), the S3 server killed (tests/test_archive_faults.py).
+"""
+
+# ruff: noqa: F811 -- the archive fixtures are imported by name (tests/archive_server.py)
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import shutil
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+from archive_server import archive_url, s3_server  # noqa: F401 -- fixtures
+
+import wal
+from wal.archive import layout
+from wal.archive.objects import FileObjects, open_objects
+from wal.archive.restore import verify
+from wal.archive.shipper import ArchiveLagError
+from wal.cli import main
+from wal.metrics import prometheus_text
+
+FAST = {"archive_rpo_ms": 200}
+
+
+def wait_until(cond: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def names(url: str, prefix: str) -> list[str]:
+    return [n for n, _ in open_objects(url).list(prefix)]
+
+
+class Blocked:
+    """A file:// archive made unwritable for real: its folder swapped for a plain file."""
+
+    def __init__(self, url: str) -> None:
+        self.path = urlparse(url).path
+        self.aside = self.path + ".aside"
+
+    def __enter__(self) -> Blocked:
+        if os.path.exists(self.path):
+            os.rename(self.path, self.aside)
+        with open(self.path, "w") as f:
+            f.write("not a directory")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.unlink(self.path)
+        if os.path.exists(self.aside):
+            os.rename(self.aside, self.path)
+
+
+# ---- shipping ----------------------------------------------------------------------------------
+
+
+def test_commits_are_shipped_as_objects_named_by_lsn_each_verifiable_alone(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", archive=archive_url, **FAST) as s:
+        lsns = [s.put(f"k{i}", b"v%d" % i) for i in range(50)]
+        wait_until(lambda: s.stats()["archived_lsn"] == lsns[-1])
+        st = s.stats()
+        assert st["archive_lag_ms"] == 0.0 and st["archive_puts"] >= 1 and st["archive_error"] is None
+    objects = open_objects(archive_url)
+    seen = []
+    for name, _ in objects.list(layout.LOG_PREFIX):
+        obj = layout.decode_log(objects.get(name), name)
+        assert name == layout.log_name(obj.first)
+        seen.extend(lsn for lsn, _ in obj.records)
+    assert seen == lsns
+    assert names(archive_url, layout.SNAP_PREFIX), "a first snapshot is shipped"
+
+
+def test_a_damaged_object_is_refused_naming_its_lsns(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, **FAST) as s:
+        for i in range(10):
+            s.put(f"k{i}", b"v")
+    name = names(url, layout.LOG_PREFIX)[0]
+    path = os.path.join(urlparse(url).path, name)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    data[80] ^= 1
+    with pytest.raises(wal.CorruptionError, match=r"LSNs 1\.\."):
+        layout.decode_log(bytes(data), name)
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(wal.CorruptionError, match="damaged"):
+        wal.restore(url, tmp_path / "r")
+    assert not os.path.exists(tmp_path / "r")
+    assert not verify(url).ok
+
+
+def test_plain_directory_archive_keeps_its_old_meaning(tmp_path):
+    with wal.open(tmp_path / "s", archive=True, segment_bytes=4096, checkpoint_bytes=1 << 16) as s:
+        for i in range(200):
+            s.put(f"k{i}", b"x" * 100)
+        s.checkpoint()
+        assert "archive_url" not in s.stats()
+    assert os.listdir(tmp_path / "s" / "archive")
+
+
+def test_archive_options_without_an_object_archive_are_refused(tmp_path):
+    with pytest.raises(wal.ArgumentError, match="archive_rpo_ms"):
+        wal.open(tmp_path / "s", archive_rpo_ms=100)
+    with pytest.raises(wal.ArgumentError, match="replicated"):
+        wal.open(tmp_path / "s", durability="replicated")
+    with pytest.raises(wal.ArgumentError, match="unsupported archive URL"):
+        wal.open(tmp_path / "s", archive="ftp://x/y")
+    with wal.open(tmp_path / "s") as s, pytest.raises(wal.ArgumentError, match="object archive"):
+        s.put("k", b"v", durability="replicated")
+
+
+def test_a_checkpoint_never_removes_a_segment_not_yet_archived(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, segment_bytes=4096, checkpoint_bytes=1 << 16,
+                  archive_rpo_ms=60_000) as s:
+        s.put("first", b"x")
+        wait_until(lambda: s.stats()["archived_lsn"] == 1)
+        with Blocked(url):
+            for i in range(300):
+                s.put(f"k{i}", b"y" * 64)
+            s.checkpoint()
+            assert s._log.first_lsn <= 2, "segments above the archived LSN were removed"
+            wait_until(lambda: s.stats()["archive_error"] is not None)
+        wait_until(lambda: s.stats()["archived_lsn"] == 301)
+        s.checkpoint()
+        assert s._log.first_lsn > 2
+    report = wal.restore(url, tmp_path / "r")
+    assert report.lsn == 301
+
+
+# ---- the archive_rpo_ms bound ------------------------------------------------------------------
+
+
+def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150, archive_policy="error") as s:
+        s.put("a", b"1")
+        with Blocked(url):
+            s.put("b", b"2")
+            time.sleep(0.3)
+            assert s.stats()["archive_lag_ms"] > 150
+            with pytest.raises(ArchiveLagError, match="archive_rpo_ms=150"):
+                s.put("c", b"3")
+            with pytest.raises(ArchiveLagError), s.transaction() as tx:
+                tx.put("c", b"3")
+        wait_until(lambda: s.stats()["archive_lag_ms"] == 0)
+        s.put("c", b"3")
+        assert s.get("c") == b"3"
+
+
+def test_lag_over_the_bound_holds_commits_back_with_policy_block(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:
+        s.put("a", b"1")
+        done = threading.Event()
+        with Blocked(url):
+            s.put("b", b"2")
+            time.sleep(0.3)
+            t = threading.Thread(target=lambda: (s.put("c", b"3"), done.set()))
+            t.start()
+            time.sleep(0.3)
+            assert not done.is_set(), "a commit went ahead while the archive lagged past its bound"
+        t.join(10)
+        assert done.is_set() and s.stats()["archive_lag_ms"] <= 150
+
+
+# ---- replicated ----------------------------------------------------------------------------
+
+
+def _archived_in_store(url: str, lsn: int) -> bool:
+    objects = open_objects(url)
+    for name, _ in objects.list(layout.LOG_PREFIX):
+        obj = layout.decode_log(objects.get(name), name)
+        if obj.first <= lsn <= obj.last:
+            return True
+    for name, _ in objects.list(layout.MERGED_PREFIX):
+        parsed = layout.parse_name(name)
+        if parsed and parsed.first <= lsn <= (parsed.last or 0):
+            return True
+    return False
+
+
+def test_replicated_commits_are_acknowledged_only_once_the_archive_holds_them(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", durability="replicated", archive=archive_url) as s:
+        lsn = s.put("k", b"v")  # the C fast path must not acknowledge this at local sync
+        assert _archived_in_store(archive_url, lsn)
+        lsn = s.delete("k")
+        assert _archived_in_store(archive_url, lsn)
+        with s.transaction() as tx:
+            tx.put("t", b"1")
+        assert _archived_in_store(archive_url, tx.lsn)
+        assert s.stats()["durability"] == "replicated"
+        with pytest.raises(wal.ArgumentError):
+            s.transaction(durability="sync")
+
+
+def test_replicated_per_transaction_and_per_put_on_a_sync_store(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", archive=archive_url, archive_rpo_ms=60_000) as s:
+        with s.transaction(durability="replicated") as tx:
+            tx.put("critical", b"step")
+        assert _archived_in_store(archive_url, tx.lsn)
+        lsn = s.put("p", b"1", durability="replicated")
+        assert _archived_in_store(archive_url, lsn)
+
+
+def test_concurrent_replicated_commits_share_objects(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", durability="replicated", archive=url, archive_merge_objects=1000) as s:
+        def work(t: int) -> None:
+            for i in range(20):
+                s.put(f"{t}/{i}", b"v")
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        st = s.stats()
+        assert st["archived_lsn"] == 320
+        assert st["archive_objects"] < 320, "one object per group, not per commit"
+
+
+def test_replicated_commit_waits_while_the_archive_is_down(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", durability="replicated", archive=url) as s:
+        s.put("a", b"1")
+        done = threading.Event()
+        with Blocked(url):
+            t = threading.Thread(target=lambda: (s.put("b", b"2"), done.set()))
+            t.start()
+            time.sleep(0.4)
+            assert not done.is_set(), "acknowledged before the archive held it"
+        t.join(15)
+        assert done.is_set()
+
+
+async def _async_replicated(s: wal.Store, url: str) -> None:
+    lsn = await s.aput("a", b"1")
+    assert _archived_in_store(url, lsn)
+    async with s.atransaction() as tx:
+        tx.put("b", b"2")
+    assert _archived_in_store(url, tx.lsn)
+
+
+def test_replicated_async_commits(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", durability="replicated", archive=url) as s:
+        asyncio.run(_async_replicated(s, url))
+
+
+def test_small_objects_are_merged_so_the_count_stays_bounded(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", durability="replicated", archive=archive_url, archive_merge_objects=4) as s:
+        for i in range(60):
+            s.put(f"k{i}", b"v")
+        wait_until(lambda: s.stats()["archive_merges"] >= 5)
+        assert s.stats()["archive_puts_per_s"] > 0
+    assert len(names(archive_url, layout.LOG_PREFIX)) <= 10
+    report = wal.restore(archive_url, tmp_path / "r")
+    assert report.lsn == 60
+    with wal.open(tmp_path / "r") as r:
+        assert [k for k, _ in r.scan()] == sorted(f"k{i}".encode() for i in range(60))
+
+
+# ---- restore -------------------------------------------------------------------------------
+
+
+def _populate(path, url, n=300, **kw):
+    times = {}
+    with wal.open(path, archive=url, archive_rpo_ms=100, archive_snapshot_bytes=3000, **kw) as s:
+        for i in range(n):
+            lsn = s.put(f"k{i % 40}", f"{i}".encode())
+            times[lsn] = time.time()
+            if i % 100 == 50:
+                time.sleep(0.05)
+        wait_until(lambda: s.stats()["archived_lsn"] == n)
+    return times
+
+
+def _expected(upto: int) -> dict[bytes, bytes]:
+    out = {}
+    for i in range(upto):
+        out[f"k{i % 40}".encode()] = f"{i}".encode()
+    return out
+
+
+def test_restore_to_the_end_an_lsn_and_a_time(tmp_path, archive_url):
+    times = _populate(tmp_path / "p", archive_url)
+    assert len(names(archive_url, layout.SNAP_PREFIX)) > 2
+    r = wal.restore(archive_url, tmp_path / "end")
+    assert r.lsn == 300 and r.snapshot_lsn > 0
+    with wal.open(tmp_path / "end") as s:
+        assert dict(s.scan()) == _expected(300)
+        assert s.put("more", b"x") == 301  # an ordinary store, continuing the LSNs
+    r = wal.restore(archive_url, tmp_path / "lsn", lsn=123)
+    assert r.lsn == 123
+    with wal.open(tmp_path / "lsn") as s:
+        assert dict(s.scan()) == _expected(123)
+        assert s.watermarks.durable == 123
+    # A time between two commits 0.05 s apart: everything committed at or before it.
+    cut = (times[151] + times[152]) / 2
+    when = dt.datetime.fromtimestamp(cut, dt.UTC)
+    r = wal.restore(archive_url, tmp_path / "time", time=when.isoformat())
+    assert 140 <= r.lsn <= 152  # commit times are the coarse clock's (a few ms)
+    with wal.open(tmp_path / "time") as s:
+        assert dict(s.scan()) == _expected(r.lsn)
+
+
+def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archive_url):
+    _populate(tmp_path / "p", archive_url, n=20)
+    with pytest.raises(wal.ArgumentError, match="ends at LSN 20"):
+        wal.restore(archive_url, tmp_path / "r", lsn=21)
+    assert not os.path.exists(tmp_path / "r")
+    with pytest.raises(wal.ArgumentError, match="time zone"):
+        wal.restore(archive_url, tmp_path / "r", time="2026-01-01T00:00:00")
+    os.makedirs(tmp_path / "full")
+    open(tmp_path / "full" / "x", "w").close()
+    with pytest.raises(wal.ArgumentError, match="not an empty directory"):
+        wal.restore(archive_url, tmp_path / "full")
+    # Before the first commit: the archive's log starts at LSN 1, so that is an empty store.
+    assert wal.restore(archive_url, tmp_path / "empty", time="2000-01-01T00:00:00Z").lsn == 0
+
+
+def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", durability="replicated", archive=url, archive_merge_objects=1000) as s:
+        for i in range(10):
+            s.put(f"k{i}", b"v")
+    objects = FileObjects(urlparse(url).path)
+    # Only the first snapshot (LSN 0): the whole log is needed. Take out a middle object.
+    for name in names(url, layout.SNAP_PREFIX)[1:]:
+        objects.delete(name)
+    log_names = names(url, layout.LOG_PREFIX)
+    victim = log_names[4]
+    obj = layout.decode_log(objects.get(victim), victim)
+    objects.delete(victim)
+    with pytest.raises(wal.CorruptionError, match=rf"missing LSNs {obj.first}\.\.{obj.last}"):
+        wal.restore(url, tmp_path / "r")
+    r = wal.restore(url, tmp_path / "r2", lsn=obj.first - 1)  # before the gap: fine
+    assert r.lsn == obj.first - 1
+    report = verify(url)
+    assert any(f"{obj.first}..{obj.last}" in p for p in report.problems)
+
+
+# ---- followers -------------------------------------------------------------------------------
+
+
+def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_url):
+    primary = wal.open(tmp_path / "p", archive=archive_url, archive_rpo_ms=100, archive_merge_objects=4)
+    for i in range(30):
+        primary.put(f"k{i}", b"a")
+    wait_until(lambda: primary.stats()["archived_lsn"] == 30)
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=50)
+    assert replica.get("k29") == b"a"
+    with pytest.raises(wal.ReadOnlyError):
+        replica.put("x", b"y")
+    for i in range(30, 60):
+        primary.put(f"k{i}", b"b")
+    wait_until(lambda: replica.lsn == 60)
+    assert replica.get("k59") == b"b" and replica.lag()["lag_lsns"] == 0
+    with replica.snapshot() as snap:
+        assert snap.get("k0") == b"a" and snap.lsn == 60
+    new = replica.promote()
+    assert new.watermarks.durable == 61  # the fence: an empty transaction at the next LSN
+    assert new.put("after", b"1") == 62
+    # The old primary: its next object name is taken; it stops and never ships again.
+    with pytest.raises(wal.FailedError, match="fenced"):
+        for _ in range(200):
+            primary.put("old", b"2")
+            time.sleep(0.02)
+    with pytest.raises(wal.FailedError):
+        primary.put("old", b"3")
+    primary.close()  # a failed store closes without syncing (as after an fsync failure)
+    # Reopened with the archive, it refuses: the archive went on without it.
+    with pytest.raises(wal.FailedError, match=r"differ at LSN|holds LSNs up to"):
+        wal.open(tmp_path / "p", archive=archive_url)
+    wait_until(lambda: new.stats()["archived_lsn"] == 62)
+    new.close()
+    assert verify(archive_url).ok
+    r = wal.restore(archive_url, tmp_path / "r")
+    with wal.open(tmp_path / "r") as s:
+        assert s.get("after") == b"1" and s.get("old") is None and r.lsn == 62
+
+
+def test_a_store_reopened_resumes_shipping_where_the_archive_ends(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", archive=archive_url, **FAST) as s:
+        for i in range(10):
+            s.put(f"k{i}", b"v")
+    with wal.open(tmp_path / "s", archive=archive_url, **FAST) as s:
+        assert s.stats()["archived_lsn"] == 10
+        s.put("k10", b"v")
+        wait_until(lambda: s.stats()["archived_lsn"] == 11)
+    assert wal.restore(archive_url, tmp_path / "r").lsn == 11
+
+
+def test_a_store_not_continuing_the_archive_refuses_it(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "one", archive=url, **FAST) as s:
+        for i in range(5):
+            s.put(f"k{i}", b"v")
+    with wal.open(tmp_path / "two") as s:
+        for i in range(8):
+            s.put(f"x{i}", b"w")
+    with pytest.raises(wal.FailedError, match="differ at LSN 5"):
+        wal.open(tmp_path / "two", archive=url)
+    with pytest.raises(wal.FailedError, match="holds LSNs up to 5"):
+        wal.open(tmp_path / "three", archive=url)
+    shutil.rmtree(tmp_path / "three", ignore_errors=True)
+
+
+# ---- operator tools ----------------------------------------------------------------------------
+
+
+def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, **FAST) as s:
+        for i in range(30):
+            s.put(f"k{i}", b"v")
+        wait_until(lambda: s.stats()["archived_lsn"] == 30)
+        text = prometheus_text(s.stats())
+        assert "agentwal_archived_lsn 30" in text and "agentwal_archive_lag_ms" in text
+        assert "# TYPE agentwal_archive_puts_total counter" in text
+    assert main(["archive", "status", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "archived:   LSN 30 of 30" in out
+    assert main(["info", str(tmp_path / "s")]) == 0
+    assert f"archive:     {url}: archived LSN 30" in capsys.readouterr().out
+    assert main(["verify", url]) == 0
+    assert capsys.readouterr().out.strip().endswith("sound")
+    assert main(["restore", url, str(tmp_path / "r"), "--lsn", "12"]) == 0
+    assert "LSN 12" in capsys.readouterr().out
+    with wal.open(tmp_path / "r") as r:
+        assert r.watermarks.durable == 12
+    # Damage: verify exits 1 and names the object.
+    objects = FileObjects(urlparse(url).path)
+    name = names(url, layout.LOG_PREFIX)[0]
+    objects.put(name, objects.get(name)[:-1] + b"\0", create_only=False)
+    assert main(["verify", url]) == 1
+    assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
+    assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1
+
+
+def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path, archive_url):
+    with wal.open(tmp_path / "s", archive=archive_url, archive_rpo_ms=50, archive_snapshot_bytes=500,
+                  archive_retention_s=1.0) as s:
+        lsns = []
+        for i in range(40):
+            lsns.append(s.put(f"k{i % 5}", b"x" * 100))
+            time.sleep(0.05)
+        old = lsns[2]
+        time.sleep(1.2)
+        for i in range(10):
+            s.put(f"n{i}", b"y")
+            time.sleep(0.05)
+        wait_until(lambda: s.stats()["archive_deletes"] > 0)
+        wait_until(lambda: s.stats()["archived_lsn"] == 50)
+    snaps = [layout.parse_name(n).first for n in names(archive_url, layout.SNAP_PREFIX)]
+    assert min(snaps) > 0, "the snapshots before the window's base were deleted"
+    with pytest.raises(wal.ArgumentError, match="before the oldest snapshot"):
+        wal.restore(archive_url, tmp_path / "old", lsn=old)
+    assert wal.restore(archive_url, tmp_path / "r").lsn == 50
+    assert verify(archive_url).ok
+
+
+def test_a_writer_cut_off_while_another_took_over_stops_before_shipping(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, **FAST) as s:
+        s.put("a", b"1")
+        wait_until(lambda: s.stats()["archived_lsn"] == 1)
+        # Another writer's object past this one's position (it was promoted while we were away).
+        FileObjects(urlparse(url).path).put(layout.log_name(2), layout.encode_log([(2, b"T" + b"\0" * 13)],
+                                                                                  os.urandom(16)))
+        s._shipper._owner_checked_at = 0  # as if 10 s went by
+        s._shipper.kick()
+        wait_until(lambda: s.stats()["archive_fenced"])
+        with pytest.raises(wal.FailedError, match="fenced"):
+            s.put("b", b"2")
+
+
+def test_a_store_opens_while_its_archive_is_unreachable_and_ships_once_it_answers(tmp_path):
+    url = f"file://{tmp_path}/a"
+    os.makedirs(urlparse(url).path)
+    with Blocked(url):
+        s = wal.open(tmp_path / "s", archive=url, archive_rpo_ms=60_000, segment_bytes=4096)
+        for i in range(100):
+            s.put(f"k{i}", b"v" * 50)
+        st = s.stats()
+        assert st["archived_lsn"] == 0 and st["archive_error"]
+        s.checkpoint()
+        assert s._log.first_lsn == 1, "a segment went before the archive held it"
+    wait_until(lambda: s.stats()["archived_lsn"] == 100)
+    s.close()
+    assert wal.restore(url, tmp_path / "r").lsn == 100

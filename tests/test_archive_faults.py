@@ -1,0 +1,151 @@
+"""Archive fault tests against a real S3 server (SeaweedFS): the server SIGKILLed and restarted
+during commits at each level; the primary SIGKILLed and its directory deleted ("machine loss"),
+then a restore checked against what the primary acknowledged.
+
+Oracle (machine-loss column of the durability table): at `replicated` nothing acknowledged is
+lost; at sync/interval/buffered nothing acknowledged more than `archive_rpo_ms` before the loss.
+Always: the restored store is a gap-free prefix of the commits (I3).
+
+Quick profile: a few kills per level. AGENTWAL_LONG=1: many more.
+"""
+
+# ruff: noqa: F811, PLR0917 -- fixtures imported by name (tests/archive_server.py); parametrized tests
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from archive_server import BUCKET, WeedServer, s3_server  # noqa: F401 -- fixtures
+
+import wal
+
+LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
+HELPER = os.path.join(os.path.dirname(__file__), "store_helpers", "archive_writer.py")
+LEVELS = [("replicated", 0), ("sync", 0), ("interval", 200), ("buffered", 200)]
+ARCHIVE_RPO_MS = 500
+
+
+def _url(name: str) -> str:
+    return f"s3://{BUCKET}/{name}-{os.urandom(6).hex()}"
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_object_store_killed_and_restarted_during_commits(tmp_path, s3_server: WeedServer, monkeypatch,
+                                                          caplog, level, rpo_ms):
+    s3_server.use_env(monkeypatch)
+    url = _url("outage")
+    caplog.set_level(logging.INFO, logger="wal.archive")
+    store = wal.open(tmp_path / "s", durability=level, rpo_ms=rpo_ms or None, archive=url,
+                     archive_rpo_ms=60_000)
+    acked: list[int] = []
+    lsns: list[int] = []
+    stop = threading.Event()
+
+    def commit() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            lsns.append(store.put(f"k{i:06d}", str(i).encode()))
+            acked.append(i)
+
+    t = threading.Thread(target=commit)
+    t.start()
+    try:
+        time.sleep(0.3)
+        s3_server.kill()
+        before = len(acked)
+        time.sleep(1.5)
+        during = len(acked) - before
+        if level == "replicated":
+            assert during <= 1, "replicated commits were acknowledged while the object store was down"
+        else:
+            assert during > 0, f"commits at {level} were blocked by the archive being down"
+        assert store.stats()["archive_error"] is not None
+        s3_server.start()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not t.is_alive()
+    last = lsns[-1]
+    store._log.sync()  # buffered: the last commits may still be in the process buffer
+    deadline = time.monotonic() + 60
+    while store.stats()["archived_lsn"] < last:
+        assert time.monotonic() < deadline, "the archive did not catch up after the server came back"
+        time.sleep(0.05)
+    assert store.stats()["archive_error"] is None
+    store.close()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "unreachable" in r.getMessage()]
+    assert len(errors) == 1, "one ERROR line per outage"
+    assert any("shipping resumed" in r.getMessage() for r in caplog.records)
+    report = wal.restore(url, tmp_path / "r")
+    assert report.lsn == last
+    with wal.open(tmp_path / "r") as r:
+        assert r.get(f"k{acked[-1]:06d}") == str(acked[-1]).encode()
+
+
+def _machine_loss_round(tmp_path, s3_server: WeedServer, level: str, rpo_ms: int, rng: random.Random,
+                        round_no: int) -> tuple[int, int]:
+    store_dir = tmp_path / f"primary{round_no}"
+    url = _url(f"loss-{level}")
+    proc = subprocess.Popen([sys.executable, HELPER, str(store_dir), level, str(rpo_ms), url, str(ARCHIVE_RPO_MS)],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert proc.stdout is not None
+    acks: list[tuple[int, int]] = []  # (i, ack time ns)
+    assert proc.stdout.readline().strip() == "ready"
+    run_for = rng.uniform(0.3, 1.5)
+    reader_done = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "ack":
+                acks.append((int(parts[1]), int(parts[3])))
+        reader_done.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    time.sleep(run_for)
+    killed_at = time.time_ns()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader_done.wait(10)
+    shutil.rmtree(store_dir)  # the machine is gone: only the archive is left
+    restored = tmp_path / f"restored{round_no}"
+    wal.restore(url, restored)
+    with wal.open(restored) as r:
+        last_raw = r.get("last")
+        last = int(last_raw) if last_raw is not None else 0
+        # I3: a gap-free prefix.
+        keys = [k for k, _ in r.scan(b"c/")]
+        assert keys == [f"c/{i:08d}".encode() for i in range(1, last + 1)]
+    lost = [(i, at) for i, at in acks if i > last]
+    if level == "replicated":
+        assert not lost, f"replicated: acknowledged commits {lost[:3]}... lost with the machine"
+    else:
+        too_old = [(i, at) for i, at in lost if at < killed_at - ARCHIVE_RPO_MS * 1_000_000]
+        assert not too_old, (f"{level}: commits acknowledged more than {ARCHIVE_RPO_MS} ms before the loss "
+                             f"were lost: {too_old[:3]}")
+    return len(acks), len(lost)
+
+
+@pytest.mark.parametrize(("level", "rpo_ms"), LEVELS)
+def test_machine_loss_then_restore_keeps_each_levels_bound(tmp_path, s3_server: WeedServer, monkeypatch,
+                                                           level, rpo_ms):
+    s3_server.use_env(monkeypatch)
+    rng = random.Random(f"{level}-{os.getpid()}")
+    rounds = 20 if LONG else 2
+    total = 0
+    for n in range(rounds):
+        acked, _ = _machine_loss_round(tmp_path, s3_server, level, rpo_ms, rng, n)
+        total += acked
+    assert total > 0

@@ -1,0 +1,191 @@
+"""The archive's commands for `agentwal` (wal/cli.py lists them): restore, follow, archive status,
+and `verify URL` (wal/cli.py's verify hands a URL here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from wal.archive.shipper import STATUS_FILE
+from wal.errors import WalError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+Bar = Callable[[str, int, int], None]
+
+RESTORE_DESCRIPTION = """\
+Restore an archive (s3://bucket/prefix or file:///dir) into a new store in DIR: the newest
+state snapshot at or before the target, then the log up to it. Every object is verified (its
+SHA-256 and each record's CRC-32C); a gap or a damaged object is refused, naming the LSNs; a
+target past the archive's end is refused, naming the end. Downloads run in parallel.
+S3 endpoint and credentials come from the standard AWS environment (AWS_ENDPOINT_URL, ...).
+
+Writes: opens the store as its one writer -- a new one, in DIR, which must not exist or be
+empty; the archive is only read.
+
+examples:
+  agentwal restore s3://backups/agent7 /var/lib/agent/restored
+  agentwal restore s3://backups/agent7 /tmp/at-lsn --lsn 120345
+  agentwal restore file:///mnt/nas/agent7 /tmp/before --time 2026-11-25T20:00:00Z
+"""
+
+FOLLOW_DESCRIPTION = """\
+Keep a read-only copy of an archive in DIR (restored first if DIR is new), applying new
+objects as the writer ships them; prints the follower's LSN and lag every --every seconds.
+Ctrl-C stops it. --promote makes it the archive's writer at once (fencing the old one) and exits.
+
+Writes: opens the store as its one writer -- the follower's own store in DIR (the archive is
+only read, except by --promote, which writes the fence object).
+
+examples:
+  agentwal follow s3://backups/agent7 /var/lib/agent/replica
+  agentwal follow s3://backups/agent7 /var/lib/agent/replica --promote
+"""
+
+STATUS_DESCRIPTION = """\
+Show a store's archive as its writer last reported it (STORE/archive.json, updated about
+once a second): the archive URL, the archived LSN against the log's last LSN, the lag,
+PUT counts, the current error (an unreachable object store) and whether it was fenced.
+
+Read-only: takes no lock, so it works while an agent runtime (the writer) has the store
+open, and changes nothing.
+
+examples:
+  agentwal archive status /var/lib/agent/store
+  agentwal archive status /var/lib/agent/store --json
+"""
+
+
+def restore_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="the archive: s3://bucket/prefix or file:///dir")
+    p.add_argument("dir", metavar="DIR", help="a new (or empty) directory for the restored store")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--lsn", type=int, default=None, help="restore up to this LSN")
+    target.add_argument("--time", default=None, help="restore every commit made at or before this ISO 8601 time")
+    p.add_argument("--parallel", type=int, default=16, help="concurrent downloads (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+def cmd_restore(args: argparse.Namespace, bar: Any) -> int:
+    from wal.archive.restore import restore  # noqa: PLC0415
+
+    try:
+        report = restore(args.url, args.dir, lsn=args.lsn, time=args.time, parallel=args.parallel,
+                         progress=lambda done, total: bar("downloading", done, total))
+    finally:
+        bar.close()
+    out = report._asdict() | {"mb_per_s": round(report.mb_per_s, 2)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"restored {args.url} into {report.path}: LSN {report.lsn} (snapshot at LSN {report.snapshot_lsn} "
+              f"+ {report.records} log record(s)); {report.objects} object(s), {report.bytes / 1e6:.1f} MB in "
+              f"{report.download_seconds:.2f} s ({report.mb_per_s:.1f} MB/s), {report.seconds:.2f} s in all")
+    return EXIT_OK
+
+
+def verify_url(url: str, as_json: bool, bar: Any) -> int:
+    from wal.archive.restore import verify  # noqa: PLC0415
+
+    try:
+        report = verify(url, progress=lambda done, total: bar("reading objects", done, total))
+    finally:
+        bar.close()
+    if as_json:
+        print(json.dumps(report._asdict() | {"sound": report.ok}))
+        return EXIT_OK if report.ok else EXIT_FAILED
+    print(f"verifying archive {report.url}")
+    print(f"  {report.objects} object(s), {report.bytes / 1e6:.1f} MB read; {report.snapshots} snapshot(s); "
+          f"log LSN {report.first_lsn}..{report.last_lsn}")
+    for problem in report.problems:
+        print(f"  DAMAGE: {problem}")
+    print("sound" if report.ok else "DAMAGED")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def follow_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", metavar="URL", help="the archive: s3://bucket/prefix or file:///dir")
+    p.add_argument("dir", metavar="DIR", help="the follower's directory")
+    p.add_argument("--every", type=float, default=5.0, help="seconds between status lines (default: %(default)s)")
+    p.add_argument("--poll-ms", type=int, default=200, help="milliseconds between listings (default: %(default)s)")
+    p.add_argument("--promote", action="store_true", help="catch up, fence the old writer, become the writer")
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    import wal  # noqa: PLC0415
+    from wal.archive.follow import Follower  # noqa: PLC0415
+
+    replica = wal.follow(args.url, args.dir, poll_ms=args.poll_ms)
+    assert isinstance(replica, Follower)
+    if args.promote:
+        store = replica.promote()
+        print(f"promoted {args.dir}: the writer of {args.url} from LSN {store.watermarks.durable}")
+        store.close()
+        return EXIT_OK
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(args.every):
+            lag = replica.lag()
+            err = replica.stats()["follower_error"]
+            print(f"LSN {replica.lsn}  lag {int(lag['lag_lsns'])} LSN(s), {lag['lag_seconds']:.1f} s"
+                  + (f"  error: {err}" if err else ""), flush=True)
+    finally:
+        replica.close()
+    return EXIT_OK
+
+
+def status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", metavar="status", choices=("status",), help="status: the archive state of STORE")
+    p.add_argument("store", metavar="STORE", help="an agentwal store shipping to an archive")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def read_status(store: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(store, STATUS_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from wal import ops  # noqa: PLC0415
+
+    data = read_status(args.store)
+    if data is None:
+        print(f"agentwal archive: {args.store} has no archive state ({STATUS_FILE}): it was never opened with "
+              "archive='s3://...' or 'file:///...'", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        last = int(ops.info(args.store)["log"]["last_lsn"])
+    except (WalError, OSError, KeyError, ValueError):
+        last = None
+    data["log_last_lsn"] = last
+    data["unarchived_lsns"] = None if last is None else max(last - int(data.get("archived_lsn", 0)), 0)
+    data["age_s"] = round(time.time() - int(data.get("updated_unix_ms", 0)) / 1000, 1)
+    if args.json:
+        print(json.dumps(data))
+        return EXIT_OK
+    print(f"{args.store}: archive {data.get('archive_url')}")
+    print(f"  archived:   LSN {data.get('archived_lsn')} of {last} in the log "
+          f"({data['unarchived_lsns']} not archived yet)")
+    print(f"  lag:        {float(data.get('archive_lag_ms', 0)):.0f} ms (bound archive_rpo_ms="
+          f"{data.get('archive_rpo_ms')}), reported {data['age_s']} s ago by pid {data.get('pid')}")
+    print(f"  requests:   {data.get('archive_puts')} PUT(s), {data.get('archive_put_bytes')} bytes, "
+          f"{data.get('archive_put_errors')} failed; {data.get('archive_merges')} merge(s); "
+          f"last snapshot at LSN {data.get('archive_last_snapshot_lsn')}")
+    if data.get("archive_error"):
+        print(f"  ERROR:      {data['archive_error']}")
+    if data.get("archive_fenced"):
+        print("  FENCED:     another writer took the archive over (a follower was promoted); this store stopped")
+    return EXIT_OK

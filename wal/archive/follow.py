@@ -1,0 +1,270 @@
+"""Followers: a read-only copy of an archived store that keeps up with its archive, and can
+take over as its writer.
+
+    replica = wal.follow("s3://bucket/agent", "/data/replica")   # restores first if dir is new
+    replica.get(key); replica.scan(prefix); replica.lag()         # the Store read API
+    store = replica.promote(durability="sync")                    # now the archive's writer
+
+Polling lists only what is new: ``log/`` objects named after the follower's LSN and ``merged/``
+objects starting after it (S3 ``StartAfter``); only when that shows a gap (the writer merged
+objects the follower had not read yet) does it list ``merged/`` in full once.
+
+Promotion fences the old primary. The follower catches up, then writes the next LSN's group
+object, ``log/<n+1>.wal``, create-only, holding one empty transaction. If that name is taken,
+the old primary shipped more meanwhile: catch up and try again. Once it is in, the old primary
+can never ship again: its next object is ``log/<n+1>.wal`` (its archived LSN is n, or it would
+have taken the name first), which now exists, so its create-only PUT fails and it stops with
+`FailedError`; an old primary that reopens finds the archive ahead of, or different from, its
+log and refuses to open with an archive. This relies on create-only PUTs (``If-None-Match: *``);
+an object store that ignores them would let the old primary overwrite the fence object: no
+fencing there (`ObjectStore.create_only_honored`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import wal
+from wal import record
+from wal.archive import layout
+from wal.archive.objects import ArchiveError, ObjectExistsError, ObjectMissingError, ObjectStore, open_objects
+from wal.archive.plan import Piece, cover
+from wal.archive.restore import restore
+from wal.errors import ClosedError, CorruptionError, ReadOnlyError
+from wal.store import Store
+
+_PROMOTE_ATTEMPTS = 100
+
+
+class Follower:
+    """A read-only store following an archive (see the module docstring). Thread-safe reads."""
+
+    def __init__(self, objects: ObjectStore, directory: str, *, poll_ms: int, parallel: int) -> None:
+        self._objects = objects
+        self._dir = directory
+        self._poll = poll_ms / 1000
+        self._parallel = parallel
+        self._store: Store | None = wal.open(directory)
+        self._pos = self._store.watermarks.durable
+        self._end_seen = self._pos
+        self._caught_up_at = time.monotonic()
+        self._error: str | None = None
+        self._polls = 0
+        self._lock = threading.Lock()  # one poll at a time (the thread, or promote)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"agentwal-follow:{directory}", daemon=True)
+        self._thread.start()
+
+    # ---- the read API -------------------------------------------------------------------------
+
+    def _live(self) -> Store:
+        if self._store is None:
+            raise ClosedError(f"the follower of {self._objects.url} in {self._dir} is closed or was promoted")
+        return self._store
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        return self._live().get(key, default)
+
+    def version(self, key: bytes | str) -> int | None:
+        return self._live().version(key)
+
+    def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
+        return self._live().scan(prefix)
+
+    def snapshot(self) -> Any:
+        return self._live().snapshot()
+
+    @property
+    def watermarks(self) -> Any:
+        return self._live().watermarks
+
+    @property
+    def lsn(self) -> int:
+        """The last LSN applied from the archive."""
+        return self._pos
+
+    @property
+    def path(self) -> str:
+        return self._dir
+
+    def put(self, *_a: object, **_k: object) -> int:
+        raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
+
+    delete = put
+    transaction = put
+
+    def lag(self) -> dict[str, float]:
+        """lag_lsns: LSNs the archive held at the last listing that are not applied here;
+        lag_seconds: time since this follower last held everything the archive held."""
+        return {"lag_lsns": float(max(self._end_seen - self._pos, 0)),
+                "lag_seconds": time.monotonic() - self._caught_up_at}
+
+    def stats(self) -> dict[str, Any]:
+        out = dict(self._live().stats())
+        out.update(self.lag())
+        out.update({"follower_lsn": self._pos, "archive_end_lsn": self._end_seen, "follower_polls": self._polls,
+                    "follower_error": self._error, "archive_url": self._objects.url})
+        return out
+
+    # ---- following ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll):
+            try:
+                self.poll()
+                self._error = None
+            except (ArchiveError, CorruptionError) as exc:
+                self._error = str(exc)
+            except ClosedError:
+                return
+
+    def _list_new(self, *, full_merged: bool) -> list[Piece]:
+        pos = self._pos
+        raw: list[tuple[layout.Name, str, int]] = []
+        merged_after = None if full_merged else f"{layout.MERGED_PREFIX}{pos:020d}-~"
+        for prefix, after in ((layout.LOG_PREFIX, layout.log_name(pos)), (layout.MERGED_PREFIX, merged_after)):
+            for name, size in self._objects.list(prefix, after):
+                parsed = layout.parse_name(name)
+                if parsed is not None and parsed.kind != "snap" and (parsed.last is None or parsed.last > pos):
+                    raw.append((parsed, name, size))
+        firsts = sorted({p.first for p, _, _ in raw})
+        pieces = []
+        for parsed, name, size in raw:
+            last = parsed.last
+            if last is None:
+                later = [f for f in firsts if f > parsed.first]
+                last = later[0] - 1 if later else None
+            pieces.append(Piece(name, parsed.first, last, size))
+        return pieces
+
+    def poll(self) -> int:
+        """Apply every new archive object now; returns how many records were applied."""
+        with self._lock:
+            store = self._live()
+            started = time.monotonic()
+            self._polls += 1
+            pieces = self._list_new(full_merged=False)
+            plan, gap = cover(pieces, self._pos)
+            if gap is not None or (not plan and pieces):
+                pieces = self._list_new(full_merged=True)
+                plan, gap = cover(pieces, self._pos)
+            applied = 0
+            for piece in plan:
+                try:
+                    data = self._objects.get(piece.name)
+                except ObjectMissingError:
+                    break  # merged away meanwhile: the next poll finds the merged object
+                obj = layout.decode_log(data, piece.name)
+                if obj.first > self._pos + 1:
+                    break
+                fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
+                _append(store, fresh)
+                applied += len(fresh)
+                self._pos = max(self._pos, obj.last)
+                self._end_seen = max(self._end_seen, obj.last)
+            if gap is not None:
+                later = min((p.first for p in pieces if p.first > gap), default=gap)
+                self._end_seen = max(self._end_seen, later)
+                raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {gap}..{later - 1}; "
+                                      f"the follower in {self._dir} stays at LSN {self._pos}",
+                                      path=self._objects.url, lsn=gap, reason="archive gap")
+            if self._pos >= self._end_seen:
+                self._caught_up_at = started
+            return applied
+
+    def promote(self, **open_kwargs: Any) -> Store:
+        """Make this follower the archive's writer: catch up, fence the old primary (create-only
+        ``log/<n+1>.wal``), and return a writable store shipping to the archive, continuing the
+        LSN sequence. open_kwargs go to `wal.open` (durability, archive_rpo_ms, ...)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        store = self._live()
+        for _ in range(_PROMOTE_ATTEMPTS):
+            self.poll()
+            nxt = self._pos + 1
+            payload = record.encode((), time.time_ns() // 1_000_000, None)
+            try:
+                self._objects.put(layout.log_name(nxt), layout.encode_log([(nxt, payload)], os.urandom(16)),
+                                  create_only=True)
+            except ObjectExistsError:
+                continue  # the old primary shipped more: catch up, try again
+            if self._overtaken(nxt):
+                # The old primary shipped nxt and merged its group object away before our PUT
+                # (the listing missed it): the name fences nothing. Withdraw, catch up, retry.
+                self._objects.delete(layout.log_name(nxt))
+                continue
+            with self._lock:
+                _append(store, [(nxt, payload)])
+                self._pos = nxt
+            break
+        else:
+            raise ArchiveError(f"could not promote the follower in {self._dir}: the archive kept growing "
+                               f"({_PROMOTE_ATTEMPTS} attempts); stop the old primary first")
+        store.close()
+        self._store = None
+        return wal.open(self._dir, archive=self._objects, **open_kwargs)
+
+    def _overtaken(self, lsn: int) -> bool:
+        """Does the archive hold LSN `lsn` in an object other than the fence just written? Merged
+        objects are never deleted (but by retention, far behind), so one holding it shows here."""
+        for name, _ in self._objects.list(layout.MERGED_PREFIX):
+            parsed = layout.parse_name(name)
+            if parsed is not None and parsed.last is not None and parsed.first <= lsn <= parsed.last:
+                return True
+        return any(True for _ in self._objects.list(layout.LOG_PREFIX, layout.log_name(lsn)))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<wal.Follower {self._objects.url} -> {self._dir!r} at LSN {self._pos}>"
+
+
+def _append(store: Store, records: list[tuple[int, bytes]]) -> None:
+    """Append archived records to the follower's own log with their archived LSNs, into the
+    store's overlay and apply queue as commits are (Store._try_commit), then wait until durable."""
+    log = store._log
+    assert log is not None
+    for lsn, payload in records:
+        txn = record.decode(payload, lsn)
+        while True:
+            with store._commit_lock:
+                got = log.enqueue(payload, durability="sync", block=False)
+                if got is not None:
+                    if got != lsn:
+                        raise CorruptionError(f"the follower's log in {store.path} gave LSN {got} to the record "
+                                              f"archived as LSN {lsn}", lsn=lsn, reason="follower LSN mismatch")
+                    store._core.enqueue_txn(got, txn, len(payload))
+                    if txn.idempotency_key is not None:
+                        store._idem_pending[txn.idempotency_key] = got
+                    break
+            log.wait(log.watermarks.appended, durability="sync")
+    if records:
+        log.wait(records[-1][0], durability="sync")
+
+
+def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms: int = 200,
+           parallel: int = 16) -> Follower:
+    """Follow the archive at `url` in `directory` (restored from the archive first if it is new)."""
+    objects = open_objects(url)
+    root = os.fspath(directory)
+    if not os.path.exists(os.path.join(root, "STORE")):
+        restore(objects, root, parallel=parallel)
+    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel)

@@ -1,0 +1,219 @@
+"""Names and bytes of archive objects (FORMAT.md §"Archive" is the spec; this is its one codec).
+
+Names (all numbers zero-padded to 20 digits, so name order is LSN order):
+
+- ``log/<first>.wal``          a group object: the records the shipper found durable since the
+                               previous one, LSNs first..last (last is in its header). Keyed by the
+                               first LSN alone, written create-only: two writers can never both
+                               ship a given LSN, which is how a promoted follower fences an old
+                               primary (`wal.archive.follow`).
+- ``merged/<first>-<last>.wal`` the same encoding, the records of consecutive group objects merged
+                               in the background (then the group objects are deleted).
+- ``snap/<lsn>.snap``          a logical snapshot of the state at applied LSN ``lsn``.
+
+Every object is verifiable alone: a header naming what it holds, a CRC-32C per record or entry
+(the log's own checksum), and a SHA-256 of everything before it as a trailer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from wal._bindings import ffi, lib
+from wal.errors import CorruptionError
+
+LOG_PREFIX = "log/"
+MERGED_PREFIX = "merged/"
+SNAP_PREFIX = "snap/"
+
+LOG_MAGIC = b"AGWALLOG"
+SNAP_MAGIC = b"AGWALSNP"
+VERSION = 1
+# magic, version, flags, count, first_lsn, last_lsn, min_time_ms, max_time_ms, writer_id
+_LOG_HEADER = struct.Struct("<8sHHIQQQQ16s")
+# magic, version, flags, reserved, lsn, taken_ms, entries, writer_id, reserved
+_SNAP_HEADER = struct.Struct("<8sHHIQQQ16s8s")
+_REC = struct.Struct("<QII")  # lsn, length, crc32c(lsn, length, payload)
+_ENTRY = struct.Struct("<IIQI")  # key length, value length, version, crc32c(lengths, version, key, value)
+DIGEST = 32  # SHA-256 trailer
+assert _LOG_HEADER.size == 64 and _SNAP_HEADER.size == 64
+
+
+def _crc(*parts: bytes) -> int:
+    crc = 0
+    for part in parts:
+        crc = lib.wal_crc32c(crc, ffi.from_buffer(part), len(part))
+    return int(crc)
+
+
+def log_name(first: int) -> str:
+    return f"{LOG_PREFIX}{first:020d}.wal"
+
+
+def merged_name(first: int, last: int) -> str:
+    return f"{MERGED_PREFIX}{first:020d}-{last:020d}.wal"
+
+
+def snap_name(lsn: int) -> str:
+    return f"{SNAP_PREFIX}{lsn:020d}.snap"
+
+
+class Name(NamedTuple):
+    kind: str  # "log", "merged" or "snap"
+    first: int  # the snapshot's LSN for "snap"
+    last: int | None  # known from the name for "merged" (and "snap": == first); None for "log"
+
+
+def parse_name(name: str) -> Name | None:
+    """What an object name says, or None for a name the archive does not use."""
+    try:
+        if name.startswith(LOG_PREFIX) and name.endswith(".wal"):
+            first = int(name[len(LOG_PREFIX):-4])
+            return Name("log", first, None) if len(name) == len(LOG_PREFIX) + 24 else None
+        if name.startswith(MERGED_PREFIX) and name.endswith(".wal"):
+            a, _, b = name[len(MERGED_PREFIX):-4].partition("-")
+            return Name("merged", int(a), int(b)) if len(a) == len(b) == 20 else None
+        if name.startswith(SNAP_PREFIX) and name.endswith(".snap"):
+            lsn = int(name[len(SNAP_PREFIX):-5])
+            return Name("snap", lsn, lsn)
+    except ValueError:
+        return None
+    return None
+
+
+def time_of(payload: bytes) -> int:
+    """The commit time (unix ms) of a store transaction payload (wal/record.py: kind, flags, time_ms)."""
+    return int.from_bytes(payload[2:10], "little") if len(payload) >= 10 else 0
+
+
+class LogObject(NamedTuple):
+    first: int
+    last: int
+    min_time_ms: int
+    max_time_ms: int
+    writer_id: bytes
+    records: list[tuple[int, bytes]]
+
+
+def encode_log(records: list[tuple[int, bytes]], writer_id: bytes) -> bytes:
+    """A log object holding consecutive records [(lsn, payload)] (at least one)."""
+    assert records, "a log object holds at least one record"
+    first, last = records[0][0], records[-1][0]
+    assert last - first + 1 == len(records), "records must be consecutive"
+    times = [time_of(p) for _, p in records]
+    parts = [_LOG_HEADER.pack(LOG_MAGIC, VERSION, 0, len(records), first, last, min(times), max(times),
+                              writer_id)]
+    for lsn, payload in records:
+        head = struct.pack("<QI", lsn, len(payload))
+        parts.append(_REC.pack(lsn, len(payload), _crc(head, payload)))
+        parts.append(payload)
+    body = b"".join(parts)
+    return body + hashlib.sha256(body).digest()
+
+
+def _damaged(name: str, why: str, lsns: str) -> CorruptionError:
+    return CorruptionError(f"archive object {name} (LSNs {lsns}) is damaged: {why}; it was not used",
+                           path=name, reason="damaged archive object")
+
+
+def _check_digest(data: bytes, name: str, lsns: str) -> memoryview:
+    if len(data) < 64 + DIGEST:
+        raise _damaged(name, f"{len(data)} bytes is shorter than a header and trailer", lsns)
+    body = memoryview(data)[:-DIGEST]
+    if hashlib.sha256(body).digest() != data[-DIGEST:]:
+        raise _damaged(name, "its SHA-256 trailer does not match its bytes", lsns)
+    return body
+
+
+def decode_log(data: bytes, name: str) -> LogObject:
+    """Verify and decode a log object; CorruptionError (naming the object and LSNs) if anything is off."""
+    parsed = parse_name(name)
+    hint = (f"{parsed.first}..{parsed.last if parsed.last is not None else '?'}" if parsed else "?")
+    body = _check_digest(data, name, hint)
+    magic, version, _, count, first, last, tmin, tmax, writer = _LOG_HEADER.unpack_from(body, 0)
+    lsns = f"{first}..{last}"
+    if magic != LOG_MAGIC:
+        raise _damaged(name, f"bad magic {magic!r}", hint)
+    if version != VERSION:
+        raise CorruptionError(f"archive object {name} has format version {version}; this agentwal reads "
+                              f"{VERSION}", path=name, reason="archive version")
+    if parsed is None or parsed.first != first or (parsed.last is not None and parsed.last != last) \
+            or last - first + 1 != count:
+        raise _damaged(name, f"its header (LSNs {lsns}, {count} records) disagrees with its name", hint)
+    records: list[tuple[int, bytes]] = []
+    off = _LOG_HEADER.size
+    for expected in range(first, last + 1):
+        if off + _REC.size > len(body):
+            raise _damaged(name, f"it ends inside record LSN {expected}", lsns)
+        lsn, length, crc = _REC.unpack_from(body, off)
+        off += _REC.size
+        payload = bytes(body[off:off + length])
+        off += length
+        if lsn != expected or len(payload) != length or _crc(struct.pack("<QI", lsn, length), payload) != crc:
+            raise _damaged(name, f"record LSN {expected} fails its CRC-32C", lsns)
+        records.append((lsn, payload))
+    if off != len(body):
+        raise _damaged(name, "bytes follow its last record", lsns)
+    return LogObject(first, last, tmin, tmax, bytes(writer), records)
+
+
+class Snapshot(NamedTuple):
+    lsn: int
+    taken_ms: int
+    writer_id: bytes
+    entries: list[tuple[bytes, int, bytes]]  # (key, version, value) in key order
+
+
+def encode_snapshot(lsn: int, taken_ms: int, writer_id: bytes, entries: Iterable[tuple[bytes, int, bytes]]) -> bytes:
+    parts = [b""]
+    n = 0
+    for key, version, value in entries:
+        lengths = struct.pack("<IIQ", len(key), len(value), version)
+        parts.append(_ENTRY.pack(len(key), len(value), version, _crc(lengths, key, value)))
+        parts.append(key)
+        parts.append(value)
+        n += 1
+    parts[0] = _SNAP_HEADER.pack(SNAP_MAGIC, VERSION, 0, 0, lsn, taken_ms, n, writer_id, b"\0" * 8)
+    body = b"".join(parts)
+    return body + hashlib.sha256(body).digest()
+
+
+def decode_snapshot(data: bytes, name: str) -> Snapshot:
+    parsed = parse_name(name)
+    hint = f"{parsed.first}" if parsed else "?"
+    body = _check_digest(data, name, hint)
+    magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(body, 0)
+    if magic != SNAP_MAGIC:
+        raise _damaged(name, f"bad magic {magic!r}", hint)
+    if version != VERSION:
+        raise CorruptionError(f"archive snapshot {name} has format version {version}; this agentwal reads "
+                              f"{VERSION}", path=name, reason="archive version")
+    if parsed is None or parsed.first != lsn:
+        raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", hint)
+    entries: list[tuple[bytes, int, bytes]] = []
+    off = _SNAP_HEADER.size
+    for i in range(count):
+        if off + _ENTRY.size > len(body):
+            raise _damaged(name, f"it ends inside entry {i}", hint)
+        klen, vlen, version_, crc = _ENTRY.unpack_from(body, off)
+        off += _ENTRY.size
+        key = bytes(body[off:off + klen])
+        value = bytes(body[off + klen:off + klen + vlen])
+        off += klen + vlen
+        if len(key) != klen or len(value) != vlen or _crc(struct.pack("<IIQ", klen, vlen, version_), key, value) != crc:
+            raise _damaged(name, f"entry {i} fails its CRC-32C", hint)
+        entries.append((key, version_, value))
+    if off != len(body):
+        raise _damaged(name, "bytes follow its last entry", hint)
+    return Snapshot(lsn, taken, bytes(writer), entries)
+
+
+def peek_log_header(data: bytes) -> tuple[int, int] | None:
+    """(first, last) from a log object's header, unverified (for planning only)."""
+    if len(data) < _LOG_HEADER.size or data[:8] != LOG_MAGIC:
+        return None
+    _, _, _, _, first, last, _, _, _ = _LOG_HEADER.unpack_from(data, 0)
+    return int(first), int(last)

@@ -1,0 +1,309 @@
+"""Object-store backends of the archive: ``file:///dir`` and ``s3://bucket/prefix``.
+
+The archive needs five operations and one guarantee from an object store:
+
+- ``put(name, data, create_only=True)``: store an object only if none has that name, else
+  `ObjectExistsError`. This is what fences an old writer (FORMAT.md §"Archive", fencing): S3's
+  conditional ``If-None-Match: *`` (honored by AWS S3 since 2024, SeaweedFS, MinIO), and
+  ``link(2)`` of a fully written and fsynced temporary file for ``file://`` (atomic, refuses an
+  existing name, never leaves a half-written object under the final name).
+- ``get``, ``list`` (names in order, after a given name: a follower lists only what is new),
+  ``delete`` (merges and retention).
+
+Client library: boto3 (the ``agentwal[s3]`` extra), imported only when an ``s3://`` URL is
+used. Chosen over obstore because the shipper is a plain thread and boto3's blocking client
+fits it without an async runtime; it reads the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
+profiles) exactly as every other AWS tool on the machine does; it exposes ``IfNoneMatch`` for
+create-only PUTs; and its client is thread-safe, so restores download in parallel from one
+client. obstore (Rust, faster per request) would serve as well; `ObjectStore` is the seam.
+
+Errors: a missing object raises `ObjectMissingError`; anything transient (connection refused,
+timeouts, 5xx, throttling) raises `ArchiveUnavailableError`, which the shipper retries with
+backoff. Both are `WalError`s.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from wal._fs import fsync_dir, makedirs_durable
+from wal.errors import ArgumentError, WalError
+
+
+class ArchiveError(WalError):
+    """An archive operation failed (the message names the object and the URL)."""
+
+
+class ArchiveUnavailableError(ArchiveError):
+    """The object store could not be reached or refused the request for now; retried with backoff."""
+
+
+class ObjectExistsError(ArchiveError):
+    """A create-only write found an object of that name already there."""
+
+
+class ObjectMissingError(ArchiveError):
+    """No object of that name (it may have been merged or removed by retention meanwhile)."""
+
+
+class ObjectStore:
+    """The five operations the archive uses; see the module docstring for their contracts."""
+
+    url: str = ""
+    # True where create-only writes are atomic and honored (fencing holds); both backends here do.
+    create_only_honored = True
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        raise NotImplementedError
+
+    def get(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        """(name, size) of every object whose name starts with prefix and sorts after start_after."""
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        raise NotImplementedError
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """(name, unix time the object was written) under prefix, for retention."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+class FileObjects(ObjectStore):
+    """Objects as files under a directory (``file:///dir``): a local disk or a mounted share.
+
+    Each object is written to a temporary file, fsynced, then linked under its name (create-only:
+    ``link`` fails on an existing name) or renamed over it, and the directory fsynced."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.url = "file://" + self.root
+        self._made: set[str] = set()  # directories known to exist durably (makedirs_durable fsyncs)
+
+    def _path(self, name: str) -> str:
+        parts = name.split("/")
+        if not name or any(p in ("", ".", "..") for p in parts):
+            raise ArgumentError(f"bad object name {name!r}")
+        return os.path.join(self.root, *parts)
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        try:
+            if directory not in self._made:
+                makedirs_durable(directory)
+                self._made.add(directory)
+            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                if create_only:
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        raise ObjectExistsError(f"{self.url}/{name} already exists") from None
+                else:
+                    os.replace(tmp, path)
+                    tmp = ""
+            finally:
+                if tmp:
+                    os.unlink(tmp)
+            fsync_dir(directory)
+        except ArchiveError:
+            raise
+        except OSError as exc:
+            self._made.discard(directory)  # it may have gone (an unmounted share): make it again
+            raise ArchiveUnavailableError(f"writing {self.url}/{name}: {exc}") from exc
+
+    def get(self, name: str) -> bytes:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise ObjectMissingError(f"{self.url}/{name} does not exist") from None
+        except OSError as exc:
+            raise ArchiveUnavailableError(f"reading {self.url}/{name}: {exc}") from exc
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        # Names are "<dir>/<file>": list the directory of the prefix.
+        head, _, _ = prefix.rpartition("/")
+        directory = os.path.join(self.root, *head.split("/")) if head else self.root
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ArchiveUnavailableError(f"listing {self.url}/{prefix}: {exc}") from exc
+        for entry in entries:
+            name = f"{head}/{entry.name}" if head else entry.name
+            if entry.name.startswith(".tmp-") or not name.startswith(prefix) or not entry.is_file():
+                continue
+            if start_after is not None and name <= start_after:
+                continue
+            yield name, entry.stat().st_size
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        for name, _ in self.list(prefix):
+            try:
+                yield name, os.stat(self._path(name)).st_mtime
+            except FileNotFoundError:
+                continue
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self._path(name))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ArchiveUnavailableError(f"deleting {self.url}/{name}: {exc}") from exc
+
+
+_S3_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+                       "RequestTimeTooSkewed", "503", "500", "502", "504"}
+
+
+_clients: dict[tuple[str, ...], Any] = {}
+_clients_lock = threading.Lock()
+_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE")
+
+
+def _s3_client() -> Any:
+    """One boto3 client per process and AWS environment: making one loads botocore's service
+    model (~1 s the first time), and a client is thread-safe, so every archive shares it."""
+    key = tuple(os.environ.get(name, "") for name in _ENV)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is not None:
+            return client
+        try:
+            import boto3  # noqa: PLC0415 -- optional: only s3:// URLs need it
+            from botocore.config import Config  # noqa: PLC0415
+        except ImportError as exc:
+            raise ArgumentError("s3:// archives need boto3: pip install 'agentwal[s3]'") from exc
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        cfg = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"},
+                     max_pool_connections=32)
+        client = boto3.session.Session().client("s3", region_name=region, config=cfg)
+        _clients[key] = client
+        return client
+
+
+class S3Objects(ObjectStore):
+    """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3.
+
+    Endpoint, credentials and region come from the standard AWS environment; ``AWS_ENDPOINT_URL``
+    points it at any S3-compatible server. Timeouts are short (connect 5 s, read 30 s) and
+    botocore's own retries few: the shipper does its own backoff and must notice an outage."""
+
+    def __init__(self, bucket: str, prefix: str, *, client: Any = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.client = client if client is not None else _s3_client()
+
+    def _err(self, exc: BaseException, doing: str, name: str) -> ArchiveError:
+        code = ""
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+                return ObjectMissingError(f"{self.url}/{name} does not exist")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status in (409, 412):
+                return ObjectExistsError(f"{self.url}/{name} already exists")
+            if code == "NoSuchBucket":
+                return ArchiveUnavailableError(f"{doing} {self.url}/{name}: bucket {self.bucket!r} does not exist")
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                return ArchiveUnavailableError(f"{doing} {self.url}/{name}: refused ({code}); check credentials")
+        return ArchiveUnavailableError(f"{doing} {self.url}/{name}: {code or type(exc).__name__}: {exc}")
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + name, "Body": data}
+        if create_only:
+            kwargs["IfNoneMatch"] = "*"
+        try:
+            self.client.put_object(**kwargs)
+        except Exception as exc:
+            raise self._err(exc, "writing", name) from exc
+
+    def get(self, name: str) -> bytes:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"].read()
+        except Exception as exc:
+            raise self._err(exc, "reading", name) from exc
+        return body
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
+        if start_after is not None:
+            kwargs["StartAfter"] = self.prefix + start_after
+        while True:
+            try:
+                page = self.client.list_objects_v2(**kwargs)
+            except Exception as exc:
+                raise self._err(exc, "listing", prefix) from exc
+            for item in page.get("Contents", ()):
+                yield item["Key"][len(self.prefix):], int(item["Size"])
+            if not page.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
+        while True:
+            try:
+                page = self.client.list_objects_v2(**kwargs)
+            except Exception as exc:
+                raise self._err(exc, "listing", prefix) from exc
+            for item in page.get("Contents", ()):
+                yield item["Key"][len(self.prefix):], item["LastModified"].timestamp()
+            if not page.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    def delete(self, name: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+        except Exception as exc:
+            err = self._err(exc, "deleting", name)
+            if not isinstance(err, ObjectMissingError):
+                raise err from exc
+
+
+def open_objects(archive: str | ObjectStore) -> ObjectStore:
+    """The backend for an archive URL (``s3://bucket/prefix``, ``file:///dir``) or an ObjectStore as is."""
+    if isinstance(archive, ObjectStore):
+        return archive
+    if not isinstance(archive, str):
+        raise ArgumentError(f"an archive must be an s3:// or file:// URL or an ObjectStore, not {archive!r}")
+    parsed = urlparse(archive)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ArgumentError(f"file:// archive URLs name a local path (file:///dir), got {archive!r}")
+        path = unquote(parsed.path)
+        if not path or path == "/":
+            raise ArgumentError(f"the archive URL {archive!r} names no directory")
+        return FileObjects(path)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ArgumentError(f"the archive URL {archive!r} names no bucket (s3://bucket/prefix)")
+        return S3Objects(parsed.netloc, unquote(parsed.path))
+    raise ArgumentError(f"unsupported archive URL {archive!r}: use s3://bucket/prefix or file:///dir")

@@ -1,0 +1,271 @@
+"""`ArchivedStore`: a `wal.Store` whose log and state are shipped to an object archive.
+
+It is the store unchanged (the same commit path, the C fast path included) plus:
+- a `Shipper` thread (wal/archive/shipper.py) started after the open's recovery;
+- `replicated` commits, acknowledged only once the local fdatasync AND the archive hold them:
+  the commit runs at `sync` and then waits for the shipper's archived LSN. The C fast path of
+  `put`/`delete` acknowledges at the store's own level in C, so a store at `replicated` never
+  takes it (its put/delete go to the Python path, whose `_commit` waits for the archive);
+- the `archive_rpo_ms` bound checked before each commit (`Shipper.admit`);
+- checkpoints that never remove a log segment holding an LSN not yet archived (`_removable_before`);
+- `stats()` with `archived_lsn`, `archive_lag_ms`, PUT counts and rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from wal import record
+from wal.archive import layout
+from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
+from wal.archive.plan import list_archive
+from wal.archive.shipper import Shipper
+from wal.errors import ArgumentError, FailedError
+from wal.store import Store
+
+_logger = logging.getLogger("wal.archive")
+
+_STORE_PUT = Store.put  # the C fast path (storecore.FastCommit) wrapping the Python method
+_STORE_DELETE = Store.delete
+
+POLICIES = ("block", "error")
+
+
+def _decline(*_args: object) -> int:
+    return 0  # "the fast path did nothing": the Python path decides
+
+
+class ArchivedStore(Store):
+    _object_archive = True
+    _shipper: Shipper | None = None
+    _replicated = False
+    _close_flush_s = 10.0
+
+    # ---- commits ------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        shipper = self._shipper
+        if shipper is not None:
+            shipper.admit()
+
+    def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
+        self._admit()
+        if durability is None and not self._replicated:
+            return int(_STORE_PUT(self, key, value))  # the C path: acknowledged at the store's level
+        return int(_STORE_PUT(self, key, value, durability=durability))  # -> _commit below
+
+    def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
+        self._admit()
+        if durability is None and not self._replicated:
+            return int(_STORE_DELETE(self, key))
+        return int(_STORE_DELETE(self, key, durability=durability))
+
+    def _inner(self, durability: str | None) -> str | None:
+        """The level the store's own commit path runs a commit at: "sync" for the local part of
+        a replicated one (None at a replicated store, whose log level is sync)."""
+        if durability == "replicated":
+            return None if self._replicated else "sync"
+        return durability
+
+    def _is_replicated(self, durability: str | None) -> bool:
+        return durability == "replicated" or (durability is None and self._replicated)
+
+    def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
+                payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
+        self._admit()
+        replicated = self._is_replicated(durability)
+        done = super()._commit(txn, checks, self._inner(durability), payload, wait_visible=wait_visible)
+        if replicated:
+            self._wait_archived(done[0])
+        return done
+
+    async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
+                            payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
+        shipper = self._shipper
+        if shipper is not None and (shipper.fenced is not None or shipper.lag_ms() > shipper.rpo_ms):
+            await asyncio.to_thread(shipper.admit)
+        replicated = self._is_replicated(durability)
+        done = await super()._commit_async(txn, checks, self._inner(durability), payload, wait_visible=wait_visible)
+        if replicated:
+            assert shipper is not None
+            shipper.kick()
+            try:
+                await shipper.wait_archived_async(done[0])
+            except FailedError as exc:
+                self._failed(exc)
+                raise
+        return done
+
+    def _wait_archived(self, lsn: int) -> None:
+        shipper = self._shipper
+        assert shipper is not None
+        try:
+            shipper.wait_archived(lsn)
+        except FailedError as exc:
+            self._failed(exc)
+            raise
+
+    # ---- shipper hooks ------------------------------------------------------------------------
+
+    def _removable_before(self, applied: int) -> int:
+        # Never a segment with an LSN the archive does not hold yet (before the shipper is
+        # attached, during the open: none at all).
+        shipper = self._shipper
+        return min(applied, shipper.archived if shipper is not None else 0) + 1
+
+    def _fenced(self, exc: FailedError) -> None:
+        self._failed(exc)
+
+    def _archived_moved(self, lsn: int) -> None:
+        """Called by the shipper after each object (hook for observers; nothing to do here)."""
+
+    def _logical_snapshot(self, writer_id: bytes) -> tuple[int, bytes]:
+        """(applied LSN, encoded snapshot) from one LMDB read transaction (FORMAT.md, archive snapshots)."""
+        snap = self._state.snapshot()
+        try:
+            lsn = snap.applied_lsn()
+            data = layout.encode_snapshot(lsn, time.time_ns() // 1_000_000, writer_id, snap.items())
+        finally:
+            snap.close()
+        return lsn, data
+
+    # ---- observing and closing ----------------------------------------------------------------
+
+    @property
+    def archived_lsn(self) -> int:
+        return self._shipper.archived if self._shipper is not None else 0
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        if self._shipper is not None:
+            out.update(self._shipper.stats())
+        return out
+
+    def close(self) -> None:
+        """Ship what is durable (waiting up to 10 s for the object store), then close the store."""
+        if self._closed or self._forked:
+            super().close()
+            return
+        shipper = self._shipper
+        if shipper is not None:
+            if self._failure is None and self._log is not None:
+                with contextlib.suppress(Exception):  # Store.close reports it
+                    self._log.sync()
+            shipper.stop(self._close_flush_s)
+        super().close()
+
+
+def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int]:
+    """Where the archive ends, checked against this store's log: (archived LSN, a snapshot is
+    needed, newest snapshot's LSN). FailedError if the store does not continue the archive;
+    ArchiveError if the object store does not answer."""
+    log = store._log
+    assert log is not None
+    listing = list_archive(objects)
+    local_first, local_last = log.first_lsn, log.watermarks.durable
+    last_snapshot = listing.snapshots[-1][0] if listing.snapshots else 0
+    need_snapshot = not listing.snapshots
+    end: int | None = None
+    end_payload: bytes | None = None
+    if listing.logs:
+        newest = max(listing.logs, key=lambda p: (p.last if p.last is not None else 1 << 63, p.first))
+        obj = layout.decode_log(objects.get(newest.name), newest.name)
+        end, end_payload = obj.last, obj.records[-1][1]
+    elif listing.snapshots:
+        end = last_snapshot  # a restored archive without log yet
+    if end is None:
+        archived = local_first - 1
+    elif end > local_last:
+        raise FailedError(
+            f"the archive {objects.url} holds LSNs up to {end} but the store in {store.path} ends at {local_last}: "
+            "another writer ships into it (a promoted follower?) or this store lost commits. Restore or follow "
+            "the archive (wal.restore / wal.follow) instead of writing to it from here.")
+    elif end < local_first - 1:
+        _logger.warning("archive %s ends at LSN %d but the store in %s starts at LSN %d: LSNs %d..%d are in "
+                        "neither; shipping resumes from a new snapshot", objects.url, end, store.path,
+                        local_first, end + 1, local_first - 1)
+        archived, need_snapshot = local_first - 1, True
+    else:
+        if end_payload is not None and end >= local_first:
+            mine = next(iter(log.read(end)), None)
+            if mine is None or mine[0] != end or mine[1] != end_payload:
+                raise FailedError(
+                    f"the archive {objects.url} and the store in {store.path} differ at LSN {end}: they are "
+                    "different histories (the archive was taken over by a promoted follower, or belongs to "
+                    "another store). Restore or follow the archive instead.")
+        archived = end
+    return archived, need_snapshot, last_snapshot
+
+
+def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
+            merge_objects: int, retention_s: float | None) -> None:
+    """Find where the archive ends and check this store continues it; then start shipping. An
+    object store that does not answer does not stop the open: the shipper resolves the archive's
+    end once it answers, and until then ships nothing and lets no segment go (archived LSN 0)."""
+    resolve = None
+    try:
+        archived, need_snapshot, last_snapshot = _resolve(store, objects)
+    except ArchiveUnavailableError as exc:
+        _logger.error("archive %s unreachable when %s was opened; the store works, shipping starts once it "
+                      "answers (commits wait or fail once the lag passes archive_rpo_ms): %s", objects.url,
+                      store.path, exc)
+        archived, need_snapshot, last_snapshot = 0, True, 0
+        resolve = lambda: _resolve(store, objects)  # noqa: E731
+    shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
+                      merge_objects=merge_objects, archived=archived, need_snapshot=need_snapshot,
+                      last_snapshot=last_snapshot, retention_s=retention_s, resolve=resolve)
+    if resolve is not None:
+        shipper.error = "unreachable when the store was opened"
+    store._shipper = shipper
+    shipper.start()
+    shipper.kick()
+
+
+def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any],
+                  **store_kwargs: Any) -> ArchivedStore:
+    """`wal.open` with an object archive. Options (all keyword, all optional):
+
+    - archive_rpo_ms (1000): the machine-loss bound; the archive's lag is kept under it.
+    - archive_policy ("block"): when the lag passes the bound, commits wait ("block") or raise
+      `ArchiveLagError` ("error").
+    - archive_snapshot_bytes (64 MiB): ship a state snapshot after this much shipped log.
+    - archive_merge_objects (32): merge this many small group objects into one.
+    - archive_retention_s (None: keep all): keep what a restore within this window needs.
+    """
+    opts = dict(options)
+    rpo_ms = opts.pop("archive_rpo_ms", 1000)
+    policy = opts.pop("archive_policy", "block")
+    snapshot_bytes = opts.pop("archive_snapshot_bytes", 64 << 20)
+    merge_objects = opts.pop("archive_merge_objects", 32)
+    retention_s = opts.pop("archive_retention_s", None)
+    if opts:
+        raise ArgumentError(f"unknown option(s) of wal.open: {', '.join(sorted(opts))}")
+    if isinstance(rpo_ms, bool) or not isinstance(rpo_ms, int) or rpo_ms <= 0:
+        raise ArgumentError(f"archive_rpo_ms must be an int > 0 (milliseconds), got {rpo_ms!r}")
+    if policy not in POLICIES:
+        raise ArgumentError(f"archive_policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if not isinstance(snapshot_bytes, int) or snapshot_bytes < 1:
+        raise ArgumentError(f"archive_snapshot_bytes must be an int > 0, got {snapshot_bytes!r}")
+    if not isinstance(merge_objects, int) or merge_objects < 2:
+        raise ArgumentError(f"archive_merge_objects must be an int >= 2, got {merge_objects!r}")
+    if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
+                                    or retention_s <= 0):
+        raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
+    objects = open_objects(archive)
+    store = ArchivedStore._open(path, readonly=False, archive=False, **store_kwargs)
+    assert isinstance(store, ArchivedStore)
+    store._replicated = store._durability.level == "replicated"
+    if store._replicated:
+        store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
+    try:
+        _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
+                merge_objects=merge_objects, retention_s=retention_s)
+    except BaseException:
+        store.close()
+        raise
+    return store
