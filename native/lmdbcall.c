@@ -2413,11 +2413,16 @@ static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize
                 leave_to_lmdb = 1;
                 break;
             }
-            if ((wal_get_u64(m + META_TXNID_AT) & 1) != (uint64_t)slot) { /* LMDB writes txn t's meta in slot t & 1 */
-                rc = -1;
-                snprintf(w.why, sizeof w.why, "meta page %d names transaction %llu, which LMDB writes in the other "
-                         "slot", slot, (unsigned long long)wal_get_u64(m + META_TXNID_AT));
-                break;
+            if (slot == 1) {
+                /* LMDB writes transaction t's meta page in slot t & 1; a restore (restore_meta) writes
+                 * one saved page into both. Anything else is a damaged transaction id. */
+                uint64_t t0 = wal_get_u64(best + META_TXNID_AT), t1 = wal_get_u64(m + META_TXNID_AT);
+                if (t0 != t1 && ((t0 & 1) != 0 || (t1 & 1) != 1)) {
+                    rc = -1;
+                    snprintf(w.why, sizeof w.why, "meta pages name transactions %llu and %llu, which LMDB never "
+                             "writes in those slots", (unsigned long long)t0, (unsigned long long)t1);
+                    break;
+                }
             }
             if (best == NULL || wal_get_u64(m + META_TXNID_AT) > wal_get_u64(best + META_TXNID_AT)) best = m;
             at += wal_get_u32(m + META_DBS_AT); /* the free DB's md_pad: the page size */
