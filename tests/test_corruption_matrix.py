@@ -397,6 +397,7 @@ def _crashed_inside_lmdb(status: int, stderr: str) -> bool:
     return bool(frames) and Path(frames[0]).parts[-2:] == ("wal", "state.py")
 
 
+@pytest.mark.timeout(3600 if LONG else 300)  # the long profile flips every byte: ~20 min per file here
 @pytest.mark.parametrize("stopped", ["killed", "closed"])
 @pytest.mark.parametrize("name", ["state/data.mdb", "state/checkpoint.meta"])
 def test_byte_flips_of_the_state_files_give_the_data_or_a_wal_error(
