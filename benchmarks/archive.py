@@ -1,4 +1,4 @@
-"""Archive benchmarks (issue 28), against a local SeaweedFS S3 server started here.
+"""Archive benchmarks, against a local SeaweedFS S3 server started here.
 
     python benchmarks/archive.py                 # about a minute
     python benchmarks/archive.py --seconds 10 --restore-mb 256

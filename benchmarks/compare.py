@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""agentwal side by side with the tools a user would pick instead (issue 5, BRIEF §7).
+"""agentwal side by side with the tools a user would pick instead (BRIEF §7).
 
     python benchmarks/compare.py [--quick] [--out DIR] [--only a,b,...] [--systems agentwal,sqlite,...]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # ruff: noqa: PLC0415  (each peer is imported where it is used: a missing one is skipped with a note)
-"""The integrations side by side with their peers (issue 26 item 6), in one run.
+"""The integrations side by side with their peers in one run.
 
     python benchmarks/integrations.py [--steps 200] [--msg-bytes 2048] [--out DIR] [--no-postgres]
 
@@ -25,7 +25,7 @@ size growth, ``pg_database_size``, without its WAL). Then the saver's own share 
 cProfile of the agentwal ``sync`` graph run, whose top entries go into the results.
 
 Output in --out (default ``benchmarks/results/integrations-<timestamp>/``): results.json
-and results.md, with the ratios to SqliteSaver FULL (and to PostgresSaver) and the issue's
+and results.md, with the ratios to SqliteSaver FULL (and to PostgresSaver) and the
 goal (agentwal ``sync`` >= 2x SqliteSaver FULL, and ahead of PostgresSaver) marked MET or
 NOT MET. One run of each system, interleaved over --rounds rounds (the median round is
 reported), so a change of the machine's load hits all alike. Compare ratios within a run.

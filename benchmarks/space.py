@@ -1,6 +1,6 @@
 """Space and memory under sustained updates: agentwal at each level next to LMDB, RocksDB and SQLite.
 
-The workload (issue 34): `--threads` threads overwrite `--keys` keys of `--value-bytes` bytes,
+The workload: `--threads` threads overwrite `--keys` keys of `--value-bytes` bytes,
 each thread cycling through its own share of the keys, for `--seconds`. Every `--sample`
 seconds the bytes allocated on disk by everything in the store's directory (st_blocks: log,
 state, WAL, SST files alike) and the process's RSS (anonymous and file-backed: mapped segments,
@@ -11,7 +11,7 @@ at their highest once every key has been written, RSS, and for agentwal the stat
 
     python benchmarks/space.py --quick            # 100,000 keys, 30 s per system (a few minutes)
     python benchmarks/space.py                    # 800,000 x 1 KiB keys, 60 s per system
-    python benchmarks/space.py --full             # the issue's check: 800,000 keys, 10 minutes per system
+    python benchmarks/space.py --full             # the long check: 800,000 keys, 10 minutes per system
 
 Writes space.json and space.png (allocated bytes and RSS over time; matplotlib) into --out.
 A benchmark, never a timed test: figures vary with the machine and what else runs on it.

@@ -1,4 +1,4 @@
-"""Kill loops (issue 4, item 3): a real child commits through `wal.open` and is SIGKILLed at random.
+"""Kill loops: a real child commits through `wal.open` and is SIGKILLed at random.
 
 `wal.crashtest.run_kills` runs the loop: each round a child (``python -m wal.crashtest --child``)
 opens the store the previous round left crashed -- so its open is a real recovery -- and commits

@@ -1,4 +1,4 @@
-"""Power-cut tests (issue 4, item 4): the kill-loop oracle over simulated power cuts.
+"""Power-cut tests: the kill-loop oracle over simulated power cuts.
 
 Random cuts (`wal.crashtest.run_power_cuts`): the committing child runs under the crash-simulation
 shim (`wal.crashsim`), is SIGKILLed at a random moment -- also inside its recovery of the previous

@@ -30,7 +30,7 @@ import pytest
 import wal
 from wal.agents import AgentStore
 
-VALUE = 2000  # bytes per value: the "2 KB values"
+VALUE = 2000  # bytes per value: 2 KB, a typical agent message
 LEVELS = {"sync": {"durability": "sync"}, "interval": {"durability": "interval", "rpo_ms": 50},
           "buffered": {"durability": "buffered", "rpo_ms": 50}}
 

@@ -6,7 +6,7 @@ Two kinds of tests:
   (``wal.recovery.scan_buffer`` -> ``wal_scan_segment``) gives exactly the
   reference's status, reason, offsets, record count, last LSN and next-valid
   pointer, and ``wal_segment_records`` yields exactly the reference's records;
-* one named test per reader edge case of issue 2 (as LevelDB's log_test.cc),
+* one named test per reader edge case (as LevelDB's log_test.cc),
   run through the C reader: truncation at every byte of the last record, every
   single-byte flip of a small segment, zero-filled tail, LSN gap, wrong salt,
   unknown record type, the maximum record size and one byte over.

@@ -78,7 +78,7 @@ class Shipper:
         self._pending_snapshot: tuple[int, bytes] | None = None  # (lsn, encoded) waiting for the log
         self._bytes_since_snapshot = 0
         self._first_of_session: int | None = None  # never merged away: it fences older writers
-        self._unmerged: list[tuple[int, int, int]] = []  # (first, last, size) shipped this session
+        self._unmerged: list[tuple[int, int, int]] = []  # (first, last, size) shipped since this writer opened
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = False
@@ -340,7 +340,7 @@ class Shipper:
     # ---- merging ------------------------------------------------------------------------------
 
     def _merge_if_due(self) -> None:
-        """Merge the oldest `merge_objects` small group objects of this session into one object,
+        """Merge the oldest `merge_objects` small group objects shipped since this writer opened into one object,
         then delete them, so the object count grows by one per merge_objects PUTs. Never merged
         away: the session's first object (its name fences writers older than this one) and the
         archive's newest object (a follower that lists only names after its own LSN and finds
