@@ -491,7 +491,7 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
                          const char *restore, size_t restore_len);
-static int checksum_meta(EnvObject *e, MDB_txn *txn);
+static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
@@ -620,10 +620,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
             rc = M.stat(txn, self->dbs[DB_DATA], &dst);
             where = "mdb_stat";
             if (rc == 0 && !readonly && dst.ms_entries == 0) {
-                MDB_val one = {1, "1"};
-                rc = checksum_meta(self, txn);
-                if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
-                where = "mdb_put (entry_checksums)";
+                rc = mark_checked(self, txn, &where);
                 self->require_checks = rc == 0;
             }
         }
@@ -839,6 +836,18 @@ static int checksum_meta(EnvObject *e, MDB_txn *txn) {
     M.cursor_close(cur);
     free(buf);
     return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
+/* The step to store format 4, in `txn`: every META value gets its checksum, then the marker
+ * that every entry has one is set (an empty state at creation, an older one after
+ * check_entries has rewritten its entries). On failure *where names the call. */
+static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where) {
+    MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, one = {1, "1"};
+    *where = "checksumming the metadata";
+    int rc = checksum_meta(e, txn);
+    if (rc != 0) return rc;
+    *where = "mdb_put (entry_checksums)";
+    return M.put(txn, e->dbs[META_DB], &ck, &one, 0);
 }
 
 /* The DATA entry `v` of key `k`, read in `txn`, checked and taken apart: 0 with *version and
@@ -1754,11 +1763,7 @@ static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ss
         where = "mdb_cursor_get";
     }
     if (rc == MDB_NOTFOUND && !bad) {
-        MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, one = {1, "1"};
-        rc = checksum_meta(self, txn);
-        where = "checksumming the metadata";
-        if (rc == 0) rc = M.put(txn, self->dbs[2], &ck, &one, 0);
-        where = "mdb_put (entry_checksums)";
+        rc = mark_checked(self, txn, &where);
         done = rc == 0;
     }
     if (cur != NULL) M.cursor_close(cur);

@@ -1629,6 +1629,16 @@ static PyObject *fast_commit_call(FastCommit *f, PyObject *const *args, size_t n
     return PyObject_CallMethodNoArgs(store, str_fast_wait_failed);
 }
 
+/* A FastCommit or FastRead wrapping `func`, `call` its vectorcall. */
+static PyObject *fast_wrapper(PyTypeObject *type, PyObject *func, long kind, vectorcallfunc call) {
+    FastCommit *f = (FastCommit *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    f->vectorcall = call;
+    f->func = Py_NewRef(func);
+    f->kind = kind;
+    return (PyObject *)f;
+}
+
 static PyObject *fast_commit_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *func;
     long kind;
@@ -1641,13 +1651,7 @@ static PyObject *fast_commit_new(PyTypeObject *type, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_TypeError, "FastCommit takes (a function, OP_PUT or OP_DELETE)");
         return NULL;
     }
-    FastCommit *f = (FastCommit *)type->tp_alloc(type, 0);
-    if (f == NULL) return NULL;
-    f->vectorcall = (vectorcallfunc)fast_commit_call;
-    Py_INCREF(func);
-    f->func = func;
-    f->kind = kind;
-    return (PyObject *)f;
+    return fast_wrapper(type, func, kind, (vectorcallfunc)fast_commit_call);
 }
 
 static int fast_commit_traverse(FastCommit *f, visitproc visit, void *arg) {
@@ -1744,12 +1748,7 @@ static PyObject *fast_read_new(PyTypeObject *type, PyObject *args, PyObject *kwd
         PyErr_SetString(PyExc_TypeError, "FastRead takes (a function, READ_VALUE or READ_VERSION)");
         return NULL;
     }
-    FastCommit *f = (FastCommit *)type->tp_alloc(type, 0);
-    if (f == NULL) return NULL;
-    f->vectorcall = (vectorcallfunc)fast_read_call;
-    f->func = Py_NewRef(func);
-    f->kind = kind;
-    return (PyObject *)f;
+    return fast_wrapper(type, func, kind, (vectorcallfunc)fast_read_call);
 }
 
 static PyTypeObject FastReadType = {

@@ -97,7 +97,7 @@ from wal.errors import (
 from wal.log import MAX_PAYLOAD, Log
 from wal.replay import Replay
 from wal.snapshot import Snapshot, lmdb_only, merged
-from wal.state import DURABLE_SEEN_KEY, State, compact, read_checkpoint
+from wal.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
@@ -115,7 +115,6 @@ MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
 _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction (no fsync there: MDB_NOSYNC), short lock holds
 # per background (lowest-priority) transaction: a starved one holds the apply lock for one small batch
 _BACKGROUND_BATCH_RECORDS = 1024
-_SCAN_CHUNK = 512
 # LMDB entries a scan reads in its first call: a scan of up to this many keys is one C call and
 # a list; a longer one goes on in chunks of wal.snapshot.SCAN_CHUNK from the same transaction.
 _SCAN_FIRST = 256
@@ -645,49 +644,22 @@ class Store:
         """
         self._usable()
         p = _key(prefix, allow_empty=True)
-        begun = self._core.scan_begin(p, _SCAN_FIRST)
-        if begun is not None:
-            first, rest, over = begun
-            if rest is None and over is None:
-                return iter(first)  # the common case: every entry in one call, nothing to merge
-            if over is None:
-                return lmdb_only(rest, self._state.path, p, first)
-            return merged(rest if rest is not None else _Ended(), self._state.path, p, first,
-                          first_limit=_SCAN_FIRST, over=over)
-        # The C path declined: read here, which raises the error that made it (or the same data).
-        newest: dict[bytes, tuple[int, bytes | None]] = {}
-        if self._log is not None:
-            for k, lsn, value in self._core.overlay_scan(p, self._visible_lsn()):
-                newest[k] = (lsn, value)
-        return self._merge_scan(p, newest)
-
-    def _merge_scan(self, prefix: bytes, over: dict[bytes, tuple[int, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
-        okeys = sorted(over)
-        oi = 0
-        after: bytes | None = None
-        while True:
-            self._usable()  # a scan iterated after close(): ClosedError, not LMDB's error
-            chunk = self._state.scan_chunk(prefix, after, _SCAN_CHUNK)
-            for key, version, value in chunk:
-                while oi < len(okeys) and okeys[oi] < key:
-                    ok = okeys[oi]
-                    oi += 1
-                    if over[ok][1] is not None:
-                        yield ok, over[ok][1]  # type: ignore[misc]
-                if oi < len(okeys) and okeys[oi] == key:
-                    oi += 1
-                    over_version, over_value = over[key]
-                    if over_version >= version:  # the newer of the two wins
-                        if over_value is not None:
-                            yield key, over_value
-                        continue
-                yield key, value
-            if len(chunk) < _SCAN_CHUNK:
+        for _ in range(2):
+            begun = self._core.scan_begin(p, _SCAN_FIRST)
+            if begun is not None:
                 break
-            after = chunk[-1][0]
-        for ok in okeys[oi:]:
-            if over[ok][1] is not None:
-                yield ok, over[ok][1]  # type: ignore[misc]
+            # The C path declined: the same read here raises the error that made it decline
+            # (damage, a closed state); if it does not, the cause was passing, so try again.
+            self._state.scan_chunk(p, None, _SCAN_FIRST)  # what scan_begin read first
+        else:
+            raise StateError(f"scanning {p!r} in the store in {self._path} failed twice without an error; retry")
+        first, rest, over = begun
+        if rest is None and over is None:
+            return iter(first)  # the common case: every entry in one call, nothing to merge
+        if over is None:
+            return lmdb_only(rest, self._state.path, p, first)
+        return merged(rest if rest is not None else _Ended(), self._state.path, p, first,
+                      first_limit=_SCAN_FIRST, over=over)
 
     # ---- writes --------------------------------------------------------------------------------
 
