@@ -68,6 +68,10 @@ def test_object_store_killed_and_restarted_during_commits(tmp_path, s3_server: W
             assert during <= 1, "replicated commits were acknowledged while the object store was down"
         else:
             assert during > 0, f"commits at {level} were blocked by the archive being down"
+        # The shipper notices at its next request, which a loaded machine may delay: wait for it.
+        deadline = time.monotonic() + 30
+        while store.stats()["archive_error"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert store.stats()["archive_error"] is not None
         s3_server.start()
         time.sleep(0.5)
