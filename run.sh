@@ -29,6 +29,7 @@ case "$cmd" in
         setup
         "$VENV/bin/ruff" check wal tests
         "$VENV/bin/mypy"
+        "$VENV/bin/lint-imports" --no-cache  # the floors: pyproject.toml [tool.importlinter]
         exec "$VENV/bin/python" -m pytest -q "$@"
         ;;
     *)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 def main() -> int:
     import wal  # noqa: PLC0415 - after the checks below would be too late for a clear message
-    from wal import state  # noqa: PLC0415
+    from wal.store import state  # noqa: PLC0415
 
     location = Path(wal.__file__).resolve().parent
     installed = {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}

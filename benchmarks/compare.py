@@ -58,9 +58,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import wal
-from wal import record
 from wal._bindings import lib
-from wal.store import LOG_DIR
+from wal.log import record
+from wal.store.store import LOG_DIR
 
 SECTIONS = {
     "a": "Durable commits (sync)",
@@ -785,7 +785,7 @@ def build_unapplied_store(d: str, total_bytes: int, value: bytes, nkeys: int) ->
     That is the state a SIGKILL leaves before the materializer ran. A SIGKILLed writer cannot
     leave it at this size: the materializer applies every 1024 commits whatever
     apply_interval_ms is, so only a short tail would be replayed. Hence the store is created
-    empty, closed, and its log extended with store records (wal.record) by the bare Log.
+    empty, closed, and its log extended with store records (wal.log.record) by the bare Log.
     """
     wal.open(d).close()
     now_ms = time.time_ns() // 1_000_000

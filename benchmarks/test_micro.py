@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import record, recovery
 from wal._bindings import ffi, lib
-from wal.store import LOG_DIR
+from wal.log import record, recovery
+from wal.store.store import LOG_DIR
 
 pytest.importorskip("pytest_benchmark")
 

@@ -5,9 +5,9 @@ pytest too (tests/test_fuzz_smoke.py). The targets are deterministic functions o
 input bytes: every choice below is read from the input, never from a random generator,
 so a saved input reproduces its run exactly.
 
-The structure-aware builders use the pure-Python reference encoders of ``wal.format``.
+The structure-aware builders use the pure-Python reference encoders of ``wal.log.format``.
 They only ever produce *bytes*; what those bytes mean is decided by the reference decoder
-(``wal.format.scan_segment``), which is the oracle the C reader and ``Log.open`` are held
+(``wal.log.format.scan_segment``), which is the oracle the C reader and ``Log.open`` are held
 against. A builder or mutator that misjudges an offset just produces different bytes,
 never a wrong verdict.
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wal import format as wf
+from wal.log import format as wf
 
 # Boundary values for u64 fields (LSNs, segment numbers, salts, log ids).
 INTERESTING_U64 = (

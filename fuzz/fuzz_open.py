@@ -4,7 +4,7 @@ Each input builds a directory in a scratch place (tmpfs when there is one), open
 what came back, and removes it. Two kinds, chosen by the low bit of the first byte:
 
 * **log** (bit 0 = 0): a log directory of 1-3 segment files -- mostly valid segments built with
-  wal.format's encoders (sealed but the last, LSNs continuing) with damage from
+  wal.log.format's encoders (sealed but the last, LSNs continuing) with damage from
   ``_common.mutate``, sometimes raw input bytes -- under their proper names or, now and then,
   names that are *not* segment names by FORMAT.md (upper-case hex, a sign, an underscore,
   ``.tmp``, ``.broken``, ...), plus stray files. Then, in order: ``wal.Log.open(readonly=True)``,
@@ -15,7 +15,7 @@ what came back, and removes it. Two kinds, chosen by the low bit of the first by
   or removed. Then ``wal.open()`` (strict) and, if refused, ``wal.open(recovery="truncate")``.
 
 The oracle is the reference decoder run over the files *before* anything is opened: the
-valid records of every file with a segment name (``wal.format.parse_segment_name``), in
+valid records of every file with a segment name (``wal.log.format.parse_segment_name``), in
 segment-number order, concatenated -- call it C. The only acceptable outcomes are:
 
 * a ``wal.WalError`` (any subclass), or
@@ -64,8 +64,8 @@ from _common import (
 )
 
 import wal
-from wal import format as wf
-from wal import record, recovery
+from wal.log import format as wf
+from wal.log import record, recovery
 
 SEGMENT_BYTES = 4096
 APPENDED = b"agentwal-fuzz-appended"

@@ -1,7 +1,7 @@
 """Fuzz target: the C segment scanner against the pure-Python reference decoder.
 
 For every input, the segment image it stands for is scanned by ``lib.wal_scan_segment``
-(native/reader.c) and by ``wal.format.scan_segment`` (the executable form of FORMAT.md);
+(native/reader.c) and by ``wal.log.format.scan_segment`` (the executable form of FORMAT.md);
 every field of the two results must agree -- status, reason, end_offset, bad_offset,
 damage_end, records, last_lsn, next_valid_offset, next_valid_lsn, header_ok and the header
 fields -- and ``lib.wal_segment_records`` must yield exactly the reference decoder's
@@ -17,7 +17,7 @@ The first input byte chooses how the rest becomes a segment image:
     b % 4 == 1  checksum fix-up: the rest is the image, then the header CRC and the record
                 CRCs along the chain are recomputed (except record (b >> 2) - 1, if any),
                 so byte-level mutations reach the rules behind the CRC checks
-    b % 4 == 2  structure-aware: a valid segment built with wal.format's encoders from
+    b % 4 == 2  structure-aware: a valid segment built with wal.log.format's encoders from
                 choices read from the rest, then 0..7 damage operations (_common.mutate)
     b % 4 == 3  as 2, then the header CRC is recomputed (header damage reaches H5..H7)
 
@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import U64_MAX, Finding, Input, fix_checksums, guarded, mutate, plan_segment, tolerated
 
-from wal import format as wf
 from wal._bindings import ffi, lib
+from wal.log import format as wf
 
 STATUS_NAMES = {lib.WAL_SCAN_OPEN: wf.STATUS_OPEN, lib.WAL_SCAN_SEALED: wf.STATUS_SEALED,
                 lib.WAL_SCAN_TORN: wf.STATUS_TORN, lib.WAL_SCAN_CORRUPT: wf.STATUS_CORRUPT}

@@ -27,7 +27,7 @@ import fuzz_open
 import fuzz_segment
 from _common import Finding
 
-from wal import format as wf
+from wal.log import format as wf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(os.path.dirname(HERE), "tests", "data", "golden_two_records.wal")

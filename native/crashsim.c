@@ -1,12 +1,12 @@
 /*
  * crashsim.c -- an LD_PRELOAD shim that journals every change a process makes
  * to the files and directories under one root, so that after the process is
- * killed at an arbitrary moment an offline step (wal/crashsim.py) can put the
+ * killed at an arbitrary moment an offline step (wal/drill/crashsim.py) can put the
  * files into any state a disk could be in after a power cut at that moment.
  *
  * Test-only. Never imported as a Python module: setuptools builds it as
  * wal/_crashsim*.so and tests start children with LD_PRELOAD pointing at it
- * (wal.crashsim.env_for). Models: RocksDB's FaultInjectionTestFS (remember
+ * (wal.drill.crashsim.env_for). Models: RocksDB's FaultInjectionTestFS (remember
  * what was synced, drop the rest), SQLite's crash VFS (garble unsynced
  * sectors), CrashMonkey/ALICE (record the syscalls, replay subsets offline).
  *
@@ -36,7 +36,7 @@
  * records that were complete when the fsync was called (`upto`), so an fsync
  * racing a write in another thread never claims that write is durable.
  *
- * Journal format (private to this file and wal/crashsim.py)
+ * Journal format (private to this file and wal/drill/crashsim.py)
  * ---------------------------------------------------------
  * The journal is a sequence of records, native byte order (little-endian on
  * every platform we build for). A record's position is its byte offset in the
@@ -100,7 +100,7 @@
  * Renames across the root's boundary are journaled as an UNLINK (moving out)
  * or a CREATE (moving in).
  *
- * What is NOT seen (documented for users in wal/crashsim.py): stores through
+ * What is NOT seen (documented for users in wal/drill/crashsim.py): stores through
  * mmap(MAP_SHARED) and msync; stdio (fopen/fwrite go through glibc-internal
  * calls); copy_file_range/sendfile/splice into tracked files; raw syscall(2);
  * io_uring/AIO; O_DIRECT is treated like buffered I/O; changes made by

@@ -6,11 +6,11 @@
  * two Python calls and a tuple between them, a get cost ~2 us against py-lmdb's ~1.3 us for
  * the same LMDB read. With these functions the store's Core makes the whole read in one C
  * call (native/storecore.c, "Reads"), and a scan takes its LMDB snapshot and its overlay
- * versions at one instant, which is what makes it consistent (wal/store.py, "Reads").
+ * versions at one instant, which is what makes it consistent (wal/store/store.py, "Reads").
  *
  * The capsule is `wal._lmdbcall.CAPI`, named WAL_LMDB_CAPI_NAME. Every function is called with
  * the GIL held and never releases it. `env` must be a wal._lmdbcall.Env (checked by is_env).
- * Errors: -1 or NULL with an LmdbError set, which wal/state.py classifies; the store's fast
+ * Errors: -1 or NULL with an LmdbError set, which wal/store/state.py classifies; the store's fast
  * paths drop such an error and repeat the read on the Python path, which raises it properly.
  */
 #ifndef WAL_LMDBAPI_H

@@ -1,5 +1,5 @@
 /*
- * lmdbcall.c -- wal._lmdbcall: the package's one binding of LMDB (the state, wal/state.py).
+ * lmdbcall.c -- wal._lmdbcall: the package's one binding of LMDB (the state, wal/store/state.py).
  *
  * Why it exists. The materializer applies a batch of commits to LMDB. Through py-lmdb
  * that was `putmulti`, which releases and re-takes the GIL around every item: with a
@@ -23,7 +23,7 @@
  *
  * Contracts.
  *  - Errors: every LMDB or errno failure raises `LmdbError(code, message)` with LMDB's
- *    int code (negative MDB_* or a positive errno); wal/state.py classifies the codes.
+ *    int code (negative MDB_* or a positive errno); wal/store/state.py classifies the codes.
  *    The binding's own refusals use codes below LMDB's range (ALREADY_OPEN, FORKED,
  *    CLOSED, BUSY, BAD_VALUE), also as LmdbError.
  *  - One Env per environment and process: a registry keyed by the directory's
@@ -366,7 +366,7 @@ static int db_index(PyObject *arg, int *out) {
 /* ---- The map's size ----
  * The map is address space, not memory or disk: LMDB maps the whole map_size at open and the
  * file grows only with the data. The state sizes it from the file and grows it on
- * MDB_MAP_FULL (wal/state.py), so that a process can hold a thousand environments (a fixed
+ * MDB_MAP_FULL (wal/store/state.py), so that a process can hold a thousand environments (a fixed
  * 1 TiB each would take the whole 47-bit user address space at the 128th).
  *
  * mdb_env_set_mapsize on an open environment munmaps and remaps the file. lmdb.h asks that
@@ -444,7 +444,7 @@ static void env_close_now(EnvObject *e) {
     e->env = NULL;
 }
 
-/* Write `page`, a meta page saved at a checkpoint (wal/state.py), into both meta slots of
+/* Write `page`, a meta page saved at a checkpoint (wal/store/state.py), into both meta slots of
  * dir/data.mdb and fdatasync it, so that LMDB opens at that snapshot -- unless another process
  * has the environment open. LMDB's own test for that: every opener holds a read lock on byte 0
  * of lock.mdb, and the first one takes a write lock there to initialise the file. If another
@@ -574,7 +574,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
     registry = self;
     self->busy++;
     /* Subdir layout; no fsync at commit (NOSYNC: the state is made durable at checkpoints,
-     * and after a crash reopened at the last one, wal/state.py); never MAPASYNC/WRITEMAP, so
+     * and after a crash reopened at the last one, wal/store/state.py); never MAPASYNC/WRITEMAP, so
      * every page reaches the file through write(2), where a checkpoint's fdatasync finds it;
      * read transactions not bound to threads (NOTLS); no readahead. */
     unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC);
@@ -1307,7 +1307,7 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     int rc = M.cursor_open(txn, e->dbs[DB_DATA], &cur);
     *where = "mdb_cursor_open";
     if (rc != 0) return rc;
-    /* Only each key's last write reaches here (collapsed in C, wal/record.py). */
+    /* Only each key's last write reaches here (collapsed in C, wal/log/record.py). */
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
         PyObject *it = PyTuple_GET_ITEM(b->puts, i);
         MDB_val k = bytes_val(PyTuple_GET_ITEM(it, 0)), v = bytes_val(PyTuple_GET_ITEM(it, 1));
@@ -1342,7 +1342,7 @@ typedef struct {
     PyObject_HEAD
     watermarks_fn fn;
     void *log;
-    PyObject *owner; /* the wal.Log: its C handle lives as long as this object (wal/log.py) */
+    PyObject *owner; /* the wal.Log: its C handle lives as long as this object (wal/log/log.py) */
 } DurableObject;
 
 static PyTypeObject DurableType;
@@ -1403,7 +1403,7 @@ static const char APPLIED_KEY[] = "applied_lsn";
 static const char DURABLE_SEEN_KEY[] = "durable_seen";
 
 /* apply(batch, durable_lsn, background=False) -> (status, lsn). batch = (first, last, commits,
- * puts, deletes, idempotency) as wal/record.py's Collapsed. In ONE write transaction:
+ * puts, deletes, idempotency) as wal/log/record.py's Collapsed. In ONE write transaction:
  *   - read applied_lsn; a batch wholly at or below it changes nothing: (APPLY_OK, applied);
  *   - I3: first == applied + 1 and commits == last - first + 1, else (APPLY_GAP, applied);
  *   - write every put, delete and idempotency item;
@@ -1424,7 +1424,7 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  * earlier read is as good a bound for I1, and the batch was taken below a still earlier one).
  * What it does hold is LMDB's writer lock, and the store holds its apply lock around the call:
  * a starved transaction delays whoever waits for those (a committer helping with a backlog, a
- * checkpoint, close), for one batch, which the store keeps small (wal/store.py). Needs a
+ * checkpoint, close), for one batch, which the store keeps small (wal/store/store.py). Needs a
  * DurableLsn (that thread cannot call Python); otherwise, or if the thread cannot be created,
  * the transaction runs in the calling thread as without it. */
 
@@ -1834,7 +1834,7 @@ static wal_lmdb_capi capi = {
  * transactions after pin_txnid). In use: every page of the newest snapshot's B-trees (LMDB's free
  * list and main database included) and the two meta pages; free: the rest of the file, which LMDB
  * reuses before it grows the file -- except the pages freed after the oldest live reader's snapshot
- * (a checkpoint's pin, wal/state.py), which it keeps until that reader ends. LMDB's free list is
+ * (a checkpoint's pin, wal/store/state.py), which it keeps until that reader ends. LMDB's free list is
  * keyed by the id of the transaction that freed the pages, each value an ID list whose first word
  * is its length; reclaimed leftovers are saved under ids below the oldest reader (mdb.c,
  * mdb_freelist_save), so the records after pin_txnid are exactly the pages freed since the pin.
@@ -2252,7 +2252,7 @@ static PyTypeObject SnapshotType = {
  * end of its page or an overflow run longer than the file makes it read outside the map
  * (SIGBUS, SIGSEGV) or trip an assertion, killing the process. The entry checksums cannot
  * help there, since the damage is met before any entry is. So a state small enough to read
- * whole at open (wal/state.py VERIFY_ON_OPEN_BYTES) is walked here first, from the meta page
+ * whole at open (wal/store/state.py VERIFY_ON_OPEN_BYTES) is walked here first, from the meta page
  * LMDB would open at (the valid one with the higher transaction id; or the checkpoint's page
  * about to be restored), through every tree it holds -- the free list, the main database and
  * each named database -- checking every page and node against the bounds LMDB relies on.
@@ -2452,7 +2452,7 @@ static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize
                 uint64_t main_root = wal_get_u64(best + META_DBS_AT + MDB_DB_SIZE + 40);
                 rc = walk_tree(&w, wal_get_u64(best + META_DBS_AT + 40), 1, 0);
                 if (rc == 0) rc = walk_tree(&w, main_root, 0, 1);
-                /* An empty main database is a creation cut short (wal/state.py); otherwise data, idem
+                /* An empty main database is a creation cut short (wal/store/state.py); otherwise data, idem
                  * and meta are all there (tail only from store format 3). */
                 if (rc == 0 && main_root != P_INVALID && (w.named & 7) != 7) {
                     rc = -1;

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #define OV_MIN_SLOTS 256
-/* Freed versions kept for reuse: an apply batch (4096 commits, wal/store.py) frees about as
+/* Freed versions kept for reuse: an apply batch (4096 commits, wal/store/store.py) frees about as
  * many as the puts that follow it enter, so this many spares serve a burst without a
  * malloc each, and bound what an emptied overlay keeps (192 KiB). */
 #define OV_SPARE_MAX 8192

@@ -1,7 +1,7 @@
 /*
  * overlay.h -- the store's overlay: per key, the versions not yet applied to LMDB.
  *
- * What it is for (wal/store.py, "Reads"). Every commit enters its ops here before it is
+ * What it is for (wal/store/store.py, "Reads"). Every commit enters its ops here before it is
  * acknowledged, and the materializer drops them once LMDB holds them, so a read finds
  * any acknowledged commit either here or in LMDB (I2, read-your-writes). With one
  * thread putting 300,000 distinct keys, the table holds 100k-300k keys; every put adds

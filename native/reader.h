@@ -5,7 +5,7 @@
  * bytes here, so the same code serves recovery, `Log.read`, the CLI and the
  * fuzzer. Validity rules are numbered in FORMAT.md ("Reading a segment"); the
  * reason strings are part of the contract (tests and the pure-Python reference
- * decoder in wal/format.py compare them verbatim).
+ * decoder in wal/log/format.py compare them verbatim).
  *
  * wal_scan_result (declared in wal.h):
  *   status            WAL_SCAN_OPEN    data ended cleanly (EOF or all-zero rest): writable tail

@@ -1,5 +1,5 @@
 /*
- * spanargs.h -- the arrays of a wal.log.RecordSpan, as the CPython extensions that read one
+ * spanargs.h -- the arrays of a wal.log.log.RecordSpan, as the CPython extensions that read one
  * take them: readcall.c (Log.read) and storecore.c (Collapser.add, the replay).
  *
  * A span's record i has its LSN at lsns[i] and its payload at buffer[offsets[i] :

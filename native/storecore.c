@@ -5,7 +5,7 @@
  * microsecond (BRIEF §7: 1.5x LevelDB's unsynced put). In Python the commit path
  * (record, lock, overlay entry, apply queue) cost ~3 us and the materializer's share
  * (collapse each key to its last write, build LMDB's putmulti list, trim the overlay)
- * ~1.5 us, both under the one GIL. This module does that work in C; wal/store.py keeps
+ * ~1.5 us, both under the one GIL. This module does that work in C; wal/store/store.py keeps
  * the policy (what is checked, when to wake whom, the LMDB transaction and I1) and the
  * slow paths (if_version, idempotency keys, multi-op transactions, back-pressure).
  *
@@ -16,7 +16,7 @@
  *     op   := 0x01 klen:u16 key vlen:u32 value   put
  *           | 0x02 klen:u16 key                  delete
  *
- * This file is the one encoder and decoder of that layout (wal/record.py wraps it).
+ * This file is the one encoder and decoder of that layout (wal/log/record.py wraps it).
  *
  * Contracts.
  *  - Core.commit runs with the GIL held except where native/logcall.h's policy waits for
@@ -32,7 +32,7 @@
  *    under it, and reads (overlay_get, overlay_scan) need no lock, each being one call
  *    that the GIL makes atomic.
  *  - The apply queue holds, in LSN order, one-op commits (key, value) and whole
- *    transactions (a wal.record.Txn) from the Python path. `take` and `prune` are called
+ *    transactions (a wal.log.record.Txn) from the Python path. `take` and `prune` are called
  *    with the commit lock held by the caller.
  *  - Core holds a reference to the wal.Log whose handle it uses: the handle is freed only
  *    with that object, so a commit still waiting when the store closes cannot touch
@@ -60,7 +60,7 @@
 #define MAX_KEY_BYTES 511
 #define TXN_HEAD_BYTES 14 /* kind, flags, time_ms, n_ops */
 #define VERSION_BYTES 8   /* LMDB value = u64 version (LSN) + value (FORMAT.md §16) */
-/* A queue length that is a multiple of this wakes the materializer (see wal/store.py). */
+/* A queue length that is a multiple of this wakes the materializer (see wal/store/store.py). */
 #define WAKE_EVERY 1024
 
 static log_calls g_log; /* set by bind() */
@@ -409,7 +409,7 @@ static int append_put(PyObject *puts, PyObject *key, uint64_t lsn, const char *v
     return rc;
 }
 
-/* The Collapsed tuple wal/record.py names: (first, last, commits, puts, deletes, idem). */
+/* The Collapsed tuple wal/log/record.py names: (first, last, commits, puts, deletes, idem). */
 static PyObject *collapsed_tuple(const flat_batch *b, PyObject *puts, PyObject *dels) {
     return Py_BuildValue("(KKKOOO)", (unsigned long long)b->first, (unsigned long long)b->last,
                          (unsigned long long)b->commits, puts, dels, b->idem);
@@ -808,7 +808,7 @@ static PyTypeObject CollapserType = {
 /* One queued commit: a single put/delete (key, value or NULL), or a whole transaction (txn). */
 typedef struct {
     uint64_t lsn;
-    int kind; /* OP_PUT, OP_DELETE, or 0: `txn` is a wal.record.Txn */
+    int kind; /* OP_PUT, OP_DELETE, or 0: `txn` is a wal.log.record.Txn */
     PyObject *key;
     PyObject *value;
     PyObject *txn;
@@ -827,7 +827,7 @@ typedef struct {
     Py_ssize_t max_unapplied;
     long long checkpoint_bytes;
     long long bytes_since_checkpoint;
-    char idle; /* the materializer sleeps long: the next queued commit wakes it (set by wal/store.py) */
+    char idle; /* the materializer sleeps long: the next queued commit wakes it (set by wal/store/store.py) */
     qentry *q; /* ring buffer */
     size_t head, len, cap;
     PyObject *env;       /* the store's LMDB environment (bind_state), for reads; or NULL */
@@ -904,7 +904,7 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
 
 static PyObject *commit_one(Core *c, long kind, PyObject *key, PyObject *value, int for_async) {
     if (!PyUnicode_CheckExact(key)) return commit_bytes_key(c, kind, key, value, for_async);
-    /* A str key is stored as its UTF-8 bytes, as wal/store.py's _key does. */
+    /* A str key is stored as its UTF-8 bytes, as wal/store/store.py's _key does. */
     PyObject *utf8 = PyUnicode_AsUTF8String(key);
     if (utf8 == NULL) {
         PyErr_Clear(); /* e.g. a lone surrogate: the Python path reports it */
@@ -958,7 +958,7 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
         commitlock_release(c->lock);
         return PyLong_FromLong(0);
     }
-    /* Visible to validation now, and to reads once acknowledged (wal/store.py, _lookup). From
+    /* Visible to validation now, and to reads once acknowledged (wal/store/store.py, _lookup). From
      * here on the commit is in the log: a failure below is a bug or out-of-memory, reported as
      * an exception after the lock is released. */
     PyObject *stored = kind == OP_PUT ? value : NULL;
@@ -1007,7 +1007,7 @@ static PyObject *core_enqueue_txn(Core *c, PyObject *const *args, Py_ssize_t nar
     long long payload_bytes = PyLong_AsLongLong(args[2]);
     if ((lsn == (uint64_t)-1 || payload_bytes == -1) && PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 3) {
-        PyErr_SetString(PyExc_TypeError, "enqueue_txn: txn must be a wal.record.Txn");
+        PyErr_SetString(PyExc_TypeError, "enqueue_txn: txn must be a wal.log.record.Txn");
         return NULL;
     }
     PyObject *ops = PySequence_Fast(PyTuple_GET_ITEM(args[1], 0), "a Txn's ops must be a sequence");
@@ -1075,7 +1075,7 @@ static PyObject *core_take(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     c->head = (c->head + n) % c->cap;
     c->len -= n;
     /* The entries are out of the queue: whatever happens below, they are released here, and
-     * an error fails the store (wal/store.py), whose reopen replays them from the log. */
+     * an error fails the store (wal/store/store.py), whose reopen replays them from the log. */
     flat_batch b;
     PyObject *result = NULL;
     if (flat_init(&b) == 0) {
@@ -1210,7 +1210,7 @@ static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
 
 /* ---- Reads: a get, a batch of gets, the start of a scan, a snapshot, each in one call ----
  *
- * What a read sees (wal/store.py, "Reads"): for each key, its newest version with LSN <= V,
+ * What a read sees (wal/store/store.py, "Reads"): for each key, its newest version with LSN <= V,
  * where V is the store's visible LSN (durable at sync, written at interval, appended at
  * buffered), taken from the overlay if it holds one, else from LMDB. Each function here does
  * the whole read holding the GIL, which every overlay change (commit, prune) also needs, so
@@ -1222,7 +1222,7 @@ static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
  *
  * LMDB is reached through the capsule of wal._lmdbcall (native/lmdbapi.h). An LMDB error
  * (damage, a closed environment) is not raised from here: the fast paths answer "take the
- * Python path", which reads again and raises the error classified (wal/state.py). */
+ * Python path", which reads again and raises the error classified (wal/store/state.py). */
 
 static const wal_lmdb_capi *g_lmdb; /* set by bind_lmdb() */
 
@@ -1581,7 +1581,7 @@ static PyTypeObject CoreType = {
 
 /* ---- Store.put and Store.delete without a Python frame ------------------------------------------
  *
- * A FastCommit wraps one of wal/store.py's Store.put / Store.delete and takes its place on the
+ * A FastCommit wraps one of wal/store/store.py's Store.put / Store.delete and takes its place on the
  * class (see the end of that file). Called as store.put(key, value) or store.delete(key) --
  * positional arguments, the store's own level -- it makes Core.commit's one-op commit
  * straight away, without the ~0.1-0.2 us of entering the Python function (a third of a put
@@ -1716,7 +1716,7 @@ static PyTypeObject FastCommitType = {
 
 /* ---- FastRead: Store.get and Store.version as one C call ----
  *
- * `Store.get = FastRead(Store.get, READ_VALUE)` (wal/store.py): a call store.get(key) or
+ * `Store.get = FastRead(Store.get, READ_VALUE)` (wal/store/store.py): a call store.get(key) or
  * store.get(key, default), key bytes or str, reads in C (core_fast_get: the overlay, else
  * LMDB, checksum checked) without entering the Python function; any other call form, and
  * every read the C path declines (closed or forked store, an odd key, an LMDB error to

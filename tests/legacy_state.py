@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lmdb
 
-from wal.state import DEFAULT_MAP_SIZE
+from wal.store.state import DEFAULT_MAP_SIZE
 
 _FLAGS = 0xC0 << 56  # a version's split (bit 63) and checked (bit 62) flags
 

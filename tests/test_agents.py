@@ -393,8 +393,8 @@ def test_crash_between_blob_write_and_commit(tmp_path: Path) -> None:
 def test_crash_during_delete_thread(tmp_path: Path) -> None:
     db = tmp_path / "db"
     run_child("""
-        import wal.agents
-        wal.agents.DELETE_BATCH = 100
+        import wal.agents.store
+        wal.agents.store.DELETE_BATCH = 100
         ag = AgentStore(s, blob_threshold=1000)
         for i in range(450):
             ag.append("doomed", b"e%d" % i, state={"k%d" % (i % 7): b"v"})

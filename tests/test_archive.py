@@ -25,7 +25,7 @@ from wal.archive.objects import FileObjects, open_objects
 from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError
 from wal.cli import main
-from wal.metrics import prometheus_text
+from wal.ops.metrics import prometheus_text
 
 FAST = {"archive_rpo_ms": 200}
 

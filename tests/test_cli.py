@@ -585,12 +585,16 @@ def test_read_commands_work_while_a_writer_process_runs(store: Path, writer: Wri
 
 
 def test_tail_follows_commits_another_process_makes_after_it_started(store: Path, writer: Writer) -> None:
-    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(store), "-n", "0", "--interval", "0.05"],
+    before = writer.put("before-tail", "v")
+    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(store), "-n", "1", "--interval", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # let it start and reach the end of the log
+        reader = LineReader(tail)
+        # The last record before it started, printed once it reached the end of the log: from here
+        # on, everything it prints was committed after it started.
+        assert json.loads(reader.take(1, timeout=30)[0])["lsn"] == before
         lsns = [writer.put(f"followed/{i}", f"v{i}") for i in range(5)]
-        lines = LineReader(tail).take(5, timeout=30)
+        lines = reader.take(5, timeout=30)
         got = [json.loads(line) for line in lines]
         assert [g["lsn"] for g in got] == lsns
         assert [g["ops"][0]["key"] for g in got] == [f"followed/{i}" for i in range(5)]
@@ -679,10 +683,10 @@ def test_the_progress_bar_shows_only_on_a_terminal_and_only_for_long_work() -> N
             return True
 
     quiet = io.StringIO()
-    cli._ProgressBar(quiet)("scanning the log", 5, 10)
+    cli.commands._ProgressBar(quiet)("scanning the log", 5, 10)
     assert quiet.getvalue() == ""  # not a terminal
     term = Terminal()
-    bar = cli._ProgressBar(term)
+    bar = cli.commands._ProgressBar(term)
     bar("scanning the log", 5, 10)
     assert term.getvalue() == ""  # the work has not lasted half a second yet
     bar.started -= 1.0

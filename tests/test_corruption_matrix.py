@@ -45,7 +45,7 @@ flips (meta fields, page headers, node offsets) kill the process inside LMDB (an
 mdb.c aborts; a trusted length or page number reads past the end of the map: SIGBUS; or LMDB
 writes past a buffer from a bad page and glibc's heap checks abort in its commit). The test
 asserts every crash is LMDB's: a signal, an mdb.c assertion, or an abort whose innermost Python
-frame is a call into LMDB in wal/state.py (the worker runs a crashing case again with
+frame is a call into LMDB in wal/store/state.py (the worker runs a crashing case again with
 faulthandler on).
 agentwal's defence is that the state is derived: while the log still holds every commit (no
 checkpoint removed a segment, or they are archived) moving ``state/`` aside rebuilds it.
@@ -76,7 +76,7 @@ from typing import Any
 import pytest
 
 import wal
-from wal import crashtest
+from wal.drill import crashtest
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 N_COMMITS = 60
@@ -88,7 +88,7 @@ HERE = Path(__file__).resolve()
 BUILD = textwrap.dedent(f'''
     import os, sys
     import wal
-    from wal import crashtest
+    from wal.drill import crashtest
     s = wal.open(sys.argv[1], segment_bytes=4096, checkpoint_bytes=1 << 16, apply_interval_ms=600000)
     for n in range(1, {N_COMMITS} + 1):
         lsn = crashtest.commit_ops(s, crashtest.txn_ops({SEED}, 1, 0, n, {PAD}))
@@ -385,7 +385,7 @@ def test_every_flip_truncation_and_zeroed_range_of_the_log_opens_to_a_reported_p
 
 def _crashed_inside_lmdb(status: int, stderr: str) -> bool:
     """SIGBUS/SIGSEGV (a trusted page read past the map), or an abort (SIGABRT) that is an mdb.c
-    assertion or happened while the innermost Python frame was a call into LMDB in wal/state.py
+    assertion or happened while the innermost Python frame was a call into LMDB in wal/store/state.py
     (glibc's heap checks catching what LMDB wrote from a damaged page)."""
     if status in (-7, -11):
         return True

@@ -1,10 +1,10 @@
 """Kill loops: a real child commits through `wal.open` and is SIGKILLed at random.
 
-`wal.crashtest.run_kills` runs the loop: each round a child (``python -m wal.crashtest --child``)
+`wal.drill.crashtest.run_kills` runs the loop: each round a child (``python -m wal.drill.crashtest --child``)
 opens the store the previous round left crashed -- so its open is a real recovery -- and commits
 from 1 or 8 threads, printing every acknowledged commit; the parent SIGKILLs it at a seeded
 random moment: inside that recovery, within its first commits, or later. A copy of what it left
-is recovered and handed to the oracle (`wal.crashtest.Oracle`, explained in that module):
+is recovered and handed to the oracle (`wal.drill.crashtest.Oracle`, explained in that module):
 
 * I2: at ``sync`` and ``interval`` every acknowledged commit survives a process kill; at
   ``buffered`` the lost ones are a suffix acknowledged within ``rpo_ms`` of the kill;
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from wal import crashtest
-from wal.crashtest import Ack, ChildOutput, Oracle, Recovered, txn_ops
+from wal.drill import crashtest
+from wal.drill.crashtest import Ack, ChildOutput, Oracle, Recovered, txn_ops
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 KILLS = 300 if LONG else 20

@@ -1,7 +1,7 @@
 """Power-cut tests: the kill-loop oracle over simulated power cuts.
 
-Random cuts (`wal.crashtest.run_power_cuts`): the committing child runs under the crash-simulation
-shim (`wal.crashsim`), is SIGKILLed at a random moment -- also inside its recovery of the previous
+Random cuts (`wal.drill.crashtest.run_power_cuts`): the committing child runs under the crash-simulation
+shim (`wal.drill.crashsim`), is SIGKILLed at a random moment -- also inside its recovery of the previous
 cut -- and `apply_power_cut` rewinds the files with a random mode (drop / prefix / garble / random)
 and seed, as a disk could leave them had the power failed at the kill. What a power cut may cost:
 
@@ -13,7 +13,7 @@ and seed, as a disk could leave them had the power failed at the kill. What a po
 
 and, as after a kill, the state is a gap-free prefix of the commits (I3).
 
-Exhaustive cuts (`wal.crashtest.run_exhaustive`): a scripted workload -- 20 commits, a checkpoint
+Exhaustive cuts (`wal.drill.crashtest.run_exhaustive`): a scripted workload -- 20 commits, a checkpoint
 after the 10th, 4 KiB segments so it rolls and removes segments, then close -- runs once per
 level under the shim; a copy is cut just before and just after every fsync, fdatasync and
 directory fsync in its journal, and at its end, in every mode, and each is checked by the same
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from wal import crashtest
+from wal.drill import crashtest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shim is LD_PRELOAD on glibc")
 

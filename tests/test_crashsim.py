@@ -1,4 +1,4 @@
-"""The simulated power cut (wal.crashsim): the model proved on small real child processes, then used.
+"""The simulated power cut (wal.drill.crashsim): the model proved on small real child processes, then used.
 
 Every child runs with the LD_PRELOAD shim (wal/_crashsim*.so), does real os.* file calls under a
 root, and is SIGKILLed (by itself at a scripted moment, or by the parent at an arbitrary one).
@@ -24,7 +24,7 @@ from typing import Literal
 import pytest
 
 import wal
-from wal import crashsim
+from wal.drill import crashsim
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shim is LD_PRELOAD on glibc")
 
@@ -516,7 +516,7 @@ def test_log_at_interval_without_an_fsync_loses_the_unsynced_records_and_reopens
 
 def test_a_note_marks_a_moment_to_cut_the_history_at(crash: Crash) -> None:
     crash.run('''
-        from wal import crashsim
+        from wal.drill import crashsim
         durable_file("f", b"one")
         crashsim.note("one is durable")
         fd = os.open(P("f"), os.O_WRONLY | os.O_APPEND)

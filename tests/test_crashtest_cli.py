@@ -1,4 +1,4 @@
-"""`agentwal crashtest` as a new user runs it (here as ``python -m wal.crashtest``, which is what the
+"""`agentwal crashtest` as a new user runs it (here as ``python -m wal.drill.crashtest``, which is what the
 ``crashtest`` subcommand calls): small numbers, exit status 0, a PASS line per level, the storage
 stack of the directory; and the storage-stack report itself on made-up mount tables and sysfs trees
 (partitions, device-mapper, tmpfs, network and overlay filesystems).
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from wal import crashtest
+from wal.drill import crashtest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drill's power cuts need Linux")
 
 
 def test_a_small_crashtest_passes_every_level_and_reports_the_storage_stack(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "wal.crashtest", str(tmp_path), "--kills", "3", "--power-cuts", "2",
+        [sys.executable, "-m", "wal.drill.crashtest", str(tmp_path), "--kills", "3", "--power-cuts", "2",
          "--threads", "2", "--seed", "11"],
         capture_output=True, text=True, timeout=300, check=False)
     out = proc.stdout

@@ -3,7 +3,7 @@
 The end-to-end tests run ``python -m wal demo`` as a user would: a supervisor SIGKILLs a real
 worker process and restarts it, then checks the store. The other tests build a demo store with
 the worker in-process (no kills), damage it by hand through the public API, and assert that
-`wal.demo.verify` reports the damage: a deleted step is lost, a step committed again is applied
+`wal.drill.demo.verify` reports the damage: a deleted step is lost, a step committed again is applied
 twice, and a resume below an acknowledged step is caught at restart.
 """
 
@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import cli, demo
-from wal import durability as dur
+from wal import cli
+from wal.drill import demo
+from wal.log import durability as dur
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

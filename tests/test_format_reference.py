@@ -1,4 +1,4 @@
-"""The pure-Python reference decoder (wal/format.py) against the spec (FORMAT.md).
+"""The pure-Python reference decoder (wal/log/format.py) against the spec (FORMAT.md).
 
 One named test per validity rule of FORMAT.md section 8 ("Reading a segment"),
 each checking its reason string verbatim, plus the worked example and golden
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import wal.format as wf
+import wal.log.format as wf
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT_MD = ROOT / "FORMAT.md"

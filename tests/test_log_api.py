@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import wal
-import wal.format as wf
-from wal.recovery import list_segments
+import wal.log.format as wf
+from wal.log.recovery import list_segments
 
 SMALL = 8192
 

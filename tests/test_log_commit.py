@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import wal
-import wal.testing
+import wal.drill.failpoints
 from wal._bindings import append_nowait, append_record, handle_address, lib
-from wal.format import record_size
-from wal.log import MAX_PAYLOAD
+from wal.log.format import record_size
+from wal.log.log import MAX_PAYLOAD
 
 
 def payload(tag: int | str, size: int = 128) -> bytes:
@@ -64,7 +64,7 @@ def wait_until(cond: Callable[[], bool], seconds: float = 5.0) -> bool:
 @pytest.fixture(autouse=True)
 def _no_failpoint_left_armed() -> object:
     yield
-    wal.testing.clear()
+    wal.drill.failpoints.clear()
 
 
 # ---- group commit -----------------------------------------------------------------
@@ -176,7 +176,7 @@ def commit_b_while_a_is_slow(log: wal.Log, site: str, a_is_in_it: Callable[[], b
     """A commits while `site` takes 300 ms a call; once `a_is_in_it()`, B commits and nothing else
     comes. Both must return (within 10 s): the LSNs they got, in order."""
     log.append(payload(0))
-    wal.testing.slow(site, 0.3)
+    wal.drill.failpoints.slow(site, 0.3)
     done: dict[str, int] = {}
 
     def commit(name: str) -> None:
@@ -330,11 +330,11 @@ def test_wait_try_makes_the_write_an_append_could_not_because_the_write_slot_was
     # writes it in the calling thread.
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
-        wal.testing.slow("write", 0.4)
+        wal.drill.failpoints.slow("write", 0.4)
         first = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_NONE)  # the flusher writes it
         time.sleep(0.1)  # the flusher is inside its slow write now
         second = append_nowait(address, b"b", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
-        wal.testing.slow("write", 0)
+        wal.drill.failpoints.slow("write", 0)
         assert log.watermarks.written < second  # the slot was busy: queued, not written
         assert lib.wal_log_wait_try(h, second, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EAGAIN
         log.wait(first, durability="interval")  # the flusher's write is done (GIL released here)
@@ -349,10 +349,10 @@ def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_ho
     # writers, here a failpoint's sleep) it makes none for at least 1 s (native/commit.c).
     with wal.Log.open(tmp_path, durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
-        wal.testing.slow("write", 0.005)
+        wal.drill.failpoints.slow("write", 0.005)
         first = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
         assert lib.wal_log_wait_try(h, first, lib.WAL_LEVEL_INTERVAL) == 0
-        wal.testing.slow("write", 0)
+        wal.drill.failpoints.slow("write", 0)
         second = append_nowait(address, b"b", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
         assert lib.wal_log_wait_try(h, second, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EAGAIN
         assert log.watermarks.written == first
@@ -368,7 +368,7 @@ def test_a_slow_write_made_by_wait_try_leaves_the_next_writes_to_threads_that_ho
 def test_wait_try_reports_a_failed_write_and_a_full_disk(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path / "full", durability="interval", rpo_ms=60_000) as log:
         h, address = log._handle, handle_address(log._handle)
-        with wal.testing.failpoint("write", errno.ENOSPC, repeat=True):
+        with wal.drill.failpoints.failpoint("write", errno.ENOSPC, repeat=True):
             lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)  # its write fails
             assert lsn == 1 and log.watermarks.written == 0
             assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_ENOSPC  # and again
@@ -376,7 +376,7 @@ def test_wait_try_reports_a_failed_write_and_a_full_disk(tmp_path: Path) -> None
         assert list(log.read()) == [(1, b"a"), (2, b"b")]
     log = wal.Log.open(tmp_path / "eio", durability="interval", rpo_ms=60_000)
     h, address = log._handle, handle_address(log._handle)
-    with wal.testing.failpoint("write", errno.EIO):
+    with wal.drill.failpoints.failpoint("write", errno.EIO):
         lsn = append_nowait(address, b"a", lib.WAL_LEVEL_INTERVAL, lib.WAL_WAIT_TRY)
         assert lib.wal_log_wait_try(h, lsn, lib.WAL_LEVEL_INTERVAL) == lib.WAL_EFAILED
     with pytest.raises(wal.FailedError):  # I5: stopped for good
@@ -712,12 +712,12 @@ def test_failed_fsync_stops_the_log_for_good_and_reopen_recovers_every_acknowled
     for i in range(1, 11):
         sent[i] = acknowledged[i] = payload(i)
         assert log.append(sent[i]) == i
-    with wal.testing.failpoint("fsync", errno.EIO):
+    with wal.drill.failpoints.failpoint("fsync", errno.EIO):
         sent[11] = payload(11)
         with pytest.raises(wal.FailedError) as info:
             log.append(sent[11])
         assert "fdatasync" in str(info.value)
-        fsync_calls = wal.testing.calls("fsync")
+        fsync_calls = wal.drill.failpoints.calls("fsync")
         # every later append fails, however asked, and nothing is retried and trusted
         for i in range(3):
             with pytest.raises(wal.FailedError):
@@ -731,7 +731,7 @@ def test_failed_fsync_stops_the_log_for_good_and_reopen_recovers_every_acknowled
         assert log.stats()["failed"]
         with pytest.raises(wal.FailedError):
             log.close()
-        assert wal.testing.calls("fsync") == fsync_calls  # I5: no second fdatasync after the failure
+        assert wal.drill.failpoints.calls("fsync") == fsync_calls  # I5: no second fdatasync after the failure
     assert log.closed
     _reopen_and_check(tmp_path, acknowledged, sent)
 
@@ -741,7 +741,7 @@ def test_failed_fsync_fails_every_thread_waiting_in_the_same_group(tmp_path: Pat
     lock = threading.Lock()
     log = wal.Log.open(tmp_path)
     log.append(b"before")
-    with wal.testing.failpoint("fsync", errno.EIO, nth=1, repeat=True):
+    with wal.drill.failpoints.failpoint("fsync", errno.EIO, nth=1, repeat=True):
 
         def writer(i: int) -> None:
             try:
@@ -776,7 +776,7 @@ def test_enospc_on_write_fails_the_commit_and_the_log_goes_on_once_space_returns
     for i in range(1, 21):
         sent[i] = acknowledged[i] = payload(i, 300)
         log.append(sent[i])
-    with wal.testing.failpoint("write", errno.ENOSPC, partial=partial, repeat=True):
+    with wal.drill.failpoints.failpoint("write", errno.ENOSPC, partial=partial, repeat=True):
         sent[21] = payload(21, 300)
         with pytest.raises(wal.NoSpaceError, match="No space left"):
             log.append(sent[21])
@@ -801,11 +801,11 @@ def test_a_wait_or_sync_after_space_returns_rewrites_the_refused_records_rather_
     refused its next commit)."""
     log = wal.Log.open(tmp_path)
     log.append(b"before")
-    with wal.testing.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
+    with wal.drill.failpoints.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
         log.append(b"refused")
     log.wait(2, durability="sync")  # no append in between: this wait alone rewrites LSN 2
     assert log.watermarks.durable == 2
-    with wal.testing.failpoint("write", errno.ENOSPC, repeat=True):
+    with wal.drill.failpoints.failpoint("write", errno.ENOSPC, repeat=True):
         with pytest.raises(wal.NoSpaceError):
             log.append(b"refused too")
         with pytest.raises(wal.NoSpaceError):  # still full: a write of its own failed, so it says so
@@ -821,7 +821,7 @@ def test_failed_fsync_in_the_flusher_stops_an_interval_log(tmp_path: Path) -> No
     acknowledged: dict[int, bytes] = {}
     sent: dict[int, bytes] = {}
     log = wal.Log.open(tmp_path, durability="interval", rpo_ms=50)
-    with wal.testing.failpoint("fsync", errno.EIO):
+    with wal.drill.failpoints.failpoint("fsync", errno.EIO):
         i = 0
 
         def stopped() -> bool:
@@ -849,7 +849,7 @@ def test_failed_segment_creation_on_roll_stops_the_log_and_reopen_recovers(tmp_p
     sent: dict[int, bytes] = {}
     log = wal.Log.open(tmp_path, segment_bytes=8192)
     i = 0
-    with wal.testing.failpoint(site, errno.EIO):
+    with wal.drill.failpoints.failpoint(site, errno.EIO):
         with pytest.raises(wal.FailedError):
             while True:
                 i += 1
@@ -868,7 +868,7 @@ def test_an_async_append_while_the_disk_is_full_raises_no_space_and_later_ones_s
 
     async def scenario() -> tuple[int, int]:
         first = await log.append_async(b"before")
-        with wal.testing.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
+        with wal.drill.failpoints.failpoint("write", errno.ENOSPC, repeat=True), pytest.raises(wal.NoSpaceError):
             await asyncio.wait_for(log.append_async(b"refused"), timeout=30)
         return first, await asyncio.wait_for(log.append_async(b"after"), timeout=30)
 

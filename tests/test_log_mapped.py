@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import wal
-import wal.testing
+import wal.drill.failpoints
 from wal._mounts import mount_of, mounts
 
 MAPPED_FS = {"ext4", "xfs", "tmpfs"}
@@ -103,17 +103,17 @@ def test_while_a_failpoint_is_armed_every_interval_write_goes_through_it(shm_dir
             log.append(payload(i))
         mapped = log.stats()["mapped_writes"]
         assert mapped > 0
-        with wal.testing.failpoint("write", nth=1_000_000):  # armed, never reached here
+        with wal.drill.failpoints.failpoint("write", nth=1_000_000):  # armed, never reached here
             for i in range(100):
                 log.append(payload(i))
-            assert wal.testing.calls("write") >= 100
+            assert wal.drill.failpoints.calls("write") >= 100
         assert log.stats()["mapped_writes"] == mapped
-        wal.testing.arm("write", nth=1)
+        wal.drill.failpoints.arm("write", nth=1)
         try:
             with pytest.raises(wal.FailedError):
                 log.append(b"this write fails")
         finally:
-            wal.testing.clear()
+            wal.drill.failpoints.clear()
         with pytest.raises(wal.FailedError):
             log.close()
 

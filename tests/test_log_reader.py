@@ -1,9 +1,9 @@
-"""The C segment reader (native/reader.c) against the pure-Python reference decoder (wal/format.py).
+"""The C segment reader (native/reader.c) against the pure-Python reference decoder (wal/log/format.py).
 
 Two kinds of tests:
 
 * agreement: on Hypothesis-generated segments, clean and damaged, the C scan
-  (``wal.recovery.scan_buffer`` -> ``wal_scan_segment``) gives exactly the
+  (``wal.log.recovery.scan_buffer`` -> ``wal_scan_segment``) gives exactly the
   reference's status, reason, offsets, record count, last LSN and next-valid
   pointer, and ``wal_segment_records`` yields exactly the reference's records;
 * one named test per reader edge case (as LevelDB's log_test.cc),
@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wal
-import wal.format as wf
+import wal.log.format as wf
 from wal._bindings import ffi, lib, span_records
-from wal.recovery import STATUS_NAMES, scan_buffer
+from wal.log.recovery import STATUS_NAMES, scan_buffer
 
 LOG_ID = 0x5EED5EED12345678
 SALT = 0x0DDBA11CAFEF00D5

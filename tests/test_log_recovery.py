@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 import wal
-import wal.format as wf
-from wal import recovery
-from wal.recovery import list_segments
+import wal.log.format as wf
+from wal.log import recovery
+from wal.log.recovery import list_segments
 
 SMALL = 8192
 H = wf.SEGMENT_HEADER_SIZE
@@ -574,10 +574,10 @@ def test_open_hands_out_every_sealed_segment_in_order_each_before_the_next_is_sc
     records = make_log(tmp_path, 200, segment_bytes=SMALL)
     segs = segments(tmp_path)
     assert len(segs) >= 4
-    handed: list[wal.log.SealedSegment] = []
+    handed: list[wal.log.log.SealedSegment] = []
     read: list[tuple[int, bytes]] = []
 
-    def on_sealed(seg: wal.log.SealedSegment) -> None:
+    def on_sealed(seg: wal.log.log.SealedSegment) -> None:
         handed.append(seg)
         for span in seg.read_spans(seg.first_lsn):
             lsns, offs, lens = span.lsns.cast("Q"), span.offsets.cast("Q"), span.lengths.cast("I")
@@ -610,7 +610,7 @@ def test_an_on_sealed_segment_callback_that_raises_fails_the_open_and_leaves_the
         tmp_path: Path) -> None:
     make_log(tmp_path, 200, segment_bytes=SMALL)
 
-    def refuse(seg: wal.log.SealedSegment) -> None:
+    def refuse(seg: wal.log.log.SealedSegment) -> None:
         raise RuntimeError(f"no thanks: {seg.number}")
 
     with pytest.raises(RuntimeError, match="no thanks: 1"):
@@ -627,7 +627,7 @@ def test_each_sealed_segment_is_handed_out_before_the_scan_runs_more_than_its_lo
     assert later != segs[-1]
     lsn, off, _ = record_offsets(later)[2]
 
-    def damage_a_later_one(seg: wal.log.SealedSegment) -> None:
+    def damage_a_later_one(seg: wal.log.log.SealedSegment) -> None:
         if seg.number == 1:
             flip(later, off + 30)
 

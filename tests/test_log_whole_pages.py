@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 import wal
-import wal.testing
-from wal import format as fmt
+import wal.drill.failpoints
+from wal.log import format as fmt
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -167,7 +167,7 @@ def test_a_refused_whole_page_write_is_rewritten_once_space_returns(tmp_path: Pa
     with wal.Log.open(tmp_path, durability="sync", segment_bytes=64 << 10) as log:
         for p in sent[:before]:
             log.append(p)
-        with wal.testing.failpoint("write", errno.ENOSPC, partial=partial, repeat=True), \
+        with wal.drill.failpoints.failpoint("write", errno.ENOSPC, partial=partial, repeat=True), \
                 pytest.raises(wal.NoSpaceError):
             log.append(sent[before])
         for p in sent[before + 1:]:
@@ -193,7 +193,7 @@ def test_writes_refused_at_random_under_many_committers_come_out_exact(tmp_path:
                 except wal.NoSpaceError:
                     refused += 1
 
-        with wal.testing.failpoint("write", errno.ENOSPC, probability=0.3, seed=11, partial=True):
+        with wal.drill.failpoints.failpoint("write", errno.ENOSPC, probability=0.3, seed=11, partial=True):
             run_threads(8, commit)
         log.append(b"space is back")
     assert refused > 0

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import metrics, recovery
-from wal.testing import failpoint
+from wal.drill.failpoints import failpoint
+from wal.log import recovery
+from wal.ops import metrics
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import state
+from wal.store import state
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(wal.__file__).resolve().parent

@@ -1,11 +1,11 @@
 """Space under sustained writes: the files stay bounded by the live data at any write rate.
 
-LMDB reuses no page freed after the snapshot a checkpoint pins (wal/state.py), so between two
+LMDB reuses no page freed after the snapshot a checkpoint pins (wal/store/state.py), so between two
 checkpoints every page the state copies on write is new space. These tests overwrite every key
 of a store many times from several threads and assert on the files' size relative to the live
 data (never on time): the state file stops growing after the first pass, and the store's
 allocated bytes stay a small multiple of the live data. Before the space policy
-(wal/store.py, "Space"), the same workload grew the state file with every pass.
+(wal/store/store.py, "Space"), the same workload grew the state file with every pass.
 
 Quick profile: 8,192 keys of 1 KiB, 6 passes. AGENTWAL_LONG=1: 65,536 keys, 20 passes.
 """
@@ -23,8 +23,8 @@ import pytest
 
 import wal
 from wal import cli, ops
-from wal import store as store_module
-from wal.state import COMPACT_SUFFIX, read_checkpoint
+from wal.store import store as store_module
+from wal.store.state import COMPACT_SUFFIX, read_checkpoint
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 KEYS = 65_536 if LONG else 8_192

@@ -1,4 +1,4 @@
-"""The state's LMDB binding (native/lmdbcall.c, wal._lmdbcall) as wal/state.py uses it.
+"""The state's LMDB binding (native/lmdbcall.c, wal._lmdbcall) as wal/store/state.py uses it.
 
 What is specified here: one handle per environment and process (a second open is LockedError),
 closed and forked handles fail loudly, LMDB's error codes map to CorruptionError / StateError as
@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import _lmdbcall, state
+from wal import _lmdbcall
 from wal._bindings import durable_lsn_reader
 from wal.errors import ClosedError, CorruptionError, LockedError
-from wal.state import InvariantError, State, StateError
+from wal.store import state
+from wal.store.state import InvariantError, State, StateError
 
 VALUE = b"v" * 128
 

@@ -1,4 +1,4 @@
-"""The state durable at checkpoints (store format 2, FORMAT.md §16, wal/state.py).
+"""The state durable at checkpoints (store format 2, FORMAT.md §16, wal/store/state.py).
 
 LMDB runs with MDB_NOSYNC; each checkpoint pins its snapshot, fdatasyncs data.mdb and saves the
 snapshot's meta page in state/checkpoint.meta. These tests drive each branch of the open:
@@ -10,7 +10,7 @@ snapshot's meta page in state/checkpoint.meta. These tests drive each branch of 
 - read-only after a restart: refused until a writer has recovered it;
 - damage (the checkpoint file, or meta pages no crash explains) and a creation cut short.
 
-A restart is simulated the way wal.crashsim does it: a new $AGENTWAL_BOOT_ID. Whether the pages a
+A restart is simulated the way wal.drill.crashsim does it: a new $AGENTWAL_BOOT_ID. Whether the pages a
 restore relies on really were kept (the pin) is what the random power cuts of
 tests/test_crash_powercut.py check, with real lost writes; these tests keep the page cache.
 """
@@ -29,7 +29,7 @@ import pytest
 
 import wal
 from wal._fs import BOOT_ID_ENV
-from wal.state import CHECKPOINT_FILE, DATA_FILE, State, StateError, read_checkpoint
+from wal.store.state import CHECKPOINT_FILE, DATA_FILE, State, StateError, read_checkpoint
 
 UNCLEAN_CHILD = """
 import os, sys, wal

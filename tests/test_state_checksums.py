@@ -12,9 +12,9 @@ import pytest
 from legacy_state import set_store_version, strip_entry_checksums
 
 import wal
-import wal.state
+import wal.store.state
 from wal import ops
-from wal.state import DEFAULT_MAP_SIZE, VERIFY_ON_OPEN_BYTES
+from wal.store.state import DEFAULT_MAP_SIZE, VERIFY_ON_OPEN_BYTES
 
 _crc32c = crcmod.predefined.mkCrcFun("crc-32c")
 VALUE = b"the value that must never come back wrong " * 4
@@ -63,7 +63,7 @@ def _damaged_store(tmp_path: Path) -> Path:
 def test_a_flipped_value_byte_is_a_corruption_error_naming_the_key_on_every_read_path(
         tmp_path: Path, read: str, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _damaged_store(tmp_path)
-    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk at open: each read must check
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk at open: each read must check
     store = wal.open(root, readonly=True)
     try:
         assert store.get(b"good") == b"fine"
@@ -97,7 +97,7 @@ def test_an_open_of_a_small_state_verifies_every_entry(tmp_path: Path) -> None:
 
 def test_agentwal_verify_reports_a_damaged_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _damaged_store(tmp_path)
-    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)  # the open lets it through; verify finds it
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)  # the open lets it through; verify finds it
     report = ops.verify(str(root))
     assert any(p.area == "state" and "victim" in p.message for p in report.problems)
 

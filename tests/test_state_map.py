@@ -1,4 +1,4 @@
-"""The LMDB map sized from the file and grown on MDB_MAP_FULL (wal/state.py, native/lmdbcall.c
+"""The LMDB map sized from the file and grown on MDB_MAP_FULL (wal/store/state.py, native/lmdbcall.c
 "The map's size"): the writer grows it between transactions with its checkpoint pin and any
 snapshot held open, and a read-only opener in another process adopts the grown map
 (MDB_MAP_RESIZED) instead of failing."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import state as state_mod
-from wal.state import State
+from wal.store import state as state_mod
+from wal.store.state import State
 
 
 def _batch(first: int, n: int, size: int) -> tuple[int, int, int, list[tuple[bytes, bytes]], list[bytes],
@@ -47,7 +47,7 @@ def test_a_store_grows_its_map_and_a_read_only_opener_in_another_process_follows
     path = tmp_path / "store"
     code = textwrap.dedent(f"""
         import sys, wal
-        from wal import state
+        from wal.store import state
         state.MIN_MAP_SIZE = 1 << 20
         with wal.open({str(path)!r}, readonly=True) as ro:
             print("opened", ro.stats()["state_map_bytes"], flush=True)

@@ -22,10 +22,10 @@ import pytest
 from legacy_state import strip_entry_checksums
 
 import wal
-import wal.state
+import wal.store.state
 from wal.errors import CorruptionError
-from wal.state import DEFAULT_MAP_SIZE, State, StateError
-from wal.store import STORE_VERSION
+from wal.store.state import DEFAULT_MAP_SIZE, State, StateError
+from wal.store.store import STORE_VERSION
 
 P = 4096  # LMDB's page size on this platform (checked below)
 ENTRY_HEAD = 12  # a state entry's version and checksum before its value (FORMAT.md §16)
@@ -134,7 +134,7 @@ def test_a_split_value_whose_tail_is_missing_is_a_corruption_error(tmp_path: Pat
     env.close()
     with pytest.raises(CorruptionError, match="tail is missing"):  # the open's walk of a small state
         wal.open(tmp_path / "s", readonly=True)
-    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk: each read finds it
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk: each read finds it
     with wal.open(tmp_path / "s", readonly=True) as reader:
         assert reader.get(b"small") == b"x"
         with pytest.raises(CorruptionError, match="tail is missing"):

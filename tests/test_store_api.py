@@ -24,10 +24,10 @@ import pytest
 from legacy_state import strip_entry_checksums
 
 import wal
-from wal import record
-from wal.state import InvariantError, State
-from wal.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, STORE_VERSION
-from wal.testing import failpoint
+from wal.drill.failpoints import failpoint
+from wal.log import record
+from wal.store.state import InvariantError, State
+from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, STORE_VERSION
 
 HELPERS = Path(__file__).parent / "store_helpers"
 # apply_interval_ms so long that the materializer only runs when close/checkpoint asks:
@@ -1270,3 +1270,18 @@ def test_a_damaged_log_tail_that_the_state_already_holds_is_refused_without_cutt
     assert {p.name: p.read_bytes() for p in (tmp_path / "log").iterdir()} == before
     with wal.open(tmp_path, readonly=True) as reader:  # the state itself is whole and readable
         assert reader.get("k4") == b"v4"
+
+
+def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
+    """`wal.open` (wal/_open.py) is the signature users read; `Store._open` (what a follower's
+    replica or a restored store is opened with) must default every option the same way."""
+    import inspect  # noqa: PLC0415
+
+    from wal.store.store import Store  # noqa: PLC0415
+
+    public = {n: p.default for n, p in inspect.signature(wal.open).parameters.items()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    internal = {n: p.default for n, p in inspect.signature(Store._open).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert public == internal
+    assert len(public) >= 11

@@ -12,8 +12,8 @@ import lmdb
 import pytest
 
 import wal
-import wal.state
-from wal import testing
+import wal.store.state
+from wal.drill import failpoints as testing
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +142,6 @@ def test_a_state_entry_without_its_version_is_corruption_at_open_and_when_scanne
     env.close()
     with pytest.raises(wal.CorruptionError, match="8-byte version"):
         wal.open(store, readonly=True)
-    monkeypatch.setattr(wal.state, "VERIFY_ON_OPEN_BYTES", 0)
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)
     with wal.open(store, readonly=True) as s, pytest.raises(wal.CorruptionError, match="8-byte version"):
         list(s.scan())

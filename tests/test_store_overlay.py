@@ -1,7 +1,7 @@
 """The store's overlay (native/overlay.c) and commit lock (native/commitlock.c).
 
 The overlay holds, per key, the versions not yet applied to LMDB; reads consult it under a
-watermark (wal/store.py, "Reads"). Checked here: the table against a dict model through
+watermark (wal/store/store.py, "Reads"). Checked here: the table against a dict model through
 growth, shrinking and removal of colliding keys; many versions of one key pruned a batch at
 a time; delete then put; scans merging overlay and LMDB; the level contract of reads
 (never an unacknowledged commit, always one's own acknowledged ones); memory given back
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 import wal
-from wal import record
 from wal._bindings import storecore
+from wal.log import record
 
-BUFFERED = 2  # Core's level code for `buffered` (wal.durability)
+BUFFERED = 2  # Core's level code for `buffered` (wal.log.durability)
 
 
 @pytest.fixture

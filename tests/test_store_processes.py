@@ -36,8 +36,8 @@ import lmdb
 import pytest
 
 import wal
-from wal import record
-from wal.state import DEFAULT_MAP_SIZE
+from wal.log import record
+from wal.store.state import DEFAULT_MAP_SIZE
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 KILLS = 100 if LONG else 10
@@ -76,7 +76,7 @@ def complete_lines(text: str) -> list[str]:
 
 
 # A reader of the state from outside agentwal must map as much as the writer may grow the file
-# to (wal.state.DEFAULT_MAP_SIZE): py-lmdb's default of 10 MiB gets MDB_MAP_RESIZED once the
+# to (wal.store.state.DEFAULT_MAP_SIZE): py-lmdb's default of 10 MiB gets MDB_MAP_RESIZED once the
 # state outgrows it (found by the long profile: 3,000 polls against an interval writer).
 STATE_MAP_SIZE = DEFAULT_MAP_SIZE
 

@@ -1,5 +1,5 @@
 """Readers see whole transactions: `Store.scan`, `Store.snapshot` and `Store.get_many` read one
-instant, in the writer's process (overlay included) and in read-only openers (wal/snapshot.py)."""
+instant, in the writer's process (overlay included) and in read-only openers (wal/store/snapshot.py)."""
 
 from __future__ import annotations
 

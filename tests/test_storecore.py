@@ -22,10 +22,11 @@ import pytest
 from hypothesis import given, settings
 
 import wal
-from wal import record, replay
 from wal._bindings import storecore
-from wal.log import RecordSpan
-from wal.testing import failpoint
+from wal.drill.failpoints import failpoint
+from wal.log import record
+from wal.log.log import RecordSpan
+from wal.store import replay
 
 KEYS = st.binary(min_size=1, max_size=record.MAX_KEY_BYTES)
 SMALL_KEYS = st.sampled_from([b"a", b"b", b"c", b"\x00", b"\xff\xff"])

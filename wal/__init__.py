@@ -7,6 +7,7 @@ every byte on disk.
 """
 
 # The object archive (wal/archive/). Its modules use `wal.open` only when called, so this order is safe.
+from wal._open import open_store as open
 from wal.archive.follow import Follower, follow
 from wal.archive.restore import RestoreReport, restore
 from wal.errors import (
@@ -24,11 +25,10 @@ from wal.errors import (
     StorageError,
     WalError,
 )
-from wal.log import Log, LogWatermarks, RecoveryReport
-from wal.snapshot import Snapshot
-from wal.state import StateError
-from wal.store import Store, Transaction, Watermarks
-from wal.store import open_store as open
+from wal.log.log import Log, LogWatermarks, RecoveryReport
+from wal.store.snapshot import Snapshot
+from wal.store.state import StateError
+from wal.store.store import Store, Transaction, Watermarks
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml and `agentwal --version` read it
 

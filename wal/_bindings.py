@@ -66,13 +66,15 @@ def _installed_elsewhere(package: Path) -> Path | None:
 
 
 try:
+    # The built extension modules: the only place above native/ that imports them by name
+    # (import-linter sees this line as an import of `wal`; pyproject.toml ignores it).
     from wal import _appendcall, _lmdbcall, _readcall, _storecore
     from wal._native import ffi, lib
 except ImportError as exc:
     raise ImportError(_core_missing(exc)) from exc
 
 __all__ = ["append_nowait", "append_record", "check", "durable_lsn_reader", "ffi", "handle_address", "lib",
-           "raise_code", "span_records", "storecore"]
+           "lmdbcall", "raise_code", "span_records", "storecore"]
 
 
 def _address(name: str) -> int:
@@ -88,6 +90,7 @@ _WATERMARKS = _address("wal_log_watermarks")
 _storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
 _storecore.bind_lmdb(_lmdbcall.CAPI)  # ... and read LMDB through wal._lmdbcall's C API (native/lmdbapi.h)
 storecore = _storecore
+lmdbcall = _lmdbcall  # the LMDB state's C calls (native/lmdbcall.c), for wal/store/state.py
 
 # append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*
 # code: Log.append's one call. The GIL is kept for a buffered copy and an interval write made at

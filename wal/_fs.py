@@ -1,7 +1,7 @@
 """Making directory entries durable: the part of crash safety that file fsyncs do not cover.
 
 A new file or directory exists after a power cut only once the directory holding its
-name has been fsynced (found by the power-cut simulator, wal/crashsim.py: a new store
+name has been fsynced (found by the power-cut simulator, wal/drill/crashsim.py: a new store
 could vanish whole, and LMDB's files were never durably linked).
 """
 
@@ -35,7 +35,7 @@ def makedirs_durable(path: str) -> None:
         fsync_dir(os.path.dirname(created))
 
 
-# A simulated power cut (wal.crashsim.apply_power_cut) restarts no machine: it sets this to a
+# A simulated power cut (wal.drill.crashsim.apply_power_cut) restarts no machine: it sets this to a
 # new value instead, in its own process and so in the children it starts afterwards.
 BOOT_ID_ENV = "AGENTWAL_BOOT_ID"
 

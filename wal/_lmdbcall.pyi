@@ -2,7 +2,7 @@
 from collections.abc import Callable
 from typing import Any
 
-from wal.record import Collapsed
+from wal.log.record import Collapsed
 
 DATA: int
 IDEM: int

@@ -1,7 +1,7 @@
 """Which filesystem holds a path, and what kind of filesystem it is, from /proc/self/mountinfo.
 
 One place for both operator tools that judge the storage under a store: `agentwal crashtest`'s
-storage-stack report (wal/crashtest.py) and the warnings of `agentwal info` (wal/ops.py).
+storage-stack report (wal/drill/crashtest.py) and the warnings of `agentwal info` (wal/ops/).
 """
 
 from __future__ import annotations

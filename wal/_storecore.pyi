@@ -3,7 +3,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from wal.record import Collapsed
+from wal.log.record import Collapsed
 
 def bind(append_address: int, wait_address: int, wait_try_address: int, /) -> None: ...
 def bind_watermarks(address: int, /) -> None: ...

@@ -18,10 +18,10 @@ import tempfile
 from collections.abc import Callable
 
 import wal
-import wal.format as wf
-import wal.record
-from wal import record
-from wal.recovery import scan_buffer
+import wal.log.format as wf
+import wal.log.record
+from wal.log import record
+from wal.log.recovery import scan_buffer
 
 U64_MAX = (1 << 64) - 1
 
@@ -61,7 +61,7 @@ def f2_store_key_size() -> None:
     d = tempfile.mkdtemp()
     wal.open(d).close()
     with wal.Log.open(os.path.join(d, "log")) as log:
-        log.append(wal.record.encode([(record.OP_PUT, b"", b"v")], 0, None))
+        log.append(wal.log.record.encode([(record.OP_PUT, b"", b"v")], 0, None))
     try:
         wal.open(d).close()
     except wal.CorruptionError as exc:
@@ -158,7 +158,7 @@ def f10_idem_key_size() -> None:
     d = tempfile.mkdtemp()
     wal.open(d).close()
     with wal.Log.open(os.path.join(d, "log")) as log:
-        log.append(wal.record.encode([(record.OP_PUT, b"k", b"v")], 0, b"i" * 600))
+        log.append(wal.log.record.encode([(record.OP_PUT, b"k", b"v")], 0, b"i" * 600))
     try:
         wal.open(d).close()
     except wal.CorruptionError as exc:

@@ -9,7 +9,7 @@ The file holds exactly the bytes of the example: a segment header (log id
 0x0123456789abcdef, segment 1, first LSN 1, salt 0x5a17c0ffee15900d, prealloc
 field 4096) and two DATA records (LSN 1 b"hello", LSN 2 b"agent state v1"), without
 the zero tail a real segment file has. It is written with the pure-Python
-reference encoder ``wal.format``. The golden file is pinned: if this script
+reference encoder ``wal.log.format``. The golden file is pinned: if this script
 changes its bytes, the format changed (see FORMAT.md, "Versioning").
 """
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from wal.format import build_segment  # noqa: E402
+from wal.log.format import build_segment  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("golden_two_records.wal")
 

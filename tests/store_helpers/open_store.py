@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 import wal
-from wal import replay
+from wal.store import replay
 
 
 def main() -> int:

@@ -28,14 +28,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import wal
-from wal import record
 from wal.archive import layout
 from wal.archive.objects import ArchiveError, ObjectExistsError, ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Piece, cover
 from wal.archive.restore import restore
+from wal.archive.store import open_archived
 from wal.errors import ClosedError, CorruptionError, ReadOnlyError
-from wal.store import Store
+from wal.log import record
+from wal.store.store import Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
 
@@ -48,7 +48,7 @@ class Follower:
         self._dir = directory
         self._poll = poll_ms / 1000
         self._parallel = parallel
-        self._store: Store | None = wal.open(directory)
+        self._store: Store | None = open_local(directory)
         self._pos = self._store.watermarks.durable
         self._end_seen = self._pos
         self._caught_up_at = time.monotonic()
@@ -207,7 +207,8 @@ class Follower:
                                f"({_PROMOTE_ATTEMPTS} attempts); stop the old primary first")
         store.close()
         self._store = None
-        return wal.open(self._dir, archive=self._objects, **open_kwargs)
+        options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
+        return open_archived(self._dir, self._objects, options, **open_kwargs)
 
     def _overtaken(self, lsn: int) -> bool:
         """Does the archive hold LSN `lsn` in an object other than the fence just written? Merged

@@ -85,7 +85,7 @@ def parse_name(name: str) -> Name | None:
 
 
 def time_of(payload: bytes) -> int:
-    """The commit time (unix ms) of a store transaction payload (wal/record.py: kind, flags, time_ms)."""
+    """The commit time (unix ms) of a store transaction payload (wal/log/record.py: kind, flags, time_ms)."""
     return int.from_bytes(payload[2:10], "little") if len(payload) >= 10 else 0
 
 

@@ -228,11 +228,10 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
 
 def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]]) -> None:
     """An ordinary store at `root` holding the snapshot's state and then `records`."""
-    import wal  # noqa: PLC0415
-    from wal import store as store_mod  # noqa: PLC0415
     from wal._fs import makedirs_durable  # noqa: PLC0415
-    from wal.log import Log  # noqa: PLC0415
-    from wal.state import State  # noqa: PLC0415
+    from wal.log.log import Log  # noqa: PLC0415
+    from wal.store import store as store_mod  # noqa: PLC0415
+    from wal.store.state import State  # noqa: PLC0415
 
     makedirs_durable(root)
     store_mod._write_store_file(root)
@@ -254,7 +253,7 @@ def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes
         log.sync()
     finally:
         log.close()
-    wal.open(root).close()  # replay the records into the state, as any open does
+    store_mod.open_local(root).close()  # replay the records into the state, as any open does
 
 
 class VerifyReport(NamedTuple):

@@ -20,13 +20,13 @@ import os
 import time
 from typing import Any
 
-from wal import record
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
 from wal.archive.plan import list_archive
 from wal.archive.shipper import Shipper
 from wal.errors import ArgumentError, FailedError
-from wal.store import Store
+from wal.log import record
+from wal.store.store import Store
 
 _logger = logging.getLogger("wal.archive")
 

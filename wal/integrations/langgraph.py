@@ -87,10 +87,11 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from wal._open import open_store
 from wal.errors import ArgumentTypeError
 from wal.integrations._mutation import run_mutation
-from wal.snapshot import Snapshot
-from wal.store import Store, open_store
+from wal.store.snapshot import Snapshot
+from wal.store.store import Store
 
 __all__ = ["AgentwalSaver"]
 

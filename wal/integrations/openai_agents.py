@@ -55,9 +55,10 @@ from typing import Any, TypeVar
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 
+from wal._open import open_store
 from wal.errors import ArgumentError, ArgumentTypeError, ClosedError, ConflictError
 from wal.integrations._mutation import run_mutation
-from wal.store import Store, open_store
+from wal.store.store import Store
 
 __all__ = ["AgentwalSession", "SessionClosedError"]
 

@@ -86,13 +86,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, NoReturn
 
-from wal import _lmdbcall, record
 from wal._bindings import lib
+from wal._bindings import lmdbcall as _lmdbcall
 from wal._fs import boot_id, fsync_dir
 from wal._lmdbcall import DATA, IDEM, META, LmdbError
 from wal.errors import _ADVICE, ClosedError, CorruptionError, LockedError, NoSpaceError, WalError, storage_error
+from wal.log import record
 
-_logger = logging.getLogger("wal.state")
+_logger = logging.getLogger("wal.store.state")
 
 _U64 = struct.Struct("<Q")
 _IDEM = struct.Struct("<QQ")
@@ -389,7 +390,7 @@ class State:
         creation cut short, which is started again). `map_size`: the map to start with (None:
         `initial_map_size`); it grows on MDB_MAP_FULL either way. `check_entries`: a writable
         open gives every entry without a checksum one (store format 4) -- only once STORE says 4,
-        so never within an upgrade's earlier steps (wal/store.py `_upgrade_store`)."""
+        so never within an upgrade's earlier steps (wal/store/store.py `_upgrade_store`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path

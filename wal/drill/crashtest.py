@@ -3,7 +3,7 @@
 This is the engine behind ``agentwal crashtest`` and the kill / power-cut tests
 (tests/test_crash_kill.py, tests/test_crash_powercut.py). It has three parts.
 
-The child workload (``python -m wal.crashtest --child STORE ...``)
+The child workload (``python -m wal.drill.crashtest --child STORE ...``)
 -----------------------------------------------------------------
 Opens the store with ``wal.open`` at the given level and commits from 1 or N threads until it
 is killed. Thread ``t`` commits transactions ``n = 1, 2, ...``; the content of transaction
@@ -25,8 +25,8 @@ Round after round, a child is started on the *crashed, unrecovered* store the pr
 left, so every child's ``wal.open`` is a real recovery; the parent SIGKILLs it at a seeded
 random moment: during that recovery (timed from the child's ``OPEN`` line and the previous
 round's recovery time), within its first commits, or later. For power cuts the child runs
-under the crash-simulation shim (`wal.crashsim.env_for`) and, once it is dead,
-`wal.crashsim.apply_power_cut` (random mode and seed) rewinds the files to what a disk could
+under the crash-simulation shim (`wal.drill.crashsim.env_for`) and, once it is dead,
+`wal.drill.crashsim.apply_power_cut` (random mode and seed) rewinds the files to what a disk could
 hold after a power cut at the kill moment. The parent then copies the store aside, recovers
 the copy (that open is the measured recovery time) and hands the result to the oracle. The
 original stays crashed for the next child to recover.
@@ -62,7 +62,7 @@ The exhaustive mode (`run_exhaustive`)
 --------------------------------------
 A short scripted workload -- 20 commits with a checkpoint in the middle, tiny segments so
 it rolls and removes segments, small sleeps so the RPO flusher runs -- runs once under the
-shim, noting every ack and a clock tick every 2 ms in the journal (`wal.crashsim.note`).
+shim, noting every ack and a clock tick every 2 ms in the journal (`wal.drill.crashsim.note`).
 Then, for every fsync/fdatasync/directory fsync the journal holds -- cut just before it
 returned (what it was syncing may or may not be on disk) and just after -- and for the end
 of the journal, and for every power-cut mode, a copy is cut there (``apply_power_cut(at=...)``)
@@ -97,8 +97,8 @@ from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 import wal
-from wal import crashsim
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
+from wal.drill import crashsim
 
 __all__ = [
     "MODES",
@@ -203,7 +203,7 @@ def _emit(text: str) -> None:
 
 
 def _child_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m wal.crashtest --child")
+    p = argparse.ArgumentParser(prog="python -m wal.drill.crashtest --child")
     p.add_argument("store")
     p.add_argument("--level", default="sync")
     p.add_argument("--rpo-ms", type=int, default=0)
@@ -664,7 +664,7 @@ class _Child:
 
 def _child_argv(store: str, level: str, rpo_ms: int, *, threads: int, seed: int, round_no: int,
                 apply_interval_ms: int, script: bool = False) -> list[str]:
-    argv = [sys.executable, "-m", "wal.crashtest", "--child", store, "--level", level, "--rpo-ms", str(rpo_ms),
+    argv = [sys.executable, "-m", "wal.drill.crashtest", "--child", store, "--level", level, "--rpo-ms", str(rpo_ms),
             "--threads", str(threads), "--seed", str(seed), "--round", str(round_no),
             "--apply-interval-ms", str(apply_interval_ms)]
     if script:

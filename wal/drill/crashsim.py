@@ -582,7 +582,7 @@ def apply_power_cut(
 def simulate_restart() -> None:
     """A power cut restarts the machine, and what was in its page cache is gone: give this process,
     and the children it starts from now on, a new boot id (wal._fs.boot_id), so a store opened
-    after the cut treats what it did not sync as lost (wal/state.py restores its last checkpoint)."""
+    after the cut treats what it did not sync as lost (wal/store/state.py restores its last checkpoint)."""
     os.environ[BOOT_ID_ENV] = os.urandom(16).hex()
 
 

@@ -65,7 +65,7 @@ from typing import Any
 
 from wal._fs import fsync_dir
 from wal.errors import ArgumentError, ConflictError, CorruptionError, WalError, storage_error
-from wal.store import MAX_KEY_BYTES, Store
+from wal.store.store import MAX_KEY_BYTES, Store
 
 __all__ = [
     "DELETE_BATCH",

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
-from wal import record
-from wal.log import RecordSpan, SealedSegment
-from wal.state import State
+from wal.log import record
+from wal.log.log import RecordSpan, SealedSegment
+from wal.store.state import State
 
 # A replay batch (one LMDB transaction) ends when its last writes hold this many keys or bytes.
 BATCH_KEYS = 100_000

@@ -22,7 +22,7 @@ from wal._bindings import storecore
 from wal.errors import CorruptionError
 
 if TYPE_CHECKING:
-    from wal.log import RecordSpan
+    from wal.log.log import RecordSpan
 
 MAX_KEY_BYTES = 511  # LMDB's key limit; the store refuses longer keys before writing
 KIND_TXN = 0x54

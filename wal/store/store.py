@@ -35,7 +35,7 @@ runs automatic checkpoints, so that recovery replays a bounded amount of log and
 stay bounded by the live data (`_checkpoint_due`).
 
 Space (bounded at any write rate). LMDB reuses no page freed after the snapshot the last
-checkpoint pins (wal/state.py), so every page a transaction copies on write between two
+checkpoint pins (wal/store/state.py), so every page a transaction copies on write between two
 checkpoints is new space: overwriting 1 KiB values scattered over many keys writes a 4 KiB
 page per key. A checkpoint is therefore due, checked after every applied batch (not once the
 backlog is gone: under a sustained load it never is), when the pages freed since the last one
@@ -74,8 +74,6 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn
 
-from wal import durability as dur
-from wal import record
 from wal._bindings import durable_lsn_reader, storecore
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
@@ -94,10 +92,12 @@ from wal.errors import (
     WalError,
     storage_error,
 )
-from wal.log import MAX_PAYLOAD, Log
-from wal.replay import Replay
-from wal.snapshot import Snapshot, lmdb_only, merged
-from wal.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
+from wal.log import durability as dur
+from wal.log import record
+from wal.log.log import MAX_PAYLOAD, Log
+from wal.store.replay import Replay
+from wal.store.snapshot import Snapshot, lmdb_only, merged
+from wal.store.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
@@ -116,7 +116,7 @@ _APPLY_BATCH_RECORDS = 4096  # per LMDB transaction (no fsync there: MDB_NOSYNC)
 # per background (lowest-priority) transaction: a starved one holds the apply lock for one small batch
 _BACKGROUND_BATCH_RECORDS = 1024
 # LMDB entries a scan reads in its first call: a scan of up to this many keys is one C call and
-# a list; a longer one goes on in chunks of wal.snapshot.SCAN_CHUNK from the same transaction.
+# a list; a longer one goes on in chunks of wal.store.snapshot.SCAN_CHUNK from the same transaction.
 _SCAN_FIRST = 256
 # An idle materializer (nothing queued for this many rounds) sleeps this long between rounds,
 # woken early by the next commit (Store._next_wait).
@@ -139,7 +139,7 @@ _BUFFERED = dur.LEVELS.index("buffered")
 
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
-_logger = logging.getLogger("wal.store")  # under the "wal" logger: recovery, checkpoints, fail-stop, slow fsyncs
+_logger = logging.getLogger("wal.store.store")  # under the "wal" logger: recovery, checkpoints, fail-stop, slow fsyncs
 
 
 def _after_fork_in_child() -> None:
@@ -425,10 +425,11 @@ class Store:
     # ---- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def _open(cls, path: str | os.PathLike[str], *, durability: str | None, rpo_ms: int | None,
-              readonly: bool, recovery: str, segment_bytes: int, checkpoint_bytes: int,
-              archive: bool | str, idempotency_ttl_s: float, apply_interval_ms: int,
-              max_unapplied: int, preallocate: str) -> Store:
+    def _open(cls, path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
+              readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
+              checkpoint_bytes: int = 256 << 20, archive: bool | str = False, idempotency_ttl_s: float = 86_400,
+              apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size") -> Store:
+        # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
         root = os.fspath(path)
         if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
@@ -454,7 +455,7 @@ class Store:
         if os.path.exists(os.path.join(root, STORE_FILE)):
             _check_store_file(root, create=False)
         # Sealed segments are replayed into the state while the open reads the next ones
-        # (wal/replay.py). The STORE file is brought to this version right before the state is
+        # (wal/store/replay.py). The STORE file is brought to this version right before the state is
         # first opened for writing: under the log's lock (a writer of another version still
         # running keeps its store as it is) and before anything of this version is written.
         started = time.monotonic()
@@ -497,7 +498,7 @@ class Store:
 
     def _replay(self, replayer: Replay, started: float) -> None:
         """Replay (applied_lsn, last LSN] of the log into LMDB: what the open's replay thread
-        has not yet (wal/replay.py), after the checks that the state and the log agree."""
+        has not yet (wal/store/replay.py), after the checks that the state and the log agree."""
         assert self._log is not None
         report = self._log.recovery_report
         applied = self._state.applied_lsn()
@@ -611,7 +612,7 @@ class Store:
 
     def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
         """The values of `keys` (`default` for absent ones), in the order given, all of one
-        instant: one LMDB read transaction and one visible LSN (wal/snapshot.py)."""
+        instant: one LMDB read transaction and one visible LSN (wal/store/snapshot.py)."""
         self._usable()
         ks: Sequence[bytes | str] = keys
         try:  # a list or tuple of bytes goes to C as it is
@@ -626,7 +627,7 @@ class Store:
     def snapshot(self) -> Snapshot:
         """A consistent view of the store as of its visible LSN (`Snapshot.lsn`): get, version,
         get_many and scan see exactly the commits acknowledged up to it, whatever is committed
-        meanwhile. A context manager; close it when done (wal/snapshot.py: what it holds)."""
+        meanwhile. A context manager; close it when done (wal/store/snapshot.py: what it holds)."""
         self._usable()
         taken = self._core.snapshot()
         if taken is None:
@@ -639,7 +640,7 @@ class Store:
         """(key, value) pairs whose key starts with prefix, in key order.
 
         A snapshot: the iteration sees exactly the commits acknowledged when the call was made
-        (wal/snapshot.py), all of a transaction or none of it. An iterator not run to its end
+        (wal/store/snapshot.py), all of a transaction or none of it. An iterator not run to its end
         holds an LMDB read transaction until it is closed or dropped.
         """
         self._usable()
@@ -1194,7 +1195,7 @@ class Store:
         return applied + 1
 
     def _compact_state(self) -> dict[str, int]:
-        """Give the state's free and half-empty pages back to the filesystem (`wal.state.compact`),
+        """Give the state's free and half-empty pages back to the filesystem (`wal.store.state.compact`),
         after a checkpoint; returns the state file's size before and after. For `wal.ops.compact`
         (`agentwal compact`), which opens the store for this alone: the state is closed while it
         is swapped, so no read may run meanwhile. Commits may: they wait for the apply lock."""
@@ -1369,7 +1370,7 @@ def _upgrade_store(root: str, found: int) -> None:
     STORE says 3 before the first one is written, so an agentwal that reads only 1 and 2, which
     would take a split value's flagged version for the version, refuses the store instead.
     3 -> 4: again the STORE file first; then the state's first writable open (right after this)
-    gives every entry a checksum, flagged in its version (wal/state.py `_check_every_entry`),
+    gives every entry a checksum, flagged in its version (wal/store/state.py `_check_every_entry`),
     which an agentwal reading only 1-3 would misread: it refuses the store instead."""
     if found == 1:
         State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
@@ -1413,45 +1414,18 @@ def _check_store_file(root: str, *, create: bool) -> int:
     return int(version)
 
 
-def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
-               readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
-               checkpoint_bytes: int = 256 << 20, archive: Any = False,
-               idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
-               preallocate: str = "size", **archive_options: Any) -> Store:
-    """Open (creating if needed) the store at `path`. See `wal.open`.
-
-    archive: True or a directory path keeps the log segments a checkpoint removes in a local
-    folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
-    snapshots off the machine (wal/archive/: `archive_rpo_ms`, `archive_policy`, ... in
-    archive_options) and enables durability="replicated".
-
-    Every failure is a WalError: what the operating system refuses (a full disk, a read-only
-    filesystem, a directory without permission, no file descriptors left, a missing file)
-    is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open."""
-    from wal.archive import is_archive_url  # noqa: PLC0415 -- keeps wal.archive out of plain opens
-
+def open_local(path: str | os.PathLike[str], **options: Any) -> Store:
+    """A store on this machine, without an object archive: `wal.open` for every `archive` but an
+    object-store URL (wal/_open.py), and what the archive's own modules open (a follower's
+    replica, a restored store). Options as `wal.open`'s; every failure is a WalError."""
     try:
-        if is_archive_url(archive) and not readonly:
-            from wal.archive.store import open_archived  # noqa: PLC0415
-
-            return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
-                                 recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
-                                 idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                                 max_unapplied=max_unapplied, preallocate=preallocate)
-        if archive_options:
-            raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
-                                "(archive='s3://...' or 'file:///...'), or unknown")
-        if is_archive_url(archive):
-            archive = False  # read-only: nothing to ship
-        return Store._open(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
-                           segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
-                           idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                           max_unapplied=max_unapplied, preallocate=preallocate)
+        return Store._open(path, **options)
     except WalError:
         raise
     except OSError as exc:
         where = os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
-        raise storage_error(exc, f"opening the store in {where}" + (" read-only" if readonly else "")) from exc
+        how = " read-only" if options.get("readonly") else ""
+        raise storage_error(exc, f"opening the store in {where}{how}") from exc
 
 
 def _close_at_exit() -> None:

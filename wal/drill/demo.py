@@ -3,7 +3,7 @@
 What it shows
 -------------
 A *supervisor* (the process you started, `run_demo`) starts a *worker* as a real child
-process (``python -m wal.demo --worker DIR ...``). The worker simulates N agents, each
+process (``python -m wal.drill.demo --worker DIR ...``). The worker simulates N agents, each
 running a multi-step workflow (`WORKFLOWS`: research = search, read, summarize; support =
 classify, lookup, reply; ...). The supervisor SIGKILLs the worker K times at random
 moments -- during interpreter start-up, while the store is opening (recovery), or in the
@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple, TextIO
 
 import wal
-from wal import durability as dur
+from wal.log import durability as dur
 
 DEMO_FORMAT = 1
 CONFIG_KEY = "demo/config"
@@ -280,8 +280,8 @@ def run_worker(path: str, cfg: DemoConfig, out: TextIO | None = None) -> int:
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m wal.demo --worker DIR ...`` (internal: run ``agentwal demo``)."""
-    p = argparse.ArgumentParser(prog="python -m wal.demo",
+    """Entry point of ``python -m wal.drill.demo --worker DIR ...`` (internal: run ``agentwal demo``)."""
+    p = argparse.ArgumentParser(prog="python -m wal.drill.demo",
                                 description="The agentwal demo's worker process. Run `agentwal demo` instead.")
     p.add_argument("--worker", metavar="DIR", required=True, help="the store directory")
     p.add_argument("--agents", type=int, required=True)
@@ -627,7 +627,7 @@ class _Supervisor:
     # -- one run --
 
     def _spawn(self, number: int, plan: KillPlan | None, stderr: IO[bytes]) -> tuple[subprocess.Popen[str], RunRecord]:
-        cmd = [sys.executable, "-m", "wal.demo", "--worker", self.path, "--agents", str(self.cfg.agents),
+        cmd = [sys.executable, "-m", "wal.drill.demo", "--worker", self.path, "--agents", str(self.cfg.agents),
                "--steps", str(self.cfg.steps), "--seed", str(self.cfg.seed),
                "--durability", self.level.level, "--rpo-ms", str(self.level.rpo_ms)]
         env = dict(os.environ)

@@ -1,5 +1,5 @@
-"""The archive's commands for `agentwal` (wal/cli.py lists them): restore, follow, archive status,
-and `verify URL` (wal/cli.py's verify hands a URL here)."""
+"""The archive's commands for `agentwal` (wal/cli/commands.py lists them): restore, follow, archive status,
+and `verify URL` (wal/cli/commands.py's verify hands a URL here)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ What is here:
 * decoders: ``decode_segment_header`` and ``scan_segment`` (rules H1..H7, R1..R12);
 * segment file names: ``segment_name``, ``parse_segment_name``, ``broken_name``.
 
-The cross-segment rules S1..S5 are applied by ``Log.open`` (``wal/log.py``), not here.
+The cross-segment rules S1..S5 are applied by ``Log.open`` (``wal/log/log.py``), not here.
 """
 
 from __future__ import annotations

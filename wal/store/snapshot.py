@@ -1,6 +1,6 @@
 """Consistent reads of a store: `Store.snapshot()` and the iterator of `Store.scan()`.
 
-A store's state lives in two places (wal/store.py, "Reads"): LMDB, holding every commit up to
+A store's state lives in two places (wal/store/store.py, "Reads"): LMDB, holding every commit up to
 the applied LSN, and the overlay, holding the acknowledged commits not yet applied. A read
 that must see one instant -- a scan's whole iteration, a snapshot's every read -- takes both
 at one moment, in one C call (native/storecore.c, "Reads"): an LMDB read transaction, the
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from wal._lmdbcall import DATA, META, LmdbError
 from wal.errors import ClosedError
-from wal.state import APPLIED_KEY, raise_lmdb
+from wal.store.state import APPLIED_KEY, raise_lmdb
 
 if TYPE_CHECKING:
     from wal._lmdbcall import Snapshot as Txn
-    from wal.store import Store
+    from wal.store.store import Store
 
 class ScanTxn(Protocol):
     """What a scan needs of its LMDB read transaction (a wal._lmdbcall.Snapshot)."""
@@ -141,7 +141,7 @@ class Snapshot:
     def _lookup(self, key: bytes) -> tuple[int, bytes | None] | None:
         self._usable()
         found = self._over.get(key)
-        if found is not None:  # the overlay's newest version <= lsn is newer than LMDB's (wal/store.py)
+        if found is not None:  # the overlay's newest version <= lsn is newer than LMDB's (wal/store/store.py)
             return found
         try:
             got: tuple[int, bytes] | None = self._txn.get(DATA, key)

@@ -39,9 +39,11 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import wal
-from wal import demo, metrics, ops
-from wal import durability as dur
-from wal.archive import cli as _archive_cli
+from wal import ops
+from wal.cli import archive as _archive_cli
+from wal.drill import demo
+from wal.log import durability as dur
+from wal.ops import metrics
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -127,7 +129,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """`agentwal demo`: see `wal.demo`."""
+    """`agentwal demo`: see `wal.drill.demo`."""
     try:
         dur.parse(args.durability, args.rpo_ms)
         return demo.run_demo(args.dir, agents=args.agents, kills=args.kills, steps=args.steps, seed=args.seed,
@@ -340,7 +342,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """`agentwal verify`: see `wal.ops.verify` (an archive URL: `wal.archive.restore.verify`)."""
     bar = _ProgressBar()
     if "://" in args.store:
-        from wal.archive import cli as archive_cli  # noqa: PLC0415
+        from wal.cli import archive as archive_cli  # noqa: PLC0415
 
         return archive_cli.verify_url(args.store, args.json, bar)
     try:
@@ -892,7 +894,7 @@ textfile collector.
 
 The live counters of a running writer (commits, fsyncs, group sizes, fsync latency,
 durable lag) are in its process: call store.stats() there and render it with
-wal.metrics.prometheus_text().
+wal.ops.metrics.prometheus_text().
 
 {_READ_ONLY}
 
@@ -909,7 +911,7 @@ def _stats_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """`agentwal stats`: see `wal.ops.stats` and `wal.metrics.prometheus_text`."""
+    """`agentwal stats`: see `wal.ops.stats` and `wal.ops.metrics.prometheus_text`."""
     data = ops.stats(args.store)
     if args.format == "json":
         _print_json(data)
@@ -957,7 +959,7 @@ COMMANDS: tuple[Command, ...] = (
             _tail_arguments, cmd_tail),
     Command("stats", "print gauges as text, JSON or Prometheus text format (read-only)", _STATS_DESCRIPTION,
             _stats_arguments, cmd_stats),
-    # ---- the object archive (wal/archive/cli.py) ----
+    # ---- the object archive (wal/cli/archive.py) ----
     Command("restore", "restore an archive (s3://, file://) into a new store, to an LSN or a time",
             _archive_cli.RESTORE_DESCRIPTION, _archive_cli.restore_arguments,
             lambda args: _archive_cli.cmd_restore(args, _ProgressBar())),
@@ -1048,8 +1050,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["crashtest"]:
-        # The drill has its own parser (wal.crashtest.build_parser): hand it the rest as is.
-        from wal.crashtest import main_crashtest  # noqa: PLC0415 - heavy; only this command needs it
+        # The drill has its own parser (wal.drill.crashtest.build_parser): hand it the rest as is.
+        from wal.drill.crashtest import main_crashtest  # noqa: PLC0415 - heavy; only this command needs it
 
         return main_crashtest(argv[1:])
     args, extras = parser.parse_known_args(argv)

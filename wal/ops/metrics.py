@@ -1,6 +1,6 @@
 """Prometheus text exposition of `stats()` dicts (format 0.0.4), for a scrape endpoint or `agentwal stats`.
 
-    from wal.metrics import prometheus_text
+    from wal.ops.metrics import prometheus_text
     body = prometheus_text(store.stats())          # serve as text/plain; version=0.0.4
 
 Numbers become samples named ``<prefix><stat>``; counters (`COUNTERS`: monotonic totals of

@@ -137,7 +137,7 @@ def give_back_pages(buf: Any, dropped: int, offset: int) -> int:
     beyond `dropped` (what it gave back before), give back the pages in between and return
     the new mark. They stay in the page cache and leave this process's RSS; a pointer into
     them still reads the same bytes (faulted in again). That keeps memory flat while a
-    store's open scans one segment and replays another (wal/replay.py)."""
+    store's open scans one segment and replays another (wal/store/replay.py)."""
     behind = offset // mmap.PAGESIZE * mmap.PAGESIZE
     if behind - dropped < _DROP_BEHIND_BYTES or not isinstance(buf, mmap.mmap):
         return dropped

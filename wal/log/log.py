@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
 
-from wal import durability as dur
-from wal import recovery
 from wal._bindings import append_nowait, append_record, check, ffi, handle_address, lib, raise_code, span_records
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import (
@@ -39,6 +37,8 @@ from wal.errors import (
     ReadOnlyError,
     RecordTooLargeError,
 )
+from wal.log import durability as dur
+from wal.log import recovery
 
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
@@ -48,7 +48,7 @@ _SPAN_RECORDS = 1024  # records per span of read_spans (the replay: fewer, bigge
 _READ_RECORDS = 256
 _NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
-_logger = logging.getLogger("wal.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
+_logger = logging.getLogger("wal.log.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
 
 
 class LogWatermarks(NamedTuple):
@@ -147,7 +147,7 @@ class Log:
     ) -> Log:
         """Open (creating if needed) the log in `directory`.
 
-        durability/rpo_ms: see `wal.durability` (default ``sync``). segment_bytes: roll to a new
+        durability/rpo_ms: see `wal.log.durability` (default ``sync``). segment_bytes: roll to a new
         segment past this size. readonly: no lock, no repair, no appends. recovery: ``"strict"``
         raises `CorruptionError` on damage that is not a torn tail; ``"truncate"`` opens at the
         last good record and reports the lost LSN range in `recovery_report`. preallocate:
@@ -435,7 +435,7 @@ class Log:
 
     def read_spans(self, from_lsn: int = 1) -> Generator[RecordSpan, None, None]:
         """The records of `read`, as spans of a mapped segment (see `RecordSpan`), for readers
-        that decode in C: no Python object per record. Replay uses it (wal.record.Collapser)."""
+        that decode in C: no Python object per record. Replay uses it (wal.log.record.Collapser)."""
         upto = self._read_bounds(from_lsn)
         return _read_spans(self._dir, from_lsn, upto)
 

@@ -1,0 +1,54 @@
+"""`wal.open`: a store on this machine, or one whose log is also shipped to an object archive.
+
+It sits above both the store (wal/store/) and the archive (wal/archive/, whose ArchivedStore
+is a Store that ships): the store never imports the archive. The object archive's modules are
+imported only when an archive URL is given, so a plain open never loads boto3.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from wal.archive import is_archive_url
+from wal.errors import ArgumentError, WalError, storage_error
+from wal.store.store import Store, open_local
+
+
+def open_store(path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
+               readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
+               checkpoint_bytes: int = 256 << 20, archive: Any = False,
+               idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
+               preallocate: str = "size", **archive_options: Any) -> Store:
+    """Open (creating if needed) the store at `path`. See `wal.open`.
+
+    archive: True or a directory path keeps the log segments a checkpoint removes in a local
+    folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
+    snapshots off the machine (wal/archive/: `archive_rpo_ms`, `archive_policy`, ... in
+    archive_options) and enables durability="replicated".
+
+    Every failure is a WalError: what the operating system refuses (a full disk, a read-only
+    filesystem, a directory without permission, no file descriptors left, a missing file)
+    is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open."""
+    try:
+        if is_archive_url(archive) and not readonly:
+            from wal.archive.store import open_archived  # noqa: PLC0415
+
+            return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
+                                 recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
+                                 idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                                 max_unapplied=max_unapplied, preallocate=preallocate)
+        if archive_options:
+            raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
+                                "(archive='s3://...' or 'file:///...'), or unknown")
+        if is_archive_url(archive):
+            archive = False  # read-only: nothing to ship
+        return open_local(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
+                          segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
+                          idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                          max_unapplied=max_unapplied, preallocate=preallocate)
+    except WalError:
+        raise
+    except OSError as exc:
+        where = os.fspath(path) if isinstance(path, str | os.PathLike) else repr(path)
+        raise storage_error(exc, f"opening the store in {where}" + (" read-only" if readonly else "")) from exc

@@ -1,0 +1,218 @@
+"""`agentwal repair`: a plan first (what is damaged, what would be cut or rebuilt, what is
+backed up where), then the repair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import wal
+from wal.errors import LockedError
+from wal.log import recovery
+from wal.log.log import LOCK_NAME
+from wal.ops.render import render_bytes
+from wal.ops.stateview import _StateSnapshot
+from wal.ops.target import OpsError, Target, _probe_lock, locate, locked_message, open_writer
+
+# ---- repair ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RepairPlan:
+    target: Target
+    actions: list[str] = field(default_factory=list)
+    torn_tail: bool = False
+    damage: str | None = None
+    lost: tuple[int, int | None] | None = None
+    rebuild_state: bool = False
+    refuse: str | None = None  # why repair cannot proceed (nothing is changed)
+    backup_dir: str = ""
+    state_backup_dir: str | None = None
+    state_export: str | None = None  # the old state as JSON lines, when it held more than the kept log
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.actions)
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _free_name(base: str) -> str:
+    candidate, n = base, 1
+    while os.path.exists(candidate):
+        candidate = f"{base}-{n}"
+        n += 1
+    return candidate
+
+
+def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
+    """Work out what `repair` would do, without changing anything."""
+    target = locate(path)
+    plan = RepairPlan(target)
+    stamp = _stamp()
+    if target.is_store:
+        plan.backup_dir = _free_name(os.path.join(target.path, f"log.backup-{stamp}"))
+    else:
+        plan.backup_dir = _free_name(f"{target.log_dir.rstrip('/')}.backup-{stamp}")
+    if not os.path.isdir(target.log_dir):
+        plan.refuse = f"{target.log_dir} does not exist: there is no log to repair"
+        return plan
+    scan = recovery.scan_directory(target.log_dir)
+    segs = scan.segments
+    good_last = segs[-1].last_lsn if segs else 0
+    if scan.damage is not None:
+        d = scan.damage
+        bad = segs[d.index]
+        later = [recovery.scan_segment_file(p, n) for n, p in recovery.list_segments(target.log_dir)
+                 if n > bad.segment_no]
+        last_known = max([s.last_lsn for s in [bad, *later] if s.header_ok] + [bad.next_valid_lsn], default=0)
+        plan.lost = (d.lsn, last_known if last_known >= d.lsn else None)
+        plan.damage = d.message
+        good_last = d.lsn - 1
+        if d.offset == 0 and d.index == 0:
+            plan.refuse = (f"{d.message}: the oldest segment itself is unreadable, so there is no good record to "
+                           "keep. Restore the log from a backup.")
+            return plan
+        lost_text = (f"LSNs {plan.lost[0]}..{plan.lost[1]}" if plan.lost[1] is not None
+                     else f"LSN {plan.lost[0]} and any after it")
+        plan.actions.append(f"damage: {d.message}")
+        plan.actions.append(f"keep the log up to its last good record, LSN {good_last}; {lost_text} are given up "
+                            "(the damaged bytes are kept as .broken files and later segments renamed to "
+                            "*.broken)")
+    elif segs and segs[-1].status == "torn":
+        last = segs[-1]
+        plan.torn_tail = True
+        plan.actions.append(f"torn tail: cut {last.damage_end - last.bad_offset} byte(s) at offset "
+                            f"{last.bad_offset} of {last.path} ({last.reason}; nothing valid after it); the bytes "
+                            "are kept as a .broken file")
+    if target.is_store:
+        applied = 0
+        if os.path.exists(os.path.join(target.state_dir, "data.mdb")):
+            with wal.open(target.path, readonly=True) as store:
+                applied = store.stats()["applied_lsn"]
+        first = segs[0].first_lsn if segs else 1
+        if applied > good_last or rebuild_state:
+            if first > 1:
+                plan.refuse = (
+                    f"the state reflects LSN {applied} but the log keeps only LSNs up to {good_last}, and it no "
+                    f"longer starts at LSN 1 (oldest retained: {first}), so the state cannot be rebuilt from it. "
+                    "Nothing was changed. To salvage the data: `agentwal export` the store to a file, create a new "
+                    "store, and `agentwal import` the file into it.")
+                return plan
+            plan.rebuild_state = True
+            plan.state_backup_dir = _free_name(os.path.join(target.path, f"state.backup-{stamp}"))
+            why = (f"the state reflects LSN {applied}, beyond the last good record (LSN {good_last})"
+                   if applied > good_last else "asked for (--rebuild-state)")
+            plan.actions.append(f"rebuild the state from the log ({why}): move {target.state_dir} to "
+                                f"{plan.state_backup_dir} and replay LSNs 1..{good_last}")
+            if applied > good_last:
+                plan.state_export = _free_name(os.path.join(target.path, f"state.backup-{stamp}.jsonl"))
+                plan.actions.append(f"first export the old state (as of LSN {applied}) to {plan.state_export}; "
+                                    "`agentwal import` it afterwards to put its newer values back as new commits")
+    if plan.actions:
+        plan.actions.insert(0, f"copy the log to {plan.backup_dir} first")
+    return plan
+
+
+def _copy_sparse(src: str, dst: str) -> None:
+    """Copy a file's data extents, keeping its size (a preallocated segment stays sparse)."""
+    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        end = recovery.data_end(fd, size) if src.endswith(recovery.SEGMENT_SUFFIX) else size
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            pos = 0
+            while pos < end:
+                chunk = os.pread(fd, min(8 << 20, end - pos), pos)
+                if not chunk:
+                    break
+                os.write(out, chunk)
+                pos += len(chunk)
+            os.ftruncate(out, size)
+            os.fsync(out)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+    shutil.copystat(src, dst)
+
+
+def backup_log(log_dir: str, dest: str) -> list[str]:
+    """Copy every file of the log directory (LOCK excluded) to `dest`, fsynced; returns the names."""
+    os.makedirs(dest)
+    names = []
+    for name in sorted(os.listdir(log_dir)):
+        src = os.path.join(log_dir, name)
+        if name == LOCK_NAME or not os.path.isfile(src):
+            continue
+        _copy_sparse(src, os.path.join(dest, name))
+        names.append(name)
+    for d in (dest, os.path.dirname(os.path.abspath(dest))):
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return names
+
+
+def _export_snapshot(target: Target, dest: str) -> int:
+    """The LMDB state alone (no log: it is damaged), as export lines, fsynced; returns the key count."""
+    snap = _StateSnapshot.open(target)
+    count = 0
+    try:
+        with open(dest, "w", encoding="utf-8") as f:
+            for key, version, value in snap.items():
+                f.write(json.dumps({"key": render_bytes(key), "value": render_bytes(value), "version": version},
+                                   ensure_ascii=False) + "\n")
+                count += 1
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        snap.close()
+    return count
+
+
+@dataclass
+class RepairResult:
+    backup_dir: str
+    state_backup_dir: str | None
+    state_export: str | None
+    report: wal.RecoveryReport
+    last_lsn: int
+    applied_lsn: int | None
+    records_replayed: int | None
+
+
+def repair(plan: RepairPlan) -> RepairResult:
+    """Carry out a plan from `plan_repair`: back up, truncate at the last good record, replay the state."""
+    if plan.refuse:
+        raise OpsError(plan.refuse)
+    target = plan.target
+    _probe_lock(target, "repair")
+    backup_log(target.log_dir, plan.backup_dir)
+    if plan.state_export is not None:
+        _export_snapshot(target, plan.state_export)
+    if plan.rebuild_state and plan.state_backup_dir is not None and os.path.isdir(target.state_dir):
+        os.replace(target.state_dir, plan.state_backup_dir)
+    try:
+        log = wal.Log.open(target.log_dir, recovery="truncate")
+    except LockedError as exc:
+        raise LockedError(locked_message(target, "repair")) from exc
+    with log:
+        report = log.recovery_report
+        last = log.watermarks.durable
+    applied = replayed = None
+    if target.is_store:
+        with open_writer(target, "repair") as store:
+            stats = store.stats()
+            applied, replayed = int(stats["applied_lsn"]), int(stats["records_replayed"])
+    return RepairResult(plan.backup_dir, plan.state_backup_dir if plan.rebuild_state else None, plan.state_export,
+                        report, last, applied, replayed)
