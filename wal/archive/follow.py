@@ -201,6 +201,7 @@ class Follower:
             with self._lock:
                 _append(store, [(nxt, payload)])
                 self._pos = nxt
+            self._delete_tail(nxt)
             break
         else:
             raise ArchiveError(f"could not promote the follower in {self._dir}: the archive kept growing "
@@ -211,13 +212,26 @@ class Follower:
         return open_archived(self._dir, self._objects, options, **open_kwargs)
 
     def _overtaken(self, lsn: int) -> bool:
-        """Does the archive hold LSN `lsn` in an object other than the fence just written? Merged
-        objects are never deleted (but by retention, far behind), so one holding it shows here."""
+        """Does the archive hold LSN `lsn` in an object other than the fence just written? The
+        old primary's object holding it would be ``log/<lsn>.wal`` (its objects tile on from the
+        one ending at lsn - 1, which this follower read): the fence's create-only PUT found that
+        name free, so the object can only have been merged away before it. A merge stores the
+        merged object before deleting the group objects, and merged objects are never deleted
+        (but by retention, far behind), so listing them after the fence's PUT shows it."""
         for name, _ in self._objects.list(layout.MERGED_PREFIX):
             parsed = layout.parse_name(name)
             if parsed is not None and parsed.last is not None and parsed.first <= lsn <= parsed.last:
                 return True
-        return any(True for _ in self._objects.list(layout.LOG_PREFIX, layout.log_name(lsn)))
+        return False
+
+    def _delete_tail(self, fence: int) -> None:
+        """Group objects past the fence are the old primary's unfinished tail (FORMAT.md §18):
+        stored out of order while its object at `fence` was in flight. That object can never be
+        stored now, so none of them can ever join the gap-free run: delete them."""
+        for name, _ in self._objects.list(layout.LOG_PREFIX, layout.log_name(fence)):
+            parsed = layout.parse_name(name)
+            if parsed is not None and parsed.first > fence:
+                self._objects.delete(name)
 
     def close(self) -> None:
         self._stop.set()

@@ -29,6 +29,14 @@ LOG_PREFIX = "log/"
 MERGED_PREFIX = "merged/"
 SNAP_PREFIX = "snap/"
 
+# A writer has at most this many group objects in flight (PUT, not yet answered) at once. They
+# may be stored in any order, so an archive whose writer stopped mid-flight can hold up to
+# MAX_IN_FLIGHT - 1 group objects past a missing one: its *unfinished tail* (plan.unfinished_tail).
+MAX_IN_FLIGHT = 8
+# Bits 0-2 of a log object's flags: `behind`, how many of its writer's objects before it were not
+# yet stored (with everything before them) when it was sent. 0 in objects of earlier versions.
+BEHIND_MASK = 0x7
+
 LOG_MAGIC = b"AGWALLOG"
 SNAP_MAGIC = b"AGWALSNP"
 VERSION = 1
@@ -96,15 +104,18 @@ class LogObject(NamedTuple):
     max_time_ms: int
     writer_id: bytes
     records: list[tuple[int, bytes]]
+    behind: int = 0  # see BEHIND_MASK
 
 
-def encode_log(records: list[tuple[int, bytes]], writer_id: bytes) -> bytes:
-    """A log object holding consecutive records [(lsn, payload)] (at least one)."""
+def encode_log(records: list[tuple[int, bytes]], writer_id: bytes, behind: int = 0) -> bytes:
+    """A log object holding consecutive records [(lsn, payload)] (at least one); `behind`: see
+    BEHIND_MASK (0 for merged objects, made of stored objects only)."""
     assert records, "a log object holds at least one record"
+    assert 0 <= behind <= BEHIND_MASK
     first, last = records[0][0], records[-1][0]
     assert last - first + 1 == len(records), "records must be consecutive"
     times = [time_of(p) for _, p in records]
-    parts = [_LOG_HEADER.pack(LOG_MAGIC, VERSION, 0, len(records), first, last, min(times), max(times),
+    parts = [_LOG_HEADER.pack(LOG_MAGIC, VERSION, behind, len(records), first, last, min(times), max(times),
                               writer_id)]
     for lsn, payload in records:
         head = struct.pack("<QI", lsn, len(payload))
@@ -133,7 +144,7 @@ def decode_log(data: bytes, name: str) -> LogObject:
     parsed = parse_name(name)
     hint = (f"{parsed.first}..{parsed.last if parsed.last is not None else '?'}" if parsed else "?")
     body = _check_digest(data, name, hint)
-    magic, version, _, count, first, last, tmin, tmax, writer = _LOG_HEADER.unpack_from(body, 0)
+    magic, version, flags, count, first, last, tmin, tmax, writer = _LOG_HEADER.unpack_from(body, 0)
     lsns = f"{first}..{last}"
     if magic != LOG_MAGIC:
         raise _damaged(name, f"bad magic {magic!r}", hint)
@@ -157,7 +168,7 @@ def decode_log(data: bytes, name: str) -> LogObject:
         records.append((lsn, payload))
     if off != len(body):
         raise _damaged(name, "bytes follow its last record", lsns)
-    return LogObject(first, last, tmin, tmax, bytes(writer), records)
+    return LogObject(first, last, tmin, tmax, bytes(writer), records, flags & BEHIND_MASK)
 
 
 class Snapshot(NamedTuple):

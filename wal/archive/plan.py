@@ -74,3 +74,51 @@ def cover(pieces: list[Piece], after: int) -> tuple[list[Piece], int | None]:
         if best.last is None:
             return out, None
         pos = best.last
+
+
+def unfinished_tail(objects: ObjectStore, pieces: list[Piece], pos: int) -> list[Piece] | None:
+    """The objects past a gap at pos+1, if they are a writer's unfinished tail (FORMAT.md §18),
+    else None (damage: refused). A tail is at most MAX_IN_FLIGHT - 1 group objects (merges only
+    ever take stored, gap-free objects), each sent while the missing object was in flight: the
+    j-th of them (from 1) was sent with at least j objects before it not yet stored (its
+    `behind`). One object missing from a finished archive fails that test: the object after it
+    was sent once everything before it was stored, or it would not have been stored either."""
+    beyond = sorted((p for p in pieces if p.first > pos + 1), key=lambda p: p.first)
+    if not beyond or len(beyond) > layout.MAX_IN_FLIGHT - 1 or any(
+            not p.name.startswith(layout.LOG_PREFIX) for p in beyond):
+        return None
+    for j, piece in enumerate(beyond, 1):
+        if layout.decode_log(objects.get(piece.name), piece.name).behind < j:
+            return None
+    return beyond
+
+
+class End(NamedTuple):
+    lsn: int | None  # the last LSN of the gap-free run of log objects (None: the archive holds none)
+    last_object: layout.LogObject | None  # the object ending there, verified
+    tail: list[Piece]  # group objects past a gap: a writer's unfinished tail (FORMAT.md §18)
+
+
+def find_end(objects: ObjectStore, listing: Listing) -> End:
+    """Where the archive's log ends. Its newest MAX_IN_FLIGHT group objects are read (their ends
+    are only in their headers): a gap among them followed by a writer's unfinished tail
+    (`unfinished_tail`) puts the end before the gap; any other gap is left to restore and
+    `verify` to refuse, and the end is the newest object's."""
+    if not listing.logs:
+        return End(None, None, [])
+    groups = sorted((p for p in listing.logs if p.name.startswith(layout.LOG_PREFIX)), key=lambda p: p.first)
+    merged_end = max((p.last for p in listing.logs if p.name.startswith(layout.MERGED_PREFIX)
+                      and p.last is not None), default=None)
+    newest = [p for p in groups if merged_end is None or p.first > merged_end][-layout.MAX_IN_FLIGHT:]
+    decoded = [layout.decode_log(objects.get(p.name), p.name) for p in newest]
+    for i in range(1, len(decoded)):
+        if decoded[i].first != decoded[i - 1].last + 1:
+            tail = unfinished_tail(objects, listing.logs, decoded[i - 1].last)
+            if tail is not None:
+                return End(decoded[i - 1].last, decoded[i - 1], tail)
+            break
+    if decoded:
+        return End(decoded[-1].last, decoded[-1], [])
+    piece = max(listing.logs, key=lambda p: (p.last if p.last is not None else 1 << 63, p.first))
+    obj = layout.decode_log(objects.get(piece.name), piece.name)
+    return End(obj.last, obj, [])

@@ -13,12 +13,19 @@
 Refused, with nothing written to `dir`: a damaged object or a gap in the LSNs needed (naming
 the range), a target LSN past the archive's end (naming the end), a time before the oldest
 snapshot, a `dir` that exists and is not empty.
+
+The end of an archive whose writer stopped with PUTs in flight (the machine lost) is the end of
+its gap-free run: the group objects past the gap are its unfinished tail (FORMAT.md §18; none
+of their records was acknowledged at `replicated`). A restore to the end stops before the gap,
+names the tail in `RestoreReport.unfinished_tail` and logs a WARNING; a target past the gap is
+refused, naming it. More objects past a gap than a writer can have in flight is damage: refused.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
+import logging
 import os
 import shutil
 import time as _time
@@ -27,8 +34,10 @@ from typing import Any, NamedTuple
 
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
-from wal.archive.plan import Listing, Piece, cover, list_archive
+from wal.archive.plan import Listing, Piece, cover, list_archive, unfinished_tail
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError
+
+_logger = logging.getLogger("wal.archive")
 
 Progress = Callable[[int, int], None]  # (bytes downloaded, bytes planned)
 
@@ -42,6 +51,7 @@ class RestoreReport(NamedTuple):
     bytes: int
     seconds: float
     download_seconds: float
+    unfinished_tail: tuple[str, ...] = ()  # objects past the end's gap, not used (module docstring)
 
     @property
     def mb_per_s(self) -> float:
@@ -121,10 +131,19 @@ def _iso(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).isoformat()
 
 
+class _TailReached(Exception):  # noqa: N818 -- a signal inside collect, never raised out of it
+    def __init__(self, tail: list[Piece], gap_end: int) -> None:
+        super().__init__()
+        self.tail = tail
+        self.gap_end = gap_end
+
+
 def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | None, time_ms: int | None,
-            parallel: int, progress: Progress | None) -> tuple[list[tuple[int, bytes]], int, int]:
+            parallel: int, progress: Progress | None,
+            tail_out: list[Piece] | None = None) -> tuple[list[tuple[int, bytes]], int, int]:
     """Verified records after+1.. (to `upto` / to the last commit at or before time_ms / to the
-    end), the number of objects and bytes downloaded. CorruptionError on damage or a gap."""
+    end), the number of objects and bytes downloaded. CorruptionError on damage or a gap.
+    An unfinished tail past the end (module docstring) goes into `tail_out`."""
     records: list[tuple[int, bytes]] = []
     tally = {"objects": 0, "bytes": 0}
     reached = False  # stopped at the target, before any gap
@@ -133,6 +152,16 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
             reached = _collect_planned(objects, listing, records, after, upto=upto, time_ms=time_ms,
                                        parallel=parallel, progress=progress, tally=tally)
             break
+        except _TailReached as tail:
+            pos = records[-1][0] if records else after
+            if upto is not None and upto > pos:
+                raise ArgumentError(
+                    f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN {pos}: LSNs "
+                    f"{pos + 1}..{tail.gap_end} are missing (its writer stopped with PUTs in flight), and "
+                    f"{len(tail.tail)} object(s) past them are that writer's unfinished tail") from None
+            if tail_out is not None:
+                tail_out.extend(tail.tail)
+            return records, tally["objects"], tally["bytes"]
         except ObjectMissingError:
             # Merged away (or removed by retention) between the listing and the download: list
             # again and go on from the last record already verified.
@@ -174,6 +203,9 @@ def _collect_planned(objects: ObjectStore, listing: Listing, records: list[tuple
         tally["bytes"] += len(data)
         obj = layout.decode_log(data, piece.name)
         if obj.first > pos + 1:
+            tail = unfinished_tail(objects, listing.logs, pos)
+            if tail is not None:
+                raise _TailReached(tail, obj.first - 1)
             raise CorruptionError(f"the archive {objects.url} is missing LSNs {pos + 1}..{obj.first - 1} "
                                   f"(between {piece.name} and the object before it); restore refused",
                                   path=objects.url, lsn=pos + 1, reason="archive gap")
@@ -211,8 +243,13 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     listing = list_archive(objects)
     t0 = _time.monotonic()
     snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
+    tail: list[Piece] = []
     records, count, nbytes = collect(objects, listing, snap.lsn, upto=lsn, time_ms=time_ms,
-                                     parallel=parallel, progress=progress)
+                                     parallel=parallel, progress=progress, tail_out=tail)
+    if tail:
+        _logger.warning("archive %s: its writer stopped with PUTs in flight; restoring to LSN %d, the end of its "
+                        "gap-free run, without %s (its unfinished tail, never acknowledged at replicated)",
+                        objects.url, records[-1][0] if records else snap.lsn, ", ".join(p.name for p in tail))
     download = _time.monotonic() - t0
     end = records[-1][0] if records else snap.lsn
     created = not os.path.exists(root)
@@ -223,7 +260,7 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
             shutil.rmtree(root, ignore_errors=True)
         raise
     return RestoreReport(root, end, snap.lsn, len(records), count + 1, nbytes + snap_bytes,
-                         _time.monotonic() - started, download)
+                         _time.monotonic() - started, download, tuple(p.name for p in tail))
 
 
 def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]]) -> None:
@@ -264,6 +301,7 @@ class VerifyReport(NamedTuple):
     last_lsn: int
     snapshots: int
     problems: list[str]
+    unfinished_tail: tuple[str, ...] = ()  # objects past the end's gap (a writer stopped mid-flight)
 
     @property
     def ok(self) -> bool:
@@ -293,6 +331,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     first = base + 1
     pos = base
     pieces, gap = cover(listing.logs, base)
+    tail: list[Piece] | None = None
     for piece, data in _fetch_all(objects, pieces, parallel, progress):
         nbytes += len(data)
         count += 1
@@ -303,9 +342,13 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             pos = piece.last if piece.last is not None else pos
             continue
         if obj.first > pos + 1:
+            tail = unfinished_tail(objects, listing.logs, pos)
+            if tail is not None:
+                break  # the end: the rest is a stopped writer's unfinished tail, not damage
             problems.append(f"LSNs {pos + 1}..{obj.first - 1} are missing (before {piece.name})")
         pos = max(pos, obj.last)
-    if gap is not None:
+    if gap is not None and tail is None:
         later = min((p.first for p in listing.logs if p.first > gap), default=gap)
         problems.append(f"LSNs {gap}..{later - 1} are missing: no object holds them")
-    return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems)
+    return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,
+                        tuple(p.name for p in tail or ()))

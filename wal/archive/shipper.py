@@ -1,11 +1,17 @@
 """The shipper: one background thread per archived store that copies the log off the machine.
 
-Loop (woken by a `replicated` commit, else every ``period``): read the records made durable
-locally since the last object (`Log.read`, capped at the durable LSN) and PUT them as ONE
-create-only group object (``log/<first>.wal``), so every commit waiting at `replicated`
-meanwhile shares that PUT (group commit, as fdatasync is shared). Then, when due: a logical
-snapshot of the state (one LMDB read transaction, shipped once the log objects reach its LSN,
-so a snapshot never holds what the archive's log does not), and a merge of small group objects.
+Loop (woken by a `replicated` commit, a PUT's answer, else every ``period``): while fewer than
+``puts_in_flight`` PUTs are in flight, read the records made durable locally and not yet handed
+to a PUT (`Log.read`, capped at the durable LSN) and PUT them as ONE create-only group object
+(``log/<first>.wal``), so every commit made meanwhile shares that PUT (group commit, as
+fdatasync is shared: under load, the records that pile up while the PUTs are in flight make the
+next object). PUTs are answered in any order; the archived LSN only moves over a gap-free run
+of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
+and every object before it are stored. A PUT that failed is retried with the same name and
+bytes (names stay immutable). Beside it, one maintenance job at a time in its own thread: a
+logical snapshot of the state (one LMDB read transaction, shipped once the log objects reach
+its LSN, so a snapshot never holds what the archive's log does not), merges of small group
+objects (from the bytes kept in memory, not read back), retention, and the owner check.
 
 Contracts:
 - Never blocks a commit at sync/interval/buffered: commits do not wait for it, except as the
@@ -16,12 +22,18 @@ Contracts:
 - A create-only PUT that finds its name taken by another writer (a promoted follower): this
   writer is fenced. The store stops (`FailedError`, as after a failed fsync) and never ships again.
 - `archived_lsn` only grows; a checkpoint never removes a segment above it (ArchivedStore).
+- A writer session's first object is PUT alone (it is what fences older writers); only once it
+  is stored are the objects of an earlier writer's unfinished tail deleted (FORMAT.md §18: none
+  of them can ever complete a gap-free run now) and more PUTs sent in flight.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
 import contextlib
+import heapq
 import json
 import logging
 import os
@@ -38,6 +50,7 @@ from wal.archive.objects import (
     ObjectMissingError,
     ObjectStore,
 )
+from wal.archive.plan import Piece
 from wal.errors import FailedError, WalError
 
 if TYPE_CHECKING:
@@ -48,6 +61,15 @@ _logger = logging.getLogger("wal.archive")
 STATUS_FILE = "archive.json"  # in the store's directory: the shipper's state for `agentwal archive status`
 MAX_OBJECT_BYTES = 16 << 20  # one group object holds at most this much log (more: several PUTs)
 SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
+MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
+
+
+def _resolve_future(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if not future.done():
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)
 
 
 class ArchiveLagError(WalError):
@@ -58,7 +80,8 @@ class Shipper:
     def __init__(self, store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str,
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
                  last_snapshot: int, retention_s: float | None = None,
-                 resolve: Callable[[], tuple[int, bool, int]] | None = None) -> None:
+                 resolve: Callable[[], tuple[int, bool, int, list[Piece]]] | None = None,
+                 tail: list[Piece] | None = None, puts_in_flight: int = 4) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -78,8 +101,38 @@ class Shipper:
         self._pending_snapshot: tuple[int, bytes] | None = None  # (lsn, encoded) waiting for the log
         self._bytes_since_snapshot = 0
         self._first_of_session: int | None = None  # never merged away: it fences older writers
-        self._unmerged: list[tuple[int, int, int]] = []  # (first, last, size) shipped since this writer opened
+        # (first, last, size, bytes or None) of small group objects stored since this writer
+        # opened, in LSN order; the bytes are kept (up to MERGE_MEMORY_BYTES) for merging.
+        self._unmerged: list[tuple[int, int, int, bytes | None]] = []
+        self._unmerged_bytes = 0
+        self._unmerged_lock = threading.Lock()
+        self._tail = list(tail or ())  # an earlier writer's unfinished tail, deleted after our first PUT
+        self.puts_in_flight = puts_in_flight
+        self._dispatched = archived  # the last LSN handed to a PUT
+        # first LSN -> (last LSN, bytes, future, epoch sent in) of each PUT in flight, or waiting
+        # (future None) to be sent again after a failure.
+        self._inflight: dict[int, tuple[int, bytes, concurrent.futures.Future[int] | None, int]] = {}
+        # first -> (last, bytes) of objects stored but not yet in the gap-free run (a PUT before
+        # them is still in flight).
+        self._stored: dict[int, tuple[int, bytes]] = {}
+        self._retry_at = 0.0  # no PUT is retried before this (monotonic), during an outage
+        self._backoff = 0.05
+        self._epoch = 0  # one more per failed request: tells answers to requests sent since apart
+        self._counter_lock = threading.Lock()  # counters move in the PUT and maintenance threads too
+        # Guards the shipping state (_dispatched, _inflight, _stored, the outage state): taken by
+        # the shipper thread, by a PUT thread once its PUT is answered (it publishes and sends the
+        # next PUTs itself: no thread hand-off between an answer and the acknowledgements), and
+        # by a committer waiting at `replicated` that finds it free (it sends the PUT for its own
+        # commit). Lock order: _ship_lock, then _cond.
+        self._ship_lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(puts_in_flight, f"agentwal-archive-put:{store.path}")
+        self._maint = concurrent.futures.ThreadPoolExecutor(1, f"agentwal-archive-maint:{store.path}")
+        self._maint_job: concurrent.futures.Future[bool] | None = None
+        self._maint_epoch = 0
         self._cond = threading.Condition()
+        # (lsn, seq, loop, future) of coroutines waiting at `replicated`, a heap by LSN.
+        self._async_waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._async_seq = 0
         self._wake = threading.Event()
         self._stop = False
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
@@ -117,6 +170,21 @@ class Shipper:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._release_async()
+        # The maintenance job under way ends (within the deadline), and a snapshot waiting for
+        # the log it needs goes out now that the log is in.
+        job = self._maint_job
+        if job is not None:
+            concurrent.futures.wait([job], timeout=max(0.0, deadline - time.monotonic()))
+        if self.fenced is None and (job is None or job.done()):
+            try:
+                self._snapshot_if_due()
+            except Exception as exc:  # reported; the next writer ships a snapshot
+                _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
+        # PUTs still in flight may finish after this (harmless: durable records, create-only
+        # names); nothing waits for them.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._maint.shutdown(wait=False, cancel_futures=True)
         self.write_status()
 
     # ---- waiting ------------------------------------------------------------------------------
@@ -125,7 +193,7 @@ class Shipper:
         """Until the archive holds lsn (a `replicated` commit); FailedError once fenced or stopped."""
         if self.archived >= lsn:
             return
-        self._wake.set()
+        self._try_dispatch()
         with self._cond:
             while self.archived < lsn:
                 if self.fenced is not None:
@@ -134,11 +202,51 @@ class Shipper:
                     raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
                 self._cond.wait(0.5)
 
-    async def wait_archived_async(self, lsn: int) -> None:
-        import asyncio  # noqa: PLC0415
+    def _try_dispatch(self) -> None:
+        """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
+        Anything that goes wrong is left to the shipper thread, which meets it again."""
+        if self._resolve is None and self.fenced is None and not self._stop \
+                and self._ship_lock.acquire(blocking=False):
+            try:
+                self._dispatch()
+                return
+            except Exception:  # the shipper thread handles it (outage, fencing)
+                pass
+            finally:
+                self._ship_lock.release()
+        self._wake.set()
 
-        if self.archived < lsn:
-            await asyncio.to_thread(self.wait_archived, lsn)
+    async def wait_archived_async(self, lsn: int) -> None:
+        """`wait_archived` for a coroutine: a future of its loop, resolved by `_publish` (no
+        thread per waiting commit, so 1,000 tasks waiting cost no threads)."""
+        if self.archived >= lsn:
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            self._async_seq += 1
+            heapq.heappush(self._async_waiters, (lsn, self._async_seq, loop, future))
+        self._release_async()  # published, fenced or stopped meanwhile
+        self._try_dispatch()
+        await future
+
+    def _release_async(self) -> None:
+        """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
+        fenced or stopped)."""
+        done: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        with self._cond:
+            end = self.fenced is not None or self._stop
+            while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
+                lsn, _, loop, future = heapq.heappop(self._async_waiters)
+                done.append((loop, future))
+        for loop, future in done:
+            exc: BaseException | None = None
+            if self.fenced is not None:
+                exc = FailedError(str(self.fenced))
+            elif self._stop and self.archived < lsn:
+                exc = FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve_future, future, exc)
 
     def lag_ms(self) -> float:
         """Upper bound on the age of the oldest commit not yet in the archive (0 if none)."""
@@ -191,27 +299,23 @@ class Shipper:
             os.replace(path + ".tmp", path)
 
     def _run(self) -> None:
-        backoff = 0.05
         while not self._stop:
-            self._wake.wait(self.period)
+            self._wake.wait(max(0.0, min(self.period, self._retry_at - time.monotonic()))
+                            if self._retry_at > time.monotonic() else self.period)
             self._wake.clear()
             self.lag_ms()  # a sample: the lag's bound stays tight between commits
             if time.monotonic() - self._status_at >= 1.0:
                 self.write_status()
             try:
                 if self._resolve is not None:
-                    archived, self._need_snapshot, self.last_snapshot = self._resolve()
+                    archived, self._need_snapshot, self.last_snapshot, self._tail = self._resolve()
                     self._resolve = None
+                    self._dispatched = archived
                     self._publish(archived)
-                while self._ship_once():
-                    pass
-                if self.error is not None or time.monotonic() - self._owner_checked_at > 10:
-                    self._check_still_writer()
-                self._snapshot_if_due()
-                self._merge_if_due()
-                self._retain_if_due()
-                self._reachable()
-                backoff = 0.05
+                with self._ship_lock:
+                    self._harvest()
+                    self._dispatch()
+                self._maintain()
             except ObjectExistsError as exc:
                 self._fence(exc)
                 return
@@ -219,14 +323,7 @@ class Shipper:
                 self._stop_with(exc)
                 return
             except ArchiveError as exc:
-                self.counters["archive_put_errors"] += 1
-                if self.error is None:
-                    _logger.error("archive %s unreachable, retrying with backoff (commits are kept locally; "
-                                  "archived LSN %d): %s", self.objects.url, self.archived, exc)
-                self.error = str(exc)
-                with self._cond:
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._outage(exc)
             except Exception as exc:  # a closed log, a damaged local segment: stop shipping, say why
                 if self._stop:
                     return
@@ -234,6 +331,29 @@ class Shipper:
                 _logger.error("archive shipping of %s stopped: %s", self.store.path, exc)
                 with self._cond:
                     self._cond.wait(1.0)
+
+    def _outage(self, exc: ArchiveError) -> None:
+        """A request failed for now: one ERROR line per outage; requests wait out a backoff
+        (50 ms doubling to 5 s) before the next try."""
+        with self._ship_lock:
+            self._outage_locked(exc)
+
+    def _outage_locked(self, exc: ArchiveError) -> None:
+        self._count("archive_put_errors")
+        self._epoch += 1
+        if self.error is None:
+            _logger.error("archive %s unreachable, retrying with backoff (commits are kept locally; "
+                          "archived LSN %d): %s", self.objects.url, self.archived, exc)
+        self.error = str(exc)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, 5.0)
+
+    def _succeeded(self, epoch: int) -> None:
+        """A request sent at `epoch` succeeded. Only one sent after the newest failure ends the
+        outage: a late answer to an older request says nothing about the store now."""
+        if epoch == self._epoch:
+            self._backoff = 0.05
+            self._reachable()
 
     def _fence(self, exc: ObjectExistsError) -> None:
         self._stop_with(FailedError(
@@ -248,58 +368,153 @@ class Shipper:
         self.write_status()
         with self._cond:
             self._cond.notify_all()
+        self._release_async()
 
     def _publish(self, last: int) -> None:
         with self._cond:
             self.archived = last
             self._cond.notify_all()
+        if self._async_waiters:
+            self._release_async()
         self.store._archived_moved(last)
 
-    def _ship_once(self) -> bool:
-        """PUT one group object of what is durable and not archived; False if nothing was."""
+    def _dispatch(self) -> None:
+        """Send PUTs of what is durable and not yet handed to one, while slots are free."""
         log = self.store._log
         assert log is not None
-        marks = log.watermarks
-        durable = marks.durable
-        if marks.appended > durable and self.lag_ms() > self.rpo_ms / 2:
-            # Only durable records are shipped (an archive ahead of a log that a crash cut back
-            # would refuse the store). At interval/buffered the log syncs every rpo_ms; when
-            # that would make the archive miss its own bound, sync now.
-            log.sync()
-            durable = log.watermarks.durable
-        if durable <= self.archived:
-            return False
-        records: list[tuple[int, bytes]] = []
-        size = 0
-        for lsn, payload in log.read(self.archived + 1):
-            if lsn > durable:
-                break
-            records.append((lsn, payload))
-            size += len(payload) + 16
-            if size >= MAX_OBJECT_BYTES:
-                break
-        if not records or records[0][0] != self.archived + 1:
-            raise ArchiveUnavailableError(
-                f"the local log of {self.store.path} no longer holds LSN {self.archived + 1}, the next to ship")
-        data = layout.encode_log(records, self.writer_id)
-        name = layout.log_name(records[0][0])
+        if time.monotonic() < self._retry_at:
+            return
+        for first, (last, data, future, _) in list(self._inflight.items()):
+            if future is None:  # failed earlier: the same name and bytes again
+                self._send(first, last, data)
+        while len(self._inflight) < self.puts_in_flight:
+            if (self._first_of_session is None or self._tail) and self._inflight:
+                return  # the session's first object goes alone (module docstring)
+            marks = log.watermarks
+            durable = marks.durable
+            if marks.appended > durable and self.lag_ms() > self.rpo_ms / 2:
+                # Only durable records are shipped (an archive ahead of a log that a crash cut back
+                # would refuse the store). At interval/buffered the log syncs every rpo_ms; when
+                # that would make the archive miss its own bound, sync now.
+                log.sync()
+                durable = log.watermarks.durable
+            if durable <= self._dispatched:
+                return
+            records: list[tuple[int, bytes]] = []
+            size = 0
+            for lsn, payload in log.read(self._dispatched + 1):
+                if lsn > durable:
+                    break
+                records.append((lsn, payload))
+                size += len(payload) + 16
+                if size >= MAX_OBJECT_BYTES:
+                    break
+            if not records or records[0][0] != self._dispatched + 1:
+                raise ArchiveUnavailableError(f"the local log of {self.store.path} no longer holds LSN "
+                                              f"{self._dispatched + 1}, the next to ship")
+            first, last = records[0][0], records[-1][0]
+            # behind: objects sent before it and not yet in the gap-free run (FORMAT.md §18).
+            behind = len(self._inflight) + len(self._stored)
+            self._send(first, last, layout.encode_log(records, self.writer_id, behind))
+            self._dispatched = last
+
+    def _send(self, first: int, last: int, data: bytes) -> None:
+        future = self._pool.submit(self._put_log, first, last, data)
+        self._inflight[first] = (last, data, future, self._epoch)
+        future.add_done_callback(lambda _f: self._wake.set())
+
+    def _put_log(self, first: int, last: int, data: bytes) -> int:
+        """In a PUT thread: store one group object; its last LSN once stored. Once stored, it
+        takes the answer in (`_stored_one`) and sends the next PUTs itself when it can. A failed
+        PUT raises: the shipper thread's `_harvest` takes it from the future."""
+        name = layout.log_name(first)
         try:
             self._put(name, data)
+            stored = last
         except ObjectExistsError:
             # Ours from an attempt whose answer was lost (a timeout after the store took it)?
             obj = layout.decode_log(self._get(name), name)
             if obj.writer_id != self.writer_id:
                 raise
-            records = records[: obj.last - obj.first + 1]
-        first, last = records[0][0], records[-1][0]
-        self.counters["archive_objects"] += 1
+            stored = obj.last
+        if stored == last:
+            with self._ship_lock:
+                entry = self._inflight.get(first)
+                if entry is not None and entry[2] is not None and not self._stop:
+                    try:
+                        self._stored_one(first, last, data, entry[3])
+                        self._advance()
+                        self._dispatch()
+                    except Exception:  # the shipper thread meets it again and handles it
+                        pass
+        self._wake.set()
+        return stored
+
+    def _stored_one(self, first: int, last: int, data: bytes, epoch: int) -> None:
+        del self._inflight[first]
+        self._stored[first] = (last, data)
+        self._count("archive_objects")
         self._bytes_since_snapshot += len(data)
+        self._succeeded(epoch)
+
+    def _advance(self) -> None:
+        """Move the archived LSN over the gap-free run of stored objects."""
+        moved = self.archived
+        while moved + 1 in self._stored:
+            first = moved + 1
+            moved, data = self._stored.pop(first)
+            self._on_archived(first, moved, data)
+        if moved != self.archived:
+            self._publish(moved)
+
+    def _harvest(self) -> None:
+        """Take the answers of finished PUTs; move the archived LSN over the gap-free run of
+        stored objects. ObjectExistsError (another writer's object: fenced) propagates; a
+        failed PUT stays in `_inflight` to be sent again after the backoff."""
+        failure: ArchiveError | None = None
+        for first, (last, data, future, epoch) in list(self._inflight.items()):
+            if future is None or not future.done():
+                continue
+            exc = future.exception()
+            if exc is None:  # stored; its PUT thread had not taken it in (or was stopped)
+                stored = future.result()
+                if stored != last:  # never: a retry sends the same bytes
+                    raise ArchiveUnavailableError(f"{self.objects.url}/{layout.log_name(first)} holds LSNs "
+                                                  f"{first}..{stored}, not {first}..{last}")
+                self._stored_one(first, last, data, epoch)
+                continue
+            if isinstance(exc, ObjectExistsError):
+                raise exc
+            self._inflight[first] = (last, data, None, epoch)
+            failure = exc if isinstance(exc, ArchiveError) else ArchiveUnavailableError(
+                f"writing {layout.log_name(first)} to {self.objects.url}: {type(exc).__name__}: {exc}")
+        self._advance()
+        if failure is not None:
+            self._outage_locked(failure)
+        elif self._tail and self._first_of_session is not None:
+            self._delete_tail()
+
+    def _on_archived(self, first: int, last: int, data: bytes) -> None:
+        """An object joined the gap-free run: remember it for merging."""
         if self._first_of_session is None:
             self._first_of_session = first
-        elif len(data) < SMALL_OBJECT_BYTES:
-            self._unmerged.append((first, last, len(data)))
-        self._publish(last)
-        return True
+            return
+        if len(data) < SMALL_OBJECT_BYTES:
+            with self._unmerged_lock:
+                keep = data if self._unmerged_bytes + len(data) <= MERGE_MEMORY_BYTES else None
+                self._unmerged_bytes += len(keep) if keep is not None else 0
+                self._unmerged.append((first, last, len(data), keep))
+
+    def _delete_tail(self) -> None:
+        """An earlier writer's unfinished tail (FORMAT.md §18): now that this writer's first
+        object is stored, no object of that writer can ever join the gap-free run."""
+        while self._tail:
+            piece = self._tail[0]
+            self.objects.delete(piece.name)
+            self._count("archive_deletes")
+            _logger.info("archive %s: deleted %s, the unfinished tail of an earlier writer (none of it was "
+                         "acknowledged at replicated)", self.objects.url, piece.name)
+            del self._tail[0]
 
     def _reachable(self) -> None:
         """After a request succeeded: the outage (if any) is over."""
@@ -309,16 +524,54 @@ class Shipper:
             self.error = None
 
     def _put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        """In any shipper thread (the outage state is the shipper thread's: `_harvest`)."""
         try:
             self.objects.put(name, data, create_only=create_only)
         finally:
-            self.counters["archive_puts"] += 1
-        self.counters["archive_put_bytes"] += len(data)
-        self._reachable()
+            self._count("archive_puts")
+        self._count("archive_put_bytes", len(data))
 
     def _get(self, name: str) -> bytes:
-        self.counters["archive_gets"] += 1
+        self._count("archive_gets")
         return self.objects.get(name)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counter_lock:
+            self.counters[name] += n
+
+    # ---- maintenance ----------------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        """Start the next maintenance job once the last one ended; raise what the last one raised."""
+        job = self._maint_job
+        if job is not None:
+            if not job.done():
+                return
+            self._maint_job = None
+            exc = job.exception()
+            if exc is not None:
+                raise exc
+            if job.result():
+                self._succeeded(self._maint_epoch)
+        if time.monotonic() < self._retry_at:
+            return
+        self._maint_epoch = self._epoch
+        self._maint_job = self._maint.submit(self._maintenance)
+
+    def _maintenance(self) -> bool:
+        """In the maintenance thread: the owner check (during an outage, else every 10 s), a
+        snapshot, a merge, retention, each when due. True if it made a request."""
+        before = self._requests()
+        if self.error is not None or time.monotonic() - self._owner_checked_at > 10:
+            self._check_still_writer()
+            before -= 1
+        self._snapshot_if_due()
+        self._merge_if_due()
+        self._retain_if_due()
+        return self._requests() != before
+
+    def _requests(self) -> int:
+        return self.counters["archive_puts"] + self.counters["archive_gets"] + self.counters["archive_deletes"]
 
     # ---- snapshots ----------------------------------------------------------------------------
 
@@ -335,7 +588,7 @@ class Shipper:
                 self._put(layout.snap_name(lsn), data)
             self._pending_snapshot = None
             self.last_snapshot = max(self.last_snapshot, lsn)
-            self.counters["archive_snapshots"] += 1
+            self._count("archive_snapshots")
 
     # ---- merging ------------------------------------------------------------------------------
 
@@ -344,10 +597,12 @@ class Shipper:
         then delete them, so the object count grows by one per merge_objects PUTs. Never merged
         away: the session's first object (its name fences writers older than this one) and the
         archive's newest object (a follower that lists only names after its own LSN and finds
-        nothing knows from it that nothing is new: wal/archive/follow.py)."""
-        if len(self._unmerged) <= self.merge_objects:
-            return
-        batch = self._unmerged[: self.merge_objects]
+        nothing knows from it that nothing is new: wal/archive/follow.py). Only objects in the
+        gap-free run are ever listed here; their bytes come from memory where kept."""
+        with self._unmerged_lock:
+            if len(self._unmerged) <= self.merge_objects:
+                return
+            batch = self._unmerged[: self.merge_objects]
         # Only a consecutive run (a restart mid-session would not break one, but be sure).
         run = [batch[0]]
         for item in batch[1:]:
@@ -355,12 +610,12 @@ class Shipper:
                 break
             run.append(item)
         records: list[tuple[int, bytes]] = []
-        for first, _, _ in run:
+        for first, _, _, kept in run:
             name = layout.log_name(first)
             try:
-                records.extend(layout.decode_log(self._get(name), name).records)
+                records.extend(layout.decode_log(kept if kept is not None else self._get(name), name).records)
             except ObjectMissingError:  # removed by retention meanwhile: nothing to merge there
-                del self._unmerged[: len(run)]
+                self._drop_unmerged(len(run))
                 return
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
@@ -368,20 +623,30 @@ class Shipper:
             self._put(merged, layout.encode_log(records, self.writer_id))
         except ObjectExistsError:
             layout.decode_log(self._get(merged), merged)  # there and sound: a retry of this merge
-        for f, _, _ in run:
+        for f, _, _, _ in run:
             self.objects.delete(layout.log_name(f))
-            self.counters["archive_deletes"] += 1
-        del self._unmerged[: len(run)]
-        self.counters["archive_merges"] += 1
+            self._count("archive_deletes")
+        self._drop_unmerged(len(run))
+        self._count("archive_merges")
+
+    def _drop_unmerged(self, n: int) -> None:
+        with self._unmerged_lock:
+            self._unmerged_bytes -= sum(len(k) for _, _, _, k in self._unmerged[:n] if k is not None)
+            del self._unmerged[:n]
 
     def _check_still_writer(self) -> None:
         """One LIST: no object may start after this writer's archived LSN but its own next one.
         Catches a takeover while this writer was cut off (an outage, a long pause) before its next
         PUT would, and one whose fence object retention has since deleted."""
         self._owner_checked_at = time.monotonic()
-        for name, _ in self.objects.list(layout.LOG_PREFIX, layout.log_name(self.archived)):
+        names = list(self.objects.list(layout.LOG_PREFIX, layout.log_name(self.archived)))
+        # Ours: objects in flight or stored out of order (taken after the listing: whatever of
+        # ours it shows was sent before it), and the earlier writer's tail awaiting deletion.
+        mine = set(self._inflight) | set(self._stored) | {p.first for p in list(self._tail)}
+        archived = self.archived
+        for name, _ in names:
             parsed = layout.parse_name(name)
-            if parsed is not None and parsed.first > self.archived:
+            if parsed is not None and parsed.first > archived and parsed.first not in mine:
                 raise ObjectExistsError(f"{self.objects.url}/{name} was written by another writer")
 
     # ---- retention ----------------------------------------------------------------------------
@@ -405,15 +670,18 @@ class Shipper:
         base = before[-1][0]
         for _, name in before[:-1]:
             self.objects.delete(name)
-            self.counters["archive_deletes"] += 1
+            self._count("archive_deletes")
         from wal.archive.plan import list_archive  # noqa: PLC0415
 
-        self._unmerged = [u for u in self._unmerged if u[1] > base]  # the merger must not look for them
+        with self._unmerged_lock:  # the merger must not look for them
+            gone = [u for u in self._unmerged if u[1] <= base]
+            self._unmerged_bytes -= sum(len(k) for _, _, _, k in gone if k is not None)
+            self._unmerged = [u for u in self._unmerged if u[1] > base]
         for piece in list_archive(self.objects).logs:
             # Never the newest object, nor one whose end is unknown.
             if piece.last is not None and piece.last <= base and piece.last < self.archived:
                 self.objects.delete(piece.name)
-                self.counters["archive_deletes"] += 1
+                self._count("archive_deletes")
 
     def stats(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self._started, 1e-9)

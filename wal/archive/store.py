@@ -22,7 +22,7 @@ from typing import Any
 
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
-from wal.archive.plan import list_archive
+from wal.archive.plan import Piece, find_end, list_archive
 from wal.archive.shipper import Shipper
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
@@ -160,10 +160,15 @@ class ArchivedStore(Store):
         super().close()
 
 
-def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int]:
+def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int, list[Piece]]:
     """Where the archive ends, checked against this store's log: (archived LSN, a snapshot is
-    needed, newest snapshot's LSN). FailedError if the store does not continue the archive;
-    ArchiveError if the object store does not answer."""
+    needed, newest snapshot's LSN, an earlier writer's unfinished tail past the end). FailedError
+    if the store does not continue the archive; ArchiveError if the object store does not answer.
+
+    The end is that of the gap-free run of log objects (`plan.find_end`): objects past a gap are
+    the unfinished tail of a writer that stopped with PUTs in flight. This writer's first object,
+    at the end + 1, is stored before the tail is deleted (`Shipper`), which fences that writer
+    if it is still running; if it stores that name first, this store is the one fenced."""
     log = store._log
     assert log is not None
     listing = list_archive(objects)
@@ -172,10 +177,9 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int
     need_snapshot = not listing.snapshots
     end: int | None = None
     end_payload: bytes | None = None
-    if listing.logs:
-        newest = max(listing.logs, key=lambda p: (p.last if p.last is not None else 1 << 63, p.first))
-        obj = layout.decode_log(objects.get(newest.name), newest.name)
-        end, end_payload = obj.last, obj.records[-1][1]
+    found = find_end(objects, listing)
+    if found.last_object is not None:
+        end, end_payload = found.last_object.last, found.last_object.records[-1][1]
     elif listing.snapshots:
         end = last_snapshot  # a restored archive without log yet
     if end is None:
@@ -199,17 +203,18 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
-    return archived, need_snapshot, last_snapshot
+    return archived, need_snapshot, last_snapshot, found.tail
 
 
 def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
-            merge_objects: int, retention_s: float | None) -> None:
+            merge_objects: int, retention_s: float | None, puts_in_flight: int) -> None:
     """Find where the archive ends and check this store continues it; then start shipping. An
     object store that does not answer does not stop the open: the shipper resolves the archive's
     end once it answers, and until then ships nothing and lets no segment go (archived LSN 0)."""
     resolve = None
+    tail: list[Piece] = []
     try:
-        archived, need_snapshot, last_snapshot = _resolve(store, objects)
+        archived, need_snapshot, last_snapshot, tail = _resolve(store, objects)
     except ArchiveUnavailableError as exc:
         _logger.error("archive %s unreachable when %s was opened; the store works, shipping starts once it "
                       "answers (commits wait or fail once the lag passes archive_rpo_ms): %s", objects.url,
@@ -218,7 +223,8 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
         resolve = lambda: _resolve(store, objects)  # noqa: E731
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=archived, need_snapshot=need_snapshot,
-                      last_snapshot=last_snapshot, retention_s=retention_s, resolve=resolve)
+                      last_snapshot=last_snapshot, retention_s=retention_s, resolve=resolve, tail=tail,
+                      puts_in_flight=puts_in_flight)
     if resolve is not None:
         shipper.error = "unreachable when the store was opened"
     store._shipper = shipper
@@ -236,6 +242,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     - archive_snapshot_bytes (64 MiB): ship a state snapshot after this much shipped log.
     - archive_merge_objects (32): merge this many small group objects into one.
     - archive_retention_s (None: keep all): keep what a restore within this window needs.
+    - archive_puts_in_flight (4): PUTs of log objects in flight at once (1..8, FORMAT.md §18).
     """
     opts = dict(options)
     rpo_ms = opts.pop("archive_rpo_ms", 1000)
@@ -243,6 +250,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     snapshot_bytes = opts.pop("archive_snapshot_bytes", 64 << 20)
     merge_objects = opts.pop("archive_merge_objects", 32)
     retention_s = opts.pop("archive_retention_s", None)
+    puts_in_flight = opts.pop("archive_puts_in_flight", 4)
     if opts:
         raise ArgumentError(f"unknown option(s) of wal.open: {', '.join(sorted(opts))}")
     if isinstance(rpo_ms, bool) or not isinstance(rpo_ms, int) or rpo_ms <= 0:
@@ -256,6 +264,10 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
                                     or retention_s <= 0):
         raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
+    if isinstance(puts_in_flight, bool) or not isinstance(puts_in_flight, int) \
+            or not 1 <= puts_in_flight <= layout.MAX_IN_FLIGHT:
+        raise ArgumentError(f"archive_puts_in_flight must be an int in 1..{layout.MAX_IN_FLIGHT}, "
+                            f"got {puts_in_flight!r}")
     objects = open_objects(archive)
     store = ArchivedStore._open(path, readonly=False, archive=False, **store_kwargs)
     assert isinstance(store, ArchivedStore)
@@ -264,7 +276,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
         store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
     try:
         _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
-                merge_objects=merge_objects, retention_s=retention_s)
+                merge_objects=merge_objects, retention_s=retention_s, puts_in_flight=puts_in_flight)
     except BaseException:
         store.close()
         raise
