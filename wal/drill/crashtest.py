@@ -94,7 +94,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import wal
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
@@ -212,14 +212,19 @@ def _child_main(argv: Sequence[str]) -> int:
     p.add_argument("--round", type=int, default=1)
     p.add_argument("--apply-interval-ms", type=int, default=20)
     p.add_argument("--script", action="store_true", help="the short scripted workload of the exhaustive mode")
+    p.add_argument("--archive", default=None, help="an archive URL (the machine-loss drill)")
+    p.add_argument("--archive-rpo-ms", type=int, default=1000)
     args = p.parse_args(argv)
     if args.script:
         return _script_main(args)
 
     _emit(f"OPEN {time.monotonic_ns()}")
+    archive: dict[str, Any] = {}
+    if args.archive:
+        archive = {"archive": args.archive, "archive_rpo_ms": args.archive_rpo_ms}
     store = wal.open(args.store, durability=args.level, rpo_ms=args.rpo_ms or None,
                      segment_bytes=CHILD_SEGMENT_BYTES, checkpoint_bytes=CHILD_CHECKPOINT_BYTES,
-                     apply_interval_ms=args.apply_interval_ms)
+                     apply_interval_ms=args.apply_interval_ms, **archive)
     _emit(f"READY {time.monotonic_ns()} {store.watermarks.written}")
 
     def worker(tid: int) -> None:
@@ -405,7 +410,10 @@ class Oracle:
         self.base = 0
 
     def check(self, got: Recovered, round_no: int, child: ChildOutput, kill_ns: int,
-              crash: Literal["kill", "power"], *, where: str = "") -> CheckOutcome:
+              crash: Literal["kill", "power", "machine"], *, where: str = "") -> CheckOutcome:
+        """`crash` "machine": the store was restored from its archive after the machine was lost
+        (wal/drill/machineloss.py); `rpo_ms` is then the archive's bound, and only `replicated`
+        promises that nothing acknowledged is lost."""
         tag = f"[{where}] " if where else ""
         v: list[str] = []
         acks = child.acks
@@ -489,16 +497,20 @@ class Oracle:
         if lost:
             oldest = min(lost, key=lambda a: a.t_ns)
             loss_ms = (kill_ns - oldest.t_ns) / 1e6
-            promised_nothing = self.level == "sync" or (self.level == "interval" and crash == "kill")
+            if crash == "machine":
+                promised_nothing = self.level == "replicated"
+            else:
+                promised_nothing = self.level == "sync" or (self.level == "interval" and crash == "kill")
+            crash_name = {"kill": "process kill", "power": "power cut", "machine": "machine loss"}[crash]
+            event = {"kill": "kill", "power": "power cut", "machine": "machine loss"}[crash]
+            bound = "archive_rpo_ms" if crash == "machine" else "rpo_ms"
             if promised_nothing:
                 v.append(f"{tag}I2: {len(lost)} acknowledged commit(s) lost at level {self.level} after a "
-                         f"{'process kill' if crash == 'kill' else 'power cut'}: LSNs "
-                         f"{sorted(a.lsn for a in lost)[:10]} (state ends at LSN {top}); the oldest was acknowledged "
-                         f"{loss_ms:.1f} ms before the {'kill' if crash == 'kill' else 'power cut'}")
+                         f"{crash_name}: LSNs {sorted(a.lsn for a in lost)[:10]} (state ends at LSN {top}); the "
+                         f"oldest was acknowledged {loss_ms:.1f} ms before the {event}")
             elif loss_ms > self.rpo_ms + SLACK_MS:
-                event = "kill" if crash == "kill" else "power cut"
                 v.append(f"{tag}RPO: {len(lost)} acknowledged commit(s) lost, the oldest acknowledged {loss_ms:.1f} ms "
-                         f"before the {event}: over rpo_ms={self.rpo_ms} (+{SLACK_MS} ms slack)")
+                         f"before the {event}: over {bound}={self.rpo_ms} (+{SLACK_MS} ms slack)")
         if not v:
             self.model, self.base = state, top
         return CheckOutcome(v, m_count, len(acks), len(lost), loss_ms, in_recovery)
@@ -541,11 +553,15 @@ class LevelResult:
     lost_after_power_cuts: int = 0
     worst_kill_loss_ms: float = 0.0
     worst_power_loss_ms: float = 0.0
+    machine_losses: int = 0  # rounds of the machine-loss drill (wal/drill/machineloss.py)
+    lost_after_machine_losses: int = 0
+    worst_machine_loss_ms: float = 0.0
     committed: int = 0  # commits found after recovery (acknowledged or in flight)
     torn_tails: int = 0  # recoveries that cut a torn tail (expected after power cuts; reported, not a failure)
     recovery_ms: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     violation_count: int = 0
+    notes: list[str] = field(default_factory=list)  # said, not a verdict (e.g. an archive left behind)
 
     @property
     def passed(self) -> bool:
@@ -557,7 +573,7 @@ class LevelResult:
 
     @property
     def worst_loss_ms(self) -> float:
-        return max(self.worst_kill_loss_ms, self.worst_power_loss_ms)
+        return max(self.worst_kill_loss_ms, self.worst_power_loss_ms, self.worst_machine_loss_ms)
 
     @property
     def recovery_p50_ms(self) -> float:
@@ -572,12 +588,15 @@ class LevelResult:
         room = MAX_VIOLATIONS - len(self.violations)
         self.violations.extend(items[:max(0, room)])
 
-    def record(self, outcome: CheckOutcome, crash: Literal["kill", "power"]) -> None:
+    def record(self, outcome: CheckOutcome, crash: Literal["kill", "power", "machine"]) -> None:
         self.add_violations(outcome.violations)
         self.acknowledged += outcome.acknowledged
         self.lost += outcome.lost
         self.committed += outcome.committed
-        if crash == "kill":
+        if crash == "machine":
+            self.lost_after_machine_losses += outcome.lost
+            self.worst_machine_loss_ms = max(self.worst_machine_loss_ms, outcome.loss_ms)
+        elif crash == "kill":
             self.lost_after_kills += outcome.lost
             self.worst_kill_loss_ms = max(self.worst_kill_loss_ms, outcome.loss_ms)
         else:
@@ -589,6 +608,12 @@ class LevelResult:
         return self.summary() + "".join(f"\n  - {v}" for v in self.violations)
 
     def summary(self) -> str:
+        if self.machine_losses:
+            rpo = f"{self.rpo_ms} ms" if self.level != "replicated" else "0 (nothing may be lost)"
+            return (f"{self.level}, machine loss: {self.acknowledged} commits acknowledged, {self.lost} lost; worst "
+                    f"loss {self.worst_machine_loss_ms:.1f} ms vs archive RPO {rpo}; restore p50 "
+                    f"{self.recovery_p50_ms:.1f} ms, max {self.recovery_max_ms:.1f} ms; {self.machine_losses} "
+                    f"machine losses; {self.status}")
         rpo = f"{self.rpo_ms} ms" if self.level != "sync" else "0 (nothing may be lost)"
         return (f"{self.level}: {self.acknowledged} commits acknowledged, {self.lost} lost "
                 f"(after kills {self.lost_after_kills}, after power cuts {self.lost_after_power_cuts}); "
@@ -1079,8 +1104,9 @@ def _levels(text: str) -> list[str]:
     out = []
     for raw in text.split(","):
         part = raw.strip()
-        if part not in ("sync", "interval", "buffered"):
-            raise argparse.ArgumentTypeError(f"unknown level {part!r}; use sync, interval, buffered")
+        if part not in ("sync", "interval", "buffered", "replicated"):
+            raise argparse.ArgumentTypeError(f"unknown level {part!r}; use sync, interval, buffered (replicated "
+                                             "with --archive)")
         if part not in out:
             out.append(part)
     return out
@@ -1124,6 +1150,17 @@ def build_parser(prog: str = "agentwal crashtest") -> argparse.ArgumentParser:
     p.add_argument("--run-ms", type=int, default=250,
                    help="a child commits for up to this long before it is killed (default 250)")
     p.add_argument("--keep", action="store_true", help="keep the stores afterwards (to inspect them)")
+    g = p.add_argument_group(
+        "machine loss", "With --archive URL (s3://bucket/prefix or file:///dir, your object store), each level also\n"
+        "runs the machine-loss drill: a child commits with the archive, is SIGKILLed, its whole directory is\n"
+        "deleted, the archive is restored elsewhere and checked: nothing acknowledged at replicated may be\n"
+        "missing, nothing acknowledged at sync/interval/buffered more than --archive-rpo-ms before the loss.\n"
+        "Level replicated (machine loss only) needs --archive. Each round writes under its own prefix of URL\n"
+        "and deletes it afterwards (unless --keep).")
+    g.add_argument("--archive", metavar="URL", default=None, help="the archive to drill machine loss against")
+    g.add_argument("--machine-losses", type=_nonneg, default=5, help="machine losses per level (default 5)")
+    g.add_argument("--archive-rpo-ms", type=int, default=1000,
+                   help="archive_rpo_ms of the child's store: the machine-loss bound checked (default 1000)")
     return p
 
 
@@ -1141,6 +1178,13 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         return 2
     if args.threads < 1:
         print("agentwal crashtest: error: --threads must be >= 1", file=sys.stderr)
+        return 2
+    if "replicated" in args.level and not args.archive:
+        print("agentwal crashtest: error: level replicated needs --archive URL (it is drilled by machine loss)",
+              file=sys.stderr)
+        return 2
+    if args.archive and args.archive_rpo_ms <= 0:
+        print("agentwal crashtest: error: --archive-rpo-ms must be > 0", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     shim_note = None
@@ -1166,25 +1210,42 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         f"rpo {args.rpo_ms} ms for interval/buffered")
     if not args.dir:
         say("(to test the disk your store will live on, pass a directory on it: agentwal crashtest DIR)")
+    machine = (f" --archive {args.archive} --machine-losses {args.machine_losses} --archive-rpo-ms "
+               f"{args.archive_rpo_ms}" if args.archive else "")
     say(f"rerun: agentwal crashtest {args.dir or ''} --seed {seed} --level {','.join(args.level)} "
         f"--kills {args.kills} --power-cuts {args.power_cuts} --threads {args.threads} --rpo-ms {args.rpo_ms} "
-        f"--run-ms {args.run_ms}{' --exhaustive' if args.exhaustive else ''}".replace("crashtest  ", "crashtest "))
+        f"--run-ms {args.run_ms}{' --exhaustive' if args.exhaustive else ''}{machine}".replace("crashtest  ",
+                                                                                               "crashtest "))
     if shim_note:
         say(shim_note)
     say()
     results: list[LevelResult] = []
+    machine_results: list[LevelResult] = []
     try:
         stack = storage_stack(work)
         for line in stack.lines():
             say(line)
         say()
         for level in args.level:
+            if level == "replicated" or not (args.kills or args.power_cuts or args.exhaustive):
+                continue
             started = time.monotonic()
             print(f"  {level}: running...", file=sys.stderr, flush=True)
             r = run_level(work, level, args.rpo_ms, kills=args.kills, power_cuts=args.power_cuts,
                           threads=args.threads, seed=seed, exhaustive=args.exhaustive, run_max_s=args.run_ms / 1000)
             results.append(r)
             print(f"  {level}: done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+        if args.archive and args.machine_losses:
+            from wal.drill.machineloss import run_machine_losses  # noqa: PLC0415 -- only with --archive
+
+            for level in args.level:
+                started = time.monotonic()
+                print(f"  {level}: machine losses...", file=sys.stderr, flush=True)
+                machine_results.append(run_machine_losses(
+                    os.path.join(work, level, "machine"), level, archive=args.archive,
+                    archive_rpo_ms=args.archive_rpo_ms, losses=args.machine_losses, rpo_ms=args.rpo_ms,
+                    threads=args.threads, seed=seed, run_max_s=max(args.run_ms / 1000, 1.0), keep=args.keep))
+                print(f"  {level}: done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         say("interrupted")
         return 130
@@ -1196,7 +1257,8 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
             _rmtree(work)
     header = (f"{'level':<9} {'acked':>8} {'lost: kill/cut':>15} {'worst loss / RPO':>18} {'recovery p50 / max':>20} "
               f"{'kills':>6} {'cuts':>6} {'in recovery':>11}  result")
-    say(header)
+    if results:
+        say(header)
     for r in results:
         rpo = f"{r.rpo_ms} ms" if r.level != "sync" else "0 ms"
         loss = f"{r.worst_loss_ms:.1f} ms / {rpo}"
@@ -1205,11 +1267,31 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         cuts = r.power_cuts + r.exhaustive_cuts
         say(f"{r.level:<9} {r.acknowledged:>8} {lost:>15} {loss:>18} {rec:>20} {r.kills:>6} {cuts:>6} "
             f"{r.kills_in_recovery:>11}  {r.status}")
-    say()
-    say("acked: commits the child was told were committed; lost: of those, not found after recovery (allowed: none "
-        "at sync, none after a kill at interval, the last RPO ms otherwise); in recovery: crashes that hit a "
-        "recovery in progress; PASS: no invariant (I2 durable, I3 prefix, I4 idempotent recovery) or RPO violated.")
-    for r in results:
+    if results:
+        say()
+        say("acked: commits the child was told were committed; lost: of those, not found after recovery (allowed: "
+            "none at sync, none after a kill at interval, the last RPO ms otherwise); in recovery: crashes that hit "
+            "a recovery in progress; PASS: no invariant (I2 durable, I3 prefix, I4 idempotent recovery) or RPO "
+            "violated.")
+    if machine_results:
+        say()
+        say(f"machine loss, archive {args.archive} (archive_rpo_ms {args.archive_rpo_ms}):")
+        say(f"{'level':<10} {'acked':>8} {'lost':>6} {'worst loss / archive RPO':>26} {'restore p50 / max':>22} "
+            f"{'losses':>7}  result")
+        for r in machine_results:
+            rpo = "0 ms" if r.level == "replicated" else f"{r.rpo_ms} ms"
+            loss = f"{r.worst_machine_loss_ms:.1f} ms / {rpo}"
+            rec = f"{r.recovery_p50_ms:.0f} / {r.recovery_max_ms:.0f} ms"
+            say(f"{r.level:<10} {r.acknowledged:>8} {r.lost_after_machine_losses:>6} {loss:>26} {rec:>22} "
+                f"{r.machine_losses:>7}  {r.status}")
+        say()
+        say("machine loss: the child SIGKILLed and its directory deleted, the archive restored elsewhere. lost: "
+            "acknowledged, not in the restored store (allowed: none at replicated; at the other levels only "
+            "commits acknowledged within archive_rpo_ms of the loss). restore: wal.restore plus the first open.")
+    for r in [*results, *machine_results]:
+        for note in r.notes:
+            say(f"note: {note}")
+    for r in [*results, *machine_results]:
         if r.violations:
             say()
             say(f"{r.level}: {r.violation_count} violation(s):")
@@ -1219,7 +1301,7 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         say()
         say(f"{len(stack.warnings)} storage warning(s) above: the drill proves the engine; a power cut on this "
             "stack is survived only if the device and filesystem honour fdatasync.")
-    return 0 if all(r.passed for r in results) else 1
+    return 0 if all(r.passed for r in [*results, *machine_results]) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
