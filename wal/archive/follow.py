@@ -17,7 +17,8 @@ have taken the name first), which now exists, so its create-only PUT fails and i
 `FailedError`; an old primary that reopens finds the archive ahead of, or different from, its
 log and refuses to open with an archive. This relies on create-only PUTs (``If-None-Match: *``);
 an object store that ignores them would let the old primary overwrite the fence object: no
-fencing there (`ObjectStore.create_only_honored`).
+fencing there: promote() and an archived open refuse such a store (`ObjectStore.check_create_only`)
+unless given archive_fencing=False.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from wal.archive import layout
-from wal.archive.objects import ArchiveError, ObjectExistsError, ObjectMissingError, ObjectStore, open_objects
+from wal.archive.objects import (
+    ArchiveError,
+    ObjectExistsError,
+    ObjectMissingError,
+    ObjectStore,
+    fencing_refusal,
+    open_objects,
+)
 from wal.archive.plan import Piece, cover
 from wal.archive.restore import restore
 from wal.archive.store import open_archived
-from wal.errors import ClosedError, CorruptionError, ReadOnlyError
+from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError
 from wal.log import record
 from wal.store.store import Store, open_local
 
@@ -180,6 +188,8 @@ class Follower:
         """Make this follower the archive's writer: catch up, fence the old primary (create-only
         ``log/<n+1>.wal``), and return a writable store shipping to the archive, continuing the
         LSN sequence. open_kwargs go to `wal.open` (durability, archive_rpo_ms, ...)."""
+        if open_kwargs.get("archive_fencing", True) and not self._objects.check_create_only():
+            raise FailedError(fencing_refusal(self._objects) + " (and promote with archive_fencing=False)")
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()

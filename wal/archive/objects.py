@@ -35,6 +35,8 @@ from urllib.parse import unquote, urlparse
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import ArgumentError, WalError
 
+PROBE_PREFIX = "probe/"  # objects of `ObjectStore.check_create_only`, deleted right after
+
 
 class ArchiveError(WalError):
     """An archive operation failed (the message names the object and the URL)."""
@@ -56,8 +58,27 @@ class ObjectStore:
     """The five operations the archive uses; see the module docstring for their contracts."""
 
     url: str = ""
-    # True where create-only writes are atomic and honored (fencing holds); both backends here do.
-    create_only_honored = True
+    # Whether create-only writes are honoured, once `check_create_only` has asked the store.
+    create_only_honored: bool | None = None
+
+    def check_create_only(self) -> bool:
+        """Does this object store honour create-only writes (what fences an old writer)? Asked
+        once per ObjectStore: a probe object ``probe/<random>`` (FORMAT.md §18) is written
+        create-only twice, the second write must be refused, then it is deleted. S3-compatible
+        stores that ignore ``If-None-Match`` accept the second write. ArchiveError if the store
+        does not answer."""
+        if self.create_only_honored is None:
+            name = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+            self.put(name, b"agentwal create-only probe 1", create_only=True)
+            try:
+                self.put(name, b"agentwal create-only probe 2", create_only=True)
+                honoured = False
+            except ObjectExistsError:
+                honoured = True
+            finally:
+                self.delete(name)
+            self.create_only_honored = honoured
+        return self.create_only_honored
 
     def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
         raise NotImplementedError
@@ -78,6 +99,15 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+
+def fencing_refusal(objects: ObjectStore) -> str:
+    """Why an archive on an object store without create-only writes is refused, and what to do."""
+    return (f"the object store of {objects.url} does not honour create-only writes (a second PUT with "
+            "If-None-Match: * of the same name was accepted): agentwal fences an old writer with them, so a "
+            "promoted follower could not stop an old primary from overwriting the archive. Refused. Use an object "
+            "store that honours them (AWS S3, MinIO, SeaweedFS, Cloudflare R2, a file:// archive), or, if you "
+            "guarantee that only one writer ever ships into this archive, open with archive_fencing=False")
 
 
 class FileObjects(ObjectStore):

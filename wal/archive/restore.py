@@ -152,15 +152,15 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
             reached = _collect_planned(objects, listing, records, after, upto=upto, time_ms=time_ms,
                                        parallel=parallel, progress=progress, tally=tally)
             break
-        except _TailReached as tail:
+        except _TailReached as stop:
             pos = records[-1][0] if records else after
             if upto is not None and upto > pos:
                 raise ArgumentError(
                     f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN {pos}: LSNs "
-                    f"{pos + 1}..{tail.gap_end} are missing (its writer stopped with PUTs in flight), and "
-                    f"{len(tail.tail)} object(s) past them are that writer's unfinished tail") from None
+                    f"{pos + 1}..{stop.gap_end} are missing (its writer stopped with PUTs in flight), and "
+                    f"{len(stop.tail)} object(s) past them are that writer's unfinished tail") from None
             if tail_out is not None:
-                tail_out.extend(tail.tail)
+                tail_out.extend(stop.tail)
             return records, tally["objects"], tally["bytes"]
         except ObjectMissingError:
             # Merged away (or removed by retention) between the listing and the download: list
@@ -180,8 +180,11 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
                               "them; restore refused (restore to an LSN before the gap with lsn=)",
                               path=objects.url, lsn=gap, reason="archive gap")
     if upto is not None and end_known < upto:
+        tail = unfinished_tail(objects, listing.logs, end_known)
+        beyond = (f": LSNs {end_known + 1}..{tail[0].first - 1} are missing (its writer stopped with PUTs in "
+                  f"flight), and {len(tail)} object(s) past them are that writer's unfinished tail" if tail else "")
         raise ArgumentError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
-                            f"{end_known}")
+                            f"{end_known}{beyond}")
     return records, count, nbytes
 
 

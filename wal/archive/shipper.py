@@ -81,7 +81,7 @@ class Shipper:
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
                  last_snapshot: int, retention_s: float | None = None,
                  resolve: Callable[[], tuple[int, bool, int, list[Piece]]] | None = None,
-                 tail: list[Piece] | None = None, puts_in_flight: int = 4) -> None:
+                 tail: list[Piece] | None = None, puts_in_flight: int = 1) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms

@@ -1,0 +1,82 @@
+"""An S3 proxy for tests: forwards every request to a real S3 server (SeaweedFS here) after dropping
+the ``If-None-Match`` header, so the server behind it never sees a create-only PUT: it stands for
+an object store that does not honour conditional writes. Requests are re-signed (SigV4) with the
+test credentials, since the dropped header was signed.
+
+    with StrippingProxy(server.endpoint) as proxy:   # proxy.endpoint: http://127.0.0.1:PORT
+        ...
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from typing import Any
+from urllib.parse import urlparse
+
+from archive_server import ACCESS_KEY, SECRET_KEY
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length", "authorization",
+        "x-amz-date", "if-none-match", "expect"}
+
+
+class StrippingProxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlparse(upstream)
+        self.stripped = 0  # requests that carried If-None-Match
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if self.headers.get("If-None-Match") is not None:
+                    proxy.stripped += 1
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                signed = proxy._sign(self.command, self.path, headers, body)
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=signed)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815 -- http.server names
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _sign(self, method: str, path: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+        from botocore.auth import S3SigV4Auth  # noqa: PLC0415
+        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
+        from botocore.credentials import Credentials  # noqa: PLC0415
+
+        url = f"{self.upstream.scheme}://{self.upstream.netloc}{path}"
+        request = AWSRequest(method=method, url=url, data=body, headers=headers)
+        S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
+        return dict(request.headers.items())
+
+    def __enter__(self) -> StrippingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,156 @@
+"""Several PUTs in flight (``archive_puts_in_flight``): objects stored out of order, the archived LSN
+moving only over the gap-free run, and a writer's unfinished tail (the machine lost with PUTs in
+flight) restored up to the gap, then deleted by the next writer (FORMAT.md §18).
+
+The archive is a real ``file://`` folder; one PUT is held back (the object store slow for one
+request) by `HeldPut`, a fault injector in front of it, as the failpoints are for the log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+
+import wal
+from wal.archive import layout
+from wal.archive.objects import FileObjects
+from wal.archive.restore import verify
+
+ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
+
+
+class HeldPut(FileObjects):
+    """file:// objects; the PUT of the first log object at or past `hold_from` waits for `release`."""
+
+    def __init__(self, root: str, hold_from: int) -> None:
+        super().__init__(root)
+        self.hold_from = hold_from
+        self.release = threading.Event()
+        self.held: str | None = None
+        self.put_names: list[str] = []
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        parsed = layout.parse_name(name)
+        if (self.held is None and parsed is not None and parsed.kind == "log"
+                and parsed.first >= self.hold_from):
+            self.held = name
+        if name == self.held:
+            assert self.release.wait(60), "never released"
+        super().put(name, data, create_only=create_only)
+        self.put_names.append(name)
+
+
+def wait_until(cond: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _commit_in_threads(store: wal.Store, n_threads: int, per_thread: int, acked: list[int],
+                       durability: str = "replicated") -> list[threading.Thread]:
+    def work(t: int) -> None:
+        for i in range(per_thread):
+            acked.append(store.put(f"t{t}/{i}", b"v%d" % i, durability=durability))
+            if durability != "replicated":
+                time.sleep(0.002)  # commits spread over time: several objects
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def test_several_puts_in_flight_need_a_one_writer_archive(tmp_path) -> None:
+    with pytest.raises(wal.ArgumentError, match="archive_fencing=False"):
+        wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a", archive_puts_in_flight=4)
+    with pytest.raises(wal.ArgumentError, match=r"1\.\.8"):
+        wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a", archive_puts_in_flight=9, archive_fencing=False)
+
+
+def test_objects_stored_out_of_order_acknowledge_only_the_gap_free_run(tmp_path) -> None:
+    objects = HeldPut(str(tmp_path / "archive"), hold_from=20)
+    store = wal.open(tmp_path / "s", archive=objects, archive_puts_in_flight=4, **ONE_WRITER)
+    try:
+        first = [store.put(f"a{i}", b"x", durability="replicated") for i in range(19)]  # shipped one by one
+        acked: list[int] = []
+        threads = _commit_in_threads(store, 8, 10, acked)
+        wait_until(lambda: objects.held is not None)
+        held = layout.parse_name(objects.held)
+        assert held is not None
+        # Objects past the held one get stored; nothing from the held one on is acknowledged.
+        wait_until(lambda: any((p := layout.parse_name(n)) is not None and p.first > held.first
+                               for n in objects.put_names))
+        time.sleep(0.2)
+        assert store.stats()["archived_lsn"] == held.first - 1
+        assert all(lsn < held.first for lsn in acked), "a replicated commit was acknowledged past a gap"
+        objects.release.set()
+        for th in threads:
+            th.join(60)
+        assert len(acked) == 80 and store.stats()["archived_lsn"] >= max(acked)
+        assert first[-1] < held.first
+        end = store.watermarks.durable
+    finally:
+        objects.release.set()
+        store.close()
+    report = wal.restore(f"file://{tmp_path}/archive", tmp_path / "r")
+    assert report.lsn == end and report.unfinished_tail == ()
+    assert verify(f"file://{tmp_path}/archive").ok
+
+
+def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_writer_clears_the_tail(tmp_path) -> None:
+    objects = HeldPut(str(tmp_path / "archive"), hold_from=10)
+    store = wal.open(tmp_path / "s", archive=objects, archive_puts_in_flight=4, **ONE_WRITER)
+    lost = tmp_path / "lost"  # the archive as it was when the machine went
+    try:
+        for i in range(9):
+            store.put(f"a{i}", b"x", durability="replicated")
+        acked: list[int] = []
+        threads = _commit_in_threads(store, 4, 100, acked, "sync")
+        wait_until(lambda: objects.held is not None)
+        held = layout.parse_name(objects.held)
+        assert held is not None
+        wait_until(lambda: sum(1 for n in objects.put_names
+                               if (p := layout.parse_name(n)) is not None and p.first > held.first) >= 2)
+        shutil.copytree(tmp_path / "archive", lost)
+    finally:
+        objects.release.set()
+        for th in threads:
+            th.join(60)
+        store.close()
+    url = f"file://{lost}"
+    tail = [n for n, _ in FileObjects(str(lost)).list(layout.LOG_PREFIX)
+            if (p := layout.parse_name(n)) is not None and p.first > held.first]
+    assert tail
+    checked = verify(url)
+    assert checked.ok and checked.last_lsn == held.first - 1 and list(checked.unfinished_tail) == tail
+    report = wal.restore(url, tmp_path / "r")
+    assert report.lsn == held.first - 1 and list(report.unfinished_tail) == tail
+    with pytest.raises(wal.ArgumentError, match=r"missing .*unfinished tail"):
+        wal.restore(url, tmp_path / "r2", lsn=held.first)
+    # The restored store continues the archive: its first object fills the gap, then the tail goes.
+    with wal.open(tmp_path / "r", archive=url, archive_fencing=False) as s:
+        lsn = s.put("next", b"1", durability="replicated")
+        assert lsn == held.first
+        wait_until(lambda: not [n for n in tail if (lost / n).exists()])
+    assert verify(url).ok and verify(url).unfinished_tail == ()
+    with wal.open(tmp_path / "r") as s:
+        assert s.get("next") == b"1"
+    final = wal.restore(url, tmp_path / "r3")
+    assert final.lsn == held.first and final.unfinished_tail == ()
+
+
+def test_a_missing_object_in_a_finished_archive_is_still_damage(tmp_path) -> None:
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "s", archive=url, archive_puts_in_flight=4, **ONE_WRITER) as s:
+        for i in range(40):
+            s.put(f"k{i}", b"v", durability="replicated")
+    names = [n for n, _ in FileObjects(str(tmp_path / "archive")).list(layout.LOG_PREFIX)]
+    assert len(names) >= 6
+    FileObjects(str(tmp_path / "archive")).delete(names[-4])
+    with pytest.raises(wal.CorruptionError, match="missing LSNs"):
+        wal.restore(url, tmp_path / "r")
+    assert not verify(url).ok
