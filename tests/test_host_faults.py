@@ -15,12 +15,14 @@ process.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -504,3 +506,79 @@ def test_an_idle_store_sleeps_long_and_its_next_commit_wakes_it(tmp_path: Path, 
             tx.put(b"c", b"3")
         assert not store._core.idle
         assert _wait(lambda: store.watermarks.applied >= 3)
+
+
+# ---- the archive ----------------------------------------------------------------------------------
+# The shipper stages nothing locally: it reads the log's own segments and PUTs them, so a full disk
+# under an archived store is the log's (NoSpaceError, as above) and shipping goes on; a full
+# filesystem under a file:// archive is an outage of the object store (retried with backoff); a
+# restore into a full filesystem is NoSpaceError with nothing left behind.
+
+
+def test_a_full_disk_under_an_archived_store_refuses_commits_with_no_space_and_shipping_goes_on(
+        small_fs: Path, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    oracle = Oracle()
+    path = small_fs / "store"
+    store = wal.open(path, archive=url, archive_rpo_ms=60_000, preallocate="size", segment_bytes=8 << 20,
+                     checkpoint_bytes=1 << 20)
+    for i in range(50):
+        assert oracle.put(store, b"before%03d" % i, _value("before", i))
+    _fill(small_fs)
+    _commit_until_refused(store, oracle, "full")
+    oracle.no_space_errors_only()
+    assert store.stats()["failed"] is None
+    durable = store.watermarks.durable
+    assert _wait(lambda: store.stats()["archived_lsn"] >= durable), "shipping stopped on a full local disk"
+    assert store.stats()["archive_error"] is None
+    _give_back(small_fs)
+    for i in range(20):
+        assert oracle.put(store, b"after%03d" % i, _value("after", i)), oracle.errors[-1]
+    store.close()
+    oracle.check(path)
+    wal.restore(url, tmp_path / "restored")
+    oracle.check(tmp_path / "restored")
+
+
+def test_a_full_file_archive_is_an_outage_retried_until_space_returns(small_fs: Path, tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="wal.archive")
+    url = f"file://{small_fs}/archive"
+    store = wal.open(tmp_path / "store", archive=url, archive_rpo_ms=60_000)
+    store.put("first", b"1", durability="replicated")
+    _fill(small_fs)
+    lsns = [store.put(f"k{i}", _value("k", i)) for i in range(200)]  # sync: never waits for the archive
+    assert _wait(lambda: store.stats()["archive_error"] is not None)
+    assert "No space" in store.stats()["archive_error"]
+    assert store.stats()["archived_lsn"] < lsns[-1]
+    done = threading.Event()
+
+    def replicated() -> None:
+        store.put("critical", b"2", durability="replicated")
+        done.set()
+
+    t = threading.Thread(target=replicated)
+    t.start()
+    assert not done.wait(0.5), "a replicated commit was acknowledged while the archive could not store it"
+    _give_back(small_fs)
+    t.join(30)
+    assert done.is_set()
+    assert _wait(lambda: store.stats()["archive_error"] is None)
+    store.close()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "unreachable" in r.getMessage()]
+    assert len(errors) == 1 and any("shipping resumed" in r.getMessage() for r in caplog.records)
+    report = wal.restore(url, tmp_path / "restored")
+    with wal.open(tmp_path / "restored") as r:
+        assert r.get("critical") == b"2" and r.get("k199") == _value("k", 199) and report.lsn == lsns[-1] + 1
+
+
+def test_a_restore_into_a_full_disk_raises_no_space_and_leaves_nothing(small_fs: Path, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", archive=url) as s:
+        for i in range(300):
+            s.put(f"k{i}", _value("k", i))
+    _fill(small_fs)
+    with pytest.raises(wal.NoSpaceError, match="space"):
+        wal.restore(url, small_fs / "restored")
+    assert not (small_fs / "restored").exists()
+    _give_back(small_fs)
+    assert wal.restore(url, small_fs / "restored").lsn == 300

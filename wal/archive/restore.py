@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Listing, Piece, cover, list_archive, unfinished_tail
-from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError
+from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
 
 _logger = logging.getLogger("wal.archive")
 
@@ -258,9 +258,11 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     created = not os.path.exists(root)
     try:
         write_store(root, snap, records)
-    except BaseException:
+    except BaseException as exc:
         if created:
             shutil.rmtree(root, ignore_errors=True)
+        if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
+            raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
     return RestoreReport(root, end, snap.lsn, len(records), count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail))
