@@ -37,6 +37,7 @@ import heapq
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,56 @@ def _resolve_future(future: asyncio.Future[None], exc: BaseException | None) -> 
             future.set_result(None)
         else:
             future.set_exception(exc)
+
+
+class _DaemonPool:
+    """Threads running submitted calls, each answered through a `concurrent.futures.Future`.
+    Daemon threads, unlike ThreadPoolExecutor's: a PUT hanging on an unreachable object store
+    (botocore's timeouts run to a minute) never holds up the interpreter's exit; whatever it was
+    shipping is durable in the local log."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]]
+                                       | None] = queue.SimpleQueue()
+        self._workers = workers
+        self._name = name
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever reads the future
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Calls not started are cancelled; running ones finish on their own; the threads end."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self._threads:
+            self._queue.put(None)
 
 
 class ArchiveLagError(WalError):
@@ -125,8 +176,8 @@ class Shipper:
         # by a committer waiting at `replicated` that finds it free (it sends the PUT for its own
         # commit). Lock order: _ship_lock, then _cond.
         self._ship_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(puts_in_flight, f"agentwal-archive-put:{store.path}")
-        self._maint = concurrent.futures.ThreadPoolExecutor(1, f"agentwal-archive-maint:{store.path}")
+        self._pool = _DaemonPool(puts_in_flight, f"agentwal-archive-put:{store.path}")
+        self._maint = _DaemonPool(1, f"agentwal-archive-maint:{store.path}")
         self._maint_job: concurrent.futures.Future[bool] | None = None
         self._maint_epoch = 0
         self._cond = threading.Condition()
@@ -183,8 +234,8 @@ class Shipper:
                 _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
         # PUTs still in flight may finish after this (harmless: durable records, create-only
         # names); nothing waits for them.
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._maint.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+        self._maint.shutdown()
         self.write_status()
 
     # ---- waiting ------------------------------------------------------------------------------
