@@ -284,13 +284,13 @@ class Shipper:
     def _release_async(self) -> None:
         """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
         fenced or stopped)."""
-        done: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        done: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         with self._cond:
             end = self.fenced is not None or self._stop
             while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
                 lsn, _, loop, future = heapq.heappop(self._async_waiters)
-                done.append((loop, future))
-        for loop, future in done:
+                done.append((lsn, loop, future))
+        for lsn, loop, future in done:
             exc: BaseException | None = None
             if self.fenced is not None:
                 exc = FailedError(str(self.fenced))
