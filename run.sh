@@ -30,7 +30,13 @@ case "$cmd" in
         "$VENV/bin/ruff" check wal tests
         "$VENV/bin/mypy"
         "$VENV/bin/lint-imports" --no-cache  # the floors: pyproject.toml [tool.importlinter]
-        exec "$VENV/bin/python" -m pytest -q "$@"
+        if [ $# -gt 0 ]; then
+            exec "$VENV/bin/python" -m pytest -q "$@"
+        fi
+        # The whole suite: first everything that holds no wall-clock bound, on every core; then
+        # the tests that do (marked `alone`: RPO windows, lags), one at a time (tests/conftest.py).
+        "$VENV/bin/python" -m pytest -q -n auto -m "not alone"
+        exec "$VENV/bin/python" -m pytest -q -m alone
         ;;
     *)
         echo "usage: ./run.sh demo [DIR] | ./run.sh test [pytest args]" >&2
