@@ -72,9 +72,9 @@ def _site_uri(target: str, files: Files) -> str | None:
 
 def _images(repo_src: str, text: str) -> set[str]:
     found: set[str] = set()
-    for bang, _, url in LINK.findall(text):
+    for _, _, url in LINK.findall(text):  # shown (![...]) or linked to
         resolved = _resolve(repo_src, url)
-        if bang and resolved and not resolved[0].startswith(f"{DOCS}/") and resolved[0].endswith(IMAGES):
+        if resolved and not resolved[0].startswith(f"{DOCS}/") and resolved[0].endswith(IMAGES):
             found.add(resolved[0])
     return found
 
