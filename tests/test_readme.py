@@ -53,3 +53,13 @@ def test_the_layout_table_names_every_module_and_c_source() -> None:
                                for r in row), f"README's layout table does not name {rel} in the row of {folder}"
     for path in sorted((root / "native").glob("*.c")):
         assert f"`{path.name}`" in text or f"`native/{path.name}`" in text, f"layout table: no {path.name}"
+
+
+def test_every_relative_link_and_image_of_the_readme_exists() -> None:
+    root = README.parent
+    text = re.sub(r"```.*?```", "", README.read_text(), flags=re.S)
+    targets = {url.split("#", 1)[0] for url in re.findall(r"\]\(([^()\s]+)\)", text)}
+    local = {t for t in targets if t and not re.match(r"^[a-z][a-z0-9+.-]*:", t)}
+    assert "docs/dataflow.svg" in local
+    for target in local:
+        assert (root / target).exists(), f"README.md links to {target}, which is not in the tree"
