@@ -3,8 +3,8 @@
 The lines run in README order, through a shell (so ``> backup.jsonl`` works), against a store
 made here the way the README's "Using it" example makes one, with ``/path/to/`` replaced by a
 temporary directory. Each must exit 0 unless the line ends with ``# exit status N``. A line
-with ``tail -f`` follows forever: it runs for a moment and is stopped with Ctrl-C (SIGINT),
-which must also give 0.
+with ``tail -f`` follows forever: once it has printed the store's last records it is stopped
+with Ctrl-C (SIGINT), which must also give 0.
 """
 
 from __future__ import annotations
