@@ -90,6 +90,7 @@ typedef struct {
 #define MDB_NOSYNC 0x10000
 #define MDB_RDONLY 0x20000
 #define MDB_NOTLS 0x200000
+#define MDB_NOLOCK 0x400000
 #define MDB_NORDAHEAD 0x800000
 #define MDB_CREATE 0x40000 /* mdb_dbi_open */
 #define MDB_RESERVE 0x10000 /* mdb_put: make room for the value and return it; the caller fills it */
@@ -490,26 +491,36 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 }
 
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
-                         const char *restore, size_t restore_len);
+                         const char *restore, size_t restore_len, int nolock);
 static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
+    static char *kwlist[] = {"path", "readonly", "map_size", "restore", "nolock", NULL};
     PyObject *path;
-    int readonly = 0;
+    int readonly = 0, nolock = 0;
     unsigned long long map_size = 0;
     Py_buffer restore = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK|z*", kwlist, PyUnicode_FSConverter, &path, &readonly,
-                                     &map_size, &restore))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK|z*p", kwlist, PyUnicode_FSConverter, &path, &readonly,
+                                     &map_size, &restore, &nolock))
         return -1;
-    int rc = env_init_with(self, path, readonly, map_size, restore.buf, (size_t)restore.len);
+    if (nolock && !readonly) {
+        if (restore.obj != NULL) PyBuffer_Release(&restore);
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_ValueError, "nolock is for read-only opens only");
+        return -1;
+    }
+    int rc = env_init_with(self, path, readonly, map_size, restore.buf, (size_t)restore.len, nolock);
     if (restore.obj != NULL) PyBuffer_Release(&restore);
     return rc;
 }
 
-/* Env(path, readonly, map_size, restore=None); `path` is a new reference, kept or dropped. */
+/* Env(path, readonly, map_size, restore=None, nolock=False); `path` is a new reference, kept or
+ * dropped. nolock (read-only only): MDB_NOLOCK, no reader slot in lock.mdb, for a user who may
+ * not write that file. LMDB then cannot keep a writer from reusing the pages a read uses, so
+ * the caller must keep every writer out for the handle's life (wal/store/state.py holds the log's
+ * writer lock shared). */
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
-                         const char *restore, size_t restore_len) {
+                         const char *restore, size_t restore_len, int nolock) {
     if (self->env != NULL || self->path != NULL) {
         Py_DECREF(path);
         PyErr_SetString(PyExc_TypeError, "Env is initialised once");
@@ -577,7 +588,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
      * and after a crash reopened at the last one, wal/store/state.py); never MAPASYNC/WRITEMAP, so
      * every page reaches the file through write(2), where a checkpoint's fdatasync finds it;
      * read transactions not bound to threads (NOTLS); no readahead. */
-    unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC);
+    unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC) | (nolock ? MDB_NOLOCK : 0);
     MDB_txn *txn = NULL;
     static const char *const names[N_DBS + 1] = {"data", "idem", "meta", "tail"};
     Py_BEGIN_ALLOW_THREADS

@@ -136,6 +136,17 @@ _ADVICE = {
 }
 
 
+def no_descriptor_error(doing: str, detail: str, code: int) -> StorageError:
+    """A commit the log could not write because no file descriptor was free to create its next
+    segment with (EMFILE/ENFILE at a segment roll). Like a full disk, not a fail-stop: nothing
+    was written, so nothing the kernel might have dropped; the commit was not acknowledged, and
+    the log writes it (it may still become durable) once a descriptor is free."""
+    message = (f"{doing}: {_os.strerror(code)}" + (f" ({detail})" if detail else "") +
+               f"; {_ADVICE[code]}; the commit was not acknowledged, and the store goes on once a "
+               "descriptor is free (no reopen)")
+    return StorageError(message, errno=code)
+
+
 def storage_error(exc: OSError, doing: str) -> WalError:
     """The WalError for an OSError met while `doing` (e.g. "opening the store in /x"): itself if
     it already is one; NoSpaceError for ENOSPC/EDQUOT, NotFoundError for ENOENT, else

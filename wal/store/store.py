@@ -94,7 +94,7 @@ from wal.errors import (
 )
 from wal.log import durability as dur
 from wal.log import record
-from wal.log.log import MAX_PAYLOAD, Log
+from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
 from wal.store.snapshot import Snapshot, lmdb_only, merged
 from wal.store.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
@@ -446,7 +446,8 @@ class Store:
                       max_unapplied=max_unapplied)
         if readonly:
             _check_store_file(root, create=False)
-            state = State(os.path.join(root, STATE_DIR), readonly=True)
+            state = State(os.path.join(root, STATE_DIR), readonly=True,
+                          writer_lock=os.path.join(root, LOG_DIR, LOCK_NAME))
             ro = cls(root, None, state, level, **common)  # type: ignore[arg-type]
             _open_stores.add(ro)
             return ro
