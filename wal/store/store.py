@@ -48,8 +48,10 @@ state's pages, the apply queue fills to its bound (`_limit_unapplied`: about one
 bytes, at most `max_unapplied` commits) and committers wait for the state
 (they help apply, behind the checkpoint): the commit rate falls to what the disk sustains,
 rather than the disk filling. `stats()` counts it (``state_backpressure_waits``,
-``state_backpressure_ms``). A bloated file (from an older version, or pages in use that a
-workload has since deleted) shrinks only by `compact_state` (`agentwal compact`).
+``state_backpressure_ms``). The pages in use are full for keys inserted in order, where LMDB
+alone leaves two ~1 KiB entries on pages with room for three (native/lmdbcall.c, `put_order`). A
+bloated file (from an older version, or pages in use that a workload has since deleted) shrinks
+only by `compact_state` (`agentwal compact`).
 
 Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
 (applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
