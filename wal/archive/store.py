@@ -76,12 +76,10 @@ class ArchivedStore(Store):
         return durability == "replicated" or (durability is None and self._replicated)
 
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
-                payload: bytes | None = None, *, wait_visible: bool = True,
-                written_only: bool = False) -> tuple[int, bool]:
+                payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
         self._admit()
         replicated = self._is_replicated(durability)
-        done = super()._commit(txn, checks, self._inner(durability), payload, wait_visible=wait_visible,
-                               written_only=written_only and not replicated)
+        done = super()._commit(txn, checks, self._inner(durability), payload, wait_visible=wait_visible)
         if replicated:
             self._wait_archived(done[0])
         return done

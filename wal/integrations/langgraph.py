@@ -44,16 +44,6 @@ saver is called; the store's level decides *what a returned call survives*:
 * ``durability="exit"`` (LangGraph): only the final state is saved when the graph exits;
   a kill mid-run loses the whole run whatever our level; ours governs the final save.
 
-One fdatasync per step at ``sync``. ``put_writes`` (a task's pending writes, called as each
-task of a step finishes) returns once its commit is written to the operating system -- it
-survives a process kill -- and is made durable by the fdatasync of the step's ``put``, which
-the log's prefix order makes cover it, or by the saver's next read (``get_tuple``, ``list``,
-the maintenance calls), which first waits for it; until then a read of the store itself (not
-through the saver) does not see them, as at `sync` it sees durable commits only. A power cut
-before that loses only writes of
-a step that had not finished, whose tasks LangGraph then runs again, as after a cut a moment
-earlier; a finished step is as durable as before. One fdatasync per step instead of two.
-
 For "resume after kill from the last finished step" use LangGraph ``sync`` with any of our
 levels (``interval`` is the usual trade: no loss on a process kill, bounded loss on power
 cut, no fsync per step). Pass ``durability="sync"`` to the saver to force fsync per
@@ -79,7 +69,6 @@ import json
 import os
 import random
 import struct
-import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -163,10 +152,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.store = store
         self.durability = durability
-        # put_writes at `sync` leaves its commit written, not yet durable (module docstring,
-        # "One fdatasync per step"): the highest such LSN, until a put or a read covers it.
-        self._unsynced = 0
-        self._unsynced_lock = threading.Lock()
 
     @classmethod
     def from_conn_string(cls, path: str | os.PathLike[str], *, serde: SerializerProtocol | None = None,
@@ -198,27 +183,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
     @staticmethod
     def _wprefix(thread: str, ns: str, cid: str) -> bytes:
         return b"lg/w/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(cid) + b"/"
-
-    # ---- pending writes left written-only ---------------------------------------------------------
-
-    def _defers_sync(self) -> bool:
-        """put_writes leaves its commit to the step's put: only where a commit would fdatasync."""
-        return (self.durability or self.store._durability.level) == "sync"
-
-    def _covered(self, lsn: int | None) -> None:
-        """A commit at `sync` up to `lsn` is durable: it covers the written-only ones below it."""
-        if lsn is not None and self._unsynced:
-            with self._unsynced_lock:
-                if self._unsynced <= lsn:
-                    self._unsynced = 0
-
-    def _settle(self) -> None:
-        """Before a read: make put_writes' written-only commits durable (and so visible at
-        `sync`), one fdatasync at most, shared with any committer's."""
-        lsn = self._unsynced
-        if lsn:
-            self.store._wait_durable(lsn)
-            self._covered(lsn)
 
     # ---- reading --------------------------------------------------------------------------------
 
@@ -266,7 +230,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         thread: str = conf["thread_id"]
         ns: str = conf.get("checkpoint_ns", "")
         cid = get_checkpoint_id(config)
-        self._settle()
         # One snapshot for every read: the latest pointer, the checkpoint, its channel values and
         # its pending writes are of one instant even while another step of the thread commits.
         with self.store.snapshot() as snap:
@@ -298,7 +261,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                     prefix += _c(conf["checkpoint_ns"]) + b"/"
             want_id = get_checkpoint_id(config)
         before_id = get_checkpoint_id(before) if before else None
-        self._settle()
         found: list[tuple[str, bytes]] = []
         for _, raw in self.store.scan(prefix):
             head = json.loads(raw[4:4 + _HDR.unpack_from(raw)[0]])
@@ -351,8 +313,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             latest = tx.get(self._lkey(thread, ns))
             if latest is None or latest.decode() < checkpoint["id"]:
                 tx.put(self._lkey(thread, ns), checkpoint["id"].encode())
-        if self._defers_sync():
-            self._covered(tx.lsn)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
@@ -367,9 +327,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         ns: str = conf.get("checkpoint_ns", "")
         cid: str = conf["checkpoint_id"]
         prefix = self._wprefix(thread, ns, cid) + _c(task_id) + b"/"
-        defer = self._defers_sync()
         with self.store.transaction(durability=self.durability) as tx:
-            tx._written_only = defer  # a transaction reads it at once (in flight)
             for i, (channel, value) in enumerate(writes):
                 idx = WRITES_IDX_MAP.get(channel, i)
                 key = prefix + _idx(idx)
@@ -377,15 +335,11 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                     continue
                 t, data = self.serde.dumps_typed(value)
                 tx.put(key, _frame({"task": task_id, "ch": channel, "t": t, "path": task_path, "idx": idx}, data))
-        if defer and tx.lsn is not None:
-            with self._unsynced_lock:
-                self._unsynced = max(self._unsynced, tx.lsn)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, channel value and write of the thread: in one transaction
         when the keys fit in _TXN_BUDGET bytes, else in batches, the checkpoints (and latest
         pointers) first, so a crash never leaves a checkpoint without its values."""
-        self._settle()
         keys = [key for kind in (b"c", b"l", b"w", b"b")
                 for key, _ in self.store.scan(b"lg/" + kind + b"/" + _c(thread_id) + b"/")]
         self._commit_batched(keys)
@@ -469,7 +423,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         The values and writes go first and the checkpoints after them (batched by size), so a
         crash part-way leaves no checkpoint of the target without its values. The source's
         values are read into memory first: a copy needs as much memory as the thread holds."""
-        self._settle()
         src, dst = _c(source_thread_id), _c(target_thread_id)
         if src == dst:
             return
@@ -499,7 +452,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         a stored value for each of them, so that those channels can still be rebuilt from
         the ancestors' writes (LangGraph's `prune` contract). A thread that does not exist is
         no error."""
-        self._settle()
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
         for thread in dict.fromkeys(thread_ids):
@@ -535,7 +487,6 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         As LangGraph's contract warns: a DeltaChannel of a later run that is rebuilt from the
         deleted checkpoints' writes (no snapshot of it since) is rebuilt without them; delete
         such runs together, or `prune` instead, which keeps what DeltaChannels need."""
-        self._settle()
         runs = set(run_ids)
         if not runs:
             return

@@ -396,16 +396,6 @@ class Log:
         if rc < 0:  # the message is only formatted for an error
             check(rc, f"waiting for LSN {lsn} in the log in {self._dir}", h)
 
-    def wait_written(self, lsn: int) -> None:
-        """Block until `lsn` is written to the operating system (it survives a kill of this
-        process, not a power cut), whatever the log's level; no fdatasync of its own. For a
-        layer that makes such a record durable later through a commit it knows will follow:
-        the log is made durable as a prefix, so that commit's fdatasync covers this one."""
-        h = self._writer or self._live()
-        rc = lib.wal_log_wait(h, lsn, lib.WAL_LEVEL_INTERVAL)
-        if rc < 0:
-            check(rc, f"waiting for LSN {lsn} to be written in the log in {self._dir}", h)
-
     async def wait_async(self, lsn: int, *, durability: str | None = None) -> None:
         """Await, without blocking the loop, until `durability` holds for `lsn`."""
         self._live()

@@ -269,9 +269,6 @@ class Transaction:
         self._checks: dict[bytes, int] = {}
         self._reads: dict[bytes, int] = {}  # serializable: version read per key (0: absent)
         self._done = False
-        # Internal (the LangGraph saver's pending writes): acknowledge once written to the OS,
-        # not once durable -- `Store._commit`, written_only.
-        self._written_only = False
         self.lsn: int | None = None
         self.deduplicated = False  # True when an idempotency key matched an earlier commit
 
@@ -344,8 +341,7 @@ class Transaction:
         self._done = True
         if et is not None or not self._ops:
             return
-        self.lsn, self.deduplicated = self._store._commit(self._txn(), self._all_checks(), self._durability,
-                                                          written_only=self._written_only)
+        self.lsn, self.deduplicated = self._store._commit(self._txn(), self._all_checks(), self._durability)
 
     async def __aenter__(self) -> Transaction:
         return self
@@ -870,14 +866,9 @@ class Store:
         self._core.disable()  # from now on every commit takes the Python path, which refuses it
 
     def _commit(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
-                payload: bytes | None = None, *, wait_visible: bool = True,
-                written_only: bool = False) -> tuple[int, bool]:
+                payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
         """wait_visible: on a ConflictError, first wait until the conflicting commit is
-        acknowledged (`_until_visible`); `update`, which reads in-flight versions, need not.
-        written_only (internal): return once the record is written to the OS, whatever the
-        level: it survives a kill of the process, and becomes durable (and visible to reads at
-        `sync`) with the next commit's fdatasync, or `_wait_durable`. Transactions read it at
-        once (in flight included)."""
+        acknowledged (`_until_visible`); `update`, which reads in-flight versions, need not."""
         log = self._writable()
         level = self._durability.code if durability is None else self._durability.allows(durability)
         if payload is None:
@@ -893,25 +884,12 @@ class Store:
                 self._until_visible(exc.conflicting_lsn)
             raise
         try:
-            if written_only and level != _BUFFERED:
-                log.wait_written(done[0])
-            elif level != _BUFFERED:  # buffered: acknowledged once queued
+            if level != _BUFFERED:  # buffered: acknowledged once queued
                 log.wait(done[0], durability=durability)
         except FailedError as exc:
             self._failed(exc)
             raise
         return done
-
-    def _wait_durable(self, lsn: int) -> None:
-        """Block until every commit up to `lsn` is durable (one fdatasync at most, shared with
-        any other committer's): for commits made `written_only`."""
-        log = self._writable()
-        if lsn > log.watermarks.durable:
-            try:
-                log.wait(lsn, durability="sync")
-            except FailedError as exc:
-                self._failed(exc)
-                raise
 
     async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
                             payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
