@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
@@ -27,6 +27,9 @@ from wal.archive.shipper import Shipper
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
 from wal.store.store import Store
+
+if TYPE_CHECKING:
+    from wal.crypto.store import SealingPlan
 
 _logger = logging.getLogger("wal.archive")
 
@@ -227,7 +230,7 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
 
 
 def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any],
-                  **store_kwargs: Any) -> ArchivedStore:
+                  sealing: SealingPlan | None = None, **store_kwargs: Any) -> ArchivedStore:
     """`wal.open` with an object archive. Options (all keyword, all optional):
 
     - archive_rpo_ms (1000): the machine-loss bound; the archive's lag is kept under it.
@@ -257,7 +260,8 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
                                     or retention_s <= 0):
         raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
     objects = open_objects(archive)
-    store = ArchivedStore._open(path, readonly=False, archive=False, **store_kwargs)
+    cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
+    store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
     assert isinstance(store, ArchivedStore)
     store._replicated = store._durability.level == "replicated"
     if store._replicated:
