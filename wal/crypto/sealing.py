@@ -172,6 +172,10 @@ class Keyring:
             self._keys.setdefault(key_id(k), k)
 
     @property
+    def has_provider(self) -> bool:
+        return self._provider is not None
+
+    @property
     def ids(self) -> list[bytes]:
         """The ids known so far, the current one first."""
         return [self.current_id, *(i for i in self._keys if i != self.current_id)]
@@ -366,7 +370,11 @@ class Sealer:
             params = zstd.get_frame_parameters(frame)
         except zstd.ZstdError as exc:
             raise _damaged(where(), f"not a zstd frame ({exc})") from None
-        if params.content_size > MAX_PLAIN_BYTES or params.content_size < 0:
+        # This writer always declares the size: a frame without one, or claiming more than any
+        # value may hold, is not one of ours and is never decompressed (no zstd bomb).
+        if params.content_size == zstd.CONTENTSIZE_UNKNOWN:
+            raise _damaged(where(), "a zstd frame that does not declare its size")
+        if params.content_size > MAX_PLAIN_BYTES:
             raise _damaged(where(), f"a zstd frame claiming {params.content_size} bytes")
         d = self._decompressor(params.dict_id, zstd, where)
         try:

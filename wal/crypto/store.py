@@ -115,7 +115,7 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                             "encryption cannot be turned on for it. " + _NOT_SEALED.format(root=root).split(". ", 1)[1])
     if keys is not None and stored:
         known = {i.hex() for i in keys.ids}
-        if keys._provider is not None:  # a provider may know more ids than it was asked for
+        if not known & set(stored) and keys.has_provider:  # it may know older ids than the current one
             known |= {i for i in stored if keys.lookup(bytes.fromhex(i)) is not None}
         if not known & set(stored):
             raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
