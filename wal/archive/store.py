@@ -24,6 +24,7 @@ from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
 from wal.archive.plan import list_archive
 from wal.archive.shipper import Shipper
+from wal.crypto.archive import wrap as seal_objects
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
 from wal.store.store import Store
@@ -259,7 +260,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
                                     or retention_s <= 0):
         raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
-    objects = open_objects(archive)
+    objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
     cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
     store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
     assert isinstance(store, ArchivedStore)

@@ -104,12 +104,12 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
         if readonly:
             raise ArgumentError(f"no agentwal store at {root} to open read-only")
         sealed = {}
-    keys = Keyring(encryption) if encryption is not None else None
+    options = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
+               "compression_dict": compression_dict}
+    sealer = sealer_for(sealed, options, f"the store at {root}", where=root)
+    keys = sealer.keys
     encrypted = bool(sealed.get("encrypted"))
     stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
-    if encrypted and keys is None:
-        raise MissingKeyError(f"the store at {root} is encrypted (key ids {', '.join(stored)}): open it with "
-                              "encryption=KEY (or a key provider)", key_id=stored[0] if stored else None, where=root)
     if meta is not None and keys is not None and not encrypted:
         raise ArgumentError(f"the store at {root} was created without encryption: its values are not encrypted, and "
                             "encryption cannot be turned on for it. " + _NOT_SEALED.format(root=root).split(". ", 1)[1])
@@ -121,16 +121,34 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
             raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
                                 f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
                                 key_id=stored[-1], where=root)
-    dicts: list[bytes]
-    if compression_dict is None:
-        dicts = []
-    elif isinstance(compression_dict, bytes | bytearray | memoryview):
-        dicts = [bytes(compression_dict)]
-    else:
-        dicts = [bytes(d) for d in compression_dict]
-    sealer = Sealer(keys, compression, threshold=compression_threshold or DEFAULT_THRESHOLD, dictionaries=dicts,
-                    require_encrypted=encrypted)
     return SealingPlan(root, sealer, new=meta is None, readonly=readonly)
+
+
+def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where: str | None = None) -> Sealer:
+    """The Sealer of a handle on something sealed as `sealed` says (STORE's "sealed" object, or an
+    archive's manifest), with the caller's `options` (encryption, compression,
+    compression_threshold, compression_dict); MissingKeyError if it is encrypted and no key is given."""
+    unknown = set(options) - {"encryption", "compression", "compression_threshold", "compression_dict"}
+    if unknown:
+        raise ArgumentError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    encryption = options.get("encryption")
+    keys = Keyring(encryption) if encryption is not None else None
+    encrypted = bool(sealed.get("encrypted"))
+    if encrypted and keys is None:
+        stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
+        raise MissingKeyError(f"{what} is encrypted{' (key ids ' + ', '.join(stored) + ')' if stored else ''}: open "
+                              "it with encryption=KEY (or a key provider)", key_id=stored[0] if stored else None,
+                              where=where or what)
+    zdict = options.get("compression_dict")
+    dicts: list[bytes]
+    if zdict is None:
+        dicts = []
+    elif isinstance(zdict, bytes | bytearray | memoryview):
+        dicts = [bytes(zdict)]
+    else:
+        dicts = [bytes(d) for d in zdict]
+    return Sealer(keys, options.get("compression"), threshold=options.get("compression_threshold") or DEFAULT_THRESHOLD,
+                  dictionaries=dicts, require_encrypted=encrypted)
 
 
 # ---- the store's public reads and writes, sealed --------------------------------------------------
