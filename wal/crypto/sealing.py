@@ -262,6 +262,7 @@ class Sealer:
         self._opened_lock = threading.Lock()
         self._session_lock = threading.Lock()
         self._session: _Session | None = None
+        self._blob_key: tuple[bytes, bytes] | None = None
         if keys is not None:
             self._new_session()
         _sealers.add(self)
@@ -273,6 +274,22 @@ class Sealer:
     def _new_session(self) -> None:
         if self.keys is not None:
             self._session = _Session(self.keys.current, self.keys.current_id)
+
+    def blob_name(self, data: bytes) -> bytes:
+        """The 32-byte name of a blob holding `data`: its SHA-256, or for an encrypted handle an
+        HMAC-SHA256 under a key derived from the current master key, so that a file name says
+        nothing about the content to whoever lacks the key (no confirming a guessed document)."""
+        if self.keys is None:
+            return hashlib.sha256(data).digest()
+        named = self._blob_key
+        if named is None or named[0] != self.keys.current_id:
+            from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+            secret = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                          info=b"agentwal blob name v1").derive(self.keys.current)
+            named = self._blob_key = (self.keys.current_id, secret)
+        return hmac.new(named[1], data, hashlib.sha256).digest()
 
     # ---- sealing ---------------------------------------------------------------------------
 
