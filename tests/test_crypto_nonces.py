@@ -12,13 +12,14 @@ The runs: the crash drill's kill loop and power-cut loop (each round recovers a 
 writes the same LSNs again with other bytes), a store shipping to an archive, a restore of it
 written on, a follower promoted and written on while the old writer is fenced, and forked
 children sealing with their parent's Sealer, and torn tails made on purpose (the last record of
-the log damaged, cut by the next open, its LSN written again by the next writer). Quick profile: 12 kills and 8 power cuts;
-AGENTWAL_LONG=1: 200 and 100.
+the log damaged, cut by the next open, its LSN written again by the next writer). Quick profile:
+12 kills and 8 power cuts; AGENTWAL_LONG=1: 200 and 100.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import subprocess
 import sys
@@ -135,10 +136,8 @@ def _envelopes_in_state(state: Path) -> list[bytes]:
     out = []
     try:
         data, tail = env.open_db(b"data", create=False), None
-        try:
+        with contextlib.suppress(lmdb.NotFoundError):
             tail = env.open_db(b"tail", create=False)
-        except lmdb.NotFoundError:
-            pass
         with env.begin() as txn:
             for key, value in txn.cursor(data):
                 flags = value[7]
