@@ -20,7 +20,7 @@ import wal
 from wal.crypto import sealing
 from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_PLAIN, CODEC_ZSTD, Sealer, key_id
 from wal.errors import MissingKeyError, SealDamagedError, WrongKeyError
-from wal.store import Store
+from wal.store.store import Store
 
 KEY = bytes(range(32))
 KEY2 = bytes(range(1, 33))

@@ -1277,11 +1277,17 @@ def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
     replica or a restored store is opened with) must default every option the same way."""
     import inspect  # noqa: PLC0415
 
-    from wal.store.store import Store  # noqa: PLC0415
+    from wal.store.store import Store, open_local  # noqa: PLC0415
 
     public = {n: p.default for n, p in inspect.signature(wal.open).parameters.items()
               if p.kind is inspect.Parameter.KEYWORD_ONLY}
     internal = {n: p.default for n, p in inspect.signature(Store._open).parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert public == internal
+    # The sealing options (encryption=, compression=, ...) choose the store's class: open_local
+    # takes them and hands Store._open the plan made of them.
+    sealing = {n: p.default for n, p in inspect.signature(open_local).parameters.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert internal.pop("sealing") is None and set(sealing) == {"encryption", "compression", "compression_threshold",
+                                                                 "compression_dict"}
+    assert public == {**internal, **sealing}
     assert len(public) >= 11

@@ -32,8 +32,8 @@ from wal.archive import layout
 from wal.archive.objects import ArchiveError, ObjectExistsError, ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Piece, cover
 from wal.archive.restore import restore
+from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
-from wal.crypto.archive import for_reading
 from wal.errors import ClosedError, CorruptionError, ReadOnlyError
 from wal.log import record
 from wal.store.store import Store, open_local

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Listing, Piece, cover, list_archive
-from wal.crypto.archive import for_reading
+from wal.archive.sealed import for_reading
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError
 
 Progress = Callable[[int, int], None]  # (bytes downloaded, bytes planned)

@@ -18,19 +18,17 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, open_objects
 from wal.archive.plan import list_archive
+from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Shipper
-from wal.crypto.archive import wrap as seal_objects
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
+from wal.store.sealed import plan as plan_sealing
 from wal.store.store import Store
-
-if TYPE_CHECKING:
-    from wal.crypto.store import SealingPlan
 
 _logger = logging.getLogger("wal.archive")
 
@@ -230,8 +228,9 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
     shipper.kick()
 
 
-def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any],
-                  sealing: SealingPlan | None = None, **store_kwargs: Any) -> ArchivedStore:
+def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any], *,
+                  encryption: Any = None, compression: str | None = None, compression_threshold: int | None = None,
+                  compression_dict: Any = None, **store_kwargs: Any) -> ArchivedStore:
     """`wal.open` with an object archive. Options (all keyword, all optional):
 
     - archive_rpo_ms (1000): the machine-loss bound; the archive's lag is kept under it.
@@ -260,6 +259,8 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
                                     or retention_s <= 0):
         raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
+    sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
+                           compression_threshold=compression_threshold, compression_dict=compression_dict)
     objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
     cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
     store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)

@@ -76,8 +76,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from wal._bindings import durable_lsn_reader, storecore
 from wal._fs import fsync_dir, makedirs_durable
-from wal.crypto.store import plan as plan_sealing
-from wal.crypto.store import read_meta
 from wal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -98,11 +96,13 @@ from wal.log import durability as dur
 from wal.log import record
 from wal.log.log import MAX_PAYLOAD, Log
 from wal.store.replay import Replay
+from wal.store.sealed import plan as plan_sealing
+from wal.store.sealed import read_meta
 from wal.store.snapshot import Snapshot, lmdb_only, merged
 from wal.store.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
 
 if TYPE_CHECKING:
-    from wal.crypto.store import SealingPlan
+    from wal.store.sealed import SealingPlan
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the

@@ -102,7 +102,7 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     """For restore, follow and verify: the archive opened with the caller's sealing `options`
     (encryption, compression, compression_dict, ...), and the STORE "sealed" object the store
     made from it must carry (None: a plain store)."""
-    from wal.crypto.store import sealer_for  # noqa: PLC0415
+    from wal.store.sealed import sealer_for  # noqa: PLC0415
 
     if isinstance(objects, SealedObjects):  # opened so already (a follower's restore)
         sealed = {"encrypted": objects.sealer.encrypting, "key_ids": []}

@@ -32,8 +32,8 @@ from wal.crypto.sealing import CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySou
 from wal.errors import ArgumentError, MissingKeyError, WrongKeyError
 
 if TYPE_CHECKING:
-    from wal.snapshot import Snapshot
-    from wal.store import Store, Transaction
+    from wal.store.snapshot import Snapshot
+    from wal.store.store import Store, Transaction
 
 STORE_FIELD = "sealed"  # the STORE file's object for a sealed store: {"encrypted", "key_ids"}
 
@@ -175,7 +175,7 @@ def _sealed_class(base: type[Store]) -> type[Store]:
     cached = _classes.get(base)
     if cached is not None:
         return cached
-    from wal import store as plain  # noqa: PLC0415 -- wal.store imports this module lazily
+    from wal.store import store as plain  # noqa: PLC0415 -- wal.store.store imports this module
 
     _key, _value = plain._key, plain._value  # the store's own argument checks
 
