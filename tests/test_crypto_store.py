@@ -17,6 +17,7 @@ import zstandard
 from legacy_state import strip_entry_checksums
 
 import wal
+from wal.agents import AgentStore
 from wal.crypto import sealing
 from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_PLAIN, CODEC_ZSTD, Sealer, key_id
 from wal.errors import MissingKeyError, SealDamagedError, WrongKeyError
@@ -334,3 +335,61 @@ def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "e" / "STORE").read_text()) == {
         "format": "agentwal-store", "version": 5, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
     assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {"encrypted": False, "key_ids": []}
+
+
+def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_object_store_sees_no_key(
+        tmp_path: Path) -> None:
+    """The agent layer (events, state, tool calls, checkpoints; large values as blob files) on an
+    encrypted, compressed store that ships to a file:// archive, then a restore of that archive:
+    the plaintext and the agent's thread name appear in no file of the store, the archive or the
+    restored store; the archive holds no key either (its objects are sealed whole)."""
+    url = f"file://{tmp_path}/archive"
+    store = wal.open(tmp_path / "store", encryption=KEY, compression="zstd", archive=url,
+                     archive_snapshot_bytes=1 << 14)
+    try:
+        agents = AgentStore(store, "support-bot", blob_threshold=1024)
+        for i in range(40):
+            agents.append("thread-secret-customer", _conversation(i), state={"summary": SECRET * 2})
+        agents.begin_call("thread-secret-customer", "call-1", "crm.lookup", SECRET)
+        agents.end_call("thread-secret-customer", "call-1", _conversation(99))
+        agents.save_checkpoint("thread-secret-customer", _conversation(100) * 3, schema_version=1, config_hash="h")
+        assert list((tmp_path / "store" / "blobs").rglob("*"))
+        assert agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
+        assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
+        store.checkpoint()
+    finally:
+        store.close()
+    wal.restore(url, tmp_path / "restored", encryption=KEY)
+    files = _files(tmp_path)
+    assert any("archive" in p.parts and p.suffix == ".snap" for p in files)
+    leaks = [str(p) for p, data in files.items() for needle in (SECRET, b"quarterly", b"assistant") if needle in data]
+    assert not leaks
+    archive_leaks = [str(p) for p, data in files.items() if "archive" in p.parts and b"thread-secret" in data]
+    assert not archive_leaks  # keys too: the object store sees ciphertext only
+    with wal.open(tmp_path / "restored", encryption=KEY) as restored:  # inline values (blob files stay local)
+        agents = AgentStore(restored, "support-bot")
+        assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
+        assert restored.get(b"ag/support-bot/c/call-1/i").endswith(SECRET)  # the call's intent: its args
+
+
+def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_naming_it(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url) as store:
+        agents = AgentStore(store, "a", blob_threshold=64)
+        agents.append("t", SECRET * 10)
+        store.checkpoint()
+    blob = next(p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file())
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    with wal.open(tmp_path / "store", encryption=KEY) as store, \
+            pytest.raises(SealDamagedError, match=f"blob file {blob}.*authentication failed"):
+        list(AgentStore(store, "a").read("t"))
+    obj = sorted((tmp_path / "archive" / "log").glob("*.wal"))[0]
+    data = bytearray(obj.read_bytes())
+    data[40] ^= 1
+    obj.write_bytes(bytes(data))
+    with pytest.raises(SealDamagedError, match=f"archive object log/{obj.name}"):
+        wal.restore(url, tmp_path / "r", encryption=KEY)
+    with pytest.raises(MissingKeyError, match="archive .* is encrypted"):
+        wal.restore(url, tmp_path / "r2")
