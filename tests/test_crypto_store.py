@@ -391,5 +391,5 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
     obj.write_bytes(bytes(data))
     with pytest.raises(SealDamagedError, match=f"archive object log/{obj.name}"):
         wal.restore(url, tmp_path / "r", encryption=KEY)
-    with pytest.raises(MissingKeyError, match="archive .* is encrypted"):
+    with pytest.raises(MissingKeyError, match=r"archive .* is encrypted"):
         wal.restore(url, tmp_path / "r2")
