@@ -393,3 +393,21 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r", encryption=KEY)
     with pytest.raises(MissingKeyError, match=r"archive .* is encrypted"):
         wal.restore(url, tmp_path / "r2")
+
+
+def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:
+    """FORMAT.md §19's worked example, decrypted from the spec alone (HKDF, AES-GCM, nonce, AAD)."""
+    from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+    assert key_id(KEY).hex() == "e1a149a424b0b767"
+    sealer = Sealer(sealing.Keyring(KEY))
+    env = sealer.seal(b"hi", context := sealing.CONTEXT_VALUE + b"k")
+    assert len(env) == 51 and env[0] == 0x80 and env[1:9] == bytes.fromhex("e1a149a424b0b767")
+    session, counter = env[9:25], env[25:33]
+    assert counter == bytes(8)
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=session, info=b"agentwal seal v1").derive(KEY)
+    assert AESGCM(derived).decrypt(counter + bytes(4), env[33:], env[:33] + context) == b"hi"
+    assert sealer.seal(b"hi", context)[25:33] == (1).to_bytes(8, "little")  # the counter goes up
+    assert sealing.parse(env) == (0x80, env[1:9], session, 0)
