@@ -15,7 +15,7 @@ Message text is real English prose (the docstrings of the standard library), not
 which no compressor shrinks, nor one repeated word, which every compressor shrinks to nothing.
 
 Measured:
-1. compression ratio per kind of data (zstd level 3, per value over 128 bytes; and with a
+1. compression ratio per kind of data (zstd level 1, per value over 128 bytes; and with a
    dictionary trained on a disjoint half), and the bytes written to the log (= fdatasynced) per
    commit, plain / compressed / encrypted / both;
 2. commits/s at ``sync`` from 1 and 64 threads, 4 KiB and 64 KiB conversation values, for the

@@ -94,7 +94,7 @@ OVERHEAD = HEADER_BYTES + TAG_BYTES  # an encrypted value's envelope adds 49 byt
 # A session is replaced after this many encryptions (never near the counter's 2^64).
 SESSION_LIMIT = 1 << 48
 DEFAULT_THRESHOLD = 128  # values shorter than this are not worth a zstd frame (its ~10-byte header)
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # as small as level 3 on agent JSON here (2.20x vs 2.22x), a quarter faster
 MAX_PLAIN_BYTES = 1 << 30  # a zstd frame claiming more than this is damage, not data (no bomb)
 
 CONTEXT_VALUE = b"agentwal value\x00"
@@ -199,13 +199,16 @@ class Keyring:
 class _Session:
     """One sealing session: a random id, its derived AEAD and its nonce counter (module docstring)."""
 
-    __slots__ = ("aead", "counter", "id", "key_id")
+    __slots__ = ("aead", "counter", "id", "key_id", "prefixes")
 
     def __init__(self, master: bytes, kid: bytes) -> None:
         self.id = os.urandom(SESSION_BYTES)
         self.key_id = kid
         self.aead = _aead(master, self.id)
         self.counter = itertools.count()
+        # the first 25 header bytes, by the codec's compression bit (made once, not per seal)
+        self.prefixes = (bytes((CODEC_ENCRYPTED,)) + kid + self.id,
+                         bytes((CODEC_ENCRYPTED | CODEC_ZSTD,)) + kid + self.id)
 
 
 _sealers: weakref.WeakSet[Sealer] = weakref.WeakSet()
@@ -258,6 +261,7 @@ class Sealer:
                 if self._dict is None:
                     self._dict = d
         self._local = threading.local()
+        self._compressors: list[Any] = []
         self._opened: OrderedDict[bytes, Any] = OrderedDict()  # (key id + session) -> AEAD, bounded
         self._opened_lock = threading.Lock()
         self._session_lock = threading.Lock()
@@ -298,7 +302,12 @@ class Sealer:
         codec = CODEC_PLAIN
         body = data
         if self.compression is not None and len(data) >= self.threshold:
-            frame = self._compressor().compress(data)
+            pool = self._compressors
+            c = pool.pop() if pool else self._new_compressor()
+            try:
+                frame = c.compress(data)
+            finally:
+                pool.append(c)
             if len(frame) < len(data):
                 codec, body = CODEC_ZSTD, frame
         session = self._session
@@ -310,20 +319,18 @@ class Sealer:
                 if self._session is session:
                     self._new_session()
             return self.seal(data, context)
-        header = bytes((codec | CODEC_ENCRYPTED,)) + session.key_id + session.id + n.to_bytes(8, "little")
+        counter = n.to_bytes(8, "little")
+        header = session.prefixes[codec] + counter
         if _trace_fd >= 0:
             os.write(_trace_fd, b"%s %s %d\n" % (session.key_id.hex().encode(), session.id.hex().encode(), n))
-        nonce = header[1 + KEY_ID_BYTES + SESSION_BYTES:] + b"\x00\x00\x00\x00"
-        sealed: bytes = session.aead.encrypt(nonce, body, header + context)
+        sealed: bytes = session.aead.encrypt(counter + b"\x00\x00\x00\x00", body, header + context)
         return header + sealed
 
-    def _compressor(self) -> Any:
-        c = getattr(self._local, "c", None)
-        if c is None:
-            c = _zstd().ZstdCompressor(level=ZSTD_LEVEL, dict_data=self._dict, write_content_size=True,
-                                       write_checksum=self.keys is None)
-            self._local.c = c
-        return c
+    def _new_compressor(self) -> Any:
+        # A zstd context is not thread-safe and costs ~1 MB to make: a pool (list.pop/append are
+        # atomic under the GIL) lends each concurrent seal one and keeps them across threads.
+        return _zstd().ZstdCompressor(level=ZSTD_LEVEL, dict_data=self._dict, write_content_size=True,
+                                      write_checksum=self.keys is None)
 
     # ---- opening ---------------------------------------------------------------------------
 
