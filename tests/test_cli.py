@@ -609,11 +609,11 @@ def test_tail_follows_across_segments_and_checkpoints_without_gaps(tmp_path: Pat
     path = tmp_path / "store"
     with wal.open(path, segment_bytes=4096):
         pass
-    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(path), "--interval", "0.01"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # -n 1000: from LSN 1 however late it starts (no checkpoint runs before it printed a batch).
+    tail = subprocess.Popen([sys.executable, "-m", "wal", "tail", "-f", str(path), "-n", "1000",
+                             "--interval", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         reader = LineReader(tail)
-        time.sleep(1.0)
         got: list[int] = []
         with wal.open(path, segment_bytes=4096) as store:
             for batch in range(6):

@@ -134,7 +134,7 @@ Inode = tuple[int, int]
 
 def shim_path() -> str:
     """Absolute path of the built LD_PRELOAD shim (``wal/_crashsim*.so``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the `wal` package: setup.py builds it there
     found = sorted(glob.glob(os.path.join(here, "_crashsim*.so")))
     if not found:
         raise FileNotFoundError(
