@@ -29,8 +29,8 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from wal import crashtest
 from wal.crypto.sealing import HEADER_BYTES, OVERHEAD, key_id
+from wal.drill import crashtest
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
 KILLS = 200 if LONG else 12
