@@ -48,9 +48,9 @@ class SealingPlan:
         self.new = new
         self.readonly = readonly
 
-    def before_open(self, meta: dict[str, Any]) -> dict[str, Any] | None:
-        """Called with the STORE file's JSON under the log's lock, before anything is written;
-        returns the JSON to write instead (None: keep it). A store created by this open becomes
+    def before_open(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Called with the STORE file's JSON ({} for a store being created) under the log's lock,
+        before anything is written; returns the JSON it must hold. A store created by this open becomes
         sealed; an encrypted one lists the current key's id before anything is written under it."""
         sealed = meta.get(STORE_FIELD)
         keys = self.sealer.keys
@@ -61,8 +61,7 @@ class SealingPlan:
         ids = list(sealed.get("key_ids") or [])
         if keys is not None and keys.current_id.hex() not in ids:
             ids.append(keys.current_id.hex())
-        new = {**meta, STORE_FIELD: {"encrypted": bool(sealed.get("encrypted")), "key_ids": ids}}
-        return new if new != meta else None
+        return {**meta, STORE_FIELD: {"encrypted": bool(sealed.get("encrypted")), "key_ids": ids}}
 
     def store_class(self, base: type[Store]) -> type[Store]:
         return _sealed_class(base)
@@ -81,7 +80,7 @@ def read_meta(root: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(root, "STORE"), "rb") as f:
             meta = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # missing: a new store; unreadable: the store's own check says so
     return meta if isinstance(meta, dict) else None
 

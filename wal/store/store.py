@@ -1393,15 +1393,19 @@ def _upgrade_store(root: str, found: int) -> None:
 
 def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> None:
     """Create the STORE file, or upgrade an older store (`_upgrade_store`), holding the log's lock;
-    then a sealed store's fields (a new store sealed, a new key's id listed: `SealingPlan.before_open`)."""
+    then a sealed store's fields (a new store sealed, a new key's id listed: `SealingPlan.before_open`).
+    A new sealed store's STORE is written once, with its fields: a crash can never leave it plain."""
+    if sealing is not None and not os.path.exists(os.path.join(root, STORE_FILE)):
+        _write_store_file(root, sealing.before_open({}))
+        return
     found = _check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
     if sealing is not None:
         meta = read_meta(root) or {}
-        changed = sealing.before_open(meta)
-        if changed is not None:
-            _write_store_file(root, changed)
+        wanted = sealing.before_open(meta)
+        if wanted != meta:
+            _write_store_file(root, wanted)
 
 
 def _check_store_file(root: str, *, create: bool) -> int:
