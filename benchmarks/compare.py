@@ -995,8 +995,8 @@ class Runner:
                     "quiet disk the two are close; under load the appending one waits for the shared ext4 journal. "
                     "The third variant lays the values end to end in the preallocated file and writes the whole "
                     "pages each one touches, dropping them from the page cache after each fdatasync: what a sync "
-                    "agentwal log does (PROFILING finding 24), shown so its ratio to the bare loop can be read "
-                    "against what the same technique gives without agentwal around it.")
+                    "agentwal log does (docs/performance.md, \"Whole pages\"), shown so its ratio to the bare loop "
+                    "can be read against what the same technique gives without agentwal around it.")
                 return
             self.notes.append(f"Compiling the C reference failed ({proc.stderr.strip()[:200]}).")
         self.ref_label = "Python os.pwrite+os.fdatasync loop, preallocated file (no C compiler; 1 thread)"

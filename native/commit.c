@@ -377,7 +377,7 @@ static void do_sync(wal_log *log) {
      * LONE_STREAK fdatasyncs in a row with no follower waiting, no write running, and the
      * last write by this thread, begun on the page the fdatasync before left as the tail (a
      * heuristic for "one write since": several small ones within a page pass too), so the
-     * pages it dirtied sit in this CPU's lists. Measured (PROFILING finding 24): one thread gains 10-20%; drops after
+     * pages it dirtied sit in this CPU's lists. Measured (docs/performance.md, "Whole pages"): one thread gains 10-20%; drops after
      * a group's fdatasync cost more than they gained (8 threads, 4 KiB: -14%; 64 threads
      * through the store, dropping at its lone fdatasyncs only: -6%): a drop delays the
      * followers' wake-up, and pages another CPU wrote make the kernel drain every CPU's page

@@ -4,7 +4,7 @@
  * Why it exists. The materializer applies a batch of commits to LMDB. Through py-lmdb
  * that was `putmulti`, which releases and re-takes the GIL around every item: with a
  * thread putting in a loop it waited ~30 us per item for the GIL, so the apply queue
- * filled and the committing thread applied inline, serially (benchmarks/PROFILING.md).
+ * filled and the committing thread applied inline, serially (docs/performance.md).
  * Here `Env.apply` does a whole batch's LMDB transaction in ONE call with the GIL
  * released, on the other core, taking the GIL back only to ask the log's durable LSN
  * for invariant I1. py-lmdb does not expose its MDB_env or MDB_txn pointers, and LMDB
@@ -1418,7 +1418,7 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  * background: run the transaction in a thread of its own at the lowest CPU priority (nice
  * APPLY_NICE), the caller waiting for it with the GIL released. Why: on a machine with few
  * cores a committer woken by its fdatasync otherwise waits for the materializer's time slice
- * (PROFILING findings 23, 28: one thread's p99 at sync ~570 -> ~340 us). That thread takes no
+ * (docs/performance.md: one thread's p99 at sync ~570 -> ~340 us). That thread takes no
  * lock anything else needs at once: never the GIL, and not the log's mutex either -- the
  * durable LSN is read by the caller before the thread starts (durable LSNs only grow, so an
  * earlier read is as good a bound for I1, and the batch was taken below a still earlier one).

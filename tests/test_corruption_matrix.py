@@ -32,7 +32,7 @@ whose writer never got further, so commits made durable but not yet applied to t
 without a report. Nothing after the damage vouches for them (the MARK records of FORMAT.md
 section 10 only vouch for what precedes them); loss of commits the state already holds is caught
 ("state ahead of log"). `_clean_end` checks that every unreported loss is of exactly this kind.
-A truncated newest segment is no longer among them: a segment never shrinks below the size its
+A truncated newest segment is not among them: a segment never shrinks below the size its
 header records, so FORMAT.md rule S6 makes that a `CorruptionError` ("segment truncated").
 
 LMDB trusts its pages; the store checks what it reads. Every state entry carries a CRC-32C of its

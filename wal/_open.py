@@ -22,7 +22,22 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
                preallocate: str = "size", encryption: Any = None, compression: str | None = None,
                compression_threshold: int | None = None, compression_dict: Any = None,
                **archive_options: Any) -> Store:
-    """Open (creating if needed) the store at `path`. See `wal.open`.
+    """Open (creating if needed) the store at `path`; this is `wal.open`.
+
+    The open recovers: it takes the writer's lock, scans the log (cutting a torn tail), and
+    replays into the state the commits it has not applied, so the store it returns holds every
+    acknowledged commit its durability level promised to keep.
+
+    durability: ``"sync"`` (the default), ``"interval"``, ``"buffered"`` or ``"replicated"``;
+    rpo_ms: the loss bound of ``interval`` and ``buffered`` (0 means ``sync``; rpo_ms alone means
+    ``interval``). readonly: no lock and no writes, beside a running writer in another process.
+    recovery: ``"strict"`` raises `CorruptionError` on damage that is not a torn tail;
+    ``"truncate"`` opens at the last good record. segment_bytes: the log's segment size.
+    checkpoint_bytes: the most log (or freed state pages) between automatic checkpoints.
+    idempotency_ttl_s: how long an idempotency key is remembered. apply_interval_ms and
+    max_unapplied: how often the state is brought up to date, and how many acknowledged commits
+    may wait for it before committers apply them themselves. preallocate: ``"size"`` or
+    ``"zeros"`` for new log segments (see `wal.Log.open`).
 
     archive: True or a directory path keeps the log segments a checkpoint removes in a local
     folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state

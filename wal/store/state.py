@@ -6,7 +6,7 @@ The log is what makes a commit durable (I2); the state only has to be durable wh
 checkpoint lets log segments go. So LMDB is opened with MDB_NOSYNC: its transactions are
 written to the file (write(2), never a writable mapping) but not fsynced, and the disk takes
 the state's pages at checkpoints rather than beside every group of commits (a 4 KiB value is
-two LMDB pages, more bytes than its log record: benchmarks/PROFILING.md finding 20).
+two LMDB pages, more bytes than its log record: docs/performance.md).
 
 An unsynced LMDB is only safe to reopen if the snapshot it falls back to is whole. LMDB is
 copy-on-write, but it reuses the pages a newer transaction freed as soon as no reader holds
@@ -60,7 +60,7 @@ u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...)
 ``tail`` (store format 3): a ``data`` value that would put only a few bytes on one more LMDB
 overflow page keeps those bytes there instead, flagged in its version's top bit. The binding
 splits on write and joins on read (native/lmdbcall.c, "Split values"), so nothing here sees it;
-it halves the pages a 4 KiB value costs the disk (benchmarks/PROFILING.md finding 21).
+it halves the pages a 4 KiB value costs the disk (docs/performance.md).
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by

@@ -296,6 +296,7 @@ class Transaction:
         self._ops[k] = (record.OP_PUT, k, _value(value))
 
     def delete(self, key: bytes | str, *, if_version: int | None = None) -> None:
+        """Delete key at commit; if_version as for `put`."""
         self._open()
         k = _key(key)
         self._check(k, _if_version(if_version))
@@ -1015,8 +1016,8 @@ class Store:
                 # left would chase each fdatasync with a tiny LMDB transaction, taking the GIL and
                 # CPU from the committers. One batch per interval otherwise.
                 # At the lowest CPU priority, in batches of at most _BACKGROUND_BATCH_RECORDS,
-                # while the queue is short: committers woken meanwhile then run first (PROFILING
-                # finding 28), and a starved apply holds the apply lock (which helping committers,
+                # while the queue is short: committers woken meanwhile then run first
+                # (docs/performance.md), and a starved apply holds the apply lock (which helping committers,
                 # checkpoints and close wait for) for one small batch. Not once a backlog builds,
                 # which a starved low-priority apply would only let grow.
                 # A checkpoint is considered after every batch (space: module docstring).
