@@ -1,6 +1,6 @@
 """benchmarks/integrations.py works: run tiny (5 steps, one round), it writes its results.
 
-No timing is asserted (BRIEF §7: speed is for benchmarks, never for timed tests); this checks
+No timing is asserted (speed is proven in benchmarks/, never by timed tests); this checks
 that every saver and session ran the real graph / conversation, that the goals are judged,
 and that PostgresSaver is either measured or skipped with a note.
 """

@@ -1,4 +1,4 @@
-"""The frozen `wal.Store` API of BRIEF §4, through `wal.open`, as a user sees it.
+"""The `wal.Store` API (public and frozen), through `wal.open`, as a user sees it.
 
 put / delete / get / version / scan (key order, prefix bounds), str keys, value types and
 size limits (refused before anything is written), transactions (atomic, own writes,

@@ -2,7 +2,7 @@
 verified checkpoints with history, retention and content-addressed large-value blobs.
 
 Everything here is built on one `wal.Store` and its transactions; nothing bypasses the
-log, so every guarantee of the store's durability level (BRIEF §3) holds for it. One
+log, so every guarantee of the store's durability level (README, "Durability levels") holds for it. One
 `AgentStore` is one *agent* namespace; inside it each *thread* (a conversation, a run)
 owns its events, state values, checkpoints and tool calls.
 

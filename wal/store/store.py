@@ -1,6 +1,6 @@
 """`wal.Store`: a key-value store whose every commit goes through the log first.
 
-Data flow (BRIEF §2)::
+Data flow::
 
     put / transaction --encode--> Log.enqueue (LSN = commit order) --group commit--> segments
           |                                                                  | durable_lsn
