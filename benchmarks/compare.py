@@ -200,6 +200,7 @@ class Profile:
     recovery_payload: int = 1024
     store_keys: int = 10_000  # (c) distinct keys the replayed store overwrites
     recovery_runs: int = 3  # (c) runs of each reopen (and of the raw read); the median is reported
+    read_passes: int = 5  # (d) interleaved passes over every reader; each row keeps its fastest
 
 
 PROFILES = {
@@ -212,26 +213,12 @@ PROFILES = {
     # --smoke (hidden): seconds in all, for tests/test_bench_smoke.py; the figures mean nothing.
     "smoke": Profile("smoke", sync_seconds=0.05, warmup_ops=2, perop_ops=300, batch_count=2,
                      recovery_mb=(1,), read_keys=500, read_ops=300, scan_rounds=1, agents=5,
-                     latency_ops=300, store_keys=100, threads=(1, 8), tasks=100, sizes=(128,), recovery_runs=1),
+                     latency_ops=300, store_keys=100, threads=(1, 8), tasks=100, sizes=(128,), recovery_runs=1,
+                     read_passes=2),
 }
 
 
 # ---- small helpers ------------------------------------------------------------------------------------
-
-
-# (d) each read workload runs this many times in a row and keeps its fastest pass: one pass is a
-# fraction of a second, which a neighbour's burst of CPU on a shared machine can halve.
-READ_REPEATS = 3
-
-
-def _best_of(n: int, body: Callable[[], Any]) -> float:
-    """The shortest of n timed runs of body, in seconds."""
-    best = float("inf")
-    for _ in range(n):
-        start = time.perf_counter()
-        body()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def log(msg: str) -> None:
@@ -995,8 +982,8 @@ class Runner:
                     "quiet disk the two are close; under load the appending one waits for the shared ext4 journal. "
                     "The third variant lays the values end to end in the preallocated file and writes the whole "
                     "pages each one touches, dropping them from the page cache after each fdatasync: what a sync "
-                    "agentwal log does (PROFILING finding 24), shown so its ratio to the bare loop can be read "
-                    "against what the same technique gives without agentwal around it.")
+                    "agentwal log does (docs/performance.md, \"Whole pages\"), shown so its ratio to the bare loop "
+                    "can be read against what the same technique gives without agentwal around it.")
                 return
             self.notes.append(f"Compiling the C reference failed ({proc.stderr.strip()[:200]}).")
         self.ref_label = "Python os.pwrite+os.fdatasync loop, preallocated file (no C compiler; 1 thread)"
@@ -1342,46 +1329,86 @@ class Runner:
                                 columns=(("items_per_s", "items/s", "int"),),
                                 note="each scan reads every (key, value) of one prefix")
                for n in scans}
-        for system, label, role, opener in self.read_entries():
-            with self.tmp() as d:
+        # Every reader is opened (filled in its own directory) first; then each pass runs every
+        # workload once per reader, the readers in a rotated order (pass i starts at reader i), and a
+        # reader's row keeps its fastest pass. So a change in the machine's load, or the position in
+        # the run, hits the writer, the read-only opener and py-lmdb alike, as the commit rows'
+        # interleaved slices do; one pass is a fraction of a second, which a neighbour's burst of CPU
+        # on a shared machine can halve.
+        def gets(r: dict[str, Any]) -> tuple[int, int]:  # (operations, items scanned)
+            get = r["get"]
+            for k in get_keys:
+                get(k)
+            return len(get_keys), 0
+
+        def batches(r: dict[str, Any]) -> tuple[int, int]:
+            get_many = r["get_many"]
+            for batch in many:
+                get_many(batch)
+            return 10 * len(many), 0
+
+        def scanner(prefixes: list[bytes]) -> Callable[[dict[str, Any]], tuple[int, int]]:
+            def run(r: dict[str, Any]) -> tuple[int, int]:
+                scan = r["scan"]
+                return len(prefixes), sum(scan(x) for x in prefixes)
+            return run
+
+        workloads = [(wg, gets), (wm, batches), *((wsc[n], scanner(prefixes)) for n, prefixes in scans.items())]
+        with contextlib.ExitStack() as stack:
+            readers: list[tuple[Entry, dict[str, Any]]] = []
+            for system, label, role, opener in self.read_entries():
+                entry = Entry(system, label, role, lambda d: Target())
+                d = stack.enter_context(self.tmp())
                 try:
                     reader = opener(d, keys, value)
+                    stack.callback(reader["close"])
+                    assert reader["get"](keys[0]) == value, f"{label}: wrong value read back"
+                    assert list(reader["get_many"](keys[:10])) == [value] * 10, f"{label}: get_many wrong"
+                    for n, prefixes in scans.items():
+                        got = reader["scan"](prefixes[0])
+                        assert got == n, f"{label}: a {n}-key scan counted {got}"
                 except Exception as exc:
                     traceback.print_exc()
                     for w in (wg, wm, *wsc.values()):
                         w["rows"].append({"system": system, "label": label, "role": role,
                                           "error": f"{type(exc).__name__}: {exc}"})
                     continue
-                try:
-                    get, scan, get_many = reader["get"], reader["scan"], reader["get_many"]
-                    assert get(keys[0]) == value, f"{label}: wrong value read back"
-                    assert list(get_many(keys[:10])) == [value] * 10, f"{label}: get_many wrong"
-                    for n, prefixes in scans.items():
-                        assert scan(prefixes[0]) == n, f"{label}: a {n}-key scan counted {scan(prefixes[0])}"
-
-                    def gets(get: Callable[[bytes], Any] = get) -> dict[str, Any]:
-                        el = _best_of(READ_REPEATS, lambda: [get(k) for k in get_keys])
-                        return {"ops": len(get_keys), "seconds": el, "ops_per_s": len(get_keys) / el}
-
-                    def batches(get_many: Callable[[list[bytes]], Any] = get_many) -> dict[str, Any]:
-                        el = _best_of(READ_REPEATS, lambda: [get_many(batch) for batch in many])
-                        return {"ops": 10 * len(many), "seconds": el, "ops_per_s": 10 * len(many) / el}
-
-                    entry = Entry(system, label, role, lambda d: Target())
-                    self.attempt(wg, entry, gets)
-                    self.attempt(wm, entry, batches)
-                    for n, prefixes in scans.items():
-
-                        def run_scans(scan: Callable[[bytes], int] = scan,
-                                      prefixes: list[bytes] = prefixes) -> dict[str, Any]:
-                            items = sum(scan(pfx) for pfx in prefixes)
-                            el = _best_of(READ_REPEATS, lambda: [scan(pfx) for pfx in prefixes])
-                            return {"ops": len(prefixes), "seconds": el, "ops_per_s": len(prefixes) / el,
-                                    "items": items, "items_per_s": items / el}
-
-                        self.attempt(wsc[n], entry, run_scans)
-                finally:
-                    reader["close"]()
+                readers.append((entry, reader))
+            best: dict[tuple[str, str], dict[str, Any]] = {}
+            failed: dict[tuple[str, str], str] = {}
+            for i in range(p.read_passes):
+                order = readers[i % len(readers):] + readers[:i % len(readers)] if readers else []
+                for w, body in workloads:
+                    for entry, reader in order:
+                        key = (w["id"], entry.system)
+                        if key in failed:
+                            continue
+                        gc.collect()
+                        try:
+                            start = time.perf_counter()
+                            ops, items = body(reader)
+                            el = time.perf_counter() - start
+                        except Exception as exc:
+                            traceback.print_exc()
+                            failed[key] = f"{type(exc).__name__}: {exc}"
+                            continue
+                        if key not in best or el < best[key]["seconds"]:
+                            best[key] = {"ops": ops, "seconds": el, "ops_per_s": ops / el}
+                            if items:
+                                best[key].update(items=items, items_per_s=items / el)
+            for w, _ in workloads:
+                for entry, _ in readers:
+                    row: dict[str, Any] = {"system": entry.system, "label": entry.label, "role": entry.role,
+                                           "passes": p.read_passes}
+                    key = (w["id"], entry.system)
+                    if key in failed:
+                        row["error"] = failed[key]
+                        log(f"  {w['id']:<28} {entry.label:<52} ERROR {row['error']}")
+                    else:
+                        row.update(best[key])
+                        log(f"  {w['id']:<28} {entry.label:<52} {row[w['metric']]:>14,.0f} {w['unit']} "
+                            f"(best of {p.read_passes} interleaved passes)")
+                    w["rows"].append(row)
 
     def read_entries(self) -> list[tuple[str, str, str, Callable[[str, list[bytes], bytes], dict[str, Any]]]]:
         out: list[tuple[str, str, str, Callable[[str, list[bytes], bytes], dict[str, Any]]]] = []

@@ -63,6 +63,7 @@ from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 GOAL_VS_SQLITE_FULL = 2.0
+READS = 100  # get_tuple / get_items calls timed one at a time after each run
 
 
 def du(path: Path) -> int:
@@ -274,9 +275,11 @@ def lg_saver(kind: str, where: Path, pg: Postgres | None) -> Iterator[tuple[Any,
                                                                                     "rpo_ms": 100}
         written: dict[str, int] = {}
         with AgentwalSaver.from_conn_string(where / "db", **kw) as saver:
-            yield saver, lambda: {"disk": du(where), "log_written": written.get("log", 0)}
+            yield saver, lambda: {"disk": du(where), "log_written": written.get("log", 0),
+                                  "log_fsyncs": written.get("fsyncs", 0)}
             st = saver.store.stats()
             written["log"] = int(st.get("bytes_written", 0))
+            written["fsyncs"] = int(st.get("fsyncs", 0))
 
 
 def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres | None, *,
@@ -291,15 +294,28 @@ def run_graph(kind: str, where: Path, steps: int, msg_bytes: int, pg: Postgres |
         out = graph.invoke({"messages": []}, cfg, durability="sync")
         wall = time.perf_counter() - t0
         share = timer.total
+        calls = dict(timer.calls)  # the graph's calls, before the reads timed below
         assert len(out["messages"]) == steps, len(out["messages"])
         if kind != "InMemorySaver":  # a real round trip: the latest state comes back from the saver
             assert len(graph.get_state({"configurable": {"thread_id": "bench"}}).values["messages"]) == steps
+        # The read an agent's step starts with: the thread's latest checkpoint, its channel
+        # values (here every message of the run) and its pending writes, one call at a time.
+        reads: list[float] = []
+        if not profile:
+            latest = {"configurable": {"thread_id": "bench", "checkpoint_ns": ""}}
+            for _ in range(READS):
+                t = time.perf_counter()
+                got = saver.get_tuple(latest)
+                reads.append(time.perf_counter() - t)
+            assert got is not None
     step_s = [b - a for a, b in itertools.pairwise(marks)]
     res: dict[str, Any] = {
         "system": kind, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
         "p50_ms": pct(step_s, 0.5) * 1e3, "p99_ms": pct(step_s, 0.99) * 1e3,
-        "saver_s": share, "saver_share": share / wall, "saver_calls": timer.calls,
+        "saver_s": share, "saver_share": share / wall, "saver_calls": calls,
     }
+    if reads:
+        res["get_tuple_us"] = statistics.median(reads) * 1e6
     res.update(disk())
     st = timer.stats()
     if st is not None:
@@ -321,7 +337,7 @@ def run_session(kind: str, where: Path, steps: int, msg_bytes: int) -> dict[str,
     where.mkdir(parents=True)
     bodies = texts(2 * steps, msg_bytes)
 
-    async def conversation(session: Any) -> list[float]:
+    async def conversation(session: Any) -> tuple[list[float], list[float]]:
         lat = []
         for i in range(steps):
             t = time.perf_counter()
@@ -330,7 +346,12 @@ def run_session(kind: str, where: Path, steps: int, msg_bytes: int) -> dict[str,
                                      {"role": "assistant", "content": bodies[2 * i + 1]}])
             lat.append(time.perf_counter() - t)
         assert len(await session.get_items()) == 2 * steps
-        return lat
+        reads = []  # the read a turn starts with, of the whole conversation, one call at a time
+        for _ in range(READS):
+            t = time.perf_counter()
+            await session.get_items()
+            reads.append(time.perf_counter() - t)
+        return lat, reads
 
     if kind == "SQLiteSession":
         from agents import SQLiteSession
@@ -340,12 +361,13 @@ def run_session(kind: str, where: Path, steps: int, msg_bytes: int) -> dict[str,
         session = AgentwalSession("bench", where / "db", **({} if kind.endswith("sync") else {"rpo_ms": 100}))
     t0 = time.perf_counter()
     try:
-        lat = asyncio.run(conversation(session))
+        lat, reads = asyncio.run(conversation(session))
     finally:
         wall = time.perf_counter() - t0
         session.close()
     return {"system": kind, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
-            "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "disk": du(where)}
+            "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "disk": du(where),
+            "get_items_us": statistics.median(reads) * 1e6}
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -371,7 +393,7 @@ def table(rows: list[dict[str, Any]], base: str, extra: str | None = None) -> li
             cells.append(f"{r['steps_per_s'] / by[extra]['steps_per_s']:.2f}")
         disk = f"{r['disk'] / 1e6:.1f} MB"
         if r.get("log_written"):
-            disk += f" (log written {r['log_written'] / 1e6:.1f} MB)"
+            disk += f" (log written {r['log_written'] / 1e6:.1f} MB, {r.get('log_fsyncs', 0):,} fdatasyncs)"
         share = f"{r['saver_share'] * 100:.0f}%" if "saver_share" in r else "-"
         cells += [f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", disk, share]
         lines.append("| " + " | ".join(cells) + " |")
@@ -473,6 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     if sessions:
         md += ["", "## OpenAI Agents SDK session (get_items + add_items of 2 items per turn)", ""]
         md += table(sessions, "SQLiteSession")
+    md += ["", f"## Reads side by side: one call on the finished run, median of {READS} calls", "",
+           "| system | LangGraph get_tuple (latest checkpoint, its values and writes) |", "|---|---:|"]
+    md += [f"| {r['system']} | {r['get_tuple_us']:,.0f} µs |" for r in graphs if "get_tuple_us" in r]
+    if sessions:
+        md += ["", f"| system | OpenAI Agents get_items ({2 * args.steps} items) |", "|---|---:|"]
+        md += [f"| {r['system']} | {r['get_items_us']:,.0f} µs |" for r in sessions]
     md += ["", "## Goals", ""] + [
         f"- {g['what']}: " + (f"{g['ratio']:.2f}x " if g["ratio"] else "") + g["status"]
         + (f" (rounds: {', '.join(f'{r:.2f}' for r in g['rounds'])})" if g.get("rounds") else "")

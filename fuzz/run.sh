@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fuzz/run.sh SECONDS [TARGET...]   fuzz agentwal for SECONDS in all, under ASan/UBSan
 #
-# TARGETs: segment (fuzz_segment.py, C scanner vs the reference decoder) and open
-# (fuzz_open.py, Log.open / wal.open over damaged directories); default both, SECONDS split
+# TARGETs: segment (fuzz_segment.py, C scanner vs the reference decoder), open
+# (fuzz_open.py, Log.open / wal.open over damaged directories) and envelope (fuzz_envelope.py,
+# sealed values opened from damaged bytes; run only when named); default segment and open, SECONDS split
 # between them (the open target gets the larger share: it is ~20x slower per input).
 #
 # Builds the sanitizer venv first if the sources changed (build_asan.sh). Seeds come from
@@ -23,7 +24,7 @@ ROOT="$(dirname "$HERE")"
 VENV="${AGENTWAL_ASAN_VENV:-$HERE/.venv-asan}"
 WORK="$HERE/corpus-work"
 
-usage() { echo "usage: fuzz/run.sh SECONDS [segment|open ...]" >&2; exit 2; }
+usage() { echo "usage: fuzz/run.sh SECONDS [segment|open|envelope ...]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 total="$1"; shift
 [[ "$total" =~ ^[0-9]+$ ]] && [ "$total" -ge 2 ] || usage

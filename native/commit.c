@@ -111,10 +111,13 @@ struct wal_log {
     lag_mark *marks;
     size_t mark_head, mark_tail;
     int failed, failed_errno;
-    /* A write that failed for lack of space is not fatal: its batch goes back in front of the
-     * pending one and is rewritten, at the same offsets, by the next write. Its waiters get
-     * WAL_ENOSPC (not acknowledged; the records may still reach the disk later). */
+    /* A write that failed for lack of space -- or, at a segment roll, for lack of a file
+     * descriptor to create the next segment with -- is not fatal: its batch goes back in front
+     * of the pending one and is rewritten, at the same offsets, by the next write. Its waiters
+     * get WAL_ENOSPC (not acknowledged; the records may still reach the disk later), and
+     * write_failed_errno says which resource was missing. */
     uint64_t write_failed_through; /* last LSN of the batch whose write failed */
+    int write_failed_errno;        /* ENOSPC, EDQUOT, EMFILE or ENFILE: what that write lacked */
     uint64_t write_attempts;       /* do_write calls begun */
     uint64_t write_failed_attempt; /* the write_attempts number of the last write that failed so */
     uint64_t n_write_errors;
@@ -303,6 +306,9 @@ static uint64_t oldest_unsynced_ns(wal_log *log) {
     return log->marks[log->mark_head % MARK_RING].ns;
 }
 
+/* What a write may fail with and be made again later (do_write). */
+static int retryable_write_errno(int e) { return e == ENOSPC || e == EDQUOT || e == EMFILE || e == ENFILE; }
+
 /* The write of `lsn` failed for lack of space and has not been redone yet. mu held. */
 static int write_failed_for(wal_log *log, uint64_t lsn) {
     return log->written < lsn && log->write_failed_through >= lsn;
@@ -335,19 +341,23 @@ static void do_write(wal_log *log) {
 
     pthread_mutex_lock(&log->mu);
     uint64_t failed_last = b.last_lsn; /* before the concat below moves it */
-    /* No space: keep the batch (rolls included: wal_writer_write is idempotent) and write it
-     * again later. Never after a failed fdatasync (I5). */
-    if (rc && !log->w.sync_failed && (rc == -ENOSPC || rc == -EDQUOT) && failed_last &&
+    /* No space, or no descriptor for a roll's new segment: keep the batch (rolls included:
+     * wal_writer_write is idempotent) and write it again later. Never after a failed fdatasync
+     * (I5). EMFILE/ENFILE can only come from an open() -- the new segment's, or its
+     * directory's for the fsync that makes its name durable -- and a failed open did no I/O:
+     * nothing the kernel might have dropped, so a retry proves as much as a first try. */
+    if (rc && !log->w.sync_failed && retryable_write_errno(-rc) && failed_last &&
         wal_batch_concat(&b, &log->pending) == 0) {
         log->write_failed_through = failed_last;
+        log->write_failed_errno = -rc;
         log->write_failed_attempt = attempt;
         wal_batch tmp = log->pending;
         log->pending = b; /* the failed bytes first, then what queued up meanwhile */
         b = tmp;
         log->n_write_errors++;
         snprintf(log->detail, sizeof log->detail, "write of %s/%016llx.wal failed: %s; the commit was not "
-                 "acknowledged and is rewritten when space returns", log->w.dir,
-                 (unsigned long long)log->w.fd_segno, strerror(-rc));
+                 "acknowledged and is rewritten when %s", log->w.dir, (unsigned long long)log->w.fd_segno,
+                 strerror(-rc), rc == -EMFILE || rc == -ENFILE ? "a file descriptor is free" : "space returns");
     } else if (rc) {
         fail(log, rc, "write", log->w.fd_segno);
     } else {
@@ -377,7 +387,7 @@ static void do_sync(wal_log *log) {
      * LONE_STREAK fdatasyncs in a row with no follower waiting, no write running, and the
      * last write by this thread, begun on the page the fdatasync before left as the tail (a
      * heuristic for "one write since": several small ones within a page pass too), so the
-     * pages it dirtied sit in this CPU's lists. Measured (PROFILING finding 24): one thread gains 10-20%; drops after
+     * pages it dirtied sit in this CPU's lists. Measured (docs/performance.md, "Whole pages"): one thread gains 10-20%; drops after
      * a group's fdatasync cost more than they gained (8 threads, 4 KiB: -14%; 64 threads
      * through the store, dropping at its lone fdatasyncs only: -6%): a drop delays the
      * followers' wake-up, and pages another CPU wrote make the kernel drain every CPU's page
@@ -761,7 +771,8 @@ int wal_log_close(wal_log *log) {
     while (!log->failed && (log->durable < log->appended || log->write_busy || log->sync_busy)) {
         progress_step(log, log->appended, log->appended, 0);
         if (write_failed_for(log, log->appended)) /* still no space: what is left cannot be kept */
-            fail(log, -ENOSPC, "write at close", log->w.fd_segno);
+            fail(log, -(log->write_failed_errno ? log->write_failed_errno : ENOSPC), "write at close",
+                 log->w.fd_segno);
     }
     int rc = log->failed ? WAL_EFAILED : WAL_OK;
     log->closed = 1;
@@ -836,6 +847,13 @@ int wal_log_watermarks(wal_log *log, uint64_t *out) {
 uint64_t wal_log_write_failed_through(wal_log *log) {
     pthread_mutex_lock(&log->mu);
     uint64_t v = log->write_failed_through > log->written ? log->write_failed_through : 0;
+    pthread_mutex_unlock(&log->mu);
+    return v;
+}
+
+int wal_log_write_failed_errno(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    int v = log->write_failed_through > log->written ? log->write_failed_errno : 0;
     pthread_mutex_unlock(&log->mu);
     return v;
 }

@@ -33,7 +33,7 @@ int wal_fp_check(int site, int *partial);
  * go out in writes of this size, not larger: the page cache keeps a file's pages in folios as
  * large as the write that created them (ext4, Linux 6.x), and every later small write into a
  * folio walks all of its blocks. Records written over zeros laid down in 8 MiB writes cost
- * ~6 us per 4 KiB pwrite instead of ~1.3 us (benchmarks/PROFILING.md, finding 16); 64 KiB
+ * ~6 us per 4 KiB pwrite instead of ~1.3 us (docs/performance.md, large folios); 64 KiB
  * costs no more than 4 KiB. */
 #define WAL_ZERO_WRITE_BYTES (64u << 10)
 

@@ -4,7 +4,7 @@
  * Why it exists. The materializer applies a batch of commits to LMDB. Through py-lmdb
  * that was `putmulti`, which releases and re-takes the GIL around every item: with a
  * thread putting in a loop it waited ~30 us per item for the GIL, so the apply queue
- * filled and the committing thread applied inline, serially (benchmarks/PROFILING.md).
+ * filled and the committing thread applied inline, serially (docs/performance.md).
  * Here `Env.apply` does a whole batch's LMDB transaction in ONE call with the GIL
  * released, on the other core, taking the GIL back only to ask the log's durable LSN
  * for invariant I1. py-lmdb does not expose its MDB_env or MDB_txn pointers, and LMDB
@@ -90,6 +90,7 @@ typedef struct {
 #define MDB_NOSYNC 0x10000
 #define MDB_RDONLY 0x20000
 #define MDB_NOTLS 0x200000
+#define MDB_NOLOCK 0x400000
 #define MDB_NORDAHEAD 0x800000
 #define MDB_CREATE 0x40000 /* mdb_dbi_open */
 #define MDB_RESERVE 0x10000 /* mdb_put: make room for the value and return it; the caller fills it */
@@ -490,26 +491,36 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 }
 
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
-                         const char *restore, size_t restore_len);
+                         const char *restore, size_t restore_len, int nolock);
 static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path", "readonly", "map_size", "restore", NULL};
+    static char *kwlist[] = {"path", "readonly", "map_size", "restore", "nolock", NULL};
     PyObject *path;
-    int readonly = 0;
+    int readonly = 0, nolock = 0;
     unsigned long long map_size = 0;
     Py_buffer restore = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK|z*", kwlist, PyUnicode_FSConverter, &path, &readonly,
-                                     &map_size, &restore))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&pK|z*p", kwlist, PyUnicode_FSConverter, &path, &readonly,
+                                     &map_size, &restore, &nolock))
         return -1;
-    int rc = env_init_with(self, path, readonly, map_size, restore.buf, (size_t)restore.len);
+    if (nolock && !readonly) {
+        if (restore.obj != NULL) PyBuffer_Release(&restore);
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_ValueError, "nolock is for read-only opens only");
+        return -1;
+    }
+    int rc = env_init_with(self, path, readonly, map_size, restore.buf, (size_t)restore.len, nolock);
     if (restore.obj != NULL) PyBuffer_Release(&restore);
     return rc;
 }
 
-/* Env(path, readonly, map_size, restore=None); `path` is a new reference, kept or dropped. */
+/* Env(path, readonly, map_size, restore=None, nolock=False); `path` is a new reference, kept or
+ * dropped. nolock (read-only only): MDB_NOLOCK, no reader slot in lock.mdb, for a user who may
+ * not write that file. LMDB then cannot keep a writer from reusing the pages a read uses, so
+ * the caller must keep every writer out for the handle's life (wal/store/state.py holds the log's
+ * writer lock shared). */
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
-                         const char *restore, size_t restore_len) {
+                         const char *restore, size_t restore_len, int nolock) {
     if (self->env != NULL || self->path != NULL) {
         Py_DECREF(path);
         PyErr_SetString(PyExc_TypeError, "Env is initialised once");
@@ -577,7 +588,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
      * and after a crash reopened at the last one, wal/store/state.py); never MAPASYNC/WRITEMAP, so
      * every page reaches the file through write(2), where a checkpoint's fdatasync finds it;
      * read transactions not bound to threads (NOTLS); no readahead. */
-    unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC);
+    unsigned int flags = MDB_NOTLS | MDB_NORDAHEAD | (readonly ? MDB_RDONLY : MDB_NOSYNC) | (nolock ? MDB_NOLOCK : 0);
     MDB_txn *txn = NULL;
     static const char *const names[N_DBS + 1] = {"data", "idem", "meta", "tail"};
     Py_BEGIN_ALLOW_THREADS
@@ -1301,18 +1312,113 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
 
 static MDB_val bytes_val(PyObject *b) { return (MDB_val){(size_t)PyBytes_GET_SIZE(b), PyBytes_AS_STRING(b)}; }
 
+/* ---- The order of a batch's puts: full leaf pages for large entries ----
+ * LMDB splits a full leaf page near its middle, or, for an insert at the page's end, leaves
+ * all but one node on the old page (mdb_page_split). A page that holds at most three entries
+ * (each of ~1 KiB and more, up to where a value moves to overflow pages) is then left with
+ * two after every split -- and keys appended in order, an agent's steps under its prefix or a
+ * bulk load, split page after page: the state's pages in use reach 2x the live data (three
+ * such entries fill a page; two leave a third of it empty for good, as overwrites of the same
+ * size never move nodes). So the puts go in key order in two passes: first the "skeleton",
+ * every key but the middle one of each run of three such keys (the first of a run of two,
+ * where a page holds two), whose in-order inserts split pages into two nodes each; then the
+ * keys left out, each of which lands, between two skeleton keys, on a page with room for
+ * exactly it. New keys in order then fill their pages (2.99 of 3 entries per page for 1 KiB
+ * values, measured, against 2.0), and keys already present are overwritten in place as in
+ * any order. The order of a transaction's puts of distinct keys changes nothing a reader can
+ * see; it is the writer's choice alone, like split_tail's. */
+#define LEAF_NODE_HEAD 8 /* LMDB 0.9's leaf node header: flags, sizes */
+
+typedef struct {
+    const char *key;
+    size_t klen;
+    size_t room; /* bytes of a leaf page the entry takes: node and index slot */
+    Py_ssize_t item;
+} put_slot;
+
+static int put_slot_cmp(const void *a, const void *b) { /* LMDB's default order: bytes, then length */
+    const put_slot *x = a, *y = b;
+    int c = memcmp(x->key, y->key, x->klen < y->klen ? x->klen : y->klen);
+    return c ? c : (x->klen > y->klen) - (x->klen < y->klen);
+}
+
+/* Bytes of a leaf page a DATA entry of key size `klen` and value `vlen` (without its version)
+ * takes: as mdb_leaf_size and mdb_node_add count it, a value that goes to overflow pages
+ * leaving a page number in the node. */
+static size_t leaf_room(const EnvObject *e, size_t klen, size_t vlen) {
+    size_t total = ENTRY_HEAD + vlen, stored = total - split_tail(e, total);
+    size_t nodemax = (((e->psize - PAGE_HEADER) / 2) & ~(size_t)1) - 2; /* LMDB's me_nodemax */
+    size_t node = LEAF_NODE_HEAD + klen + stored;
+    if (node >= nodemax) node = LEAF_NODE_HEAD + klen + 8;
+    return node + (node & 1) + 2;
+}
+
+static size_t max_room(const put_slot *s, size_t n) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) m = s[i].room > m ? s[i].room : m;
+    return m;
+}
+
+/* The order to put b's items in: indexes into b->puts, skeleton first; NULL (commit order) if
+ * there is no run of large entries or no memory. */
+static Py_ssize_t *put_order(const EnvObject *e, const batch_items *b) {
+    Py_ssize_t n = PyTuple_GET_SIZE(b->puts);
+    size_t pmax = e->psize - PAGE_HEADER;
+    if (n < 2 || e->psize <= PAGE_HEADER) return NULL;
+    put_slot *s = malloc((size_t)n * sizeof *s);
+    Py_ssize_t *order = malloc((size_t)n * sizeof *order);
+    unsigned char *gap = calloc((size_t)n, 1);
+    if (s == NULL || order == NULL || gap == NULL) goto none;
+    int large = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(b->puts, i);
+        PyObject *k = PyTuple_GET_ITEM(it, 0), *v = PyTuple_GET_ITEM(it, 1);
+        s[i] = (put_slot){PyBytes_AS_STRING(k), (size_t)PyBytes_GET_SIZE(k),
+                          leaf_room(e, (size_t)PyBytes_GET_SIZE(k), (size_t)PyBytes_GET_SIZE(v) - 8), i};
+        large |= pmax / s[i].room <= 3;
+    }
+    if (!large) goto none;
+    qsort(s, (size_t)n, sizeof *s, put_slot_cmp);
+    for (Py_ssize_t i = 0; i < n;) {
+        if (i + 2 < n && pmax / max_room(s + i, 3) == 3) {
+            gap[i + 1] = 1;
+            i += 3;
+        } else if (i + 1 < n && pmax / max_room(s + i, 2) == 2) {
+            gap[i] = 1;
+            i += 2;
+        } else {
+            i++;
+        }
+    }
+    Py_ssize_t j = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (gap[i] == pass) order[j++] = s[i].item;
+    free(s);
+    free(gap);
+    return order;
+none:
+    free(s);
+    free(order);
+    free(gap);
+    return NULL;
+}
+
 /* Write the batch's items in `txn`. GIL released: reads only the owned, immutable items. */
 static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const char **where) {
     MDB_cursor *cur;
     int rc = M.cursor_open(txn, e->dbs[DB_DATA], &cur);
     *where = "mdb_cursor_open";
     if (rc != 0) return rc;
-    /* Only each key's last write reaches here (collapsed in C, wal/log/record.py). */
+    /* Only each key's last write reaches here (collapsed in C, wal/log/record.py): distinct keys,
+     * whose order is put_order's. */
+    Py_ssize_t *order = put_order(e, b);
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
-        PyObject *it = PyTuple_GET_ITEM(b->puts, i);
+        PyObject *it = PyTuple_GET_ITEM(b->puts, order != NULL ? order[i] : i);
         MDB_val k = bytes_val(PyTuple_GET_ITEM(it, 0)), v = bytes_val(PyTuple_GET_ITEM(it, 1));
         rc = put_data(e, txn, cur, &k, &v, where);
     }
+    free(order);
     M.cursor_close(cur);
     if (rc != 0) return rc;
     *where = "mdb_del";
@@ -1418,7 +1524,7 @@ static const char DURABLE_SEEN_KEY[] = "durable_seen";
  * background: run the transaction in a thread of its own at the lowest CPU priority (nice
  * APPLY_NICE), the caller waiting for it with the GIL released. Why: on a machine with few
  * cores a committer woken by its fdatasync otherwise waits for the materializer's time slice
- * (PROFILING findings 23, 28: one thread's p99 at sync ~570 -> ~340 us). That thread takes no
+ * (docs/performance.md: one thread's p99 at sync ~570 -> ~340 us). That thread takes no
  * lock anything else needs at once: never the GIL, and not the log's mutex either -- the
  * durable LSN is read by the caller before the thread starts (durable LSNs only grow, so an
  * earlier read is as good a bound for I1, and the batch was taken below a still earlier one).

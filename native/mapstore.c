@@ -3,7 +3,7 @@
  * wal_io_map, wal_io_unmap, wal_io_store).
  *
  * Why. At `interval` a commit is acknowledged once its bytes are in the OS
- * (BRIEF §3): a process kill must not lose it, an OS crash may lose the last
+ * (README, "Durability levels"): a process kill must not lose it, an OS crash may lose the last
  * rpo_ms. A write() per commit pays a system call (~0.5 us here) for that. A
  * store into a MAP_SHARED mapping of the segment puts the bytes in the same
  * page-cache pages write() would, with no system call: they survive a kill of

@@ -2,7 +2,7 @@
  * storecore.c -- wal._storecore: the store's per-commit and per-apply work, in C.
  *
  * Why it exists. A `Store.put` at `interval` or `buffered` has a budget of about one
- * microsecond (BRIEF §7: 1.5x LevelDB's unsynced put). In Python the commit path
+ * microsecond (the target: 1.5x LevelDB's unsynced put, benchmarks/README.md). In Python the commit path
  * (record, lock, overlay entry, apply queue) cost ~3 us and the materializer's share
  * (collapse each key to its last write, build LMDB's putmulti list, trim the overlay)
  * ~1.5 us, both under the one GIL. This module does that work in C; wal/store/store.py keeps

@@ -159,6 +159,9 @@ void wal_log_get_stats(wal_log *log, wal_log_stats *out);
 int wal_log_watermarks(wal_log *log, uint64_t *out);
 /* Last LSN of a write that failed for lack of space, if still unwritten (else 0). */
 uint64_t wal_log_write_failed_through(wal_log *log);
+/* What that write lacked: ENOSPC or EDQUOT (space), EMFILE or ENFILE (a descriptor for a
+ * segment roll); 0 when no such write is outstanding. */
+int wal_log_write_failed_errno(wal_log *log);
 size_t wal_log_fsync_latencies(wal_log *log, uint64_t *out_ns, size_t cap);
 const char *wal_log_error_detail(wal_log *log);
 int wal_log_notify_fd(wal_log *log); /* readable when watermarks advance (and once right after the first call); drain by reading 8 bytes */

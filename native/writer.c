@@ -174,10 +174,10 @@ static const uint8_t zeros[WAL_ZERO_WRITE_BYTES];
 
 /* ---- Whole pages ----
  * A sync log writes whole pages, so that the page cache may drop what an fdatasync has made
- * durable. On the machine of BRIEF section 7 (Linux 6.18, ext4 on virtio) an fdatasync whose
+ * durable. On the benchmark machine (Linux 6.18, ext4 on virtio) an fdatasync whose
  * pages the write created afresh takes 10-20% less time than one whose pages the cache
  * already held -- a page of zeros laid down ahead, or the page the last commit left half
- * full -- measured with a bare C loop either way (benchmarks/PROFILING.md, finding 24). The
+ * full -- measured with a bare C loop either way (docs/performance.md, "Whole pages"). The
  * group commit decides when to drop (commit.c, do_sync: in a stream of lone commits only).
  * Every write ends with zeros up to the next page boundary (within the file), and a write
  * after a drop also starts at the page boundary below its first byte, with the bytes of that

@@ -11,6 +11,21 @@ import pytest
 
 Calls = Sequence[tuple[str, Callable[[], object]]]
 
+# Modules whose assertions hold a bound in wall-clock time -- an RPO window after a kill or a
+# power cut, an archive's lag, a file's growth while writing -- marked `alone`: `./run.sh test`
+# runs them by themselves, after the rest of the suite ran on every core, so that no other test
+# competes with them for the CPU and a bound they report is the store's, not the machine's load.
+ALONE_MODULES = frozenset({
+    "test_archive_faults", "test_crash_kill", "test_crash_powercut", "test_crashtest_cli", "test_demo",
+    "test_log_commit", "test_log_kill", "test_space", "test_state_checkpoint", "test_store_processes",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in ALONE_MODULES:
+            item.add_marker(pytest.mark.alone)
+
 
 def _outcome_names(calls: Calls) -> dict[str, str]:
     """Each call's outcome by name: "no error", or the name of the exception it raised."""

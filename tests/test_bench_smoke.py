@@ -1,6 +1,6 @@
 """The benchmark runner works: benchmarks/compare.py, shrunk to seconds, writes its results.
 
-No timing is asserted (BRIEF §7: speed is for benchmarks, never for timed tests); this only
+No timing is asserted (speed is proven in benchmarks/, never by timed tests); this only
 checks that a run produces results.json and results.md with the expected structure, and
 that a missing peer is skipped with a note instead of failing the run.
 """

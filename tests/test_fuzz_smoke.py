@@ -163,3 +163,12 @@ def test_saved_finding_input_now_passes_every_check(file: str, monkeypatch: pyte
     module = _load(f"fuzz_{target}")
     monkeypatch.delenv("AGENTWAL_FUZZ_KNOWN", raising=False)
     module.test_one_input((FUZZ / "findings" / file).read_bytes())
+
+
+def test_seeded_random_inputs_open_sealed_values_correctly_or_refuse_them() -> None:
+    """fuzz/fuzz_envelope.py: a changed envelope (flipped, cut, grown, under an unknown key id,
+    or raw bytes) opens to the sealed value or raises SealDamagedError / MissingKeyError."""
+    module = _load("fuzz_envelope")
+    rng = random.Random("agentwal-fuzz-smoke-envelope")
+    for i in range(3000):
+        module.test_one_input(bytes([i % 256]) + rng.randbytes(rng.choice((0, 1, 9, 40, 120, 600))))

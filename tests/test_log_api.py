@@ -1,4 +1,4 @@
-"""The frozen `wal.Log` API of BRIEF §4, as a user sees it.
+"""The `wal.Log` API (public and frozen), as a user sees it.
 
 append / append_many / sync / read / close / context manager; segments rolling
 at `segment_bytes` and reads across them; LSNs continuing after a reopen; bad

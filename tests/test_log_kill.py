@@ -9,7 +9,7 @@ log (recovering whatever the kill left) and checks the oracle:
 * nothing that was never sent: every payload decodes to (round, thread, k) and
   equals the payload the child derived from those.
 
-At ``sync`` and at ``interval`` a process kill loses nothing (BRIEF §3). The
+At ``sync`` and at ``interval`` a process kill loses nothing (README, "Durability levels"). The
 kill moments come from a seeded random generator, so a failure is replayable.
 Quick profile: 20 kills per variant; AGENTWAL_LONG=1: 300.
 """

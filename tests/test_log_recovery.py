@@ -1,4 +1,4 @@
-"""Opening a log after a crash or damage, through `wal.Log.open` on real files (BRIEF §5).
+"""Opening a log after a crash or damage, through `wal.Log.open` on real files (README, "Failure policy").
 
 * a torn tail of the last segment (a truncated last record, garbage after the
   last record, a zeroed part of the last record) is cut, the cut bytes are kept

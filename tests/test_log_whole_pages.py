@@ -1,5 +1,5 @@
 """A `sync` log writes whole pages and lets the page cache drop what a lone commit's fdatasync
-made durable (native/writer.c "Whole pages"; benchmarks/PROFILING.md, finding 24).
+made durable (native/writer.c "Whole pages"; docs/performance.md, "Whole pages").
 
 What that promises, and what these tests hold it to:
 

@@ -3,19 +3,19 @@
 The lines run in README order, through a shell (so ``> backup.jsonl`` works), against a store
 made here the way the README's "Using it" example makes one, with ``/path/to/`` replaced by a
 temporary directory. Each must exit 0 unless the line ends with ``# exit status N``. A line
-with ``tail -f`` follows forever: it runs for a moment and is stopped with Ctrl-C (SIGINT),
-which must also give 0.
+with ``tail -f`` follows forever: once it has printed the store's last records it is stopped
+with Ctrl-C (SIGINT), which must also give 0.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import wal
@@ -80,10 +80,15 @@ def test_every_agentwal_line_of_the_readme_section_runs(tmp_path: Path) -> None:
         if " tail " in f" {command} " and " -f" in command:
             proc = subprocess.Popen(["/bin/sh", "-c", f"exec {concrete}"], cwd=work, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            time.sleep(1.5)
+            # Interrupted once it is following: after its first line (the store's last records).
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"{command!r} printed nothing in 60 s"
+            first = proc.stdout.readline()
             assert proc.poll() is None, f"{command!r} exited early: {proc.communicate()}"
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
+            out = first + out
             assert proc.returncode == expected, f"{command!r}: exit {proc.returncode}\n{out!r}\n{err!r}"
             continue
         result = subprocess.run(["/bin/sh", "-c", concrete], cwd=work, env=env, capture_output=True, text=True,

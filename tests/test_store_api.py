@@ -1,4 +1,4 @@
-"""The frozen `wal.Store` API of BRIEF §4, through `wal.open`, as a user sees it.
+"""The `wal.Store` API (public and frozen), through `wal.open`, as a user sees it.
 
 put / delete / get / version / scan (key order, prefix bounds), str keys, value types and
 size limits (refused before anything is written), transactions (atomic, own writes,
@@ -953,24 +953,24 @@ def test_opening_a_missing_store_read_only_fails_without_creating_it(tmp_path: P
 # ---- on-disk format version ----------------------------------------------------------------------
 
 
-def test_a_new_store_has_a_store_file_naming_format_version_4(tmp_path: Path) -> None:
+def test_a_new_store_has_a_store_file_naming_format_version_5(tmp_path: Path) -> None:
     wal.open(tmp_path).close()
     meta = json.loads((tmp_path / "STORE").read_text())
-    assert meta["version"] == 4 == STORE_VERSION
+    assert meta == {"format": "agentwal-store", "version": 5} and STORE_VERSION == 5
     assert {p.name for p in tmp_path.iterdir()} >= {"STORE", "log", "state"}
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_a_store_of_format_version_5_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
+def test_a_store_of_format_version_6_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
     with wal.open(tmp_path) as store:
         store.put(b"k", b"v")
     meta = json.loads((tmp_path / "STORE").read_text())
-    meta["version"] = 5
+    meta["version"] = 6
     (tmp_path / "STORE").write_text(json.dumps(meta))
-    with pytest.raises(wal.FormatVersionError, match="version 5"):
+    with pytest.raises(wal.FormatVersionError, match="version 6"):
         wal.open(tmp_path, readonly=readonly)
-    meta["version"] = 4
+    meta["version"] = 5
     (tmp_path / "STORE").write_text(json.dumps(meta))
     with wal.open(tmp_path) as store:  # the failed open left it intact and unlocked
         assert store.get(b"k") == b"v"
@@ -1017,9 +1017,9 @@ def test_an_older_store_is_upgraded_only_by_the_open_that_gets_its_writer_lock(t
 
 
 def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
-    """A version-5 store may lay out its log differently: refuse before recovering (or
+    """A version-6 store may lay out its log differently: refuse before recovering (or
     creating) anything in it."""
-    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 5}))
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 6}))
     (tmp_path / "log").mkdir()
     junk = b"\x00" * 100 + b"not a v1 segment"
     (tmp_path / "log" / "0000000000000001.wal").write_bytes(junk)
@@ -1277,11 +1277,17 @@ def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
     replica or a restored store is opened with) must default every option the same way."""
     import inspect  # noqa: PLC0415
 
-    from wal.store.store import Store  # noqa: PLC0415
+    from wal.store.store import Store, open_local  # noqa: PLC0415
 
     public = {n: p.default for n, p in inspect.signature(wal.open).parameters.items()
               if p.kind is inspect.Parameter.KEYWORD_ONLY}
     internal = {n: p.default for n, p in inspect.signature(Store._open).parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert public == internal
+    # The sealing options (encryption=, compression=, ...) choose the store's class: open_local
+    # takes them and hands Store._open the plan made of them.
+    sealing = {n: p.default for n, p in inspect.signature(open_local).parameters.items()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert internal.pop("sealing") is None and set(sealing) == {"encryption", "compression", "compression_threshold",
+                                                                 "compression_dict"}
+    assert public == {**internal, **sealing}
     assert len(public) >= 11

@@ -222,7 +222,7 @@ def test_commits_apply_the_backlog_themselves_when_the_materializer_falls_behind
     """max_unapplied bounds the commits waiting for LMDB (their memory) even when the
     materializer gets no time: a commit that finds more waiting applies them first, from
     `put` in its own thread and from `aput` in a worker thread. Without that help in the async
-    path (before session 17) 3,000 `aput`s left all 3,000 queued."""
+    path 3,000 `aput`s would leave all 3,000 queued."""
     limit, commits = 200, 3000
     with wal.open(tmp_path / "s", durability="sync", max_unapplied=limit, apply_interval_ms=10_000_000) as s:
         starve_materializer(s)

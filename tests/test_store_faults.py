@@ -1,5 +1,5 @@
-"""Injected I/O failures through the store (BRIEF §5, I5): nothing acknowledged is lost, the store
-stops cleanly, and once the fault is gone a reopen gives a consistent, usable store."""
+"""Injected I/O failures through the store (README, "Failure policy"; invariant I5): nothing acknowledged is
+lost, the store stops cleanly, and once the fault is gone a reopen gives a consistent, usable store."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ Nothing here decides policy; callers pass the context that makes a message usefu
 
 from __future__ import annotations
 
+import errno
 import importlib.machinery
 import sys
 from collections.abc import Callable
@@ -127,8 +128,12 @@ _BY_CODE: dict[int, type[errors.WalError]] = {
 }
 
 
-def raise_code(code: int, context: str, detail: str = "") -> NoReturn:
-    """Raise the exception for a negative WAL_E* code."""
+def raise_code(code: int, context: str, detail: str = "", write_errno: int = 0) -> NoReturn:
+    """Raise the exception for a negative WAL_E* code. `write_errno`, for WAL_ENOSPC: what the
+    refused write lacked (wal_log_write_failed_errno): EMFILE/ENFILE make it a StorageError
+    with that errno, since no descriptor was free to roll to the next segment."""
+    if code == lib.WAL_ENOSPC and write_errno in (errno.EMFILE, errno.ENFILE):
+        raise errors.no_descriptor_error(context, detail, write_errno)
     text = ffi.string(lib.wal_strerror(code)).decode()
     message = f"{context}: {text}"
     if detail:
@@ -150,6 +155,9 @@ def check(code: int, context: str, handle: Any = None) -> int:
     if code >= 0:
         return code
     detail = ""
+    write_errno = 0
     if handle is not None:
         detail = ffi.string(lib.wal_log_error_detail(handle)).decode(errors="replace")
-    raise_code(code, context, detail)
+        if code == lib.WAL_ENOSPC:
+            write_errno = int(lib.wal_log_write_failed_errno(handle))
+    raise_code(code, context, detail, write_errno)

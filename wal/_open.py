@@ -19,8 +19,25 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
                readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
                checkpoint_bytes: int = 256 << 20, archive: Any = False,
                idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
-               preallocate: str = "size", **archive_options: Any) -> Store:
-    """Open (creating if needed) the store at `path`. See `wal.open`.
+               preallocate: str = "size", encryption: Any = None, compression: str | None = None,
+               compression_threshold: int | None = None, compression_dict: Any = None,
+               **archive_options: Any) -> Store:
+    """Open (creating if needed) the store at `path`; this is `wal.open`.
+
+    The open recovers: it takes the writer's lock, scans the log (cutting a torn tail), and
+    replays into the state the commits it has not applied, so the store it returns holds every
+    acknowledged commit its durability level promised to keep.
+
+    durability: ``"sync"`` (the default), ``"interval"``, ``"buffered"`` or ``"replicated"``;
+    rpo_ms: the loss bound of ``interval`` and ``buffered`` (0 means ``sync``; rpo_ms alone means
+    ``interval``). readonly: no lock and no writes, beside a running writer in another process.
+    recovery: ``"strict"`` raises `CorruptionError` on damage that is not a torn tail;
+    ``"truncate"`` opens at the last good record. segment_bytes: the log's segment size.
+    checkpoint_bytes: the most log (or freed state pages) between automatic checkpoints.
+    idempotency_ttl_s: how long an idempotency key is remembered. apply_interval_ms and
+    max_unapplied: how often the state is brought up to date, and how many acknowledged commits
+    may wait for it before committers apply them themselves. preallocate: ``"size"`` or
+    ``"zeros"`` for new log segments (see `wal.Log.open`).
 
     archive: True or a directory path keeps the log segments a checkpoint removes in a local
     folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
@@ -29,7 +46,12 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
 
     Every failure is a WalError: what the operating system refuses (a full disk, a read-only
     filesystem, a directory without permission, no file descriptors left, a missing file)
-    is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open."""
+    is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open.
+
+    encryption (a 32-byte key, keys with the current one first, or a key provider), compression
+    ("zstd"), compression_threshold and compression_dict: a sealed store (wal/store/sealed.py)."""
+    sealing = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
+               "compression_dict": compression_dict}
     try:
         if is_archive_url(archive) and not readonly:
             from wal.archive.store import open_archived  # noqa: PLC0415
@@ -37,7 +59,7 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
             return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
                                  recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
                                  idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                                 max_unapplied=max_unapplied, preallocate=preallocate)
+                                 max_unapplied=max_unapplied, preallocate=preallocate, **sealing)
         if archive_options:
             raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
                                 "(archive='s3://...' or 'file:///...'), or unknown")
@@ -46,7 +68,7 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         return open_local(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
                           segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
                           idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                          max_unapplied=max_unapplied, preallocate=preallocate)
+                          max_unapplied=max_unapplied, preallocate=preallocate, **sealing)
     except WalError:
         raise
     except OSError as exc:

@@ -136,6 +136,17 @@ _ADVICE = {
 }
 
 
+def no_descriptor_error(doing: str, detail: str, code: int) -> StorageError:
+    """A commit the log could not write because no file descriptor was free to create its next
+    segment with (EMFILE/ENFILE at a segment roll). Like a full disk, not a fail-stop: nothing
+    was written, so nothing the kernel might have dropped; the commit was not acknowledged, and
+    the log writes it (it may still become durable) once a descriptor is free."""
+    message = (f"{doing}: {_os.strerror(code)}" + (f" ({detail})" if detail else "") +
+               f"; {_ADVICE[code]}; the commit was not acknowledged, and the store goes on once a "
+               "descriptor is free (no reopen)")
+    return StorageError(message, errno=code)
+
+
 def storage_error(exc: OSError, doing: str) -> WalError:
     """The WalError for an OSError met while `doing` (e.g. "opening the store in /x"): itself if
     it already is one; NoSpaceError for ENOSPC/EDQUOT, NotFoundError for ENOENT, else
@@ -157,3 +168,30 @@ def storage_error(exc: OSError, doing: str) -> WalError:
     elif code == _errno.ENOENT:
         cls = NotFoundError
     return cls(message, errno=code, filename=None if exc.filename is None else str(exc.filename))
+
+
+class EncryptionKeyError(WalError):
+    """An encrypted store, value or object needs a key this handle was not given (wal/crypto/).
+    `key_id` names the key wanted (16 hex digits, or None when any key of the store would do);
+    `where` names what could not be read. Nothing was returned in its place."""
+
+    def __init__(self, message: str, *, key_id: str | None = None, where: str | None = None) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+        self.where = where
+
+
+class MissingKeyError(EncryptionKeyError):
+    """The store is encrypted and no key was given, or a value is sealed under a key id that
+    none of the given keys has: pass ``encryption=`` with that key (or a provider that knows it)."""
+
+
+class WrongKeyError(EncryptionKeyError):
+    """None of the keys given is one the store's data is encrypted under (a mistyped or wrong
+    key): nothing was written under it."""
+
+
+class SealDamagedError(CorruptionError):
+    """A sealed (encrypted or compressed) value, blob or object failed its authentication tag or
+    does not parse: its bytes were changed after they were written. `path`/`lsn` and the
+    message name where; the value is never returned."""

@@ -2,7 +2,7 @@
 verified checkpoints with history, retention and content-addressed large-value blobs.
 
 Everything here is built on one `wal.Store` and its transactions; nothing bypasses the
-log, so every guarantee of the store's durability level (BRIEF §3) holds for it. One
+log, so every guarantee of the store's durability level (README, "Durability levels") holds for it. One
 `AgentStore` is one *agent* namespace; inside it each *thread* (a conversation, a run)
 owns its events, state values, checkpoints and tool calls.
 
@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wal._fs import fsync_dir
+from wal.crypto.sealing import CONTEXT_BLOB, Sealer
 from wal.errors import ArgumentError, ConflictError, CorruptionError, WalError, storage_error
 from wal.store.store import MAX_KEY_BYTES, Store
 
@@ -241,6 +242,8 @@ class AgentStore:
         self._p = b"ag/" + _name(agent, "agent") + b"/"
         self.blob_threshold = blob_threshold
         self.blob_dir = os.path.join(store.path, BLOB_DIR)
+        # A sealed store's blob files are sealed too, with its keys and codec (wal/crypto/).
+        self._sealer: Sealer | None = getattr(store, "_sealer", None)
         self._blob_lock = _blob_lock_for(os.path.realpath(store.path))
 
     # ---- keys -------------------------------------------------------------------------------
@@ -268,10 +271,13 @@ class AgentStore:
 
     def _write_blob(self, data: bytes) -> bytes:
         """Write data as a blob file (durable: file and directories fsynced); returns its digest."""
-        digest = hashlib.sha256(data).digest()
+        sealer = self._sealer
+        digest = hashlib.sha256(data).digest() if sealer is None else sealer.blob_name(data)
         path = self._blob_path(digest)
-        if os.path.exists(path) and os.path.getsize(path) == len(data):
-            return digest
+        if os.path.exists(path) and (sealer is not None or os.path.getsize(path) == len(data)):
+            return digest  # a sealed blob's name is its content's (an unreadable one fails at read)
+        if sealer is not None:  # a sealed store's blob: its file is the envelope (wal/crypto/)
+            data = sealer.seal(data, CONTEXT_BLOB + digest)
         sub = os.path.dirname(path)
         if not os.path.isdir(sub):
             os.makedirs(sub, exist_ok=True)
@@ -320,7 +326,11 @@ class AgentStore:
         except FileNotFoundError:
             raise BlobMissingError(f"blob {digest.hex()} is missing ({path})", path=path,
                                    reason="missing blob") from None
-        if len(data) != size or hashlib.sha256(data).digest() != digest:
+        sealer = self._sealer
+        if sealer is not None:  # the AEAD tag (encrypted) or the SHA-256 below vouches for it
+            data = sealer.open(data, CONTEXT_BLOB + digest, lambda: f"the blob file {path}")
+        if len(data) != size or (
+                (sealer is None or not sealer.encrypting) and hashlib.sha256(data).digest() != digest):
             raise BlobMissingError(f"blob {path} is damaged (size or SHA-256 mismatch)", path=path,
                                    reason="damaged blob")
         return data

@@ -40,6 +40,7 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import Piece, cover
 from wal.archive.restore import restore
+from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
 from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError
 from wal.log import record
@@ -51,12 +52,14 @@ _PROMOTE_ATTEMPTS = 100
 class Follower:
     """A read-only store following an archive (see the module docstring). Thread-safe reads."""
 
-    def __init__(self, objects: ObjectStore, directory: str, *, poll_ms: int, parallel: int) -> None:
+    def __init__(self, objects: ObjectStore, directory: str, *, poll_ms: int, parallel: int,
+                 sealing: dict[str, Any] | None = None) -> None:
         self._objects = objects
         self._dir = directory
         self._poll = poll_ms / 1000
         self._parallel = parallel
-        self._store: Store | None = open_local(directory)
+        self._sealing = sealing or {}  # a sealed store's wal.open options (encryption=, ...)
+        self._store: Store | None = open_local(directory, **self._sealing)
         self._pos = self._store.watermarks.durable
         self._end_seen = self._pos
         self._caught_up_at = time.monotonic()
@@ -219,7 +222,7 @@ class Follower:
         store.close()
         self._store = None
         options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
-        return open_archived(self._dir, self._objects, options, **open_kwargs)
+        return open_archived(self._dir, self._objects, options, **{**self._sealing, **open_kwargs})
 
     def _overtaken(self, lsn: int) -> bool:
         """Does the archive hold LSN `lsn` in an object other than the fence just written? The
@@ -286,10 +289,11 @@ def _append(store: Store, records: list[tuple[int, bytes]]) -> None:
 
 
 def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms: int = 200,
-           parallel: int = 16) -> Follower:
-    """Follow the archive at `url` in `directory` (restored from the archive first if it is new)."""
-    objects = open_objects(url)
+           parallel: int = 16, **sealing: Any) -> Follower:
+    """Follow the archive at `url` in `directory` (restored from the archive first if it is new).
+    `sealing`: a sealed store's `wal.open` options (encryption=, compression=, ...)."""
+    objects, _ = for_reading(open_objects(url), sealing)
     root = os.fspath(directory)
     if not os.path.exists(os.path.join(root, "STORE")):
-        restore(objects, root, parallel=parallel)
-    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel)
+        restore(objects, root, parallel=parallel, **sealing)
+    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing)

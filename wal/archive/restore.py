@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Listing, Piece, cover, list_archive, unfinished_tail
+from wal.archive.sealed import for_reading
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
 
 _logger = logging.getLogger("wal.archive")
@@ -228,9 +229,12 @@ def _collect_planned(objects: ObjectStore, listing: Listing, records: list[tuple
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
-            time: Any = None, parallel: int = 16, progress: Progress | None = None) -> RestoreReport:
+            time: Any = None, parallel: int = 16, progress: Progress | None = None,
+            **sealing: Any) -> RestoreReport:
     """Restore the archive at `url` into a new store at `directory`, to `lsn`, to `time` (an
-    aware datetime or ISO 8601 string: every commit made at or before it), or to its end."""
+    aware datetime or ISO 8601 string: every commit made at or before it), or to its end.
+    `sealing`: the `wal.open` options of a sealed store (encryption=, compression=, ...): an
+    encrypted archive needs its key, and the store restored is sealed as the one that shipped."""
     started = _time.monotonic()
     if lsn is not None and (isinstance(lsn, bool) or not isinstance(lsn, int) or lsn < 0):
         raise ArgumentError(f"lsn must be an int >= 0, got {lsn!r}")
@@ -242,7 +246,7 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     root = os.fspath(directory)
     if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
         raise ArgumentError(f"{root} exists and is not an empty directory; restore into a new one")
-    objects = open_objects(url)
+    objects, sealed = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     t0 = _time.monotonic()
     snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
@@ -257,7 +261,7 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     end = records[-1][0] if records else snap.lsn
     created = not os.path.exists(root)
     try:
-        write_store(root, snap, records)
+        write_store(root, snap, records, sealed=sealed, open_options=sealing)
     except BaseException as exc:
         if created:
             shutil.rmtree(root, ignore_errors=True)
@@ -268,15 +272,17 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
                          _time.monotonic() - started, download, tuple(p.name for p in tail))
 
 
-def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]]) -> None:
-    """An ordinary store at `root` holding the snapshot's state and then `records`."""
+def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]], *,
+                sealed: dict[str, Any] | None = None, open_options: dict[str, Any] | None = None) -> None:
+    """An ordinary store at `root` holding the snapshot's state and then `records` (a sealed one,
+    its STORE saying `sealed`, when the archive is: the entries and records are envelopes already)."""
     from wal._fs import makedirs_durable  # noqa: PLC0415
     from wal.log.log import Log  # noqa: PLC0415
     from wal.store import store as store_mod  # noqa: PLC0415
     from wal.store.state import State  # noqa: PLC0415
 
     makedirs_durable(root)
-    store_mod._write_store_file(root)
+    store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
     state = State(os.path.join(root, store_mod.STATE_DIR))
     try:
         if snap.lsn > 0:
@@ -295,7 +301,7 @@ def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes
         log.sync()
     finally:
         log.close()
-    store_mod.open_local(root).close()  # replay the records into the state, as any open does
+    store_mod.open_local(root, **(open_options or {})).close()  # replay the records into the state, as any open does
 
 
 class VerifyReport(NamedTuple):
@@ -313,10 +319,12 @@ class VerifyReport(NamedTuple):
         return not self.problems
 
 
-def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | None = None) -> VerifyReport:
+def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | None = None,
+           **sealing: Any) -> VerifyReport:
     """Read every object of the archive: each must verify alone, the LSNs must run on without a
-    gap from the oldest snapshot to the end, and every snapshot must be sound."""
-    objects = open_objects(url)
+    gap from the oldest snapshot to the end, and every snapshot must be sound. `sealing`: the key
+    (encryption=, ...) of an encrypted archive."""
+    objects, _ = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     problems: list[str] = []
     nbytes = 0

@@ -23,9 +23,11 @@ from typing import Any
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, fencing_refusal, open_objects
 from wal.archive.plan import Piece, find_end, list_archive
+from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Shipper
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
+from wal.store.sealed import plan as plan_sealing
 from wal.store.store import Store
 
 _logger = logging.getLogger("wal.archive")
@@ -238,8 +240,9 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
     shipper.kick()
 
 
-def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any],
-                  **store_kwargs: Any) -> ArchivedStore:
+def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, options: dict[str, Any], *,
+                  encryption: Any = None, compression: str | None = None, compression_threshold: int | None = None,
+                  compression_dict: Any = None, **store_kwargs: Any) -> ArchivedStore:
     """`wal.open` with an object archive. Options (all keyword, all optional):
 
     - archive_rpo_ms (1000): the machine-loss bound; the archive's lag is kept under it.
@@ -288,8 +291,11 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
             f"archive_puts_in_flight={puts_in_flight} needs archive_fencing=False: with several PUTs in flight, a "
             "writer that a promoted follower fences can still store the objects it had in flight after the fence, "
             "among the follower's. Use it only where one writer ever ships into the archive")
-    objects = open_objects(archive)
-    store = ArchivedStore._open(path, readonly=False, archive=False, **store_kwargs)
+    sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
+                           compression_threshold=compression_threshold, compression_dict=compression_dict)
+    objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
+    cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
+    store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
     assert isinstance(store, ArchivedStore)
     store._replicated = store._durability.level == "replicated"
     store._archive_fencing = fencing

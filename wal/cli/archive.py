@@ -15,6 +15,7 @@ from typing import Any
 
 from wal.archive.shipper import STATUS_FILE
 from wal.errors import WalError
+from wal.ops.target import sealing_options  # the command line's --key-file (an encrypted archive)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -78,7 +79,7 @@ def cmd_restore(args: argparse.Namespace, bar: Any) -> int:
 
     try:
         report = restore(args.url, args.dir, lsn=args.lsn, time=args.time, parallel=args.parallel,
-                         progress=lambda done, total: bar("downloading", done, total))
+                         progress=lambda done, total: bar("downloading", done, total), **sealing_options())
     finally:
         bar.close()
     out = report._asdict() | {"mb_per_s": round(report.mb_per_s, 2)}
@@ -122,7 +123,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     import wal  # noqa: PLC0415
     from wal.archive.follow import Follower  # noqa: PLC0415
 
-    replica = wal.follow(args.url, args.dir, poll_ms=args.poll_ms)
+    replica = wal.follow(args.url, args.dir, poll_ms=args.poll_ms, **sealing_options())
     assert isinstance(replica, Follower)
     if args.promote:
         store = replica.promote()

@@ -754,6 +754,39 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_REKEY_DESCRIPTION = f"""\
+Finish a key rotation of an encrypted store: rewrite every value and blob file still sealed
+under an older key with the current one (the first --key-file), checkpoint, compact the state,
+and list only the current key in STORE. Give the older keys too (more --key-file), so the old
+values can be read. Afterwards the older keys can be retired: the store opens with the
+current key alone, and an open with only an old key is refused.
+
+Objects already in an object archive stay under the keys they were shipped with.
+
+{_WRITER}
+
+example:
+  agentwal rekey /var/lib/agent/store --key-file new.key --key-file old.key
+"""
+
+
+def _rekey_arguments(p: argparse.ArgumentParser) -> None:
+    _store_argument(p)
+    p.add_argument("--batch", type=int, default=1000, help="keys per transaction (default 1000)")
+    p.add_argument("--no-compact", action="store_true", help="skip compacting the state afterwards")
+
+
+def cmd_rekey(args: argparse.Namespace) -> int:
+    """`agentwal rekey`: see `wal.ops.rekey`."""
+    if not args.key_file:
+        raise wal.ArgumentError("rekey needs --key-file NEW (the current key), then --key-file for each older key")
+    result = ops.rekey(args.store, batch=args.batch, compact=not args.no_compact)
+    retired = ", ".join(result["key_ids_retired"]) or "none"
+    print(f"rekeyed under key id {result['key_id']}: {result['values_rewritten']} value(s) and "
+          f"{result['blobs_rewritten']} blob file(s) rewritten; key ids no longer needed: {retired}")
+    return EXIT_OK
+
+
 _REPAIR_DESCRIPTION = f"""\
 Make a damaged log openable again, at its last good record.
 
@@ -953,6 +986,8 @@ COMMANDS: tuple[Command, ...] = (
             _CHECKPOINT_DESCRIPTION, _checkpoint_arguments, cmd_checkpoint),
     Command("compact", "return the state file's free pages to the filesystem (needs the writer lock)",
             _COMPACT_DESCRIPTION, _compact_arguments, cmd_compact),
+    Command("rekey", "rewrite an encrypted store's values under its current key (needs the writer lock)",
+            _REKEY_DESCRIPTION, _rekey_arguments, cmd_rekey),
     Command("repair", "cut a damaged log at its last good record, after a backup (needs the writer lock)",
             _REPAIR_DESCRIPTION, _repair_arguments, cmd_repair),
     Command("tail", "print the newest commits; -f follows a writer live (read-only)", _TAIL_DESCRIPTION,
@@ -1000,7 +1035,26 @@ def _common_options() -> argparse.ArgumentParser:
     group.add_argument("-v", "--verbose", action="store_true",
                        help="also show the library's INFO lines (recovery summaries, checkpoints)")
     group.add_argument("-q", "--quiet", action="store_true", help="show only errors")
+    keys = common.add_argument_group("encrypted stores")
+    keys.add_argument("--key-file", action="append", default=None, metavar="FILE",
+                      help="a 32-byte key (raw, or 64 hex digits) of an encrypted store, for the commands that "
+                           "write (put, delete, import, checkpoint, compact, repair, rekey); repeat it for older "
+                           "keys, the current one first. Reading commands show values as stored and need none")
     return common
+
+
+def _read_key(path: str) -> bytes:
+    with open(path, "rb") as f:
+        raw = f.read(4096)
+    text = raw.strip()
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    if len(raw) != 32:
+        raise wal.ArgumentError(f"{path}: a key file holds 32 bytes, or 64 hex digits (it holds {len(raw)} bytes)")
+    return raw
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1067,6 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _setup_logging(args)
     try:
+        if getattr(args, "key_file", None):
+            ops.use_sealing(encryption=[_read_key(path) for path in args.key_file])
         status: int = args.run(args)
         sys.stdout.flush()
     except KeyboardInterrupt:

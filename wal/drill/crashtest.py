@@ -202,6 +202,21 @@ def _emit(text: str) -> None:
         data = data[n:]
 
 
+def seal_options() -> dict[str, Any]:
+    """The drill on a sealed store (wal/crypto/): ``AGENTWAL_CRASHTEST_KEY`` (64 hex digits, the
+    encryption key) and ``AGENTWAL_CRASHTEST_COMPRESSION`` ("zstd"), read by the parent's
+    recovery and, through the environment, by every child. Unset: a plain store."""
+    out: dict[str, Any] = {}
+    key = os.environ.get("AGENTWAL_CRASHTEST_KEY")
+    if key:
+        out["encryption"] = bytes.fromhex(key)
+    compression = os.environ.get("AGENTWAL_CRASHTEST_COMPRESSION")
+    if compression:
+        out["compression"] = compression
+        out["compression_threshold"] = 16  # the drill's values are small: compress them anyway
+    return out
+
+
 def _child_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m wal.drill.crashtest --child")
     p.add_argument("store")
@@ -224,7 +239,7 @@ def _child_main(argv: Sequence[str]) -> int:
         archive = {"archive": args.archive, "archive_rpo_ms": args.archive_rpo_ms}
     store = wal.open(args.store, durability=args.level, rpo_ms=args.rpo_ms or None,
                      segment_bytes=CHILD_SEGMENT_BYTES, checkpoint_bytes=CHILD_CHECKPOINT_BYTES,
-                     apply_interval_ms=args.apply_interval_ms, **archive)
+                     apply_interval_ms=args.apply_interval_ms, **archive, **seal_options())
     _emit(f"READY {time.monotonic_ns()} {store.watermarks.written}")
 
     def worker(tid: int) -> None:
@@ -259,7 +274,8 @@ def _script_main(args: argparse.Namespace) -> int:
     tick = threading.Thread(target=ticker, daemon=True)
     tick.start()
     store = wal.open(args.store, durability=args.level, rpo_ms=args.rpo_ms or None,
-                     segment_bytes=SCRIPT_SEGMENT_BYTES, checkpoint_bytes=1 << 16, apply_interval_ms=5)
+                     segment_bytes=SCRIPT_SEGMENT_BYTES, checkpoint_bytes=1 << 16, apply_interval_ms=5,
+                     **seal_options())
     _emit(f"READY {time.monotonic_ns()} {store.watermarks.written}")
     for n in range(1, SCRIPT_COMMITS + 1):
         ops = txn_ops(args.seed, args.round, 0, n, SCRIPT_PAD)
@@ -370,7 +386,7 @@ def recover(path: str | os.PathLike[str]) -> Recovered:
     wal_logger.setLevel(logging.ERROR)
     started = time.monotonic()
     try:
-        store = wal.open(path)
+        store = wal.open(path, **seal_options())
     except Exception as exc:
         return Recovered({}, 0, time.monotonic() - started, None, f"{type(exc).__name__}: {exc}")
     finally:

@@ -47,9 +47,10 @@ def _delete_archive(url: str) -> None:
     from wal.archive.objects import open_objects  # noqa: PLC0415 -- only this drill needs the archive
 
     objects = open_objects(url)
-    for prefix in ("log/", "merged/", "snap/"):
+    for prefix in ("log/", "merged/", "snap/", "probe/"):
         for name, _ in list(objects.list(prefix)):
             objects.delete(name)
+    objects.delete("sealed.json")  # a sealed store's archive manifest (FORMAT.md §19), if any
 
 
 def _restore_and_read(url: str, directory: str) -> Recovered:

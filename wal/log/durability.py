@@ -1,4 +1,4 @@
-"""Durability levels and their RPO bound (BRIEF §3), parsed in one place for the log and the store.
+"""Durability levels and their RPO bound (README, "Durability levels"), parsed in one place for the log and the store.
 
 | level      | acknowledged after                  | process kill loses | power cut loses    |
 |------------|-------------------------------------|--------------------|--------------------|

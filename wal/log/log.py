@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import heapq
 import itertools
@@ -36,6 +37,8 @@ from wal.errors import (
     NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    no_descriptor_error,
+    storage_error,
 )
 from wal.log import durability as dur
 from wal.log import recovery
@@ -176,25 +179,42 @@ class Log:
         if not isinstance(max_pending_bytes, int) or max_pending_bytes < 4096:
             raise ArgumentError(f"max_pending_bytes must be an int >= 4096, got {max_pending_bytes!r}")
         path = os.fspath(directory)
-        if readonly:
-            return cls._open_readonly(path, level, segment_bytes)
+        # What the host refuses (no permission, no descriptors, a full disk, a missing directory)
+        # is a StorageError -- NoSpaceError, NotFoundError -- with errno and advice, as from wal.open.
+        try:
+            if readonly:
+                return cls._open_readonly(path, level, segment_bytes)
+            return cls._open_writer(path, level, recovery, segment_bytes, preallocate,
+                                    max_pending_bytes=max_pending_bytes, on_sealed_segment=on_sealed_segment,
+                                    keep_through=keep_through, seed=_seed, new_log_id=_new_log_id,
+                                    new_salt=_new_salt, first_lsn=_first_lsn)
+        except OSError as exc:
+            raise storage_error(exc, f"opening the log in {path}" + (" read-only" if readonly else "")) from exc
+
+    @classmethod
+    def _open_writer(cls, path: str, level: dur.Durability, recovery: str, segment_bytes: int, preallocate: str, *,
+                     max_pending_bytes: int, on_sealed_segment: Callable[[SealedSegment], None] | None,
+                     keep_through: int, seed: int, new_log_id: int, new_salt: int, first_lsn: int) -> Log:
         makedirs_durable(path)
         lock_fd = _lock(path)
         try:
             report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, keep_through,
-                                   first_lsn=_first_lsn)
+                                   first_lsn=first_lsn)
             cfg.level = level.code
             cfg.rpo_ms = level.rpo_ms
             cfg.max_pending_bytes = max_pending_bytes
             cfg.prealloc = lib.WAL_PREALLOC_ZEROS if preallocate == "zeros" else lib.WAL_PREALLOC_SIZE
-            cfg.seed = _seed
+            cfg.seed = seed
             if report.segments == 0:  # a new log: tests may pin its identity (golden file)
-                cfg.log_id = _new_log_id
-                cfg.segment_salt = _new_salt
+                cfg.log_id = new_log_id
+                cfg.segment_salt = new_salt
             out = ffi.new("wal_log **")
             rc = lib.wal_log_open(path.encode(), cfg, out)
             if rc != 0:
-                raise_code(rc, f"opening the log writer in {path}", os.strerror(ffi.errno) if ffi.errno else "")
+                code = ffi.errno
+                if rc in (lib.WAL_EOS, lib.WAL_EIO, lib.WAL_ENOSPC) and code:  # a system call failed: say which
+                    raise OSError(code, os.strerror(code), path)
+                raise_code(rc, f"opening the log writer in {path}", os.strerror(code) if code else "")
         except BaseException:
             os.close(lock_fd)
             raise
@@ -584,10 +604,15 @@ def _lock(path: str) -> int:
             os.close(fd)
         raise LockedError(
             f"{path} is in use by another writer (pid {holder}); only one writer may open it at a time. "
-            "Close the other writer, or open with readonly=True to read."
+            "Close the other writer, or open with readonly=True to read. (A read-only opener whose user may not "
+            "write state/lock.mdb also keeps writers out while it is open.)"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # ENOSPC on a full disk: the lock is not kept
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -927,6 +952,7 @@ class _AsyncWaiters:
         failed = lib.wal_log_watermarks(self._handle, self._marks)
         written, durable = int(self._marks[1]), int(self._marks[2])
         no_space_through = int(lib.wal_log_write_failed_through(self._handle))
+        refused_errno = int(lib.wal_log_write_failed_errno(self._handle)) if no_space_through else 0
         pending: list[tuple[int, int, int, asyncio.Future[None]]] = []
         while self._heap:
             lsn, level, seq, fut = heapq.heappop(self._heap)
@@ -937,7 +963,10 @@ class _AsyncWaiters:
                 fut.set_result(None)
             elif written < lsn <= no_space_through:
                 detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-                fut.set_exception(NoSpaceError(f"append to the log in {self._log.directory}: {detail}"))
+                doing = f"append to the log in {self._log.directory}"
+                fut.set_exception(no_descriptor_error(doing, detail, refused_errno)
+                                  if refused_errno in (errno.EMFILE, errno.ENFILE)
+                                  else NoSpaceError(f"{doing}: {detail}"))
             elif failed:
                 detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
                 fut.set_exception(FailedError(f"append to the log in {self._log.directory} failed: {detail}")

@@ -127,7 +127,7 @@ def scan_buffer(buf: Any) -> Any:
 
 # A store's open maps up to three segments at once (the scan's two and the replay's one), each
 # holding about a step and a drop of pages: 8192 records and 4 MiB made a 1 GB replay peak
-# ~10 MB above a 100 MB one (benchmarks/PROFILING.md finding 22), for no speed.
+# ~10 MB above a 100 MB one (docs/performance.md, recovery memory), for no speed.
 _SCAN_STEP_RECORDS = 2048  # scan_segment_file checks this many records between page drops
 _DROP_BEHIND_BYTES = 1 << 20  # a reader of a mapped segment gives back pages in steps of this
 

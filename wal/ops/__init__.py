@@ -24,11 +24,12 @@ follow (tail), metrics (Prometheus text).
 from wal.ops.edit import checkpoint, compact, delete, put
 from wal.ops.follow import Follower
 from wal.ops.inspect import dump, get, info, scan, stats, storage_warnings
+from wal.ops.rekey import rekey
 from wal.ops.render import human_bytes, key_bytes, parse_bytes, record_json, render_bytes, text_preview
 from wal.ops.repair import RepairPlan, RepairResult, backup_log, plan_repair, repair
 from wal.ops.segments import LogRecord, SegmentInfo, Skip, iter_log, last_lsn
 from wal.ops.stateview import StateView
-from wal.ops.target import OpsError, Progress, Target, UsageError, locate, lock_holder
+from wal.ops.target import OpsError, Progress, Target, UsageError, locate, lock_holder, use_sealing
 from wal.ops.transfer import export_lines, import_pairs, parse_import
 from wal.ops.verify import Problem, VerifyReport, verify
 
@@ -66,11 +67,13 @@ __all__ = [
     "plan_repair",
     "put",
     "record_json",
+    "rekey",
     "render_bytes",
     "repair",
     "scan",
     "stats",
     "storage_warnings",
     "text_preview",
+    "use_sealing",
     "verify",
 ]

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import wal
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
 from wal.errors import ArgumentError
 from wal.log import recovery
@@ -29,7 +28,16 @@ from wal.ops.segments import (
     last_lsn,
 )
 from wal.ops.stateview import StateView
-from wal.ops.target import Target, UsageError, _extra_files, _store_meta, _tree_bytes, locate, lock_holder
+from wal.ops.target import (
+    Target,
+    UsageError,
+    _extra_files,
+    _store_meta,
+    _tree_bytes,
+    locate,
+    lock_holder,
+    open_reader,
+)
 from wal.ops.verify import VerifyReport, _log_problems
 
 
@@ -150,7 +158,7 @@ def _state_stats(target: Target) -> dict[str, Any]:
     """applied_lsn, state_keys, state_map_bytes_used of a store's state, read-only (zeros if it has none)."""
     if not os.path.exists(os.path.join(target.state_dir, "data.mdb")):
         return {"applied_lsn": 0, "state_keys": 0, "state_map_bytes_used": 0}
-    with wal.open(target.path, readonly=True) as store:
+    with open_reader(target) as store:
         return store.stats()
 
 

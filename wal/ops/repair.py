@@ -16,7 +16,7 @@ from wal.log import recovery
 from wal.log.log import LOCK_NAME
 from wal.ops.render import render_bytes
 from wal.ops.stateview import _StateSnapshot
-from wal.ops.target import OpsError, Target, _probe_lock, locate, locked_message, open_writer
+from wal.ops.target import OpsError, Target, _probe_lock, locate, locked_message, open_reader, open_writer
 
 # ---- repair ----------------------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
     if target.is_store:
         applied = 0
         if os.path.exists(os.path.join(target.state_dir, "data.mdb")):
-            with wal.open(target.path, readonly=True) as store:
+            with open_reader(target) as store:
                 applied = store.stats()["applied_lsn"]
         first = segs[0].first_lsn if segs else 1
         if applied > good_last or rebuild_state:

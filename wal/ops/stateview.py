@@ -11,7 +11,7 @@ import wal
 from wal.errors import ArgumentError, WalError
 from wal.log import record
 from wal.ops.segments import iter_log
-from wal.ops.target import OpsError, Target, UsageError
+from wal.ops.target import OpsError, Target, UsageError, open_reader
 
 # ---- the state, read-only ------------------------------------------------------------------------------
 
@@ -34,7 +34,7 @@ class _StateSnapshot:
         if not os.path.exists(os.path.join(target.state_dir, "data.mdb")):
             raise OpsError(f"the store has no state ({target.state_dir}/data.mdb is missing); a writable open "
                            f"rebuilds it from the log: `agentwal repair {target.path} --rebuild-state`")
-        store = wal.open(target.path, readonly=True)
+        store = open_reader(target)
         try:
             return cls(store)
         except BaseException:

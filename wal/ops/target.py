@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import wal
-from wal.errors import LockedError, WalError
+from wal.errors import LockedError, WalError, storage_error
 from wal.log import recovery
 from wal.log.log import LOCK_NAME
-from wal.store.store import ARCHIVE_DIR, LOG_DIR, STATE_DIR, STORE_FILE
+from wal.store.store import ARCHIVE_DIR, LOG_DIR, STATE_DIR, STORE_FILE, Store
 
 # Optional callback for long work: progress(phase, done, total).
 Progress = Callable[[str, int, int], None]
@@ -112,6 +112,32 @@ def locked_message(target: Target, command: str) -> str:
             "(info, get, scan, dump, verify, tail, stats, export) work while it runs.")
 
 
+# The sealing options (encryption=, ...) of the writable opens of this process's commands: the
+# command line's --key-file (`use_sealing`). Reading commands need none (`open_reader`).
+_sealing: dict[str, Any] = {}
+
+
+def use_sealing(**options: Any) -> None:
+    """Open stores as their writer with these `wal.open` sealing options from now on (encryption=...)."""
+    _sealing.clear()
+    _sealing.update({k: v for k, v in options.items() if v is not None})
+
+
+def sealing_options() -> dict[str, Any]:
+    return dict(_sealing)
+
+
+def open_reader(target: Target) -> wal.Store:
+    """The store read-only, values as they are stored: a sealed store's envelopes, so that checking,
+    inspecting and exporting an encrypted store needs no key (and shows no plaintext)."""
+    try:
+        return Store._open(target.path, readonly=True)
+    except WalError:
+        raise
+    except OSError as exc:
+        raise storage_error(exc, f"opening the store in {target.path} read-only") from exc
+
+
 def open_writer(target: Target, command: str) -> wal.Store:
     """Open the store as its writer, translating LockedError into a message that says who and what to do.
 
@@ -119,7 +145,7 @@ def open_writer(target: Target, command: str) -> wal.Store:
     directory exists) is opened the same way, so a checkpoint from here archives them too.
     """
     try:
-        return wal.open(target.path, archive=os.path.isdir(os.path.join(target.path, ARCHIVE_DIR)))
+        return wal.open(target.path, archive=os.path.isdir(os.path.join(target.path, ARCHIVE_DIR)), **_sealing)
     except LockedError as exc:
         raise LockedError(locked_message(target, command)) from exc
 

@@ -1,24 +1,39 @@
 """`agentwal export` / `import`: a store's keys and values as JSON lines, and back.
+
+A sealed store (encrypted or compressed, wal/store/sealed.py) is exported as it is stored:
+each line carries the value's envelope under ``"sealed"`` instead of ``"value"``, so an
+export of an encrypted store is encrypted too (under the store's keys, each value bound to its
+key) and exporting needs no key. Importing such lines opens each envelope (with the keys given:
+``--key-file``) and commits the value, sealed again by the target store as it seals any value.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from wal.crypto.sealing import CONTEXT_VALUE
 from wal.errors import ArgumentError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
-from wal.ops.target import _writer_target, open_writer
+from wal.ops.target import _writer_target, open_writer, sealing_options
+from wal.store.sealed import read_meta, sealer_for
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
 
 # ---- export / import ---------------------------------------------------------------------------------
 
 
+class Sealed(bytes):
+    """An imported value still in its envelope (an export line's "sealed"): opened at import."""
+
+
 def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
-    """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}."""
+    """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
+    sealed store's lines carry {"sealed": envelope} instead of "value" (module docstring)."""
+    sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
+    field = "sealed" if sealed else "value"
     for key, version, value in scan(path, prefix):
-        yield json.dumps({"key": render_bytes(key), "value": render_bytes(value), "version": version},
+        yield json.dumps({"key": render_bytes(key), field: render_bytes(value), "version": version},
                          ensure_ascii=False)
 
 
@@ -32,10 +47,11 @@ def parse_import(lines: Iterator[str], source: str) -> list[tuple[bytes, bytes]]
             obj = json.loads(line)
         except ValueError as exc:
             raise ArgumentError(f"{source} line {n}: not JSON ({exc})") from None
-        if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
-            raise ArgumentError(f"{source} line {n}: expected an object with \"key\" and \"value\"")
+        if not isinstance(obj, dict) or "key" not in obj or ("value" in obj) == ("sealed" in obj):
+            raise ArgumentError(f"{source} line {n}: expected an object with \"key\" and \"value\" (or \"sealed\")")
         key = parse_bytes(obj["key"], f"{source} line {n}: key")
-        value = parse_bytes(obj["value"], f"{source} line {n}: value")
+        value = (parse_bytes(obj["value"], f"{source} line {n}: value") if "value" in obj
+                 else Sealed(parse_bytes(obj["sealed"], f"{source} line {n}: sealed")))
         if not key or len(key) > MAX_KEY_BYTES:
             raise ArgumentError(f"{source} line {n}: key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
         if len(value) > MAX_VALUE_BYTES:
@@ -50,6 +66,9 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
     target = _writer_target(path, create)
     commits = 0
     last = 0
+    if any(isinstance(v, Sealed) for _, v in pairs):  # opened before anything is created or written
+        opener = _opener(path)
+        pairs = [(k, opener(k, v) if isinstance(v, Sealed) else v) for k, v in pairs]
     with open_writer(target, "import") as store:
         i = 0
         while i < len(pairs):
@@ -64,3 +83,13 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
             commits += 1
             last = tx.lsn or last
     return {"keys": len(pairs), "commits": commits, "last_lsn": last}
+
+
+def _opener(path: str) -> Callable[[bytes, bytes], bytes]:
+    """Opens an exported envelope with the command's keys (--key-file: the keys the target store
+    is opened with too, so a store it creates is encrypted under the first)."""
+    sealer = sealer_for({}, sealing_options(), f"the import into {path}")
+
+    def open_(key: bytes, envelope: bytes) -> bytes:
+        return sealer.open(envelope, CONTEXT_VALUE + key, lambda: f"the exported value of key {key!r}")
+    return open_

@@ -1,4 +1,4 @@
-"""Replay of the log into the state when a store opens (BRIEF §2: open -> scan -> replay).
+"""Replay of the log into the state when a store opens (open -> scan -> replay).
 
 Records are decoded and collapsed to each key's last write in C, straight from the mapped
 segments (`record.Collapser`): no Python object per record. One LMDB transaction per batch,

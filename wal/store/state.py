@@ -6,7 +6,7 @@ The log is what makes a commit durable (I2); the state only has to be durable wh
 checkpoint lets log segments go. So LMDB is opened with MDB_NOSYNC: its transactions are
 written to the file (write(2), never a writable mapping) but not fsynced, and the disk takes
 the state's pages at checkpoints rather than beside every group of commits (a 4 KiB value is
-two LMDB pages, more bytes than its log record: benchmarks/PROFILING.md finding 20).
+two LMDB pages, more bytes than its log record: docs/performance.md).
 
 An unsynced LMDB is only safe to reopen if the snapshot it falls back to is whole. LMDB is
 copy-on-write, but it reuses the pages a newer transaction freed as soon as no reader holds
@@ -60,7 +60,7 @@ u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...)
 ``tail`` (store format 3): a ``data`` value that would put only a few bytes on one more LMDB
 overflow page keeps those bytes there instead, flagged in its version's top bit. The binding
 splits on write and joins on read (native/lmdbcall.c, "Split values"), so nothing here sees it;
-it halves the pages a 4 KiB value costs the disk (benchmarks/PROFILING.md finding 21).
+it halves the pages a 4 KiB value costs the disk (docs/performance.md).
 
 Errors. Every LMDB error leaves this module as a `wal.WalError` (found by the corruption
 matrix, tests/test_corruption_matrix.py, which flips bytes of ``data.mdb``), classified by
@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import importlib
 import importlib.metadata
 import logging
@@ -90,7 +91,16 @@ from wal._bindings import lib
 from wal._bindings import lmdbcall as _lmdbcall
 from wal._fs import boot_id, fsync_dir
 from wal._lmdbcall import DATA, IDEM, META, LmdbError
-from wal.errors import _ADVICE, ClosedError, CorruptionError, LockedError, NoSpaceError, WalError, storage_error
+from wal.errors import (
+    _ADVICE,
+    ClosedError,
+    CorruptionError,
+    LockedError,
+    NoSpaceError,
+    StorageError,
+    WalError,
+    storage_error,
+)
 from wal.log import record
 
 _logger = logging.getLogger("wal.store.state")
@@ -222,8 +232,8 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
     if code in _OS_ERRORS:
         advice = _ADVICE.get(code)
         if code == errno.EACCES and opening:
-            advice = ("a read-only open needs write access to state/lock.mdb (LMDB's table of readers) unless the "
-                      "filesystem is mounted read-only; " + (advice or ""))
+            advice = ("LMDB needs read access to state/data.mdb, and write access to state/lock.mdb (its table of "
+                      "readers) unless the store is opened read-only while no writer has it open; " + (advice or ""))
         raise StateError(f"the LMDB state in {path} failed while {doing}: {text}"
                          + (f"; {advice}" if advice else "")) from exc
     if opening or code is None or code in _DAMAGE or code > 0:
@@ -384,19 +394,22 @@ class State:
     module docstring) from the open to the close; `restored` says whether the open fell back to it."""
 
     def __init__(self, path: str, *, readonly: bool = False, map_size: int | None = None,
-                 legacy_synced: bool = False, check_entries: bool = True) -> None:
+                 legacy_synced: bool = False, check_entries: bool = True, writer_lock: str | None = None) -> None:
         """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
         synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
         creation cut short, which is started again). `map_size`: the map to start with (None:
         `initial_map_size`); it grows on MDB_MAP_FULL either way. `check_entries`: a writable
         open gives every entry without a checksum one (store format 4) -- only once STORE says 4,
-        so never within an upgrade's earlier steps (wal/store/store.py `_upgrade_store`)."""
+        so never within an upgrade's earlier steps (wal/store/store.py `_upgrade_store`). `writer_lock`
+        (read-only opens): the file the store's writer holds flock()ed, which lets a user who may
+        not write lock.mdb read (`_open_unregistered`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
         self.readonly = readonly
         self.restored = False
         self._pin: _lmdbcall.Snapshot | None = None
+        self._writer_lock_fd: int | None = None
         self._last_pgno_at_checkpoint = 0
         self.map_grows = 0
         saved = read_checkpoint(path)
@@ -416,7 +429,12 @@ class State:
                 if exc.args[0] != errno.ENOENT:
                     raise_lmdb(exc, path, "checking its pages", opening=True)
         try:
-            self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
+            try:
+                self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
+            except LmdbError as exc:
+                if not (readonly and exc.args[0] == errno.EACCES and writer_lock and not self._may_write_lock()):
+                    raise
+                self._env = self._open_unregistered(writer_lock, map_size or initial_map_size(path), exc)
         except LmdbError as exc:
             if exc.args[0] == _lmdbcall.E_ALREADY_OPEN:
                 # One handle per environment and process (two would break LMDB's per-process locks).
@@ -509,6 +527,51 @@ class State:
                 "LSN 1, move state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
                 path=os.path.join(self.path, DATA_FILE), reason="state damaged")
         return saved.page if saved.boot_id != boot_id() else None
+
+    def _may_write_lock(self) -> bool:
+        """This process may write lock.mdb (or create it, when it is missing)."""
+        lock = os.path.join(self.path, LOCK_FILE)
+        return os.access(lock, os.W_OK) if os.path.exists(lock) else os.access(self.path, os.W_OK)
+
+    def _open_unregistered(self, writer_lock: str, map_size: int, refused: LmdbError) -> _lmdbcall.Env:
+        """A read-only open by a user who may read the state but not write lock.mdb, the table in
+        which LMDB registers readers (an operator inspecting another user's store or backup).
+        Unregistered (MDB_NOLOCK), a reader is safe only while no writer runs: a writer reuses
+        the pages no registered reader holds. So the open holds the store's writer lock
+        (`writer_lock`, flock()ed exclusively by every writer and by `agentwal compact`/`repair`)
+        shared until close: no writer can open meanwhile (it gets LockedError), and if one has
+        the store open now, this open is refused with a StorageError saying why."""
+        lock_md = os.path.join(self.path, LOCK_FILE)
+        try:
+            fd = os.open(writer_lock, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise storage_error(exc, f"opening the state in {self.path} read-only without write access to "
+                                f"{lock_md} (it needs the writer lock {writer_lock} to keep writers out)") from refused
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise storage_error(exc, f"locking {writer_lock} shared for a read-only open") from refused
+            raise StorageError(
+                f"opening the state in {self.path} read-only: this user may not write {lock_md}, where LMDB "
+                f"registers its readers, and a writer has the store open (pid {holder}); an unregistered reader "
+                "could read pages the writer is reusing, so the open is refused. Read it as a user who may "
+                "write state/lock.mdb (the store's owner or group), or once the writer has closed.",
+                errno=errno.EACCES, filename=lock_md) from refused
+        try:
+            env = _lmdbcall.Env(self.path, True, map_size, None, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._writer_lock_fd = fd
+        _logger.info("opened the state in %s read-only without a reader slot (no write access to %s); "
+                     "writers are kept out until it closes", self.path, lock_md)
+        return env
 
     def _check_readable(self, saved: SavedCheckpoint | None) -> None:
         """A read-only open cannot restore: refuse a state that may have lost pages its newest meta
@@ -713,6 +776,9 @@ class State:
         except LmdbError as exc:
             pin.abort()
             raise_lmdb(exc, self.path, "syncing it")
+        except OSError as exc:  # reading the meta page: no descriptor (EMFILE), the file gone...
+            pin.abort()
+            raise storage_error(exc, f"taking a checkpoint of the state in {self.path}") from exc
         except BaseException:
             pin.abort()
             raise
@@ -774,6 +840,10 @@ class State:
             self._env.close()
         except LmdbError as exc:
             raise_lmdb(exc, self.path, "closing it")
+        finally:
+            if self._writer_lock_fd is not None:  # after the environment: no page is read any more
+                os.close(self._writer_lock_fd)
+                self._writer_lock_fd = None
 
 
 COMPACT_SUFFIX = ".compact"  # state.compact/: a compaction's new state, or (after the swap) the old one

@@ -1,6 +1,6 @@
 """`wal.Store`: a key-value store whose every commit goes through the log first.
 
-Data flow (BRIEF §2)::
+Data flow::
 
     put / transaction --encode--> Log.enqueue (LSN = commit order) --group commit--> segments
           |                                                                  | durable_lsn
@@ -48,8 +48,10 @@ state's pages, the apply queue fills to its bound (`_limit_unapplied`: about one
 bytes, at most `max_unapplied` commits) and committers wait for the state
 (they help apply, behind the checkpoint): the commit rate falls to what the disk sustains,
 rather than the disk filling. `stats()` counts it (``state_backpressure_waits``,
-``state_backpressure_ms``). A bloated file (from an older version, or pages in use that a
-workload has since deleted) shrinks only by `compact_state` (`agentwal compact`).
+``state_backpressure_ms``). The pages in use are full for keys inserted in order, where LMDB
+alone leaves two ~1 KiB entries on pages with room for three (native/lmdbcall.c, `put_order`). A
+bloated file (from an older version, or pages in use that a workload has since deleted) shrinks
+only by `compact_state` (`agentwal compact`).
 
 Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
 (applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
@@ -72,7 +74,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from wal._bindings import durable_lsn_reader, storecore
 from wal._fs import fsync_dir, makedirs_durable
@@ -94,17 +96,23 @@ from wal.errors import (
 )
 from wal.log import durability as dur
 from wal.log import record
-from wal.log.log import MAX_PAYLOAD, Log
+from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
+from wal.store.sealed import plan as plan_sealing
+from wal.store.sealed import read_meta
 from wal.store.snapshot import Snapshot, lmdb_only, merged
 from wal.store.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
+
+if TYPE_CHECKING:
+    from wal.store.sealed import SealingPlan
 
 STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
 # state (its `tail` database, FORMAT.md §16). 4: a checksum in every state entry, verified on
-# every read. Older versions are read, and upgraded by their first writable open (`_upgrade_store`).
-STORE_VERSION = 4
-READABLE_STORE_VERSIONS = (1, 2, 3, 4)
+# every read. 5: a store may be sealed (values compressed and/or encrypted, wal/crypto/; STORE says
+# so). Older versions are read, and upgraded by their first writable open (`_upgrade_store`).
+STORE_VERSION = 5
+READABLE_STORE_VERSIONS = (1, 2, 3, 4, 5)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -290,6 +298,7 @@ class Transaction:
         self._ops[k] = (record.OP_PUT, k, _value(value))
 
     def delete(self, key: bytes | str, *, if_version: int | None = None) -> None:
+        """Delete key at commit; if_version as for `put`."""
         self._open()
         k = _key(key)
         self._check(k, _if_version(if_version))
@@ -428,7 +437,8 @@ class Store:
     def _open(cls, path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
               readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
               checkpoint_bytes: int = 256 << 20, archive: bool | str = False, idempotency_ttl_s: float = 86_400,
-              apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size") -> Store:
+              apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size",
+              sealing: SealingPlan | None = None) -> Store:
         # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
         root = os.fspath(path)
@@ -445,8 +455,11 @@ class Store:
                       max_unapplied=max_unapplied)
         if readonly:
             _check_store_file(root, create=False)
-            state = State(os.path.join(root, STATE_DIR), readonly=True)
+            state = State(os.path.join(root, STATE_DIR), readonly=True,
+                          writer_lock=os.path.join(root, LOG_DIR, LOCK_NAME))
             ro = cls(root, None, state, level, **common)  # type: ignore[arg-type]
+            if sealing is not None:
+                sealing.attach(ro)
             _open_stores.add(ro)
             return ro
         makedirs_durable(root)
@@ -461,7 +474,7 @@ class Store:
         started = time.monotonic()
         # The log must never be cut below what the state's last checkpoint holds (Log.open keep_through).
         saved = read_checkpoint(os.path.join(root, STATE_DIR))
-        replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root))
+        replayer = Replay(os.path.join(root, STATE_DIR), before_open=lambda: _make_store_file_current(root, sealing))
         try:
             log = Log.open(os.path.join(root, LOG_DIR), durability=level.log_level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
@@ -481,6 +494,8 @@ class Store:
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        if sealing is not None:
+            sealing.attach(store)
         store._recovery_mode = recovery
         _open_stores.add(store)
         try:
@@ -1004,8 +1019,8 @@ class Store:
                 # left would chase each fdatasync with a tiny LMDB transaction, taking the GIL and
                 # CPU from the committers. One batch per interval otherwise.
                 # At the lowest CPU priority, in batches of at most _BACKGROUND_BATCH_RECORDS,
-                # while the queue is short: committers woken meanwhile then run first (PROFILING
-                # finding 28), and a starved apply holds the apply lock (which helping committers,
+                # while the queue is short: committers woken meanwhile then run first
+                # (docs/performance.md), and a starved apply holds the apply lock (which helping committers,
                 # checkpoints and close wait for) for one small batch. Not once a backlog builds,
                 # which a starved low-priority apply would only let grow.
                 # A checkpoint is considered after every batch (space: module docstring).
@@ -1348,11 +1363,13 @@ def _meta_json(state: State, key: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _write_store_file(root: str) -> None:
+def _write_store_file(root: str, meta: dict[str, Any] | None = None) -> None:
+    """Write STORE (durably, by rename): `meta` with the current format and version (a sealed
+    store's "sealed" object kept), or just those."""
     path = os.path.join(root, STORE_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"format": STORE_FORMAT, "version": STORE_VERSION}, f)
+        json.dump({**(meta or {}), "format": STORE_FORMAT, "version": STORE_VERSION}, f)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
@@ -1374,15 +1391,25 @@ def _upgrade_store(root: str, found: int) -> None:
     which an agentwal reading only 1-3 would misread: it refuses the store instead."""
     if found == 1:
         State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
-    _write_store_file(root)
+    _write_store_file(root, read_meta(root))
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
 
 
-def _make_store_file_current(root: str) -> None:
-    """Create the STORE file, or upgrade an older store (`_upgrade_store`), holding the log's lock."""
+def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> None:
+    """Create the STORE file, or upgrade an older store (`_upgrade_store`), holding the log's lock;
+    then a sealed store's fields (a new store sealed, a new key's id listed: `SealingPlan.before_open`).
+    A new sealed store's STORE is written once, with its fields: a crash can never leave it plain."""
+    if sealing is not None and not os.path.exists(os.path.join(root, STORE_FILE)):
+        _write_store_file(root, sealing.before_open({}))
+        return
     found = _check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
+    if sealing is not None:
+        meta = read_meta(root) or {}
+        wanted = sealing.before_open(meta)
+        if wanted != meta:
+            _write_store_file(root, wanted)
 
 
 def _check_store_file(root: str, *, create: bool) -> int:
@@ -1414,12 +1441,21 @@ def _check_store_file(root: str, *, create: bool) -> int:
     return int(version)
 
 
-def open_local(path: str | os.PathLike[str], **options: Any) -> Store:
+def open_local(path: str | os.PathLike[str], *, encryption: Any = None, compression: str | None = None,
+               compression_threshold: int | None = None, compression_dict: Any = None, **options: Any) -> Store:
     """A store on this machine, without an object archive: `wal.open` for every `archive` but an
     object-store URL (wal/_open.py), and what the archive's own modules open (a follower's
-    replica, a restored store). Options as `wal.open`'s; every failure is a WalError."""
+    replica, a restored store). Options as `wal.open`'s; every failure is a WalError.
+
+    encryption: a 32-byte key, keys (the current one first) or a key provider; compression:
+    "zstd"; compression_threshold (bytes) and compression_dict (a trained zstd dictionary): a
+    sealed store (wal/store/sealed.py, FORMAT.md §19)."""
     try:
-        return Store._open(path, **options)
+        sealing = plan_sealing(os.fspath(path), readonly=bool(options.get("readonly")), encryption=encryption,
+                               compression=compression, compression_threshold=compression_threshold,
+                               compression_dict=compression_dict)
+        cls = sealing.store_class(Store) if sealing is not None else Store
+        return cls._open(path, sealing=sealing, **options)
     except WalError:
         raise
     except OSError as exc:

@@ -1,0 +1,91 @@
+"""The command line on encrypted stores: `agentwal rekey`, export and import of sealed values,
+and the reading commands, which need no key and show no plaintext. Real subprocesses, real stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import wal
+from wal.crypto.sealing import key_id
+from wal.store.store import Store
+
+OLD = bytes(range(32))
+NEW = bytes(range(100, 132))
+SECRET = b"the-board-minutes-say-merger-with-acme"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wal", *args], capture_output=True, text=True, errors="replace",
+                          timeout=120, stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[str, str]:
+    (tmp_path / "old.key").write_bytes(OLD)
+    (tmp_path / "new.key").write_text(NEW.hex() + "\n")
+    return str(tmp_path / "old.key"), str(tmp_path / "new.key")
+
+
+def test_rekey_rewrites_every_value_and_blob_so_the_old_key_can_be_retired(tmp_path: Path,
+                                                                            keys: tuple[str, str]) -> None:
+    from wal.agents import AgentStore  # noqa: PLC0415
+
+    store_dir = tmp_path / "store"
+    with wal.open(store_dir, encryption=OLD) as store:
+        for i in range(2500):
+            store.put(f"k/{i}", SECRET + b" %d" % i)
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)
+    with wal.open(store_dir, encryption=[NEW, OLD]) as store:
+        store.put(b"k/new", b"already new")
+    old_file, new_file = keys
+    r = run("rekey", str(store_dir), "--key-file", old_file)  # the new key missing: k/new cannot be read
+    assert r.returncode == 1 and f"b'k/new' in the store at {store_dir} is encrypted under key id " \
+        f"{key_id(NEW).hex()}" in r.stderr
+    r = run("rekey", str(store_dir), "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    # 2,500 values, the thread record and its event; the blob file of the event
+    assert "2502 value(s) and 1 blob file(s) rewritten" in r.stdout and key_id(OLD).hex() in r.stdout
+    with wal.open(store_dir, encryption=NEW) as store:  # the old key retired
+        assert store.get("k/7") == SECRET + b" 7" and store.get(b"k/new") == b"already new"
+        assert {env[1:9] for _, env in Store.scan(store)} == {key_id(NEW)}
+        assert AgentStore(store, "a").read("t").__next__()[1] == SECRET * 10
+    with pytest.raises(wal.WrongKeyError):
+        wal.open(store_dir, encryption=OLD)
+    assert run("rekey", str(store_dir)).returncode == 2  # no key: a usage error
+
+
+def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_imports_with_the_key(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    _, new_file = keys
+    with wal.open(tmp_path / "src", encryption=NEW, compression="zstd") as store:
+        for i in range(50):
+            store.put(f"k/{i}", SECRET * 5 + b" %d" % i)
+    r = run("export", str(tmp_path / "src"), "-o", str(tmp_path / "backup.jsonl"))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "backup.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert len(lines) == 50 and all("sealed" in line and "value" not in line for line in lines)
+    assert SECRET.decode() not in text and "board" not in text
+    for command in (["info"], ["verify"], ["scan", "k/"], ["get", "k/1"]):  # reading needs no key
+        r = run(command[0], str(tmp_path / "src"), *command[1:])
+        assert r.returncode == 0, (command, r.stderr)
+        assert SECRET.decode() not in r.stdout
+    r = run("import", str(tmp_path / "copy"), str(tmp_path / "backup.jsonl"), "--create")
+    assert r.returncode == 1 and f"encrypted under key id {key_id(NEW).hex()}" in r.stderr  # no key: refused
+    assert not (tmp_path / "copy").exists()  # before anything was created
+    r = run("import", str(tmp_path / "copy"), str(tmp_path / "backup.jsonl"), "--create", "--key-file", new_file)
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "copy", encryption=NEW) as copy:  # a new store made with the key: encrypted
+        assert copy.get("k/3") == SECRET * 5 + b" 3"
+    with wal.open(tmp_path / "dst", encryption=OLD):
+        pass
+    r = run("import", str(tmp_path / "dst"), str(tmp_path / "backup.jsonl"), "--key-file", keys[0],
+            "--key-file", new_file)
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "dst", encryption=OLD) as dst:  # sealed again under the target's key
+        assert dst.get("k/49") == SECRET * 5 + b" 49" and Store.get(dst, b"k/49")[1:9] == key_id(OLD)

@@ -1,0 +1,413 @@
+"""Sealed stores (wal/crypto/, FORMAT.md §19): encryption at rest, compression, keys and rotation.
+
+Every test runs real stores on disk; files are searched byte for byte, and damage is made in
+the files or written through the plain store underneath (an attacker with write access who
+keeps the CRCs right).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import zstandard
+from legacy_state import strip_entry_checksums
+
+import wal
+from wal.agents import AgentStore
+from wal.crypto import sealing
+from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_PLAIN, CODEC_ZSTD, Sealer, key_id
+from wal.errors import MissingKeyError, SealDamagedError, WrongKeyError
+from wal.store.store import Store
+
+KEY = bytes(range(32))
+KEY2 = bytes(range(1, 33))
+SECRET = b"the-patient-said-their-ssn-is-078-05-1120"
+
+
+def _conversation(i: int) -> bytes:
+    turns = [{"role": "user" if t % 2 == 0 else "assistant",
+              "content": f"turn {t} of thread {i}: please summarise the quarterly report and {SECRET.decode()}"}
+             for t in range(12)]
+    return json.dumps({"thread": i, "messages": turns}).encode()
+
+
+def _files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _raw(store: wal.Store, key: bytes) -> bytes:
+    """The envelope the store holds for key (the plain store's read underneath the sealed one)."""
+    v = Store.get(store, key)
+    assert v is not None
+    return v
+
+
+# ---- round trips -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [
+    {"encryption": KEY},
+    {"compression": "zstd"},
+    {"encryption": KEY, "compression": "zstd"},
+], ids=["encrypted", "compressed", "both"])
+def test_every_read_and_write_path_round_trips_through_the_envelope(tmp_path: Path, options: dict) -> None:
+    big = _conversation(1)
+    with wal.open(tmp_path, **options) as store:
+        store.put(b"a", big)
+        store.put("s", b"small")
+        assert store.get(b"a") == big and store.get("s") == b"small" and store.get("x", b"d") == b"d"
+        assert store.get_many([b"a", "s", "x"], b"-") == [big, b"small", b"-"]
+        with store.transaction() as tx:
+            tx.put(b"t1", b"one")
+            assert tx.get(b"t1") == b"one" and tx.get(b"a") == big
+            tx.delete("s")
+        assert store.update(b"t1", lambda v: (v or b"") + b"+") == (tx.lsn + 1, b"one+")
+        assert asyncio.run(store.aput(b"async", b"v")) > 0
+        with store.snapshot() as snap:
+            assert snap.get(b"a") == big and snap.get("s") is None and snap.version(b"t1") == tx.lsn + 1
+            assert dict(snap.scan()) == {b"a": big, b"t1": b"one+", b"async": b"v"}
+        assert list(store.scan(b"t")) == [(b"t1", b"one+")]
+        env = _raw(store, b"a")
+        assert env != big
+        assert env[0] == {frozenset(["encryption"]): CODEC_ENCRYPTED, frozenset(["compression"]): CODEC_ZSTD,
+                          frozenset(["encryption", "compression"]): CODEC_ENCRYPTED | CODEC_ZSTD}[frozenset(options)]
+    with wal.open(tmp_path, **options) as store:  # the log replayed, the state reopened
+        assert dict(store.scan()) == {b"a": big, b"t1": b"one+", b"async": b"v"}
+    with wal.open(tmp_path, readonly=True, **options) as ro:
+        assert ro.get(b"a") == big
+
+
+def test_a_value_is_sealed_once_and_the_log_and_the_state_hold_the_same_envelope(tmp_path: Path) -> None:
+    with wal.open(tmp_path, encryption=KEY, apply_interval_ms=600_000) as store:
+        store.put(b"k", SECRET)
+        env = _raw(store, b"k")  # from the overlay: the commit path's bytes
+        store.checkpoint()
+        assert _raw(store, b"k") == env  # from LMDB: the same bytes
+        log = b"".join(p.read_bytes() for p in (tmp_path / "log").glob("*.wal"))
+        assert env in log and len(env) == len(SECRET) + sealing.OVERHEAD + 1 - 1
+
+
+# ---- nothing in the clear ---------------------------------------------------------------------------
+
+
+def test_no_value_plaintext_appears_in_any_file_of_an_encrypted_store(tmp_path: Path) -> None:
+    """Log segments, the LMDB state, checkpoint files, at every stage: while open (commits in the
+    log only), after checkpoints, after close. Keys stay plain by design (FORMAT.md §19)."""
+    store = wal.open(tmp_path, encryption=KEY, compression="zstd", apply_interval_ms=600_000,
+                     segment_bytes=1 << 16)
+    try:
+        for i in range(300):
+            store.put(f"thread/{i}", _conversation(i))
+        with store.transaction() as tx:
+            tx.put(b"tx", SECRET * 3)
+        store.update(b"upd", lambda _: SECRET)
+        seen = _files(tmp_path)
+        assert not [p for p, data in seen.items() if SECRET in data or b"quarterly" in data]
+        store.checkpoint()
+        for i in range(0, 300, 2):
+            store.delete(f"thread/{i}")
+        store.checkpoint()
+    finally:
+        store.close()
+    files = _files(tmp_path)
+    assert any(p.suffix == ".wal" for p in files) and any(p.name == "data.mdb" for p in files)
+    leaks = [str(p) for p, data in files.items() for needle in (SECRET, b"quarterly", b"assistant") if needle in data]
+    assert not leaks
+    assert any(b"thread/1" in data for data in files.values())  # keys: plain, as documented
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get("thread/1") == _conversation(1) and store.get("tx") == SECRET * 3
+
+
+# ---- keys: missing, wrong, rotation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_an_encrypted_store_opened_without_a_key_is_refused_at_open(tmp_path: Path, readonly: bool) -> None:
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    with pytest.raises(MissingKeyError, match="is encrypted") as info:
+        wal.open(tmp_path, readonly=readonly)
+    assert info.value.key_id == key_id(KEY).hex() and info.value.where == str(tmp_path)
+    with pytest.raises(MissingKeyError):
+        wal.open(tmp_path, readonly=readonly, compression="zstd")
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_an_encrypted_store_opened_with_a_wrong_key_is_refused_at_open_and_nothing_is_written(
+        tmp_path: Path, readonly: bool) -> None:
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    before = _files(tmp_path)
+    with pytest.raises(WrongKeyError, match=key_id(KEY).hex()):
+        wal.open(tmp_path, readonly=readonly, encryption=os.urandom(32))
+    assert _files(tmp_path) == before
+
+
+def test_bad_encryption_arguments_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(wal.ArgumentError, match="32 bytes"):
+        wal.open(tmp_path / "a", encryption=b"short")
+    with pytest.raises(TypeError, match="32 bytes"):
+        wal.open(tmp_path / "b", encryption=[KEY, "text"])
+    with pytest.raises(wal.ArgumentError, match="compression"):
+        wal.open(tmp_path / "c", compression="lz4")
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_plain_store_cannot_be_opened_sealed_and_an_unencrypted_one_cannot_gain_encryption(tmp_path: Path) -> None:
+    with wal.open(tmp_path / "plain") as store:
+        store.put(b"k", b"v")
+    with pytest.raises(wal.ArgumentError, match="created without encryption or compression"):
+        wal.open(tmp_path / "plain", encryption=KEY)
+    with wal.open(tmp_path / "z", compression="zstd") as store:
+        store.put(b"k", b"v")
+    with pytest.raises(wal.ArgumentError, match="created without encryption"):
+        wal.open(tmp_path / "z", encryption=KEY)
+    with wal.open(tmp_path / "z") as store:  # compression off: the old envelopes still read
+        store.put(b"k2", b"v2" * 100)
+        assert store.get(b"k") == b"v" and _raw(store, b"k2")[0] == CODEC_PLAIN
+
+
+def test_rotation_new_writes_use_the_new_key_old_values_read_while_their_key_is_given(tmp_path: Path) -> None:
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"old", b"under key 1")
+    with wal.open(tmp_path, encryption=[KEY2, KEY]) as store:
+        store.put(b"new", b"under key 2")
+        assert _raw(store, b"new")[1:9] == key_id(KEY2) and _raw(store, b"old")[1:9] == key_id(KEY)
+        assert store.get(b"old") == b"under key 1"
+    assert json.loads((tmp_path / "STORE").read_text())["sealed"]["key_ids"] == [key_id(KEY).hex(),
+                                                                                 key_id(KEY2).hex()]
+    with wal.open(tmp_path, encryption=KEY2) as store:  # the old key no longer given
+        assert store.get(b"new") == b"under key 2"
+        with pytest.raises(MissingKeyError, match=f"key b'old'.*key id {key_id(KEY).hex()}") as info:
+            store.get(b"old")
+        assert info.value.key_id == key_id(KEY).hex() and "b'old'" in (info.value.where or "")
+        with pytest.raises(MissingKeyError):
+            list(store.scan())
+
+
+def test_a_key_provider_is_asked_for_the_current_key_and_for_old_ids_once_each(tmp_path: Path) -> None:
+    asked: list[bytes | None] = []
+    keys = {key_id(KEY): KEY, key_id(KEY2): KEY2}
+
+    def provider(kid: bytes | None) -> bytes | None:
+        asked.append(kid)
+        return KEY2 if kid is None else keys.get(kid)
+
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"old", b"1")
+    with wal.open(tmp_path, encryption=provider) as store:
+        store.put(b"new", b"2")
+        assert [store.get(b"old") for _ in range(3)] == [b"1"] * 3 and store.get(b"new") == b"2"
+    assert asked.count(None) == 1 and asked.count(key_id(KEY)) == 1
+
+    def liar(kid: bytes | None) -> bytes | None:
+        return KEY2  # the same key for every id
+    with wal.open(tmp_path, encryption=liar) as store, pytest.raises(MissingKeyError, match="whose id is"):
+        store.get(b"old")  # KEY2 is current and listed: the open asked for nothing else
+
+
+# ---- damage: never wrong data --------------------------------------------------------------------------
+
+
+def test_every_flipped_byte_of_an_envelope_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """Written through the plain store underneath, so the log's and the state's CRCs hold: only
+    the AEAD stands between the flip and the caller."""
+    with wal.open(tmp_path, encryption=KEY, compression="zstd") as store:
+        store.put(b"k", _conversation(3))
+        env = _raw(store, b"k")
+        for i in range(len(env)):
+            bad = bytearray(env)
+            bad[i] ^= 0x01
+            Store.put(store, b"k", bytes(bad))
+            with pytest.raises((SealDamagedError, MissingKeyError)) as info:
+                store.get(b"k")
+            assert "b'k'" in str(info.value)
+            if isinstance(info.value, SealDamagedError):
+                assert isinstance(info.value, wal.CorruptionError) and info.value.reason == "sealed value damaged"
+            else:
+                assert 1 <= i < 9  # the key id itself was hit: that key was never given
+        Store.put(store, b"k", env)
+        assert store.get(b"k") == _conversation(3)
+
+
+def test_a_ciphertext_moved_to_another_key_or_replaced_by_plaintext_is_refused(tmp_path: Path) -> None:
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"role/alice", b"admin")
+        store.put(b"role/bob", b"guest")
+        Store.put(store, b"role/bob", _raw(store, b"role/alice"))  # swap attempt
+        with pytest.raises(SealDamagedError, match="authentication failed"):
+            store.get(b"role/bob")
+        Store.put(store, b"role/bob", bytes([CODEC_PLAIN]) + b"admin")  # downgrade attempt
+        with pytest.raises(SealDamagedError, match="not encrypted"):
+            store.get(b"role/bob")
+        Store.put(store, b"role/bob", b"")
+        with pytest.raises(SealDamagedError, match="empty"):
+            store.get(b"role/bob")
+
+
+def test_a_flipped_byte_in_the_files_of_an_encrypted_store_is_a_clean_error(tmp_path: Path) -> None:
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+        env = _raw(store, b"k")
+    data_mdb = tmp_path / "state" / "data.mdb"
+    raw = bytearray(data_mdb.read_bytes())
+    at = raw.find(env)
+    assert at > 0
+    raw[at + len(env) - 3] ^= 0xFF  # in the tag
+    data_mdb.write_bytes(bytes(raw))
+    with pytest.raises(wal.CorruptionError, match=r"data\.mdb is damaged \(key b'k': checksum mismatch"):
+        wal.open(tmp_path, encryption=KEY).close()  # the open's walk of a small state finds it
+
+
+# ---- compression --------------------------------------------------------------------------------------
+
+
+def test_compression_is_per_value_above_the_threshold_and_only_when_it_pays(tmp_path: Path) -> None:
+    with wal.open(tmp_path, compression="zstd", compression_threshold=64) as store:
+        store.put(b"small", b"x" * 63)
+        store.put(b"json", _conversation(7))
+        store.put(b"noise", os.urandom(4096))
+        assert _raw(store, b"small")[0] == CODEC_PLAIN
+        assert _raw(store, b"json")[0] == CODEC_ZSTD and len(_raw(store, b"json")) * 3 < len(_conversation(7))
+        assert _raw(store, b"noise")[0] == CODEC_PLAIN  # incompressible: kept as it is
+        assert store.get(b"noise") != store.get(b"json")
+
+
+def test_a_trained_dictionary_compresses_small_json_and_is_needed_to_read_it(tmp_path: Path) -> None:
+    samples = [json.dumps({"role": "tool", "call_id": f"call_{i}", "name": "search",
+                           "result": {"status": "ok", "hits": i % 7, "query": f"q{i}"}}).encode()
+               for i in range(2000)]
+    zdict = sealing.train_dictionary(samples, 4096)
+    with wal.open(tmp_path, compression="zstd", compression_dict=zdict, compression_threshold=32) as store:
+        for i, s in enumerate(samples[:100]):
+            store.put(f"r/{i}", s)
+        sizes = [len(_raw(store, f"r/{i}".encode())) for i in range(100)]
+        assert sum(sizes) * 2 < sum(map(len, samples[:100]))
+    with wal.open(tmp_path, compression="zstd") as store, pytest.raises(MissingKeyError, match="dictionary"):
+        store.get("r/1")
+    with wal.open(tmp_path, compression_dict=zdict) as store:
+        assert [store.get(f"r/{i}") for i in range(100)] == samples[:100]
+
+
+def test_a_zstd_frame_claiming_a_huge_size_is_refused_not_decompressed() -> None:
+    s = Sealer(None, "zstd")
+    env = s.seal(b"a" * 1000, b"ctx")
+    assert env[0] == CODEC_ZSTD
+    assert s.open(env, b"ctx", lambda: "v") == b"a" * 1000
+    undeclared = bytes([CODEC_ZSTD]) + zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 100)
+    with pytest.raises(SealDamagedError, match="does not declare its size"):
+        s.open(undeclared, b"ctx", lambda: "value v")
+    huge = bytes([CODEC_ZSTD]) + zstandard.ZstdCompressor().compress(b"\0" * ((1 << 30) + 1))
+    with pytest.raises(SealDamagedError, match="claiming 1073741825 bytes"):
+        s.open(huge, b"ctx", lambda: "value v")
+    with pytest.raises(SealDamagedError, match="not a zstd frame"):
+        s.open(bytes([CODEC_ZSTD]) + b"garbage-not-zstd", b"ctx", lambda: "value v")
+
+
+# ---- formats ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_each_older_store_format_opens_reads_and_is_upgraded_to_5(tmp_path: Path, version: int) -> None:
+    with wal.open(tmp_path) as store:
+        for i in range(20):
+            store.put(f"k{i}", b"v%d" % i)
+    if version < 4:
+        strip_entry_checksums(tmp_path)
+    if version == 1:
+        (tmp_path / "state" / "checkpoint.meta").unlink()
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": version}) + "\n")
+    with wal.open(tmp_path, readonly=True) as ro:
+        assert ro.get("k7") == b"v7"
+    with wal.open(tmp_path) as store:
+        assert [store.get(f"k{i}") for i in range(20)] == [b"v%d" % i for i in range(20)]
+        store.put(b"after", b"upgrade")
+    assert json.loads((tmp_path / "STORE").read_text()) == {"format": "agentwal-store", "version": 5}
+
+
+def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
+    wal.open(tmp_path / "e", encryption=KEY).close()
+    wal.open(tmp_path / "z", compression="zstd").close()
+    assert json.loads((tmp_path / "e" / "STORE").read_text()) == {
+        "format": "agentwal-store", "version": 5, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
+    assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {"encrypted": False, "key_ids": []}
+
+
+def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_object_store_sees_no_key(
+        tmp_path: Path) -> None:
+    """The agent layer (events, state, tool calls, checkpoints; large values as blob files) on an
+    encrypted, compressed store that ships to a file:// archive, then a restore of that archive:
+    the plaintext and the agent's thread name appear in no file of the store, the archive or the
+    restored store; the archive holds no key either (its objects are sealed whole)."""
+    url = f"file://{tmp_path}/archive"
+    store = wal.open(tmp_path / "store", encryption=KEY, compression="zstd", archive=url,
+                     archive_snapshot_bytes=1 << 14)
+    try:
+        agents = AgentStore(store, "support-bot", blob_threshold=1024)
+        for i in range(40):
+            agents.append("thread-secret-customer", _conversation(i), state={"summary": SECRET * 2})
+        agents.begin_call("thread-secret-customer", "call-1", "crm.lookup", SECRET)
+        agents.end_call("thread-secret-customer", "call-1", _conversation(99))
+        agents.save_checkpoint("thread-secret-customer", _conversation(100) * 3, schema_version=1, config_hash="h")
+        assert list((tmp_path / "store" / "blobs").rglob("*"))
+        assert agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
+        assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
+        store.checkpoint()
+    finally:
+        store.close()
+    wal.restore(url, tmp_path / "restored", encryption=KEY)
+    files = _files(tmp_path)
+    assert any("archive" in p.parts and p.suffix == ".snap" for p in files)
+    leaks = [str(p) for p, data in files.items() for needle in (SECRET, b"quarterly", b"assistant") if needle in data]
+    assert not leaks
+    archive_leaks = [str(p) for p, data in files.items() if "archive" in p.parts and b"thread-secret" in data]
+    assert not archive_leaks  # keys too: the object store sees ciphertext only
+    with wal.open(tmp_path / "restored", encryption=KEY) as restored:  # inline values (blob files stay local)
+        agents = AgentStore(restored, "support-bot")
+        assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
+        assert restored.get(b"ag/support-bot/c/call-1/i").endswith(SECRET)  # the call's intent: its args
+
+
+def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_naming_it(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url) as store:
+        agents = AgentStore(store, "a", blob_threshold=64)
+        agents.append("t", SECRET * 10)
+        store.checkpoint()
+    blob = next(p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file())
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    with wal.open(tmp_path / "store", encryption=KEY) as store, \
+            pytest.raises(SealDamagedError, match=f"blob file {blob}.*authentication failed"):
+        list(AgentStore(store, "a").read("t"))
+    obj = sorted((tmp_path / "archive" / "log").glob("*.wal"))[0]
+    data = bytearray(obj.read_bytes())
+    data[40] ^= 1
+    obj.write_bytes(bytes(data))
+    with pytest.raises(SealDamagedError, match=f"archive object log/{obj.name}"):
+        wal.restore(url, tmp_path / "r", encryption=KEY)
+    with pytest.raises(MissingKeyError, match=r"archive .* is encrypted"):
+        wal.restore(url, tmp_path / "r2")
+
+
+def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:
+    """FORMAT.md §19's worked example, decrypted from the spec alone (HKDF, AES-GCM, nonce, AAD)."""
+    from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+    assert key_id(KEY).hex() == "e1a149a424b0b767"
+    sealer = Sealer(sealing.Keyring(KEY))
+    env = sealer.seal(b"hi", context := sealing.CONTEXT_VALUE + b"k")
+    assert len(env) == 51 and env[0] == 0x80 and env[1:9] == bytes.fromhex("e1a149a424b0b767")
+    session, counter = env[9:25], env[25:33]
+    assert counter == bytes(8)
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=session, info=b"agentwal seal v1").derive(KEY)
+    assert AESGCM(derived).decrypt(counter + bytes(4), env[33:], env[:33] + context) == b"hi"
+    assert sealer.seal(b"hi", context)[25:33] == (1).to_bytes(8, "little")  # the counter goes up
+    assert sealing.parse(env) == (0x80, env[1:9], session, 0)

@@ -1,0 +1,126 @@
+"""The object archive of a sealed store: every object sealed whole (FORMAT.md §18-§19).
+
+An archive of a sealed store holds ``sealed.json`` (plain JSON, ``{"format":
+"agentwal-archive-sealing", "version": 1, "encrypted": bool}``), written create-only before its
+first other object, and every other object (log and merged objects, snapshots) is the
+envelope of the object FORMAT.md §18 describes, sealed with the context ``b"agentwal
+archive\\0" + name``: compressed when the store compresses, AES-256-GCM-encrypted when it
+encrypts. So the object store sees no key, no value and no record header of an encrypted store:
+only object names (LSNs), sizes and times. A snapshot's values are envelopes already; sealing
+the object again costs one AEAD pass over bytes already ciphertext and hides the keys too.
+
+Restores and followers read ``sealed.json`` first: an encrypted archive needs the key
+(`MissingKeyError` otherwise), and the store they make is sealed like the one that shipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore
+from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer
+from wal.errors import ArgumentError, CorruptionError, MissingKeyError
+
+MANIFEST = "sealed.json"
+MANIFEST_FORMAT = "agentwal-archive-sealing"
+
+
+class SealedObjects(ObjectStore):
+    """`inner` with every object but the manifest sealed on put and opened on get."""
+
+    def __init__(self, inner: ObjectStore, sealer: Sealer) -> None:
+        self.inner = inner
+        self.sealer = sealer
+        self.url = inner.url
+        self.create_only_honored = inner.create_only_honored
+        self._manifest_checked = False
+
+    def check_create_only(self) -> bool:
+        """Asked of the object store underneath (the probe needs no manifest, nor sealing)."""
+        return self.inner.check_create_only()
+
+    def _ensure_manifest(self) -> None:
+        if self._manifest_checked:
+            return
+        body = json.dumps({"format": MANIFEST_FORMAT, "version": 1, "encrypted": self.sealer.encrypting}).encode()
+        try:
+            self.inner.put(MANIFEST, body, create_only=True)
+        except ObjectExistsError:
+            check_manifest(read_manifest(self.inner), self.sealer, self.inner.url)
+        self._manifest_checked = True
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        self._ensure_manifest()
+        self.inner.put(name, self.sealer.seal(data, CONTEXT_ARCHIVE + name.encode()), create_only=create_only)
+
+    def get(self, name: str) -> bytes:
+        return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
+                                lambda: f"the archive object {name} of {self.inner.url}")
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        return (item for item in self.inner.list(prefix, start_after) if item[0] != MANIFEST)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        return (item for item in self.inner.list_times(prefix) if item[0] != MANIFEST)
+
+
+def read_manifest(objects: ObjectStore) -> dict[str, Any] | None:
+    """The archive's sealing manifest, or None for an archive of a plain store."""
+    try:
+        raw = objects.get(MANIFEST)
+    except ObjectMissingError:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != MANIFEST_FORMAT or meta.get("version") != 1:
+        raise CorruptionError(f"the archive {objects.url} has an unreadable {MANIFEST}: {raw[:200]!r}",
+                              path=MANIFEST, reason="bad archive manifest")
+    return meta
+
+
+def check_manifest(meta: dict[str, Any] | None, sealer: Sealer | None, url: str) -> None:
+    if meta is None:
+        if sealer is not None:
+            raise ArgumentError(f"the archive {url} was written by a store without encryption or compression")
+        return
+    if meta.get("encrypted") and (sealer is None or not sealer.encrypting):
+        raise MissingKeyError(f"the archive {url} is encrypted: pass encryption=KEY (or a key provider)", where=url)
+    if sealer is not None and sealer.encrypting and not meta.get("encrypted"):
+        raise ArgumentError(f"the archive {url} is not encrypted: it belongs to a store created without encryption")
+
+
+def wrap(objects: ObjectStore, sealer: Sealer | None) -> ObjectStore:
+    """The archive as a store sealed by `sealer` ships to it (None: a plain store's, as it is;
+    an archive already opened sealed, by a follower being promoted: as it is)."""
+    return objects if sealer is None or isinstance(objects, SealedObjects) else SealedObjects(objects, sealer)
+
+
+def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectStore, dict[str, Any] | None]:
+    """For restore, follow and verify: the archive opened with the caller's sealing `options`
+    (encryption, compression, compression_dict, ...), and the STORE "sealed" object the store
+    made from it must carry (None: a plain store)."""
+    from wal.store.sealed import sealer_for  # noqa: PLC0415
+
+    if isinstance(objects, SealedObjects):  # opened so already (a follower's restore)
+        sealed = {"encrypted": objects.sealer.encrypting, "key_ids": []}
+        if objects.sealer.keys is not None:
+            sealed["key_ids"] = [objects.sealer.keys.current_id.hex()]
+        return objects, sealed
+    meta = read_manifest(objects)
+    if meta is None:
+        if any(v is not None for v in options.values()):
+            check_manifest(None, sealer_for({}, options, "the archive " + objects.url), objects.url)
+        return objects, None
+    sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
+    sealer = sealer_for(sealed, options, "the archive " + objects.url)
+    check_manifest(meta, sealer, objects.url)
+    if sealer.keys is not None:
+        sealed["key_ids"] = [sealer.keys.current_id.hex()]
+    return SealedObjects(objects, sealer), sealed

@@ -1,0 +1,448 @@
+"""Sealed values: per-value zstd compression, then AES-256-GCM, in one self-describing envelope
+(FORMAT.md §19, "Sealed values").
+
+A *sealed store* keeps every value as an envelope; so do the blobs, archive objects and exports
+of an encrypted store (each with its own context, below). The envelope says which codec made it,
+so one store holds plain, compressed, encrypted and compressed-then-encrypted values side by
+side, and a change of options (compression on, a new key) needs no rewrite::
+
+    envelope  := codec:u8 body
+    codec     := 0x00 plain | 0x01 zstd | 0x80 encrypted | 0x81 zstd, then encrypted
+    body      := bytes                                   (codec & 0x80 == 0: the value, or its zstd frame)
+               | key_id:8 session:16 counter:u64 sealed  (codec & 0x80: AES-256-GCM, sealed = ciphertext || tag:16)
+
+Compression comes first (ciphertext does not compress), and only where it pays: values of at
+least `threshold` bytes whose zstd frame is shorter than they are. A frame made with a trained
+dictionary names it in its own header (zstd's dictionary id); the dictionaries a handle may
+need are given to it (``compression_dict=``).
+
+What encryption covers and what it does not. Values are encrypted; keys are not: LMDB keeps
+keys in order for scans and prefix reads, so they stay plain in the log records and the state
+(as do LSNs, record headers, versions and idempotency keys). Put nothing secret in a key. Blob
+files and archive objects are sealed whole (their names are digests and LSNs). Compression
+before encryption lets a value's length depend on its content; a caller that mixes secrets with
+attacker-chosen text in one value and lets the attacker watch its size should turn compression
+off for that store.
+
+Keys. The caller's 32-byte *master keys* never encrypt anything themselves. A key's id is the
+first 8 bytes of HMAC-SHA256(key, "agentwal key id v1"): stored beside every ciphertext, it says
+which key to use and proves nothing about the key to someone without it. `Keyring` holds the
+current key (new writes) and older ones (reads), or asks a provider callable.
+
+Nonces: why no (key, nonce) pair is ever used twice
+----------------------------------------------------
+AES-GCM loses both confidentiality and integrity when one key encrypts two messages under one
+nonce. The hazards here are a log tail cut after a crash and written again at the same LSNs, a
+store restored from an archive and written on, a follower promoted, a process forked, and two
+processes (or two stores) sharing a master key. The design gives a nonce nothing to do with any
+of them -- no nonce is derived from an LSN, a position or anything read from disk:
+
+1. Every *sealing session* draws a fresh 16-byte id S from ``os.urandom`` and encrypts under its
+   own key K_S = HKDF-SHA256(master key, salt=S, info="agentwal seal v1"). A session lives in
+   one process's memory and dies with it: each `Sealer` starts one (every open of a store, every
+   export, every archive upload, every rekey), and a forked child starts new ones for all of its
+   Sealers before it can seal anything (``os.register_at_fork``).
+2. Within a session the nonce is a 64-bit counter taken (atomically: ``itertools.count`` under
+   the GIL) before each encryption. It only goes up, is never reset, saved or read back, and a
+   session moves to a new S long before it could wrap.
+3. So two encryptions share (K_S, nonce) only if they are in one session -- impossible, the
+   counter differs -- or two sessions drew the same 128-bit S under the same master key: for n
+   sessions at most n^2 / 2^129 (2^-65 after four billion sessions), the standard bound for
+   random 128-bit salts, and far below AES-GCM's own random-nonce limit.
+
+Torn tails, restores and promotions re-encrypt nothing with an old session: whatever writes
+after them is a new process or a new open, hence a new session. The tests record every
+(key id, session, counter) that any process uses across kill loops, power cuts, restores and
+promotions (``AGENTWAL_TRACE_NONCES``) and scan every file for sealed values, and find no
+pair used for two different ciphertexts.
+
+The AEAD's associated data binds each ciphertext to its header (codec, key id, session,
+counter) and to its context: ``b"agentwal value\\0" + store key`` for a store value (so a value
+moved to another key fails to open), ``b"agentwal blob\\0" + digest`` for a blob,
+``b"agentwal archive\\0" + object name`` for an archive object, ``b"agentwal export\\0" + key``
+for an exported value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from wal.errors import ArgumentError, ArgumentTypeError, MissingKeyError, SealDamagedError
+
+if TYPE_CHECKING:
+    import zstandard
+
+CODEC_PLAIN = 0x00
+CODEC_ZSTD = 0x01
+CODEC_ENCRYPTED = 0x80
+_CODECS = frozenset((0x00, 0x01, 0x80, 0x81))
+KEY_BYTES = 32
+KEY_ID_BYTES = 8
+SESSION_BYTES = 16
+COUNTER_BYTES = 8
+HEADER_BYTES = 1 + KEY_ID_BYTES + SESSION_BYTES + COUNTER_BYTES  # of an encrypted envelope: 33
+TAG_BYTES = 16
+OVERHEAD = HEADER_BYTES + TAG_BYTES  # an encrypted value's envelope adds 49 bytes
+# A session is replaced after this many encryptions (never near the counter's 2^64).
+SESSION_LIMIT = 1 << 48
+DEFAULT_THRESHOLD = 128  # values shorter than this are not worth a zstd frame (its ~10-byte header)
+ZSTD_LEVEL = 1  # as small as level 3 on agent JSON here (2.20x vs 2.22x), a quarter faster
+MAX_PLAIN_BYTES = 1 << 30  # a zstd frame claiming more than this is damage, not data (no bomb)
+
+CONTEXT_VALUE = b"agentwal value\x00"
+CONTEXT_BLOB = b"agentwal blob\x00"
+CONTEXT_ARCHIVE = b"agentwal archive\x00"
+CONTEXT_EXPORT = b"agentwal export\x00"
+
+_KEY_ID_LABEL = b"agentwal key id v1"
+_HKDF_INFO = b"agentwal seal v1"
+
+KeySource = bytes | Sequence[bytes] | Callable[[bytes | None], bytes | None]
+
+
+def key_id(key: bytes) -> bytes:
+    """The 8-byte id of a 32-byte master key (stored beside what it encrypted)."""
+    return hmac.new(key, _KEY_ID_LABEL, hashlib.sha256).digest()[:KEY_ID_BYTES]
+
+
+def _aead(master: bytes, session: bytes) -> Any:
+    from cryptography.hazmat.primitives import hashes  # noqa: PLC0415 -- an optional dependency
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+    derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=session, info=_HKDF_INFO).derive(master)
+    return AESGCM(derived)
+
+
+def _need_cryptography() -> None:
+    try:
+        import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401, PLC0415
+    except ImportError:
+        raise ArgumentError("encryption needs the 'cryptography' package: pip install 'agentwal[crypto]'") from None
+
+
+def _check_key(key: object, what: str) -> bytes:
+    if not isinstance(key, bytes | bytearray | memoryview):
+        raise ArgumentTypeError(f"{what} must be 32 bytes, not {type(key).__name__}")
+    data = bytes(key)
+    if len(data) != KEY_BYTES:
+        raise ArgumentError(f"{what} must be {KEY_BYTES} bytes (AES-256), got {len(data)}")
+    return data
+
+
+class Keyring:
+    """The master keys a handle may use: the *current* one encrypts new values; any of them opens
+    values sealed under its id.
+
+    `source` is a 32-byte key; a sequence of keys, the current one first (rotation: put the new
+    key first and keep the old ones after it until `agentwal rekey` has rewritten their values);
+    or a provider callable, ``provider(None) -> current key`` and ``provider(key_id: bytes) ->
+    key or None``, for keys that live in a KMS or a secret store. A provider is asked once per id
+    per handle; a key it returns for an id must have that id."""
+
+    def __init__(self, source: KeySource) -> None:
+        _need_cryptography()
+        self._provider: Callable[[bytes | None], bytes | None] | None = None
+        self._keys: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+        if isinstance(source, bytes | bytearray | memoryview):
+            keys = [_check_key(source, "encryption key")]
+        elif callable(source):
+            self._provider = source
+            got = source(None)
+            if got is None:
+                raise MissingKeyError("the key provider returned no current key (provider(None) gave None)")
+            keys = [_check_key(got, "the key provider's current key")]
+        elif isinstance(source, Sequence) and not isinstance(source, str) and len(source) > 0:
+            keys = [_check_key(k, f"encryption key {i}") for i, k in enumerate(source)]
+        else:
+            raise ArgumentTypeError("encryption must be a 32-byte key, a non-empty sequence of keys (current "
+                                    f"first) or a provider callable, not {type(source).__name__}")
+        self.current_id = key_id(keys[0])
+        self.current = keys[0]
+        for k in keys:
+            self._keys.setdefault(key_id(k), k)
+
+    @property
+    def has_provider(self) -> bool:
+        return self._provider is not None
+
+    @property
+    def ids(self) -> list[bytes]:
+        """The ids known so far, the current one first."""
+        return [self.current_id, *(i for i in self._keys if i != self.current_id)]
+
+    def lookup(self, kid: bytes) -> bytes | None:
+        key = self._keys.get(kid)
+        if key is not None or self._provider is None:
+            return key
+        got = self._provider(kid)
+        if got is None:
+            return None
+        key = _check_key(got, f"the key provider's key {kid.hex()}")
+        if key_id(key) != kid:
+            raise MissingKeyError(f"the key provider returned, for key id {kid.hex()}, a key whose id is "
+                                  f"{key_id(key).hex()}", key_id=kid.hex())
+        with self._lock:
+            self._keys[kid] = key
+        return key
+
+
+class _Session:
+    """One sealing session: a random id, its derived AEAD and its nonce counter (module docstring)."""
+
+    __slots__ = ("aead", "counter", "id", "key_id", "prefixes")
+
+    def __init__(self, master: bytes, kid: bytes) -> None:
+        self.id = os.urandom(SESSION_BYTES)
+        self.key_id = kid
+        self.aead = _aead(master, self.id)
+        self.counter = itertools.count()
+        # the first 25 header bytes, by the codec's compression bit (made once, not per seal)
+        self.prefixes = (bytes((CODEC_ENCRYPTED,)) + kid + self.id,
+                         bytes((CODEC_ENCRYPTED | CODEC_ZSTD,)) + kid + self.id)
+
+
+_sealers: weakref.WeakSet[Sealer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child holds copies of its parent's sessions, counters included: sealing with them would
+    # repeat the parent's next nonces. Every Sealer starts a new session before the child seals.
+    for sealer in list(_sealers):
+        sealer._new_session()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# AGENTWAL_TRACE_NONCES=FILE: every (key id, session, counter) is appended to FILE before it is
+# used (the nonce-reuse tests; O_APPEND, one write per seal, so processes may share the file).
+_trace_path = os.environ.get("AGENTWAL_TRACE_NONCES")
+_trace_fd = os.open(_trace_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if _trace_path else -1
+
+
+class Sealer:
+    """Seals and opens envelopes for one handle (thread-safe). `keys` None: no encryption;
+    `compression` None or "zstd"; `dictionaries`: trained zstd dictionaries (bytes) that frames
+    may name, the first also used to compress when `compression` is on."""
+
+    def __init__(self, keys: Keyring | None, compression: str | None = None, *,
+                 threshold: int = DEFAULT_THRESHOLD, dictionaries: Iterable[bytes] = (),
+                 require_encrypted: bool = False) -> None:
+        if compression not in (None, "zstd"):
+            raise ArgumentError(f"compression must be None or 'zstd', got {compression!r}")
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+            raise ArgumentError(f"compression_threshold must be an int >= 1, got {threshold!r}")
+        self.keys = keys
+        # An encrypted store holds only encrypted envelopes: an unencrypted one put in its place
+        # (a downgrade) is refused as damage, never returned.
+        self.require_encrypted = require_encrypted or keys is not None
+        self.compression = compression
+        self.threshold = threshold
+        self._dicts: dict[int, Any] = {}
+        self._dict: Any = None
+        dicts = list(dictionaries)
+        if compression or dicts:
+            zstd = _zstd()
+            for raw in dicts:
+                d = zstd.ZstdCompressionDict(bytes(raw))
+                if d.dict_id() == 0:
+                    raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+                self._dicts[d.dict_id()] = d
+                if self._dict is None:
+                    self._dict = d
+        self._local = threading.local()
+        self._compressors: list[Any] = []
+        self._opened: OrderedDict[bytes, Any] = OrderedDict()  # (key id + session) -> AEAD, bounded
+        self._opened_lock = threading.Lock()
+        self._session_lock = threading.Lock()
+        self._session: _Session | None = None
+        self._blob_key: tuple[bytes, bytes] | None = None
+        if keys is not None:
+            self._new_session()
+        _sealers.add(self)
+
+    @property
+    def encrypting(self) -> bool:
+        return self.keys is not None
+
+    def _new_session(self) -> None:
+        if self.keys is not None:
+            self._session = _Session(self.keys.current, self.keys.current_id)
+
+    def blob_name(self, data: bytes) -> bytes:
+        """The 32-byte name of a blob holding `data`: its SHA-256, or for an encrypted handle an
+        HMAC-SHA256 under a key derived from the current master key, so that a file name says
+        nothing about the content to whoever lacks the key (no confirming a guessed document)."""
+        if self.keys is None:
+            return hashlib.sha256(data).digest()
+        named = self._blob_key
+        if named is None or named[0] != self.keys.current_id:
+            from cryptography.hazmat.primitives import hashes  # noqa: PLC0415
+            from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
+
+            secret = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                          info=b"agentwal blob name v1").derive(self.keys.current)
+            named = self._blob_key = (self.keys.current_id, secret)
+        return hmac.new(named[1], data, hashlib.sha256).digest()
+
+    # ---- sealing ---------------------------------------------------------------------------
+
+    def seal(self, data: bytes, context: bytes) -> bytes:
+        """The envelope of `data`: compressed if that pays, encrypted if there are keys."""
+        codec = CODEC_PLAIN
+        body = data
+        if self.compression is not None and len(data) >= self.threshold:
+            pool = self._compressors
+            c = pool.pop() if pool else self._new_compressor()
+            try:
+                frame = c.compress(data)
+            finally:
+                pool.append(c)
+            if len(frame) < len(data):
+                codec, body = CODEC_ZSTD, frame
+        session = self._session
+        if session is None:
+            return bytes((codec,)) + body
+        n = next(session.counter)
+        if n >= SESSION_LIMIT:
+            with self._session_lock:
+                if self._session is session:
+                    self._new_session()
+            return self.seal(data, context)
+        counter = n.to_bytes(8, "little")
+        header = session.prefixes[codec] + counter
+        if _trace_fd >= 0:
+            os.write(_trace_fd, b"%s %s %d\n" % (session.key_id.hex().encode(), session.id.hex().encode(), n))
+        sealed: bytes = session.aead.encrypt(counter + b"\x00\x00\x00\x00", body, header + context)
+        return header + sealed
+
+    def _new_compressor(self) -> Any:
+        # A zstd context is not thread-safe and costs ~1 MB to make: a pool (list.pop/append are
+        # atomic under the GIL) lends each concurrent seal one and keeps them across threads.
+        return _zstd().ZstdCompressor(level=ZSTD_LEVEL, dict_data=self._dict, write_content_size=True,
+                                      write_checksum=self.keys is None)
+
+    # ---- opening ---------------------------------------------------------------------------
+
+    def open(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> bytes:
+        """The value sealed in `envelope`; `where()` names it for errors (MissingKeyError when its
+        key was not given, SealDamagedError when its bytes were changed)."""
+        if not envelope:
+            raise _damaged(where(), "empty (no codec byte)")
+        codec = envelope[0]
+        if codec == CODEC_PLAIN and not self.require_encrypted:
+            return envelope[1:]
+        if codec not in _CODECS:
+            raise _damaged(where(), f"unknown codec 0x{codec:02x}")
+        if self.require_encrypted and not codec & CODEC_ENCRYPTED:
+            raise _damaged(where(), "not encrypted, in an encrypted store (a value put in place of a ciphertext)")
+        body: bytes = envelope[1:]
+        if codec & CODEC_ENCRYPTED:
+            body = self._decrypt(envelope, context, where)
+        if codec & CODEC_ZSTD:
+            body = self._decompress(body, where)
+        return body
+
+    def _decrypt(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> bytes:
+        if len(envelope) < OVERHEAD:
+            raise _damaged(where(), f"an encrypted envelope of {len(envelope)} bytes (at least {OVERHEAD})")
+        kid = envelope[1:1 + KEY_ID_BYTES]
+        sid = envelope[1:HEADER_BYTES - COUNTER_BYTES]  # key id + session id
+        aead = self._opened.get(sid)
+        if aead is None:
+            aead = self._aead_for(kid, sid, where)
+        from cryptography.exceptions import InvalidTag  # noqa: PLC0415
+
+        header = envelope[:HEADER_BYTES]
+        try:
+            plain: bytes = aead.decrypt(envelope[HEADER_BYTES - COUNTER_BYTES:HEADER_BYTES] + b"\x00\x00\x00\x00",
+                                        envelope[HEADER_BYTES:], header + context)
+        except InvalidTag:
+            raise _damaged(where(), f"authentication failed (key id {kid.hex()}): its bytes were changed, "
+                                    "or it was moved from elsewhere") from None
+        return plain
+
+    def _aead_for(self, kid: bytes, sid: bytes, where: Callable[[], str]) -> Any:
+        keys = self.keys
+        master = keys.lookup(kid) if keys is not None else None
+        if master is None:
+            given = ", ".join(i.hex() for i in keys.ids) if keys is not None else "none"
+            raise MissingKeyError(
+                f"{where()} is encrypted under key id {kid.hex()}, which none of the keys given has (key ids: "
+                f"{given}): open with that key too (encryption=[current, old...] or a provider that knows it)",
+                key_id=kid.hex(), where=where())
+        aead = _aead(master, sid[KEY_ID_BYTES:])
+        with self._opened_lock:
+            self._opened[sid] = aead
+            if len(self._opened) > 4096:
+                self._opened.popitem(last=False)
+        return aead
+
+    def _decompress(self, frame: bytes, where: Callable[[], str]) -> bytes:
+        zstd = _zstd()
+        try:
+            params = zstd.get_frame_parameters(frame)
+        except zstd.ZstdError as exc:
+            raise _damaged(where(), f"not a zstd frame ({exc})") from None
+        # This writer always declares the size: a frame without one, or claiming more than any
+        # value may hold, is not one of ours and is never decompressed (no zstd bomb).
+        if params.content_size == zstd.CONTENTSIZE_UNKNOWN:
+            raise _damaged(where(), "a zstd frame that does not declare its size")
+        if params.content_size > MAX_PLAIN_BYTES:
+            raise _damaged(where(), f"a zstd frame claiming {params.content_size} bytes")
+        d = self._decompressor(params.dict_id, zstd, where)
+        try:
+            out: bytes = d.decompress(frame)
+        except zstd.ZstdError as exc:
+            raise _damaged(where(), f"its zstd frame does not decode ({exc})") from None
+        return out
+
+    def _decompressor(self, dict_id: int, zstd: Any, where: Callable[[], str]) -> Any:
+        cache = getattr(self._local, "d", None)
+        if cache is None:
+            cache = self._local.d = {}
+        d = cache.get(dict_id)
+        if d is None:
+            if dict_id and dict_id not in self._dicts:
+                raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id}, which was not given: "
+                                      "open with compression_dict= that dictionary", where=where())
+            d = cache[dict_id] = zstd.ZstdDecompressor(dict_data=self._dicts.get(dict_id))
+        return d
+
+
+def _damaged(where: str, what: str) -> SealDamagedError:
+    return SealDamagedError(f"{where} is damaged: {what}; it is not returned", reason="sealed value damaged")
+
+
+def parse(envelope: bytes) -> tuple[int, bytes, bytes, int] | None:
+    """(codec, key id, session, counter) of an encrypted envelope; None for an unencrypted one."""
+    if len(envelope) < OVERHEAD or not envelope[0] & CODEC_ENCRYPTED:
+        return None
+    return (envelope[0], envelope[1:9], envelope[9:25], int.from_bytes(envelope[25:33], "little"))
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard  # noqa: PLC0415 -- an optional dependency
+    except ImportError:
+        raise ArgumentError("compression='zstd' needs the 'zstandard' package: pip install 'agentwal[crypto]'") \
+            from None
+    return zstandard
+
+
+def train_dictionary(samples: Sequence[bytes], size: int = 16 << 10) -> bytes:
+    """A zstd dictionary trained on sample values (e.g. a few thousand real JSON values), for
+    ``wal.open(..., compression="zstd", compression_dict=...)``. Keep it as you keep the store:
+    every value compressed with it needs it to be read."""
+    zstd: zstandard = _zstd()  # type: ignore[valid-type]
+    return bytes(zstd.train_dictionary(size, list(samples)).as_bytes())  # type: ignore[attr-defined]

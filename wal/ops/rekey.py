@@ -1,0 +1,104 @@
+"""`agentwal rekey`: rewrite what an encrypted store holds under older keys with its current key.
+
+Rotation (wal/crypto/sealing.py, "Keys") puts new writes under the new key at once and reads old
+values while their key is given; this finishes it, so that the old keys can be retired:
+
+1. every value whose envelope names another key id is rewritten: read and opened with the keys
+   given, committed again (a transaction per `batch` keys, through the log like any commit) and
+   so sealed under the current key, in a new session;
+2. every blob file sealed under another key is sealed again under the current one (written to a
+   temporary file, fsynced, renamed over the old, the directory fsynced), its name kept;
+3. a checkpoint, after which recovery never replays a record written before it (so never needs
+   the old keys), and the log segments it releases are removed;
+4. the state is compacted (`agentwal compact`): LMDB's free pages, which still hold the old
+   ciphertexts, are returned to the filesystem;
+5. STORE lists only the current key's id: an open with only an old key is then refused as
+   `WrongKeyError`.
+
+What stays under the old keys: the records of the newest log segment written before the
+checkpoint (never read again; the segment goes once it is full and checkpointed), and objects
+an object archive already holds (a restore from them needs the old key; new snapshots are under
+the new one). The store stays open for the whole run; it is the store's writer (needs the lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any
+
+from wal._fs import fsync_dir
+from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_BLOB, KEY_ID_BYTES
+from wal.errors import ArgumentError
+from wal.ops.target import _writer_target, open_writer
+from wal.store.sealed import STORE_FIELD, read_meta
+from wal.store.store import STORE_FILE, Store, _write_store_file
+
+
+def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, Any]:
+    """Rewrite every value and blob not sealed under the current key (module docstring). The keys
+    come from `wal.ops.use_sealing(encryption=[current, old, ...])` (the command's --key-file)."""
+    target = _writer_target(path, False)
+    with open_writer(target, "rekey") as store:
+        sealer = getattr(store, "_sealer", None)
+        if sealer is None or sealer.keys is None:
+            raise ArgumentError(f"the store at {path} is not encrypted: there is nothing to rekey")
+        current = sealer.keys.current_id
+        stale = [k for k, env in Store.scan(store) if env[0] & CODEC_ENCRYPTED and env[1:1 + KEY_ID_BYTES] != current]
+        rewritten = 0
+        for i in range(0, len(stale), batch):
+            with store.transaction() as tx:
+                for key in stale[i:i + batch]:
+                    value = store.get(key)  # opened with the key its envelope names
+                    if value is not None:
+                        tx.put(key, value)
+                        rewritten += 1
+        blobs = _rekey_blobs(os.path.join(target.path, "blobs"), sealer)
+        applied = store.checkpoint()
+        result: dict[str, Any] = {"values_rewritten": rewritten, "blobs_rewritten": blobs, "key_id": current.hex(),
+                                  "applied_lsn": applied}
+        if compact:
+            result["compaction"] = store._compact_state()
+        meta = read_meta(target.path) or {}
+        before = list((meta.get(STORE_FIELD) or {}).get("key_ids") or [])
+        meta[STORE_FIELD] = {**(meta.get(STORE_FIELD) or {}), "key_ids": [current.hex()]}
+        _write_store_file(target.path, meta)
+        result["key_ids_retired"] = [i for i in before if i != current.hex()]
+    assert os.path.exists(os.path.join(target.path, STORE_FILE))
+    return result
+
+
+def _rekey_blobs(blob_dir: str, sealer: Any) -> int:
+    """Seal again, under the current key, every blob file sealed under another (name kept)."""
+    if not os.path.isdir(blob_dir):
+        return 0
+    current = sealer.keys.current_id
+    count = 0
+    for sub in sorted(os.listdir(blob_dir)):
+        folder = os.path.join(blob_dir, sub)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if name.endswith(".tmp") or len(name) != 64:
+                continue
+            with open(path, "rb") as f:
+                envelope = f.read()
+            if not envelope[:1] or not envelope[0] & CODEC_ENCRYPTED or envelope[1:1 + KEY_ID_BYTES] == current:
+                continue
+            context = CONTEXT_BLOB + bytes.fromhex(name)
+            data = sealer.open(envelope, context, lambda p=path: f"the blob file {p}")
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(sealer.seal(data, context))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            fsync_dir(folder)
+            count += 1
+    return count

@@ -1,0 +1,301 @@
+"""Sealed stores: `wal.open(path, encryption=..., compression="zstd")` (FORMAT.md §19).
+
+Where the sealing happens, and why there. A value is sealed once, at the API, before it enters
+the commit path: the log record carries the envelope, the overlay and LMDB hold the same bytes,
+and a read opens them. The write path pays one zstd call and one AEAD call per value and nothing
+else: the C commit path, group commit, the materializer, replay, checkpoints, snapshots shipped
+to an archive and restores all move envelopes as opaque bytes, so each of them keeps its proofs
+unchanged and none of them sees plaintext. Sealing in the log writer instead would encrypt each
+value twice (the log record, then the state entry) and put plaintext in the overlay and the
+apply queue.
+
+A store is *sealed* from its creation (STORE says so, FORMAT.md §14) or never: then every value
+of it is an envelope and no value needs a version test to tell which it is. An *encrypted*
+store is encrypted from its creation too, and holds only encrypted envelopes (an unencrypted one
+is refused as damage: no downgrade). Compression may be switched on and off at any open;
+the envelope says which codec made each value. A store created plain is moved to a sealed one
+by export and import (`agentwal export` / `agentwal import --encryption-key-file`).
+
+The classes here are mixed in front of `wal.Store` (or the archive's `ArchivedStore`): they
+override the public reads and writes only, sealing on the way in and opening on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from wal.crypto.sealing import CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
+from wal.errors import ArgumentError, MissingKeyError, WrongKeyError
+
+if TYPE_CHECKING:
+    from wal.store.snapshot import Snapshot
+    from wal.store.store import Store, Transaction
+
+STORE_FIELD = "sealed"  # the STORE file's object for a sealed store: {"encrypted", "key_ids"}
+
+
+class SealingPlan:
+    """What one open of a sealed store needs: its Sealer, and the STORE fields to write under
+    the log's lock (`before_open`). Made by `plan` before anything is opened."""
+
+    def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool) -> None:
+        self.root = root
+        self.sealer = sealer
+        self.new = new
+        self.readonly = readonly
+
+    def before_open(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Called with the STORE file's JSON ({} for a store being created) under the log's lock,
+        before anything is written; returns the JSON it must hold. A store created by this open becomes
+        sealed; an encrypted one lists the current key's id before anything is written under it."""
+        sealed = meta.get(STORE_FIELD)
+        keys = self.sealer.keys
+        if not isinstance(sealed, dict):
+            if not self.new:
+                raise ArgumentError(_NOT_SEALED.format(root=self.root))
+            sealed = {"encrypted": keys is not None, "key_ids": []}
+        ids = list(sealed.get("key_ids") or [])
+        if keys is not None and keys.current_id.hex() not in ids:
+            ids.append(keys.current_id.hex())
+        return {**meta, STORE_FIELD: {"encrypted": bool(sealed.get("encrypted")), "key_ids": ids}}
+
+    def store_class(self, base: type[Store]) -> type[Store]:
+        return _sealed_class(base)
+
+    def attach(self, store: Store) -> None:
+        store._sealer = self.sealer  # type: ignore[attr-defined]
+
+
+_NOT_SEALED = ("the store at {root} was created without encryption or compression, so its values are "
+               "stored as they are: it cannot be opened with encryption= or compression=. Copy it into a new "
+               "store that has them: `agentwal export {root} -o all.jsonl`, then `agentwal import NEW all.jsonl "
+               "--create` with the same options")
+
+
+def read_meta(root: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(root, "STORE"), "rb") as f:
+            meta = json.loads(f.read(1 << 16))
+    except (OSError, ValueError, RecursionError):
+        return None  # missing: a new store; unreadable: the store's own check says so
+    return meta if isinstance(meta, dict) else None
+
+
+def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression: str | None,
+         compression_threshold: int | None, compression_dict: bytes | Sequence[bytes] | None) -> SealingPlan | None:
+    """The sealing of an open of the store at `root`, or None for a plain store opened plainly.
+
+    Refuses, before anything is opened: a sealed option on a store created plain
+    (ArgumentError), an encrypted store without a key (MissingKeyError), and keys none of which
+    the store's data is encrypted under (WrongKeyError)."""
+    meta = read_meta(root)
+    sealed = meta.get(STORE_FIELD) if meta is not None else None
+    wanted = encryption is not None or compression is not None or compression_dict is not None
+    if not isinstance(sealed, dict):
+        if not wanted:
+            return None
+        if meta is not None:
+            raise ArgumentError(_NOT_SEALED.format(root=root))
+        if readonly:
+            raise ArgumentError(f"no agentwal store at {root} to open read-only")
+        sealed = {}
+    options = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
+               "compression_dict": compression_dict}
+    sealer = sealer_for(sealed, options, f"the store at {root}", where=root)
+    keys = sealer.keys
+    encrypted = bool(sealed.get("encrypted"))
+    stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
+    if meta is not None and keys is not None and not encrypted:
+        raise ArgumentError(f"the store at {root} was created without encryption: its values are not encrypted, and "
+                            "encryption cannot be turned on for it. " + _NOT_SEALED.format(root=root).split(". ", 1)[1])
+    if keys is not None and stored:
+        known = {i.hex() for i in keys.ids}
+        if not known & set(stored) and keys.has_provider:  # it may know older ids than the current one
+            known |= {i for i in stored if keys.lookup(bytes.fromhex(i)) is not None}
+        if not known & set(stored):
+            raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
+                                f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
+                                key_id=stored[-1], where=root)
+    return SealingPlan(root, sealer, new=meta is None, readonly=readonly)
+
+
+def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where: str | None = None) -> Sealer:
+    """The Sealer of a handle on something sealed as `sealed` says (STORE's "sealed" object, or an
+    archive's manifest), with the caller's `options` (encryption, compression,
+    compression_threshold, compression_dict); MissingKeyError if it is encrypted and no key is given."""
+    unknown = set(options) - {"encryption", "compression", "compression_threshold", "compression_dict"}
+    if unknown:
+        raise ArgumentError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    encryption = options.get("encryption")
+    keys = Keyring(encryption) if encryption is not None else None
+    encrypted = bool(sealed.get("encrypted"))
+    if encrypted and keys is None:
+        stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
+        raise MissingKeyError(f"{what} is encrypted{' (key ids ' + ', '.join(stored) + ')' if stored else ''}: open "
+                              "it with encryption=KEY (or a key provider)", key_id=stored[0] if stored else None,
+                              where=where or what)
+    zdict = options.get("compression_dict")
+    dicts: list[bytes]
+    if zdict is None:
+        dicts = []
+    elif isinstance(zdict, bytes | bytearray | memoryview):
+        dicts = [bytes(zdict)]
+    else:
+        dicts = [bytes(d) for d in zdict]
+    return Sealer(keys, options.get("compression"), threshold=options.get("compression_threshold") or DEFAULT_THRESHOLD,
+                  dictionaries=dicts, require_encrypted=encrypted)
+
+
+# ---- the store's public reads and writes, sealed --------------------------------------------------
+
+
+def _ctx(key: bytes) -> bytes:
+    return CONTEXT_VALUE + key
+
+
+class _Where:
+    """Names a value for errors, lazily (built only when one is raised)."""
+
+    __slots__ = ("key", "path")
+
+    def __init__(self, path: str, key: bytes) -> None:
+        self.path = path
+        self.key = key
+
+    def __call__(self) -> str:
+        return f"the value of key {self.key!r} in the store at {self.path}"
+
+
+def _sealed_class(base: type[Store]) -> type[Store]:
+    cached = _classes.get(base)
+    if cached is not None:
+        return cached
+    from wal.store import store as plain  # noqa: PLC0415 -- wal.store.store imports this module
+
+    _key, _value = plain._key, plain._value  # the store's own argument checks
+
+    class SealedTransaction(plain.Transaction):
+        _store: Any
+
+        def put(self, key: bytes | str, value: bytes, *, if_version: int | None = None) -> None:
+            k = _key(key)
+            super().put(k, self._store._sealer.seal(_value(value), _ctx(k)), if_version=if_version)
+
+        def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+            k = _key(key)
+            v = super().get(k, None)
+            return default if v is None else self._store._unseal(k, v)
+
+    class Sealed(base):  # type: ignore[valid-type, misc]
+        _sealer: Sealer
+
+        def _unseal(self, key: bytes, envelope: bytes) -> bytes:
+            return self._sealer.open(envelope, _ctx(key), _Where(self._path, key))
+
+        def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
+            k = _key(key)
+            v = self._sealer.seal(_value(value), _ctx(k))
+            if durability is None:
+                return int(super().put(k, v))  # the C path, when the base takes it
+            return int(super().put(k, v, durability=durability))
+
+        async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
+            k = _key(key)
+            return int(await super().aput(k, self._sealer.seal(_value(value), _ctx(k)), durability=durability))
+
+        def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+            k = _key(key)
+            v = super().get(k)
+            return default if v is None else self._unseal(k, v)
+
+        def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
+            ks = [_key(k) for k in keys]
+            return [default if v is None else self._unseal(k, v) for k, v in zip(ks, super().get_many(ks), strict=True)]
+
+        def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
+            return _opened_scan(super().scan(prefix), self._unseal)
+
+        def snapshot(self) -> Snapshot:
+            return _SealedSnapshot(super().snapshot(), self._unseal)  # type: ignore[return-value]
+
+        def transaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None, *,
+                        serializable: bool = False) -> Transaction:
+            tx: Transaction = super().transaction(durability, idempotency_key, serializable=serializable)
+            tx.__class__ = SealedTransaction  # the same object, its put and get sealed
+            return tx
+
+        def _update_step(self, key: bytes, fn: Callable[[bytes | None], bytes | None]) -> Any:
+            written: list[bytes | None] = [None]
+
+            def opened(envelope: bytes | None) -> bytes | None:
+                new = written[0] = fn(None if envelope is None else self._unseal(key, envelope))
+                return None if new is None else self._sealer.seal(_value(new), _ctx(key))
+
+            txn, checks, _ = super()._update_step(key, opened)
+            return txn, checks, written[0]  # `update` returns the caller's value, not its envelope
+
+        def stats(self) -> dict[str, Any]:
+            out: dict[str, Any] = super().stats()
+            out["encryption"] = self._sealer.encrypting
+            out["compression"] = self._sealer.compression
+            return out
+
+    Sealed.__name__ = Sealed.__qualname__ = "Sealed" + base.__name__
+    _classes[base] = Sealed
+    return Sealed
+
+
+_classes: dict[type, type] = {}
+
+
+def _opened_scan(inner: Iterator[tuple[bytes, bytes]],
+                 open_: Callable[[bytes, bytes], bytes]) -> Iterator[tuple[bytes, bytes]]:
+    try:
+        for k, v in inner:
+            yield k, open_(k, v)
+    finally:
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()  # ends the scan's LMDB read transaction with ours
+
+
+class _SealedSnapshot:
+    """`Store.snapshot()` of a sealed store: the same snapshot, its values opened."""
+
+    def __init__(self, snap: Snapshot, open_: Callable[[bytes, bytes], bytes]) -> None:
+        self._snap = snap
+        self._open_value = open_
+        self.lsn = snap.lsn
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        k = self._snap._key(key)
+        v = self._snap.get(k)
+        return default if v is None else self._open_value(k, v)
+
+    def version(self, key: bytes | str) -> int | None:
+        return self._snap.version(key)
+
+    def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
+        return [self.get(k, default) for k in keys]
+
+    def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
+        return _opened_scan(self._snap.scan(prefix), self._open_value)
+
+    def close(self) -> None:
+        self._snap.close()
+
+    def __enter__(self) -> _SealedSnapshot:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._snap).replace("<wal.Snapshot", "<wal.Snapshot (sealed)")
+
+
+__all__ = ["SealingPlan", "key_id", "plan", "read_meta"]
