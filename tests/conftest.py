@@ -16,9 +16,9 @@ Calls = Sequence[tuple[str, Callable[[], object]]]
 # runs them by themselves, after the rest of the suite ran on every core, so that no other test
 # competes with them for the CPU and a bound they report is the store's, not the machine's load.
 ALONE_MODULES = frozenset({
-    "test_archive_faults", "test_crash_kill", "test_crash_powercut", "test_crashtest_cli", "test_crashtest_machine_loss",
-    "test_demo",
-    "test_log_commit", "test_log_kill", "test_space", "test_state_checkpoint", "test_store_processes",
+    "test_archive_faults", "test_crash_kill", "test_crash_powercut", "test_crashtest_cli",
+    "test_crashtest_machine_loss", "test_demo", "test_log_commit", "test_log_kill", "test_space",
+    "test_state_checkpoint", "test_store_processes",
 })
 
 
