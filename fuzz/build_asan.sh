@@ -52,7 +52,9 @@ pip install --quiet "atheris>=2.3" "cffi>=1.16" "lmdb>=1.4" "crcmod>=1.7" "setup
 src="$(mktemp -d)"
 trap 'rm -rf "$src"' EXIT
 cp -r "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/README.md" "$ROOT/native" "$ROOT/wal" "$src/"
-rm -f "$src"/wal/_native*.so "$src"/wal/_native.c
+# No built module of the tree comes along (an editable build may be writing them right now).
+find "$src/wal" -name "*.so" -delete
+rm -f "$src"/wal/_native.c
 AGENTWAL_CFLAGS="$SAN_CFLAGS" AGENTWAL_LDFLAGS="" \
     pip install --quiet --no-deps --force-reinstall --no-build-isolation "$src"
 

@@ -13,7 +13,7 @@ is recovered and handed to the oracle (`wal.drill.crashtest.Oracle`, explained i
 * I4: a child killed during its recovery leaves what a second recovery turns into exactly the
   state a clean recovery gave (digest of every key, version and value).
 
-Quick profile: 20 kills per level and thread count. AGENTWAL_LONG=1: 300 (hundreds of kills with
+Quick profile: 14 kills per level and thread count. AGENTWAL_LONG=1: 300 (hundreds of kills with
 zero violations is the bar). The second half checks the oracle itself on made-up states: each
 kind of violation it must report.
 """
@@ -29,7 +29,7 @@ from wal.drill import crashtest
 from wal.drill.crashtest import Ack, ChildOutput, Oracle, Recovered, txn_ops
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")
-KILLS = 300 if LONG else 20
+KILLS = 300 if LONG else 14
 SEED = int(os.environ.get("AGENTWAL_CRASH_SEED", "20261122"))
 LEVELS = [("sync", 0), ("interval", 50), ("buffered", 50)]
 

@@ -11,7 +11,7 @@ log (recovering whatever the kill left) and checks the oracle:
 
 At ``sync`` and at ``interval`` a process kill loses nothing (README, "Durability levels"). The
 kill moments come from a seeded random generator, so a failure is replayable.
-Quick profile: 20 kills per variant; AGENTWAL_LONG=1: 300.
+Quick profile: 14 kills per variant; AGENTWAL_LONG=1: 300.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path.insert(0, str(HELPERS))
 from kill_child import make_payload, parse_payload  # noqa: E402
 
 LONG = os.environ.get("AGENTWAL_LONG", "") not in ("", "0")  # as the other crash tests read it
-KILLS = 300 if LONG else 20
+KILLS = 300 if LONG else 14
 SEGMENT_BYTES = 64 << 10  # small: kills land during segment rolls too
 
 
