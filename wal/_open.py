@@ -50,25 +50,24 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
 
     encryption (a 32-byte key, keys with the current one first, or a key provider), compression
     ("zstd"), compression_threshold and compression_dict: a sealed store (wal/store/sealed.py)."""
-    sealing = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
-               "compression_dict": compression_dict}
+    options: dict[str, Any] = {
+        "durability": durability, "rpo_ms": rpo_ms, "recovery": recovery, "segment_bytes": segment_bytes,
+        "checkpoint_bytes": checkpoint_bytes, "idempotency_ttl_s": idempotency_ttl_s,
+        "apply_interval_ms": apply_interval_ms, "max_unapplied": max_unapplied, "preallocate": preallocate,
+        "encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
+        "compression_dict": compression_dict,
+    }
     try:
         if is_archive_url(archive) and not readonly:
             from wal.archive.store import open_archived  # noqa: PLC0415
 
-            return open_archived(path, archive, archive_options, durability=durability, rpo_ms=rpo_ms,
-                                 recovery=recovery, segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes,
-                                 idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                                 max_unapplied=max_unapplied, preallocate=preallocate, **sealing)
+            return open_archived(path, archive, archive_options, **options)
         if archive_options:
             raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
                                 "(archive='s3://...' or 'file:///...'), or unknown")
         if is_archive_url(archive):
             archive = False  # read-only: nothing to ship
-        return open_local(path, durability=durability, rpo_ms=rpo_ms, readonly=readonly, recovery=recovery,
-                          segment_bytes=segment_bytes, checkpoint_bytes=checkpoint_bytes, archive=archive,
-                          idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
-                          max_unapplied=max_unapplied, preallocate=preallocate, **sealing)
+        return open_local(path, readonly=readonly, archive=archive, **options)
     except WalError:
         raise
     except OSError as exc:
