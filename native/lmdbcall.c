@@ -1379,6 +1379,10 @@ static Py_ssize_t *put_order(const EnvObject *e, const batch_items *b) {
     }
     if (!large) goto none;
     qsort(s, (size_t)n, sizeof *s, put_slot_cmp);
+    /* Reordering is only sound for distinct keys (the materializer's batches are collapsed to each
+     * key's last write); a batch that writes a key twice keeps its order, so its last write wins. */
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (put_slot_cmp(s + i - 1, s + i) == 0) goto none;
     for (Py_ssize_t i = 0; i < n;) {
         if (i + 2 < n && pmax / max_room(s + i, 3) == 3) {
             gap[i + 1] = 1;
@@ -1410,8 +1414,8 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     int rc = M.cursor_open(txn, e->dbs[DB_DATA], &cur);
     *where = "mdb_cursor_open";
     if (rc != 0) return rc;
-    /* Only each key's last write reaches here (collapsed in C, wal/log/record.py): distinct keys,
-     * whose order is put_order's. */
+    /* The materializer's batches hold each key's last write only (collapsed in C,
+     * wal/log/record.py): distinct keys, written in put_order's order when it gives one. */
     Py_ssize_t *order = put_order(e, b);
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(b->puts); i++) {
         PyObject *it = PyTuple_GET_ITEM(b->puts, order != NULL ? order[i] : i);

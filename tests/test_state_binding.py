@@ -496,3 +496,18 @@ def test_the_background_thread_really_runs_at_nice_19(tmp_path: Path) -> None:
     finally:
         st.close()
         log.close()
+
+
+def test_a_batch_that_writes_a_key_twice_keeps_its_last_write_whatever_the_put_order(tmp_path: Path) -> None:
+    """The apply reorders a batch's large puts to fill leaf pages (native/lmdbcall.c, put_order);
+    that is sound for distinct keys only, so a batch that writes one key twice is written as given."""
+    st = State(str(tmp_path / "state"))
+    try:
+        big = 1500  # large enough for put_order to reorder (at most three entries to a page)
+        puts = [(b"k%03d" % i, (1).to_bytes(8, "little") + bytes([i]) * big) for i in range(9)]
+        puts.append((b"k004", (1).to_bytes(8, "little") + b"last" * (big // 4)))
+        assert st.apply((1, 1, 1, puts, [], []), lambda: 1) == 1
+        assert st.get(b"k004") == (1, b"last" * (big // 4))
+        assert st.get(b"k005") == (1, bytes([5]) * big)
+    finally:
+        st.close()
