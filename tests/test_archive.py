@@ -443,7 +443,8 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
     # Damage: verify exits 1 and names the object.
     objects = FileObjects(urlparse(url).path)
     name = names(url, layout.LOG_PREFIX)[0]
-    objects.put(name, objects.get(name)[:-1] + b"\0", create_only=False)
+    data = objects.get(name)
+    objects.put(name, data[:-1] + bytes([data[-1] ^ 0xFF]), create_only=False)  # the last byte flipped
     assert main(["verify", url]) == 1
     assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
     assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1
