@@ -38,8 +38,8 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Piece, cover
-from wal.archive.restore import restore
+from wal.archive.plan import Chain, Piece, beyond, list_archive, unfinished_tail
+from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
 from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError
@@ -53,7 +53,7 @@ class Follower:
     """A read-only store following an archive (see the module docstring). Thread-safe reads."""
 
     def __init__(self, objects: ObjectStore, directory: str, *, poll_ms: int, parallel: int,
-                 sealing: dict[str, Any] | None = None) -> None:
+                 sealing: dict[str, Any] | None = None, writer: bytes | None = None) -> None:
         self._objects = objects
         self._dir = directory
         self._poll = poll_ms / 1000
@@ -61,6 +61,9 @@ class Follower:
         self._sealing = sealing or {}  # a sealed store's wal.open options (encryption=, ...)
         self._store: Store | None = open_local(directory, **self._sealing)
         self._pos = self._store.watermarks.durable
+        # The writer_id of the archive object ending at _pos (plan.Chain): known after a restore
+        # and after each object applied; None after a restart until `_anchor` finds it.
+        self._writer = writer
         self._end_seen = self._pos
         self._caught_up_at = time.monotonic()
         self._error: str | None = None
@@ -158,34 +161,61 @@ class Follower:
             store = self._live()
             started = time.monotonic()
             self._polls += 1
-            pieces = self._list_new(full_merged=False)
-            plan, gap = cover(pieces, self._pos)
-            if gap is not None or (not plan and pieces):
-                pieces = self._list_new(full_merged=True)
-                plan, gap = cover(pieces, self._pos)
+            if self._writer is None:
+                self._writer = self._anchor()
             applied = 0
-            for piece in plan:
+            for full_merged in (False, True):
+                pieces = self._list_new(full_merged=full_merged)
+                chain = Chain(self._objects, pieces, self._pos, self._writer)
                 try:
-                    data = self._objects.get(piece.name)
+                    for obj in chain:
+                        fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
+                        _append(store, fresh)
+                        applied += len(fresh)
+                        self._pos, self._writer = obj.last, obj.writer_id
+                        self._end_seen = max(self._end_seen, obj.last)
                 except ObjectMissingError:
-                    break  # merged away meanwhile: the next poll finds the merged object
-                obj = layout.decode_log(data, piece.name)
-                if obj.first > self._pos + 1:
+                    return applied  # merged away meanwhile: the next poll finds the merged object
+                past = beyond(pieces, self._pos)
+                if not past:
                     break
-                fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
-                _append(store, fresh)
-                applied += len(fresh)
-                self._pos = max(self._pos, obj.last)
-                self._end_seen = max(self._end_seen, obj.last)
-            if gap is not None:
-                later = min((p.first for p in pieces if p.first > gap), default=gap)
-                self._end_seen = max(self._end_seen, later)
-                raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {gap}..{later - 1}; "
-                                      f"the follower in {self._dir} stays at LSN {self._pos}",
-                                      path=self._objects.url, lsn=gap, reason="archive gap")
+            tail = unfinished_tail(self._objects, past, self._pos, chain.heads) if past else None
+            if past and tail is None:
+                later = past[0].first
+                self._end_seen = max(self._end_seen, later - 1)
+                raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {self._pos + 1}.."
+                                      f"{later - 1}; the follower in {self._dir} stays at LSN {self._pos}",
+                                      path=self._objects.url, lsn=self._pos + 1, reason="archive gap")
+            # Past the end: objects of the writer stored while one before them is still in flight
+            # (they count in the lag), or strays of a fenced writer (they never will).
+            for piece in tail or ():
+                head = chain.heads.get(piece.name)
+                if head is not None and head.writer_id == self._writer:
+                    self._end_seen = max(self._end_seen, head.last)
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
+
+    def _anchor(self) -> bytes | None:
+        """The writer_id of the archive object ending at this follower's LSN (after a restart):
+        the chain from the newest snapshot at or before it (whose writer it goes on with), read
+        up to it. None if the archive no longer reaches back there (nothing is passed over then)."""
+        listing = list_archive(self._objects)
+        snaps = [s for s in listing.snapshots if s[0] <= self._pos]
+        if snaps:
+            lsn, name = snaps[-1]
+            writer: bytes | None = layout.decode_snapshot(self._objects.get(name), name).writer_id
+        elif any(p.first == 1 for p in listing.logs):
+            lsn, writer = 0, b""
+        else:
+            return None
+        if lsn == self._pos:
+            return writer
+        chain = Chain(self._objects, listing.logs, lsn, writer, upto=self._pos)
+        for obj in chain:
+            if obj.last >= self._pos:
+                return obj.writer_id
+        return None
 
     def promote(self, **open_kwargs: Any) -> Store:
         """Make this follower the archive's writer: catch up, fence the old primary (create-only
@@ -205,7 +235,10 @@ class Follower:
                 self._objects.put(layout.log_name(nxt), layout.encode_log([(nxt, payload)], os.urandom(16)),
                                   create_only=True)
             except ObjectExistsError:
-                continue  # the old primary shipped more: catch up, try again
+                # The old primary shipped more (catch up, try again), or the name is taken by a
+                # stray (FORMAT.md §18): delete it, try again.
+                self._delete_stray(nxt)
+                continue
             if self._overtaken(nxt):
                 # The old primary shipped nxt and merged its group object away before our PUT
                 # (the listing missed it): the name fences nothing. Withdraw, catch up, retry.
@@ -223,6 +256,19 @@ class Follower:
         self._store = None
         options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
         return open_archived(self._dir, self._objects, options, **{**self._sealing, **open_kwargs})
+
+    def _delete_stray(self, lsn: int) -> None:
+        """``log/<lsn>.wal``, just after this follower's chain, if it is a stray: sent with an
+        object of its writer in flight (behind >= 1) while the object ending at lsn - 1, which
+        this follower applied, is another writer's. Its writer was fenced; the chain can never
+        go on with it."""
+        name = layout.log_name(lsn)
+        try:
+            obj = layout.decode_log(self._objects.get(name), name)
+        except (ObjectMissingError, CorruptionError):
+            return
+        if obj.behind and self._writer is not None and obj.writer_id != self._writer:
+            self._objects.delete(name)
 
     def _overtaken(self, lsn: int) -> bool:
         """Does the archive hold LSN `lsn` in an object other than the fence just written? The
@@ -294,6 +340,7 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
     `sealing`: a sealed store's `wal.open` options (encryption=, compression=, ...)."""
     objects, _ = for_reading(open_objects(url), sealing)
     root = os.fspath(directory)
+    writer = None
     if not os.path.exists(os.path.join(root, "STORE")):
-        restore(objects, root, parallel=parallel, **sealing)
-    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing)
+        _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
+    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer)

@@ -40,6 +40,12 @@ BEHIND_MASK = 0x7
 LOG_MAGIC = b"AGWALLOG"
 SNAP_MAGIC = b"AGWALSNP"
 VERSION = 1
+# A log object with behind >= 1 is written as version 2: it belongs to the archive only if the
+# object before it in the chain has its writer_id (FORMAT.md §18, "Chain"), a rule a reader of
+# version 1 does not know, so such a reader refuses the object instead of taking it blindly.
+# Objects with behind 0 (every object of a writer with one PUT in flight, merged objects, fence
+# objects) stay version 1, readable by every agentwal.
+LOG_VERSIONS = (1, 2)
 # magic, version, flags, count, first_lsn, last_lsn, min_time_ms, max_time_ms, writer_id
 _LOG_HEADER = struct.Struct("<8sHHIQQQQ16s")
 # magic, version, flags, reserved, lsn, taken_ms, entries, writer_id, reserved
@@ -115,8 +121,8 @@ def encode_log(records: list[tuple[int, bytes]], writer_id: bytes, behind: int =
     first, last = records[0][0], records[-1][0]
     assert last - first + 1 == len(records), "records must be consecutive"
     times = [time_of(p) for _, p in records]
-    parts = [_LOG_HEADER.pack(LOG_MAGIC, VERSION, behind, len(records), first, last, min(times), max(times),
-                              writer_id)]
+    parts = [_LOG_HEADER.pack(LOG_MAGIC, 2 if behind else 1, behind, len(records), first, last, min(times),
+                              max(times), writer_id)]
     for lsn, payload in records:
         head = struct.pack("<QI", lsn, len(payload))
         parts.append(_REC.pack(lsn, len(payload), _crc(head, payload)))
@@ -148,9 +154,9 @@ def decode_log(data: bytes, name: str) -> LogObject:
     lsns = f"{first}..{last}"
     if magic != LOG_MAGIC:
         raise _damaged(name, f"bad magic {magic!r}", hint)
-    if version != VERSION:
+    if version not in LOG_VERSIONS:
         raise CorruptionError(f"archive object {name} has format version {version}; this agentwal reads "
-                              f"{VERSION}", path=name, reason="archive version")
+                              f"{' and '.join(map(str, LOG_VERSIONS))}", path=name, reason="archive version")
     if parsed is None or parsed.first != first or (parsed.last is not None and parsed.last != last) \
             or last - first + 1 != count:
         raise _damaged(name, f"its header (LSNs {lsns}, {count} records) disagrees with its name", hint)

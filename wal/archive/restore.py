@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
-from wal.archive.plan import Listing, Piece, cover, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Listing, Piece, beyond, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
 
@@ -132,100 +132,60 @@ def _iso(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).isoformat()
 
 
-class _TailReached(Exception):  # noqa: N818 -- a signal inside collect, never raised out of it
-    def __init__(self, tail: list[Piece], gap_end: int) -> None:
-        super().__init__()
-        self.tail = tail
-        self.gap_end = gap_end
-
-
 def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | None, time_ms: int | None,
-            parallel: int, progress: Progress | None,
-            tail_out: list[Piece] | None = None) -> tuple[list[tuple[int, bytes]], int, int]:
+            parallel: int, progress: Progress | None, writer: bytes | None = b"",
+            tail_out: list[Piece] | None = None) -> tuple[list[tuple[int, bytes]], int, int, bytes | None]:
     """Verified records after+1.. (to `upto` / to the last commit at or before time_ms / to the
-    end), the number of objects and bytes downloaded. CorruptionError on damage or a gap.
-    An unfinished tail past the end (module docstring) goes into `tail_out`."""
+    end) along the chain (`plan.Chain`; `writer`: the writer_id of the snapshot or object ending
+    at `after`), the number of objects and bytes downloaded, and the writer_id of the last
+    object used (else `writer`). CorruptionError on damage or a gap. Unfinished tails and strays
+    past the end (module docstring) go into `tail_out`."""
     records: list[tuple[int, bytes]] = []
-    tally = {"objects": 0, "bytes": 0}
-    reached = False  # stopped at the target, before any gap
+    chain = Chain(objects, listing.logs, after, writer, upto=upto,
+                  fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
+    reached = False  # stopped at the target
     for attempt in range(_REPLANS + 1):
         try:
-            reached = _collect_planned(objects, listing, records, after, upto=upto, time_ms=time_ms,
-                                       parallel=parallel, progress=progress, tally=tally)
+            for obj in chain:
+                for lsn, payload in obj.records:
+                    if lsn <= (records[-1][0] if records else after):
+                        continue
+                    if (upto is not None and lsn > upto) or (time_ms is not None and layout.time_of(payload) > time_ms):
+                        reached = True
+                        break
+                    records.append((lsn, payload))
+                if reached:
+                    break
             break
-        except _TailReached as stop:
-            pos = records[-1][0] if records else after
-            if upto is not None and upto > pos:
-                raise ArgumentError(
-                    f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN {pos}: LSNs "
-                    f"{pos + 1}..{stop.gap_end} are missing (its writer stopped with PUTs in flight), and "
-                    f"{len(stop.tail)} object(s) past them are that writer's unfinished tail") from None
-            if tail_out is not None:
-                tail_out.extend(stop.tail)
-            return records, tally["objects"], tally["bytes"]
         except ObjectMissingError:
             # Merged away (or removed by retention) between the listing and the download: list
-            # again and go on from the last record already verified.
+            # again and go on from the last object verified.
             if attempt == _REPLANS:
                 raise
             listing = list_archive(objects)
+            chain.relist(listing.logs)
     pos = records[-1][0] if records else after
-    count, nbytes = tally["objects"], tally["bytes"]
-    end_known = pos
-    if upto is not None and end_known >= upto:
-        reached = True
-    _, gap = cover(listing.logs, pos)
-    if gap is not None and not reached:
-        later = min((p.first for p in listing.logs if p.first > gap), default=gap)
-        raise CorruptionError(f"the archive {objects.url} is missing LSNs {gap}..{later - 1}: no object holds "
+    found = (chain.fetched, chain.bytes, chain.writer)
+    if reached or (upto is not None and pos >= upto):
+        return records, *found
+    past = beyond(listing.logs, pos)
+    tail = unfinished_tail(objects, listing.logs, pos, chain.heads) if past else None
+    if past and tail is None:
+        later = min(p.first for p in past)
+        raise CorruptionError(f"the archive {objects.url} is missing LSNs {pos + 1}..{later - 1}: no object holds "
                               "them; restore refused (restore to an LSN before the gap with lsn=)",
-                              path=objects.url, lsn=gap, reason="archive gap")
-    if upto is not None and end_known < upto:
-        tail = unfinished_tail(objects, listing.logs, end_known)
-        beyond = (f": LSNs {end_known + 1}..{tail[0].first - 1} are missing (its writer stopped with PUTs in "
-                  f"flight), and {len(tail)} object(s) past them are that writer's unfinished tail" if tail else "")
+                              path=objects.url, lsn=pos + 1, reason="archive gap")
+    if upto is not None:
+        beyond_end = (f": LSNs {pos + 1}..{tail[0].first - 1} are missing and {len(tail)} object(s) past them "
+                      "are an unfinished tail (of a writer stopped, or fenced, with PUTs in flight)" if tail else "")
         raise ArgumentError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
-                            f"{end_known}{beyond}")
-    return records, count, nbytes
+                            f"{pos}{beyond_end}")
+    if tail_out is not None and tail:
+        tail_out.extend(tail)
+    return records, *found
 
 
 _REPLANS = 5
-
-
-def _collect_planned(objects: ObjectStore, listing: Listing, records: list[tuple[int, bytes]], after: int, *,
-                     upto: int | None, time_ms: int | None, parallel: int, progress: Progress | None,
-                     tally: dict[str, int]) -> bool:
-    """One pass of `collect` over the plan from `listing`, from the last record in `records`
-    (else `after`); appends verified records. Returns whether it stopped at the target."""
-    pos = records[-1][0] if records else after
-    pieces, _ = cover(listing.logs, pos)
-    if upto is not None:
-        pieces = [p for p in pieces if p.first <= upto]
-    reached = False
-    for piece, data in _fetch_all(objects, pieces, parallel, progress):
-        tally["objects"] += 1
-        tally["bytes"] += len(data)
-        obj = layout.decode_log(data, piece.name)
-        if obj.first > pos + 1:
-            tail = unfinished_tail(objects, listing.logs, pos)
-            if tail is not None:
-                raise _TailReached(tail, obj.first - 1)
-            raise CorruptionError(f"the archive {objects.url} is missing LSNs {pos + 1}..{obj.first - 1} "
-                                  f"(between {piece.name} and the object before it); restore refused",
-                                  path=objects.url, lsn=pos + 1, reason="archive gap")
-        stop = False
-        for lsn, payload in obj.records:
-            if lsn <= pos:
-                continue
-            if (upto is not None and lsn > upto) or (time_ms is not None and layout.time_of(payload) > time_ms):
-                stop = True
-                break
-            records.append((lsn, payload))
-            pos = lsn
-        if stop:
-            reached = True
-            break
-    return reached
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
@@ -235,6 +195,14 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     aware datetime or ISO 8601 string: every commit made at or before it), or to its end.
     `sealing`: the `wal.open` options of a sealed store (encryption=, compression=, ...): an
     encrypted archive needs its key, and the store restored is sealed as the one that shipped."""
+    return restore_chain(url, directory, lsn=lsn, time=time, parallel=parallel, progress=progress, **sealing)[0]
+
+
+def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
+                  time: Any = None, parallel: int = 16, progress: Progress | None = None,
+                  **sealing: Any) -> tuple[RestoreReport, bytes | None]:
+    """`restore`, and the writer_id of the last object (or snapshot) restored: where a follower's
+    chain goes on from (`plan.Chain`)."""
     started = _time.monotonic()
     if lsn is not None and (isinstance(lsn, bool) or not isinstance(lsn, int) or lsn < 0):
         raise ArgumentError(f"lsn must be an int >= 0, got {lsn!r}")
@@ -251,11 +219,12 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     t0 = _time.monotonic()
     snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
     tail: list[Piece] = []
-    records, count, nbytes = collect(objects, listing, snap.lsn, upto=lsn, time_ms=time_ms,
-                                     parallel=parallel, progress=progress, tail_out=tail)
+    records, count, nbytes, writer = collect(objects, listing, snap.lsn, upto=lsn, time_ms=time_ms,
+                                             parallel=parallel, progress=progress, writer=snap.writer_id,
+                                             tail_out=tail)
     if tail:
-        _logger.warning("archive %s: its writer stopped with PUTs in flight; restoring to LSN %d, the end of its "
-                        "gap-free run, without %s (its unfinished tail, never acknowledged at replicated)",
+        _logger.warning("archive %s: a writer stopped (or was fenced) with PUTs in flight; restoring to LSN %d, "
+                        "the end of the chain, without %s (never acknowledged at replicated)",
                         objects.url, records[-1][0] if records else snap.lsn, ", ".join(p.name for p in tail))
     download = _time.monotonic() - t0
     end = records[-1][0] if records else snap.lsn
@@ -269,7 +238,7 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
     return RestoreReport(root, end, snap.lsn, len(records), count + 1, nbytes + snap_bytes,
-                         _time.monotonic() - started, download, tuple(p.name for p in tail))
+                         _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
 
 
 def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]], *,
@@ -329,12 +298,13 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     problems: list[str] = []
     nbytes = 0
     count = 0
+    writers: dict[str, bytes] = {}
     for _, name in listing.snapshots:
         try:
             data = objects.get(name)
             nbytes += len(data)
             count += 1
-            layout.decode_snapshot(data, name)
+            writers[name] = layout.decode_snapshot(data, name).writer_id
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
     from_start = any(p.first == 1 for p in listing.logs)  # an implicit empty snapshot at LSN 0
@@ -342,26 +312,31 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
         problems.append(f"{objects.url} holds no snapshot: a restore has nothing to start from")
     base = 0 if from_start or not listing.snapshots else listing.snapshots[0][0]
     first = base + 1
-    pos = base
-    pieces, gap = cover(listing.logs, base)
-    tail: list[Piece] | None = None
-    for piece, data in _fetch_all(objects, pieces, parallel, progress):
-        nbytes += len(data)
-        count += 1
+    # The chain from the base goes on with the base snapshot's writer (plan.Chain).
+    writer: bytes | None = b"" if base == 0 else writers.get(listing.snapshots[0][1])
+    chain = Chain(objects, listing.logs, base, writer,
+                  fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
+    damaged: set[str] = set()
+    while True:
         try:
-            obj = layout.decode_log(data, piece.name)
+            for _ in chain:
+                pass
+            break
         except CorruptionError as exc:
             problems.append(str(exc))
-            pos = piece.last if piece.last is not None else pos
-            continue
-        if obj.first > pos + 1:
-            tail = unfinished_tail(objects, listing.logs, pos)
-            if tail is not None:
-                break  # the end: the rest is a stopped writer's unfinished tail, not damage
-            problems.append(f"LSNs {pos + 1}..{obj.first - 1} are missing (before {piece.name})")
-        pos = max(pos, obj.last)
-    if gap is not None and tail is None:
-        later = min((p.first for p in listing.logs if p.first > gap), default=gap)
-        problems.append(f"LSNs {gap}..{later - 1} are missing: no object holds them")
+            if chain.current is not None:
+                damaged.add(chain.current.name)
+            if not chain.skip():
+                break
+        except ObjectMissingError:  # merged away meanwhile
+            listing = list_archive(objects)
+            chain.relist(listing.logs)
+    count += chain.fetched
+    nbytes += chain.bytes
+    pos = chain.pos
+    past = [p for p in beyond(listing.logs, pos) if p.name not in damaged]
+    tail = unfinished_tail(objects, past, pos, chain.heads) if past else None
+    if past and tail is None:
+        problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
     return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,
                         tuple(p.name for p in tail or ()))

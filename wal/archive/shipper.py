@@ -19,8 +19,13 @@ Contracts:
   waits for it to fall back (policy "block") or gets `ArchiveLagError` (policy "error").
 - The object store down, slow or refusing: the PUT is retried with exponential backoff
   (50 ms .. 5 s), one ERROR log line per outage, one INFO line when shipping resumes.
-- A create-only PUT that finds its name taken by another writer (a promoted follower): this
-  writer is fenced. The store stops (`FailedError`, as after a failed fsync) and never ships again.
+- A create-only PUT that finds its name taken by another writer's object is decided once every
+  object of this writer before it is stored (until then, an earlier PUT of this writer may be
+  the one a fence took): an object sent with nothing of its writer in flight (behind 0: a
+  promoted follower's fence, another writer's first object) or one continuing its own writer's
+  chain means this writer is fenced: the store stops (`FailedError`, as after a failed fsync) and
+  never ships again. An object sent with behind >= 1 right after this writer's own objects is a
+  *stray* of a writer fenced earlier (FORMAT.md §18): it is deleted and the PUT sent again.
 - `archived_lsn` only grows; a checkpoint never removes a segment above it (ArchivedStore).
 - A writer session's first object is PUT alone (it is what fences older writers); only once it
   is stored are the objects of an earlier writer's unfinished tail deleted (FORMAT.md §18: none
@@ -41,7 +46,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wal.archive import layout
 from wal.archive.objects import (
@@ -52,7 +57,7 @@ from wal.archive.objects import (
     ObjectStore,
 )
 from wal.archive.plan import Piece
-from wal.errors import FailedError, WalError
+from wal.errors import CorruptionError, FailedError, WalError
 
 if TYPE_CHECKING:
     from wal.archive.store import ArchivedStore
@@ -123,6 +128,29 @@ class _DaemonPool:
             self._queue.put(None)
 
 
+class Resolved(NamedTuple):
+    """Where the archive ends for a writer that opens it (wal/archive/store.py `_resolve`)."""
+    archived: int  # the archive's end: this writer's first object holds archived + 1
+    need_snapshot: bool
+    last_snapshot: int
+    tail: list[Piece]  # objects past the end: unfinished tails and strays, deleted after the first PUT
+    writer: bytes | None  # writer_id of the object ending at `archived` (None: none, or not known)
+
+
+class NameTakenError(ObjectExistsError):
+    """A create-only PUT of a group object found its name taken by another writer's object
+    (`taken`: it, decoded)."""
+
+    def __init__(self, message: str, taken: layout.LogObject) -> None:
+        super().__init__(message)
+        self.taken = taken
+
+
+# A name taken by strays again and again (a fenced writer re-sending one it believes failed)
+# is cleared at most this many times before this writer gives up as fenced.
+_STRAY_CLEARS = 16
+
+
 class ArchiveLagError(WalError):
     """A commit was refused: the archive lags more than archive_rpo_ms (policy "error")."""
 
@@ -131,8 +159,8 @@ class Shipper:
     def __init__(self, store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str,
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
                  last_snapshot: int, retention_s: float | None = None,
-                 resolve: Callable[[], tuple[int, bool, int, list[Piece]]] | None = None,
-                 tail: list[Piece] | None = None, puts_in_flight: int = 1) -> None:
+                 resolve: Callable[[], Resolved] | None = None,
+                 tail: list[Piece] | None = None, puts_in_flight: int = 1, end_writer: bytes | None = None) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -158,6 +186,15 @@ class Shipper:
         self._unmerged_bytes = 0
         self._unmerged_lock = threading.Lock()
         self._tail = list(tail or ())  # an earlier writer's unfinished tail, deleted after our first PUT
+        # The writer_id of the object ending where this writer began (None: none, or not known):
+        # a name taken right after it by an object continuing that writer's chain fences us.
+        self._end_writer = end_writer
+        # First LSNs of PUTs whose name another writer's object took, waiting to be decided
+        # (module docstring) until every object of ours before them is stored; how many strays
+        # were cleared from each name.
+        self._collided: set[int] = set()
+        self._cleared: collections.Counter[int] = collections.Counter()
+        self._foreign: dict[str, layout.LogObject] = {}  # other writers' objects the owner check read
         self.puts_in_flight = puts_in_flight
         self._dispatched = archived  # the last LSN handed to a PUT
         # first LSN -> (last LSN, bytes, future, epoch sent in) of each PUT in flight, or waiting
@@ -359,7 +396,9 @@ class Shipper:
                 self.write_status()
             try:
                 if self._resolve is not None:
-                    archived, self._need_snapshot, self.last_snapshot, self._tail = self._resolve()
+                    found = self._resolve()
+                    archived, self._need_snapshot, self.last_snapshot = found[:3]
+                    self._tail, self._end_writer = found.tail, found.writer
                     self._resolve = None
                     self._dispatched = archived
                     self._publish(archived)
@@ -436,9 +475,11 @@ class Shipper:
         if time.monotonic() < self._retry_at:
             return
         for first, (last, data, future, _) in list(self._inflight.items()):
-            if future is None:  # failed earlier: the same name and bytes again
+            if future is None and first not in self._collided:  # failed earlier: the same name and bytes again
                 self._send(first, last, data)
-        while len(self._inflight) < self.puts_in_flight:
+        # In flight: every object sent and not yet in the gap-free run, stored or not (so an
+        # object's `behind` never passes MAX_IN_FLIGHT - 1, nor a fenced writer's strays).
+        while len(self._inflight) + len(self._stored) < self.puts_in_flight:
             if (self._first_of_session is None or self._tail) and self._inflight:
                 return  # the session's first object goes alone (module docstring)
             marks = log.watermarks
@@ -482,11 +523,14 @@ class Shipper:
         try:
             self._put(name, data)
             stored = last
-        except ObjectExistsError:
+        except ObjectExistsError as exc:
             # Ours from an attempt whose answer was lost (a timeout after the store took it)?
-            obj = layout.decode_log(self._get(name), name)
+            try:
+                obj = layout.decode_log(self._get(name), name)
+            except CorruptionError:
+                raise exc from None  # not an object this writer could continue after: fenced
             if obj.writer_id != self.writer_id:
-                raise
+                raise NameTakenError(str(exc), obj) from None
             stored = obj.last
         if stored == last:
             with self._ship_lock:
@@ -534,16 +578,51 @@ class Shipper:
                                                   f"{first}..{stored}, not {first}..{last}")
                 self._stored_one(first, last, data, epoch)
                 continue
+            if isinstance(exc, NameTakenError):
+                self._inflight[first] = (last, data, None, epoch)
+                self._collided.add(first)
+                continue
             if isinstance(exc, ObjectExistsError):
                 raise exc
             self._inflight[first] = (last, data, None, epoch)
             failure = exc if isinstance(exc, ArchiveError) else ArchiveUnavailableError(
                 f"writing {layout.log_name(first)} to {self.objects.url}: {type(exc).__name__}: {exc}")
         self._advance()
+        if self.archived + 1 in self._collided:
+            self._settle_collision(self.archived + 1)
         if failure is not None:
             self._outage_locked(failure)
         elif self._tail and self._first_of_session is not None:
             self._delete_tail()
+
+    def _settle_collision(self, first: int) -> None:
+        """Our PUT of ``log/<first>.wal`` found another writer's object there, and every object of
+        ours before it is stored: the object ending at first - 1 is ours (or, before our first
+        object, that of `_end_writer`). The object there was sent with behind 0 (a fence, a
+        writer's first object), or continues the chain of the writer before it: we are fenced.
+        Sent with behind >= 1 by a writer other than the one before it: a stray (FORMAT.md §18),
+        deleted; our PUT goes again with the same name and bytes."""
+        name = layout.log_name(first)
+        self._collided.discard(first)
+        try:
+            obj = layout.decode_log(self._get(name), name)
+        except ObjectMissingError:
+            return  # gone meanwhile: sent again
+        except CorruptionError as exc:
+            raise ObjectExistsError(f"{self.objects.url}/{name} is taken by an object this writer cannot read "
+                                    f"({exc})") from None
+        before = self.writer_id if self._first_of_session is not None else self._end_writer
+        if obj.writer_id == self.writer_id:
+            return  # ours after all (an earlier attempt): sent again, and found ours
+        if obj.behind == 0 or before is None or obj.writer_id == before:
+            raise ObjectExistsError(f"{self.objects.url}/{name} was written by another writer")
+        self._cleared[first] += 1
+        if self._cleared[first] > _STRAY_CLEARS:
+            raise ObjectExistsError(f"{self.objects.url}/{name} keeps being written by another writer")
+        self.objects.delete(name)
+        self._count("archive_deletes")
+        _logger.info("archive %s: deleted %s (LSNs %d..%d), a stray of a writer fenced with PUTs in flight; "
+                     "shipping LSN %d on", self.objects.url, name, obj.first, obj.last, first)
 
     def _on_archived(self, first: int, last: int, data: bytes) -> None:
         """An object joined the gap-free run: remember it for merging."""
@@ -664,10 +743,14 @@ class Shipper:
         for first, _, _, kept in run:
             name = layout.log_name(first)
             try:
-                records.extend(layout.decode_log(kept if kept is not None else self._get(name), name).records)
+                obj = layout.decode_log(kept if kept is not None else self._get(name), name)
             except ObjectMissingError:  # removed by retention meanwhile: nothing to merge there
                 self._drop_unmerged(len(run))
                 return
+            if obj.writer_id != self.writer_id:  # never: only our own stored objects are listed here
+                self._drop_unmerged(len(run))
+                return
+            records.extend(obj.records)
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
         try:
@@ -686,19 +769,43 @@ class Shipper:
             del self._unmerged[:n]
 
     def _check_still_writer(self) -> None:
-        """One LIST: no object may start after this writer's archived LSN but its own next one.
-        Catches a takeover while this writer was cut off (an outage, a long pause) before its next
-        PUT would, and one whose fence object retention has since deleted."""
+        """One LIST: no object may start after this writer's archived LSN but its own, and strays
+        (FORMAT.md §18). Catches a takeover while this writer was cut off (an outage, a long
+        pause) before its next PUT would. Another writer's object there sent with behind 0 (a
+        fence, a writer's first object) is a takeover; one sent with behind >= 1 may be a stray
+        of a writer fenced before this one, or an object of a writer that took over whose fence
+        retention has since deleted: then a snapshot or merged object past our archived LSN
+        (only a writer that shipped past it makes those) tells the takeover."""
         self._owner_checked_at = time.monotonic()
         names = list(self.objects.list(layout.LOG_PREFIX, layout.log_name(self.archived)))
         # Ours: objects in flight or stored out of order (taken after the listing: whatever of
         # ours it shows was sent before it), and the earlier writer's tail awaiting deletion.
         mine = set(self._inflight) | set(self._stored) | {p.first for p in list(self._tail)}
         archived = self.archived
+        foreign = False
         for name, _ in names:
             parsed = layout.parse_name(name)
-            if parsed is not None and parsed.first > archived and parsed.first not in mine:
+            if parsed is None or parsed.first <= archived or parsed.first in mine:
+                continue
+            obj = self._foreign.get(name)
+            if obj is None:
+                try:
+                    obj = layout.decode_log(self._get(name), name)
+                except ObjectMissingError:
+                    continue
+                except CorruptionError:
+                    obj = None
+                if obj is not None and obj.writer_id != self.writer_id:
+                    self._foreign[name] = obj
+            if obj is None or obj.behind == 0:
                 raise ObjectExistsError(f"{self.objects.url}/{name} was written by another writer")
+            if obj.writer_id != self.writer_id:
+                foreign = True
+        if foreign:
+            past = [n for n, _ in self.objects.list(layout.SNAP_PREFIX, layout.snap_name(archived))]
+            past += [n for n, _ in self.objects.list(layout.MERGED_PREFIX, f"{layout.MERGED_PREFIX}{archived:020d}-~")]
+            if past:
+                raise ObjectExistsError(f"{self.objects.url}/{past[0]} was written by another writer")
 
     # ---- retention ----------------------------------------------------------------------------
 
@@ -731,6 +838,14 @@ class Shipper:
         for piece in list_archive(self.objects).logs:
             # Never the newest object, nor one whose end is unknown.
             if piece.last is not None and piece.last <= base and piece.last < self.archived:
+                if piece.name.startswith(layout.LOG_PREFIX):
+                    # A group object's end from the names is a guess that a stray starting inside
+                    # it cuts short (FORMAT.md §18): its header says.
+                    try:
+                        if layout.decode_log(self._get(piece.name), piece.name).last > base:
+                            continue
+                    except (ObjectMissingError, CorruptionError):
+                        continue
                 self.objects.delete(piece.name)
                 self._count("archive_deletes")
 

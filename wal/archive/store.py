@@ -22,9 +22,9 @@ from typing import Any
 
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectStore, fencing_refusal, open_objects
-from wal.archive.plan import Piece, find_end, list_archive
+from wal.archive.plan import find_end, list_archive
 from wal.archive.sealed import wrap as seal_objects
-from wal.archive.shipper import Shipper
+from wal.archive.shipper import Resolved, Shipper
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
 from wal.store.sealed import plan as plan_sealing
@@ -163,15 +163,16 @@ class ArchivedStore(Store):
         super().close()
 
 
-def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int, list[Piece]]:
-    """Where the archive ends, checked against this store's log: (archived LSN, a snapshot is
-    needed, newest snapshot's LSN, an earlier writer's unfinished tail past the end). FailedError
-    if the store does not continue the archive; ArchiveError if the object store does not answer.
+def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
+    """Where the archive ends, checked against this store's log: the archived LSN, whether a
+    snapshot is needed, the newest snapshot's LSN, the objects past the end (unfinished tails
+    and strays), the writer_id of the object at the end. FailedError if the store does not
+    continue the archive; ArchiveError if the object store does not answer.
 
-    The end is that of the gap-free run of log objects (`plan.find_end`): objects past a gap are
-    the unfinished tail of a writer that stopped with PUTs in flight. This writer's first object,
-    at the end + 1, is stored before the tail is deleted (`Shipper`), which fences that writer
-    if it is still running; if it stores that name first, this store is the one fenced."""
+    The end is that of the archive's chain (`plan.find_end`): objects past it are the unfinished
+    tail of a writer that stopped with PUTs in flight, or strays of a fenced one. This writer's
+    first object, at the end + 1, is stored before they are deleted (`Shipper`), which fences
+    a writer still running; if it stores that name first, this store is the one fenced."""
     log = store._log
     assert log is not None
     if not objects.check_create_only():
@@ -185,13 +186,15 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int
     need_snapshot = not listing.snapshots
     end: int | None = None
     end_payload: bytes | None = None
+    end_writer: bytes | None = None
     found = find_end(objects, listing)
     if found.last_object is not None:
         end, end_payload = found.last_object.last, found.last_object.records[-1][1]
+        end_writer = found.last_object.writer_id
     elif listing.snapshots:
         end = last_snapshot  # a restored archive without log yet
     if end is None:
-        archived = local_first - 1
+        archived, end_writer = local_first - 1, None
     elif end > local_last:
         raise FailedError(
             f"the archive {objects.url} holds LSNs up to {end} but the store in {store.path} ends at {local_last}: "
@@ -201,7 +204,7 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int
         _logger.warning("archive %s ends at LSN %d but the store in %s starts at LSN %d: LSNs %d..%d are in "
                         "neither; shipping resumes from a new snapshot", objects.url, end, store.path,
                         local_first, end + 1, local_first - 1)
-        archived, need_snapshot = local_first - 1, True
+        archived, need_snapshot, end_writer = local_first - 1, True, None
     else:
         if end_payload is not None and end >= local_first:
             mine = next(iter(log.read(end)), None)
@@ -211,7 +214,7 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> tuple[int, bool, int
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
-    return archived, need_snapshot, last_snapshot, found.tail
+    return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer)
 
 
 def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
@@ -220,19 +223,18 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
     object store that does not answer does not stop the open: the shipper resolves the archive's
     end once it answers, and until then ships nothing and lets no segment go (archived LSN 0)."""
     resolve = None
-    tail: list[Piece] = []
     try:
-        archived, need_snapshot, last_snapshot, tail = _resolve(store, objects)
+        found = _resolve(store, objects)
     except ArchiveUnavailableError as exc:
         _logger.error("archive %s unreachable when %s was opened; the store works, shipping starts once it "
                       "answers (commits wait or fail once the lag passes archive_rpo_ms): %s", objects.url,
                       store.path, exc)
-        archived, need_snapshot, last_snapshot = 0, True, 0
+        found = Resolved(0, True, 0, [], None)
         resolve = lambda: _resolve(store, objects)  # noqa: E731
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
-                      merge_objects=merge_objects, archived=archived, need_snapshot=need_snapshot,
-                      last_snapshot=last_snapshot, retention_s=retention_s, resolve=resolve, tail=tail,
-                      puts_in_flight=puts_in_flight)
+                      merge_objects=merge_objects, archived=found.archived, need_snapshot=found.need_snapshot,
+                      last_snapshot=found.last_snapshot, retention_s=retention_s, resolve=resolve, tail=found.tail,
+                      puts_in_flight=puts_in_flight, end_writer=found.writer)
     if resolve is not None:
         shipper.error = "unreachable when the store was opened"
     store._shipper = shipper
@@ -251,8 +253,10 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     - archive_snapshot_bytes (64 MiB): ship a state snapshot after this much shipped log.
     - archive_merge_objects (32): merge this many small group objects into one.
     - archive_retention_s (None: keep all): keep what a restore within this window needs.
-    - archive_puts_in_flight (1): PUTs of log objects in flight at once (1..8, FORMAT.md §18);
-      more than 1 only with archive_fencing=False (see the check below).
+    - archive_puts_in_flight (1): group objects in flight at once, sent and not yet in the
+      gap-free run (1..8, FORMAT.md §18). With fencing, a writer fenced with several in flight can
+      store the later ones after the fence; readers pass over them and the next writer deletes
+      any that takes a name it needs (FORMAT.md §18, "Chain").
     - archive_fencing (True): refuse an object store that does not honour create-only writes
       (no fencing there); False opens anyway, with a WARNING, for a single-writer deployment.
     """
@@ -283,14 +287,6 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
                             f"got {puts_in_flight!r}")
     if not isinstance(fencing, bool):
         raise ArgumentError(f"archive_fencing must be True or False, got {fencing!r}")
-    if puts_in_flight > 1 and fencing:
-        # A writer fenced at LSN n+1 may have later objects in flight; stored after the fence,
-        # they would sit among its successor's objects, and nothing in the layout tells readers
-        # to pass over them. Until it does, several PUTs in flight are for one-writer archives.
-        raise ArgumentError(
-            f"archive_puts_in_flight={puts_in_flight} needs archive_fencing=False: with several PUTs in flight, a "
-            "writer that a promoted follower fences can still store the objects it had in flight after the fence, "
-            "among the follower's. Use it only where one writer ever ships into the archive")
     sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
                            compression_threshold=compression_threshold, compression_dict=compression_dict)
     objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
