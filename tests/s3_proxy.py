@@ -1,7 +1,10 @@
-"""An S3 proxy for tests: forwards every request to a real S3 server (SeaweedFS here) after dropping
-the ``If-None-Match`` header, so the server behind it never sees a create-only PUT: it stands for
-an object store that does not honour conditional writes. Requests are re-signed (SigV4) with the
-test credentials, since the dropped header was signed.
+"""S3 proxies for tests, forwarding every request to a real S3 server (SeaweedFS here).
+
+`StrippingProxy` drops the ``If-None-Match`` header, so the server behind it never sees a
+create-only PUT: it stands for an object store that does not honour conditional writes.
+`HoldingProxy` forwards requests as they are, but holds back the ones `hold(method, path)`
+picks until `release` is set: an object store (or a network) slow to answer some PUTs, which
+reach it later, all at once. Requests are re-signed (SigV4) with the test credentials.
 
     with StrippingProxy(server.endpoint) as proxy:   # proxy.endpoint: http://127.0.0.1:PORT
         ...
@@ -12,6 +15,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -22,9 +26,15 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length
 
 
 class StrippingProxy:
+    strip = True
+
     def __init__(self, upstream: str) -> None:
         self.upstream = urlparse(upstream)
         self.stripped = 0  # requests that carried If-None-Match
+        self.hold: Callable[[str, str], bool] | None = None  # (method, path): hold it until `release`
+        self.release = threading.Event()
+        self.held: list[str] = []  # paths of the requests held back
+        self._lock = threading.Lock()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,9 +46,14 @@ class StrippingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                if self.headers.get("If-None-Match") is not None:
+                if proxy.hold is not None and proxy.hold(self.command, self.path):
+                    with proxy._lock:
+                        proxy.held.append(self.path)
+                    proxy.release.wait(120)
+                keep = set() if proxy.strip else {"if-none-match"}
+                if proxy.strip and self.headers.get("If-None-Match") is not None:
                     proxy.stripped += 1
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP or k.lower() in keep}
                 signed = proxy._sign(self.command, self.path, headers, body)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 try:
@@ -80,3 +95,10 @@ class StrippingProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class HoldingProxy(StrippingProxy):
+    """Forwards requests unchanged (create-only PUTs stay create-only); holds back those that
+    `hold` picks until `release` is set (module docstring)."""
+
+    strip = False

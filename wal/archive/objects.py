@@ -187,7 +187,11 @@ class FileObjects(ObjectStore):
                 continue
             if start_after is not None and name <= start_after:
                 continue
-            yield name, entry.stat().st_size
+            try:
+                size = entry.stat().st_size
+            except FileNotFoundError:  # deleted since the directory was read (a merge, retention)
+                continue
+            yield name, size
 
     def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
         for name, _ in self.list(prefix):

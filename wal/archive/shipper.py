@@ -640,11 +640,20 @@ class Shipper:
         object is stored, no object of that writer can ever join the gap-free run."""
         while self._tail:
             piece = self._tail[0]
-            self.objects.delete(piece.name)
-            self._count("archive_deletes")
-            _logger.info("archive %s: deleted %s, the unfinished tail of an earlier writer (none of it was "
-                         "acknowledged at replicated)", self.objects.url, piece.name)
+            # The name may be ours now: a stray there was cleared for one of our objects
+            # (`_settle_collision`), or is being (in flight).
+            if piece.first not in self._inflight and not self._ours(piece.name):
+                self.objects.delete(piece.name)
+                self._count("archive_deletes")
+                _logger.info("archive %s: deleted %s, the unfinished tail or a stray of an earlier writer (none of "
+                             "it was acknowledged at replicated)", self.objects.url, piece.name)
             del self._tail[0]
+
+    def _ours(self, name: str) -> bool:
+        try:
+            return layout.decode_log(self._get(name), name).writer_id == self.writer_id
+        except (ObjectMissingError, CorruptionError):
+            return False
 
     def _reachable(self) -> None:
         """After a request succeeded: the outage (if any) is over."""
