@@ -9,9 +9,14 @@ Polling lists only what is new: ``log/`` objects named after the follower's LSN 
 objects starting after it (S3 ``StartAfter``); only when that shows a gap (the writer merged
 objects the follower had not read yet) does it list ``merged/`` in full once.
 
+It applies the archive's chain (`plan.Chain`, FORMAT.md §18): objects a writer fenced with PUTs
+in flight stored after the fence (strays) are passed over, and objects past the chain's end
+that are an unfinished tail are waited for, not reported as a gap.
+
 Promotion fences the old primary. The follower catches up, then writes the next LSN's group
 object, ``log/<n+1>.wal``, create-only, holding one empty transaction. If that name is taken,
-the old primary shipped more meanwhile: catch up and try again. Once it is in, the old primary
+the old primary shipped more meanwhile: catch up and try again (or a stray holds it: delete it,
+try again). Once it is in, the old primary
 can never ship again: its next object is ``log/<n+1>.wal`` (its archived LSN is n, or it would
 have taken the name first), which now exists, so its create-only PUT fails and it stops with
 `FailedError`; an old primary that reopens finds the archive ahead of, or different from, its

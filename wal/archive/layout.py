@@ -12,7 +12,9 @@ Names (all numbers zero-padded to 20 digits, so name order is LSN order):
 - ``snap/<lsn>.snap``          a logical snapshot of the state at applied LSN ``lsn``.
 
 Every object is verifiable alone: a header naming what it holds, a CRC-32C per record or entry
-(the log's own checksum), and a SHA-256 of everything before it as a trailer.
+(the log's own checksum), and a SHA-256 of everything before it as a trailer. Whether a group
+object belongs to the archive at all is the chain's rule (`wal.archive.plan`): its header's
+writer_id and `behind` say.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 `restore(url, dir, lsn=None, time=None)`:
 1. List the archive once; pick the newest snapshot at or before the target (for a time: taken
    at or before it, so every commit it holds was made at or before it).
-2. Plan the log objects from the snapshot's LSN on (`plan.cover`); download them in parallel
-   (a window of `parallel` requests ahead), verify each alone (SHA-256 trailer, CRC-32C per
-   record, header against name) and check the LSNs run on without a gap.
+2. Follow the chain of log objects from the snapshot's LSN on (`plan.Chain`: planned from the
+   names, corrected as headers are read); download them in parallel (a window of `parallel`
+   requests ahead), verify each alone (SHA-256 trailer, CRC-32C per record, header against
+   name) and check the LSNs run on without a gap.
 3. Write an ordinary store: the snapshot's entries applied to a new state at the snapshot's
    LSN (one LMDB transaction), the log records after it into a new log whose first LSN
    continues the archive's, then one ordinary open replays them.
@@ -14,11 +15,13 @@ Refused, with nothing written to `dir`: a damaged object or a gap in the LSNs ne
 the range), a target LSN past the archive's end (naming the end), a time before the oldest
 snapshot, a `dir` that exists and is not empty.
 
-The end of an archive whose writer stopped with PUTs in flight (the machine lost) is the end of
-its gap-free run: the group objects past the gap are its unfinished tail (FORMAT.md §18; none
-of their records was acknowledged at `replicated`). A restore to the end stops before the gap,
-names the tail in `RestoreReport.unfinished_tail` and logs a WARNING; a target past the gap is
-refused, naming it. More objects past a gap than a writer can have in flight is damage: refused.
+The archive's end is the chain's. Objects past it left by a writer that stopped with PUTs in
+flight (the machine lost), or stored after the fence by a writer fenced with PUTs in flight
+(strays, which the chain also passes over among its successor's objects), are an unfinished
+tail (FORMAT.md §18; none of their records was acknowledged at `replicated`). A restore to the
+end stops before the gap, names the tail in `RestoreReport.unfinished_tail` and logs a WARNING;
+a target past the gap is refused, naming it. More objects past a gap than a writer can have in
+flight is damage: refused.
 """
 
 from __future__ import annotations
