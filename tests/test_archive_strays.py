@@ -161,6 +161,7 @@ def test_strays_past_the_end_are_not_the_archive_and_the_successor_clears_them(t
     follower = wal.follow(archive_url, tmp_path / "f", poll_ms=60_000)
     try:
         end = owned.commit(4, "new")
+        wal.follow(archive_url, tmp_path / "f2", poll_ms=60_000).close()  # at `end`, reopened below
         # (iii) past the end: one right after it, one past a gap
         after = owned.put_stray(end + 1, end + 2, behind=1)
         past_gap = owned.put_stray(end + 4, end + 4, behind=2)
@@ -176,6 +177,11 @@ def test_strays_past_the_end_are_not_the_archive_and_the_successor_clears_them(t
         follower.poll()
         assert follower.lsn == end and dict(follower.scan()) == owned.expected
         assert follower.stats()["follower_error"] is None
+        # Reopened on its directory, a follower does not know whose object it stopped after; the
+        # stray right after it continues only after its own writer's: it reads that from the archive.
+        with wal.follow(archive_url, tmp_path / "f2", poll_ms=60_000) as reopened:
+            reopened.poll()
+            assert reopened.lsn == end and dict(reopened.scan()) == owned.expected
         # The writer goes on: its objects take both names (one replicated commit per object).
         last = owned.commit(6, "more")
         assert last == end + 6 and owned.archived == last

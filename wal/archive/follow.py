@@ -43,7 +43,7 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Chain, Piece, beyond, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
@@ -166,40 +166,49 @@ class Follower:
             store = self._live()
             started = time.monotonic()
             self._polls += 1
-            if self._writer is None:
+            try:
+                applied = self._apply_new(store, strict=True)
+            except WriterUnknownError:
+                # Reopened on its directory, it does not know which writer's object it stopped
+                # after, and the next object continues only after its own writer's (nothing was
+                # applied: the writer is known once an object is).
                 self._writer = self._anchor()
-            applied = 0
-            for full_merged in (False, True):
-                pieces = self._list_new(full_merged=full_merged)
-                chain = Chain(self._objects, pieces, self._pos, self._writer)
-                try:
-                    for obj in chain:
-                        fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
-                        _append(store, fresh)
-                        applied += len(fresh)
-                        self._pos, self._writer = obj.last, obj.writer_id
-                        self._end_seen = max(self._end_seen, obj.last)
-                except ObjectMissingError:
-                    return applied  # merged away meanwhile: the next poll finds the merged object
-                past = beyond(pieces, self._pos)
-                if not past:
-                    break
-            tail = unfinished_tail(self._objects, past, self._pos, chain.heads) if past else None
-            if past and tail is None:
-                later = past[0].first
-                self._end_seen = max(self._end_seen, later - 1)
-                raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {self._pos + 1}.."
-                                      f"{later - 1}; the follower in {self._dir} stays at LSN {self._pos}",
-                                      path=self._objects.url, lsn=self._pos + 1, reason="archive gap")
-            # Past the end: objects of the writer stored while one before them is still in flight
-            # (they count in the lag), or strays of a fenced writer (they never will).
-            for piece in tail or ():
-                head = chain.heads.get(piece.name)
-                if head is not None and head.writer_id == self._writer:
-                    self._end_seen = max(self._end_seen, head.last)
+                applied = self._apply_new(store, strict=False)
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
+
+    def _apply_new(self, store: Store, *, strict: bool) -> int:
+        applied = 0
+        for full_merged in (False, True):
+            pieces = self._list_new(full_merged=full_merged)
+            chain = Chain(self._objects, pieces, self._pos, self._writer, strict=strict)
+            try:
+                for obj in chain:
+                    fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
+                    _append(store, fresh)
+                    applied += len(fresh)
+                    self._pos, self._writer = obj.last, obj.writer_id
+                    self._end_seen = max(self._end_seen, obj.last)
+            except ObjectMissingError:
+                return applied  # merged away meanwhile: the next poll finds the merged object
+            past = beyond(pieces, self._pos)
+            if not past:
+                break
+        tail = unfinished_tail(self._objects, past, self._pos, chain.heads) if past else None
+        if past and tail is None:
+            later = past[0].first
+            self._end_seen = max(self._end_seen, later - 1)
+            raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {self._pos + 1}..{later - 1}; "
+                                  f"the follower in {self._dir} stays at LSN {self._pos}",
+                                  path=self._objects.url, lsn=self._pos + 1, reason="archive gap")
+        # Past the end: objects of the writer stored while one before them is still in flight
+        # (they count in the lag), or strays of a fenced writer (they never will).
+        for piece in tail or ():
+            head = chain.heads.get(piece.name)
+            if head is not None and head.writer_id == self._writer:
+                self._end_seen = max(self._end_seen, head.last)
+        return applied
 
     def _anchor(self) -> bytes | None:
         """The writer_id of the archive object ending at this follower's LSN (after a restart):

@@ -131,6 +131,11 @@ def cover(pieces: list[Piece], after: int, *, heads: dict[str, Head] | None = No
 Fetch = Callable[[list[Piece]], Iterator[tuple[Piece, bytes]]]
 
 
+class WriterUnknownError(Exception):
+    """A `Chain` made with ``strict=True`` and no writer met an object that continues the chain
+    only after its own writer's (`behind >= 1`): the caller finds that writer and goes on."""
+
+
 def fetch_serially(objects: ObjectStore) -> Fetch:
     def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, bytes]]:
         for piece in pieces:
@@ -147,19 +152,21 @@ class Chain:
 
     `writer`: the writer_id of the object ending at `after` (a snapshot's writer, as the chain
     starting at a snapshot goes on with its writer's objects; b"": nothing before `after`; None:
-    not known, nothing is passed over for its writer). `upto`: no object starting past it is
-    fetched. After iterating, `pos` is the chain's last LSN; a failed fetch or a damaged object
+    not known: nothing is passed over for its writer, or with `strict`, `WriterUnknownError` is
+    raised where it matters). `upto`: no object starting past it is fetched. After iterating,
+    `pos` is the chain's last LSN; a failed fetch or a damaged object
     raises out of the iteration with `pos` and `writer` where they were, so the caller may go on
     (`relist`, `skip`) by iterating again."""
 
     def __init__(self, objects: ObjectStore, pieces: list[Piece], after: int, writer: bytes | None, *,
-                 fetch: Fetch | None = None, upto: int | None = None) -> None:
+                 fetch: Fetch | None = None, upto: int | None = None, strict: bool = False) -> None:
         self.objects = objects
         self.pieces = pieces
         self.pos = after
         self.writer = writer
         self.start = True
         self.upto = upto
+        self.strict = strict
         self.heads: dict[str, Head] = {}
         self.rejected: set[str] = set()
         self.fetched = 0
@@ -215,6 +222,8 @@ class Chain:
             return True  # merged objects hold only their writer's gap-free run: always the chain
         if obj.first <= self.pos and not self.start:
             return False
+        if obj.behind and self.writer is None and self.strict:
+            raise WriterUnknownError(piece.name)
         return obj.behind == 0 or self.writer is None or obj.writer_id == self.writer
 
 
