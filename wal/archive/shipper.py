@@ -806,10 +806,11 @@ class Shipper:
                     obj = None
                 if obj is not None and obj.writer_id != self.writer_id:
                     self._foreign[name] = obj
+            if obj is not None and obj.writer_id == self.writer_id:
+                continue
             if obj is None or obj.behind == 0:
                 raise ObjectExistsError(f"{self.objects.url}/{name} was written by another writer")
-            if obj.writer_id != self.writer_id:
-                foreign = True
+            foreign = True
         if foreign:
             past = [n for n, _ in self.objects.list(layout.SNAP_PREFIX, layout.snap_name(archived))]
             past += [n for n, _ in self.objects.list(layout.MERGED_PREFIX, f"{layout.MERGED_PREFIX}{archived:020d}-~")]
