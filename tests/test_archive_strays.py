@@ -137,6 +137,14 @@ def test_readers_pass_over_a_stray_where_the_successor_merged_from_the_same_lsn(
         assert merged
         m = merged[0]
         assert m.last is not None and m.last + 3 < owned.archived
+        # The successor's objects: its first sent alone (behind 0, right after the fence, whose
+        # writer_id is the promotion's), its merged ones stamped with its own writer_id.
+        writer = owned.store._shipper.writer_id
+        first = layout.decode_log(owned.objects.get(layout.log_name(owned.fence + 1)), layout.log_name(owned.fence + 1))
+        assert first.behind == 0 and first.writer_id == writer
+        merged_obj = layout.decode_log(owned.objects.get(layout.merged_name(m.first, m.last)),
+                                       layout.merged_name(m.first, m.last))
+        assert merged_obj.behind == 0 and merged_obj.writer_id == writer
         # (ii) a stray named like the group object the merge replaced, reaching further than it
         name = owned.put_stray(m.first, m.last + 3, behind=2)
         assert name not in {n for n, _ in owned.objects.list(layout.MERGED_PREFIX)}
