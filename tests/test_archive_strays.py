@@ -25,7 +25,7 @@ from s3_proxy import HoldingProxy
 
 import wal
 from wal.archive import layout
-from wal.archive.objects import S3Objects, open_objects
+from wal.archive.objects import FileObjects, S3Objects, open_objects
 from wal.archive.restore import verify
 from wal.cli import main
 from wal.log import record
@@ -219,6 +219,70 @@ def test_a_new_writer_opening_an_archive_with_strays_past_its_end(tmp_path, arch
 
 def _exists(objects: object, name: str) -> bool:
     return name in {n for n, _ in objects.list(layout.LOG_PREFIX)}  # type: ignore[attr-defined]
+
+
+class HoldName(FileObjects):
+    """file:// objects whose PUT of the name `hold` waits for `release` (a slow PUT)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.hold: str | None = None
+        self.release = threading.Event()
+        self.tried: list[str] = []
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        self.tried.append(name)
+        if name == self.hold:
+            assert self.release.wait(60), "never released"
+        super().put(name, data, create_only=create_only)
+
+
+def _one_object_each(store: wal.Store, count: int) -> int:
+    """`count` commits at sync, each shipped as its own group object (the next commit waits
+    until the shipper has sent the last)."""
+    lsn = 0
+    for i in range(count):
+        lsn = store.put(f"w/{i}", b"w")
+        wait_until(lambda lsn=lsn: store._shipper._dispatched >= lsn)  # type: ignore[attr-defined]
+    return lsn
+
+
+@pytest.mark.parametrize("taken_by", ["stray", "successor"])
+def test_a_taken_name_is_decided_only_once_the_writers_objects_before_it_are_stored(tmp_path, taken_by) -> None:
+    """The writer's PUT at e+1 is slow; its PUT at e+3 finds another writer's object sent with
+    behind 1. "stray": nothing else is there; once e+1 and e+2 are stored the object at e+3 is a
+    stray, deleted, and the writer goes on. "successor": another writer took over at e+1 (its
+    first object, behind 0; its object at e+2 still in flight): the object at e+3 is that
+    writer's and stays; the writer is fenced when its PUT at e+1 is answered."""
+    objects = HoldName(str(tmp_path / "archive"))
+    store = wal.open(tmp_path / "s", archive=objects, archive_puts_in_flight=4, archive_rpo_ms=200)
+    try:
+        end = store.put("a", b"1", durability="replicated")
+        other = os.urandom(16)
+        if taken_by == "successor":
+            FileObjects(objects.root).put(layout.log_name(end + 1), stray(end + 1, end + 1, behind=0, writer=other))
+        FileObjects(objects.root).put(layout.log_name(end + 3), stray(end + 3, end + 3, behind=1, writer=other))
+        objects.hold = layout.log_name(end + 1)
+        assert _one_object_each(store, 4) == end + 4
+        wait_until(lambda: layout.log_name(end + 3) in objects.tried)
+        time.sleep(0.3)  # undecided while e+1 is in flight: the object at e+3 stays
+        taken = layout.decode_log(objects.get(layout.log_name(end + 3)), layout.log_name(end + 3))
+        assert taken.writer_id == other and store.stats()["archived_lsn"] == end
+        objects.release.set()
+        if taken_by == "stray":
+            wait_until(lambda: store.stats()["archived_lsn"] == end + 4)
+            mine = layout.decode_log(objects.get(layout.log_name(end + 3)), layout.log_name(end + 3))
+            assert mine.writer_id == store._shipper.writer_id
+            assert store.put("b", b"2", durability="replicated") == end + 5
+        else:
+            wait_until(lambda: store.stats()["archive_fenced"])
+            with pytest.raises(wal.FailedError, match="fenced"):
+                store.put("b", b"2")
+            kept = layout.decode_log(objects.get(layout.log_name(end + 3)), layout.log_name(end + 3))
+            assert kept.writer_id == other, "the successor's object was deleted"
+    finally:
+        objects.release.set()
+        store.close()
 
 
 def test_objects_of_version_1_are_read_and_unknown_versions_refused(tmp_path) -> None:
