@@ -51,9 +51,13 @@ def wait_until(cond: object, timeout: float = 30.0) -> None:
 
 
 def _commit_in_threads(store: wal.Store, n_threads: int, per_thread: int, acked: list[int],
-                       durability: str = "replicated") -> list[threading.Thread]:
+                       durability: str = "replicated", *,
+                       stop: threading.Event | None = None) -> list[threading.Thread]:
+    """Threads making `per_thread` commits each (fewer once `stop` is set)."""
     def work(t: int) -> None:
         for i in range(per_thread):
+            if stop is not None and stop.is_set():
+                return
             acked.append(store.put(f"t{t}/{i}", b"v%d" % i, durability=durability))
             if durability != "replicated":
                 time.sleep(0.002)  # commits spread over time: several objects
@@ -110,7 +114,10 @@ def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_write
         for i in range(9):
             store.put(f"a{i}", b"x", durability="replicated")
         acked: list[int] = []
-        threads = _commit_in_threads(store, 4, 100, acked, "sync")
+        # Commits go on until two objects past the held one are stored (a fixed number may all
+        # fit in one object, if they are made between two of the shipper's rounds).
+        stop = threading.Event()
+        threads = _commit_in_threads(store, 4, 100_000, acked, "sync", stop=stop)
         wait_until(lambda: objects.held is not None)
         held = layout.parse_name(objects.held)
         assert held is not None
@@ -119,6 +126,7 @@ def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_write
         # The objects as stored: a file:// PUT under way is a temporary file, not an object.
         shutil.copytree(tmp_path / "archive", lost, ignore=shutil.ignore_patterns(".tmp-*"))
     finally:
+        stop.set()
         objects.release.set()
         for th in threads:
             th.join(60)
