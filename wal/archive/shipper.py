@@ -189,6 +189,10 @@ class Shipper:
         # (lsn, seq, loop, future) of coroutines waiting at `replicated`, a heap by LSN.
         self._async_waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._async_seq = 0
+        # (lsn, seq, lock) of threads waiting at `replicated`, a heap by LSN: each blocks on its
+        # own held lock, released once the archive holds its LSN, so a stored object wakes the
+        # commits it acknowledges and no others (64 threads on one Condition woke 64 per PUT).
+        self._waiters: list[tuple[int, int, threading.Lock]] = []
         self._wake = threading.Event()
         self._stop = False
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
@@ -227,6 +231,8 @@ class Shipper:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
+        with self._cond:
+            self._release_waiters()
         self._release_async()
         # The maintenance job under way ends (within the deadline), and a snapshot waiting for
         # the log it needs goes out now that the log is in.
@@ -251,13 +257,22 @@ class Shipper:
         if self.archived >= lsn:
             return
         self._try_dispatch()
+        waiter = threading.Lock()
+        waiter.acquire()
         with self._cond:
-            while self.archived < lsn:
-                if self.fenced is not None:
-                    raise FailedError(str(self.fenced)) from self.fenced
-                if self._stop:
-                    raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
-                self._cond.wait(0.5)
+            if self.archived < lsn and self.fenced is None and not self._stop:
+                self._async_seq += 1
+                heapq.heappush(self._waiters, (lsn, self._async_seq, waiter))
+            else:
+                waiter.release()
+        while True:
+            waiter.acquire(timeout=0.5)  # released by _release_waiters; the timeout re-checks
+            if self.archived >= lsn:
+                return
+            if self.fenced is not None:
+                raise FailedError(str(self.fenced)) from self.fenced
+            if self._stop:
+                raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
 
     def _try_dispatch(self) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
@@ -286,6 +301,13 @@ class Shipper:
         self._release_async()  # published, fenced or stopped meanwhile
         self._try_dispatch()
         await future
+
+    def _release_waiters(self) -> None:
+        """Wake the threads waiting for LSNs now archived (all of them once fenced or stopped).
+        Called with _cond held."""
+        end = self.fenced is not None or self._stop
+        while self._waiters and (end or self._waiters[0][0] <= self.archived):
+            heapq.heappop(self._waiters)[2].release()
 
     def _release_async(self) -> None:
         """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
@@ -438,13 +460,15 @@ class Shipper:
         self.store._fenced(self.fenced)
         self.write_status()
         with self._cond:
+            self._release_waiters()
             self._cond.notify_all()
         self._release_async()
 
     def _publish(self, last: int) -> None:
         with self._cond:
             self.archived = last
-            self._cond.notify_all()
+            self._release_waiters()
+            self._cond.notify_all()  # admit() and stop() wait on the Condition
         if self._async_waiters:
             self._release_async()
         self.store._archived_moved(last)
