@@ -128,7 +128,16 @@ def cover(pieces: list[Piece], after: int, *, heads: dict[str, Head] | None = No
         start = False
 
 
-Fetch = Callable[[list[Piece]], Iterator[tuple[Piece, bytes]]]
+# Pieces downloaded and verified, in order: (piece, its size, the decoded object or the
+# CorruptionError it gave). Restores verify in their download threads (wal/archive/restore.py).
+Fetch = Callable[[list[Piece]], Iterator[tuple[Piece, int, "layout.LogObject | CorruptionError"]]]
+
+
+def decoded(name: str, data: bytes) -> layout.LogObject | CorruptionError:
+    try:
+        return layout.decode_log(data, name)
+    except CorruptionError as exc:
+        return exc
 
 
 class WriterUnknownError(Exception):
@@ -137,9 +146,10 @@ class WriterUnknownError(Exception):
 
 
 def fetch_serially(objects: ObjectStore) -> Fetch:
-    def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, bytes]]:
+    def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
         for piece in pieces:
-            yield piece, objects.get(piece.name)
+            data = objects.get(piece.name)
+            yield piece, len(data), decoded(piece.name, data)
     return fetch
 
 
@@ -200,11 +210,12 @@ class Chain:
                 plan = [p for p in plan if p.first <= self.upto]
             if not plan:
                 return
-            for piece, data in self._fetch(plan):
+            for piece, size, obj in self._fetch(plan):
                 self.current = piece
                 self.fetched += 1
-                self.bytes += len(data)
-                obj = layout.decode_log(data, piece.name)
+                self.bytes += size
+                if isinstance(obj, CorruptionError):
+                    raise obj
                 self.heads[piece.name] = head_of(obj)
                 if not self._continues(piece, obj):
                     self.rejected.add(piece.name)
@@ -285,9 +296,10 @@ def find_end(objects: ObjectStore, listing: Listing) -> End:
             data[piece.name] = objects.get(piece.name)
         return data[piece.name]
 
-    def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, bytes]]:
+    def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
         for piece in pieces:
-            yield piece, get(piece)
+            data = get(piece)
+            yield piece, len(data), decoded(piece.name, data)
 
     anchor: layout.LogObject | None = None
     heads: dict[str, Head] = {}

@@ -76,30 +76,42 @@ def parse_time(value: Any) -> int:
     return int(value.timestamp() * 1000)
 
 
+def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogObject | CorruptionError]:
+    """One log object downloaded and verified (layout.decode_log), in a download thread: the
+    SHA-256 and the CRC-32Cs run without the GIL, so verifying keeps pace with downloading
+    instead of queueing behind it on the caller's thread. Damage is returned, not raised, so
+    the caller meets it in LSN order."""
+    data = objects.get(name)
+    try:
+        return len(data), layout.decode_log(data, name)
+    except CorruptionError as exc:
+        return len(data), exc
+
+
 def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
-               progress: Progress | None) -> Iterator[tuple[Piece, bytes]]:
-    """Download pieces in order, `parallel` at a time, yielding each as soon as it and all
+               progress: Progress | None) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
+    """Download and verify pieces, `parallel` at a time, yielding each in order as (piece, its
+    size in bytes, the decoded object or the CorruptionError it gave) as soon as it and all
     before it are in."""
     total = sum(p.size for p in pieces)
     done = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures: list[concurrent.futures.Future[bytes]] = []
+        futures: list[concurrent.futures.Future[tuple[int, layout.LogObject | CorruptionError]] | None] = []
         nxt = 0
         try:
             for i, piece in enumerate(pieces):
                 while nxt < len(pieces) and nxt < i + parallel * 2:
-                    futures.append(pool.submit(objects.get, pieces[nxt].name))
+                    futures.append(pool.submit(_fetch_and_decode, objects, pieces[nxt].name))
                     nxt += 1
-                data = futures[i].result()
-                futures[i] = None  # type: ignore[call-overload]
-                done += len(data)
+                future = futures[i]
+                assert future is not None
+                size, obj = future.result()
+                futures[i] = None
+                done += size
                 if progress is not None:
                     progress(done, total)
-                yield piece, data
+                yield piece, size, obj
         finally:
-            for f in futures[nxt:]:
-                if f is not None:
-                    f.cancel()
             for f in futures:
                 if f is not None:
                     f.cancel()
