@@ -81,6 +81,33 @@ def test_every_read_and_write_path_round_trips_through_the_envelope(tmp_path: Pa
         assert ro.get(b"a") == big
 
 
+@pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}], ids=["encrypted", "compressed"])
+def test_a_sealed_put_takes_and_refuses_arguments_as_the_plain_store_does(tmp_path: Path, options: dict) -> None:
+    """The sealed put takes bytes and str keys as they are and hands the envelope to the C commit;
+    every other argument goes through the store's own checks, with the plain store's errors."""
+    too_long_key = b"k" * (wal.store.store.MAX_KEY_BYTES + 1)
+    too_big_value = bytes(wal.store.store.MAX_VALUE_BYTES + 1)
+    calls = [((b"b", b"v"), {}), (("s-\u00e9", b"v"), {}), ((bytearray(b"ba"), bytearray(b"v")), {}),
+             ((memoryview(b"mv"), memoryview(b"v")), {}), ((b"d", b"v"), {"durability": "sync"}),
+             ((b"", b"v"), {}), ((too_long_key, b"v"), {}), ((1, b"v"), {}), ((b"x", "text"), {}),
+             ((b"x", too_big_value), {}), ((b"x", b"v"), {"durability": "nope"})]
+    outcomes = []
+    for opts, path in ((options, tmp_path / "sealed"), ({}, tmp_path / "plain")):
+        with wal.open(path, **opts) as store:
+            got = []
+            for args, kwargs in calls:
+                try:
+                    got.append(store.put(*args, **kwargs) > 0)
+                except Exception as exc:  # the error's class is what is compared
+                    got.append(type(exc))
+            got.append(dict(store.scan()))
+            outcomes.append(got)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][:5] == [True] * 5 and outcomes[0][5:-1] == [
+        wal.ArgumentError, wal.RecordTooLargeError, wal.ArgumentTypeError, wal.ArgumentTypeError,
+        wal.RecordTooLargeError, wal.ArgumentError]
+
+
 def test_a_value_is_sealed_once_and_the_log_and_the_state_hold_the_same_envelope(tmp_path: Path) -> None:
     with wal.open(tmp_path, encryption=KEY, apply_interval_ms=600_000) as store:
         store.put(b"k", SECRET)
