@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         turns = [(message(rng, sentences, 300), message(rng, sentences, 1500)) for _ in range(20 if args.quick
                                                                                              else 100)]
         res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                           "when": stamp, "quick": args.quick}}
+                                           "when": stamp, "quick": args.quick,
+                                           "loadavg_start": os.getloadavg()}}
         res["compression"] = ratios(corpora)
         res["log_bytes_per_commit"] = log_bytes_per_commit(work, corpora["conversation JSON"])
         res["aead"] = aead_rates()
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         res["langgraph_savers"] = langgraph_savers(work, rng, sentences, 20 if args.quick else args.steps, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    res["machine"]["loadavg_end"] = os.getloadavg()  # the machine is shared: how busy it was, 1/5/15 min
     (out / "results.json").write_text(json.dumps(res, indent=2))
     md = render(res)
     (out / "results.md").write_text(md)
@@ -400,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
 def render(res: dict[str, Any]) -> str:
     lines = [f"# Encryption and compression, one run ({res['machine']['when']}, {res['machine']['cpus']} CPUs, "
              f"Python {res['machine']['python']}{', quick' if res['machine']['quick'] else ''})", "",
+             "Load average (1/5/15 min) at the start {} and at the end {}.".format(
+                 *("/".join(f"{x:.1f}" for x in res["machine"].get(k, ())) or "-"
+                   for k in ("loadavg_start", "loadavg_end"))), "",
              "## Compression ratio (raw bytes / stored bytes, values over 128 bytes compressed)", "",
              "| data | values | mean bytes | zstd | zstd + trained dict | zstd then AES-GCM |",
              "|---|---:|---:|---:|---:|---:|"]
