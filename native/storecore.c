@@ -1307,55 +1307,64 @@ static PyObject *core_fast_get(Core *c, PyObject *key_arg, PyObject *dflt, int w
     return value;
 }
 
-/* get_many(keys, default) -> [value | default]: keys (a list or tuple of exact bytes, checked by
- * the caller) read in ONE LMDB transaction against ONE V, so the values are of one instant.
- * None when the C path cannot answer (closed, not bound, an LMDB error): the caller reads
- * again on the Python path. */
-static PyObject *core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))) {
-        PyErr_SetString(PyExc_TypeError, "get_many takes (keys: list | tuple of bytes, default)");
+/* The values of `keys` (a list or tuple) as of ONE V, read in ONE LMDB transaction, so they are
+ * of one instant; `dflt` for absent ones. NULL with NO error set when the C path declines (a
+ * key not exact bytes of 1..MAX_KEY_BYTES, the store closed or not bound, an LMDB error to
+ * classify): the caller reads again on the Python path, which explains or raises. NULL with an
+ * error set: out of memory. */
+static PyObject *read_many(Core *c, PyObject *keys, PyObject *dflt) {
+    if (!(PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) || !reads_on(c)) return NULL;
+    /* A list's items are read through its item array without a copy. Only the list's own
+     * allocation can run Python code (a garbage collection's finalizers), so the array and
+     * the size are taken after it: from there on nothing but bytes and memcmp runs. */
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    PyObject *const *items = PySequence_Fast_ITEMS(keys);
+    int plain = PySequence_Fast_GET_SIZE(keys) == n;
+    for (Py_ssize_t i = 0; plain && i < n; i++)
+        plain = PyBytes_CheckExact(items[i]) && PyBytes_GET_SIZE(items[i]) >= 1 &&
+                PyBytes_GET_SIZE(items[i]) <= MAX_KEY_BYTES;
+    if (!plain) {
+        Py_DECREF(out);
         return NULL;
     }
-    if (!reads_on(c)) Py_RETURN_NONE;
-    PyObject *keys = PySequence_Fast(args[0], "keys");
-    if (keys == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_CheckExact(PySequence_Fast_GET_ITEM(keys, i))) {
-            Py_DECREF(keys);
-            PyErr_SetString(PyExc_TypeError, "get_many: every key must be bytes");
-            return NULL;
-        }
-    }
-    PyObject *out = PyList_New(n);
     void *txn = NULL;
-    if (out == NULL || g_lmdb->read_begin(c->env, &txn) < 0) {
-        Py_DECREF(keys);
-        Py_XDECREF(out);
-        if (out == NULL) return NULL;
+    if (g_lmdb->read_begin(c->env, &txn) < 0) {
+        Py_DECREF(out);
         PyErr_Clear();
-        Py_RETURN_NONE;
+        return NULL;
     }
     uint64_t limit = read_limit(c);
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t version;
         PyObject *value = NULL;
-        int found = read_key(c, txn, limit, PySequence_Fast_GET_ITEM(keys, i), &version, &value);
+        int found = read_key(c, txn, limit, items[i], &version, &value);
         if (found < 0) {
             g_lmdb->read_end(c->env, txn);
-            Py_DECREF(keys);
             Py_DECREF(out);
             PyErr_Clear();
-            Py_RETURN_NONE;
+            return NULL;
         }
         if (found == 0 || value == Py_None) {
             Py_XDECREF(value);
-            value = Py_NewRef(args[1]);
+            value = Py_NewRef(dflt);
         }
         PyList_SET_ITEM(out, i, value);
     }
     g_lmdb->read_end(c->env, txn);
-    Py_DECREF(keys);
+    return out;
+}
+
+/* get_many(keys, default) -> [value | default] of one instant, or None when the C path
+ * declines (read_many): the caller reads again on the Python path. */
+static PyObject *core_get_many(Core *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "get_many takes (keys, default)");
+        return NULL;
+    }
+    PyObject *out = read_many(c, args[0], args[1]);
+    if (out == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
     return out;
 }
 
@@ -1714,26 +1723,30 @@ static PyTypeObject FastCommitType = {
     .tp_members = fast_commit_members,
 };
 
-/* ---- FastRead: Store.get and Store.version as one C call ----
+/* ---- FastRead: Store.get, Store.version and Store.get_many as one C call ----
  *
  * `Store.get = FastRead(Store.get, READ_VALUE)` (wal/store/store.py): a call store.get(key) or
  * store.get(key, default), key bytes or str, reads in C (core_fast_get: the overlay, else
- * LMDB, checksum checked) without entering the Python function; any other call form, and
+ * LMDB, checksum checked) without entering the Python function; store.get_many(keys[,
+ * default]) likewise for a list or tuple of bytes keys (read_many); any other call form, and
  * every read the C path declines (closed or forked store, an odd key, an LMDB error to
  * classify), runs the wrapped function unchanged. Same descriptor protocol as FastCommit. */
 
 #define READ_VALUE 1
 #define READ_VERSION 2
+#define READ_MANY 3 /* Store.get_many(keys[, default]): read_many */
 
 static PyObject *fast_read_call(FastCommit *f, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs < 2 || nargs > (f->kind == READ_VALUE ? 3 : 2))
+    if (kwnames != NULL || nargs < 2 || nargs > (f->kind == READ_VERSION ? 2 : 3))
         return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
     PyObject *core = PyObject_GetAttr(args[0], str_core);
     if (core == NULL) return NULL;
     PyObject *r = NULL;
+    PyObject *dflt = nargs == 3 ? args[2] : Py_None;
     if (PyObject_TypeCheck(core, &CoreType))
-        r = core_fast_get((Core *)core, args[1], nargs == 3 ? args[2] : Py_None, f->kind == READ_VERSION);
+        r = f->kind == READ_MANY ? read_many((Core *)core, args[1], dflt)
+                                 : core_fast_get((Core *)core, args[1], dflt, f->kind == READ_VERSION);
     Py_DECREF(core);
     if (r != NULL || PyErr_Occurred()) return r;
     return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
@@ -1744,8 +1757,8 @@ static PyObject *fast_read_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     long kind;
     if ((kwds != NULL && PyDict_GET_SIZE(kwds) != 0) || !PyArg_ParseTuple(args, "Ol:FastRead", &func, &kind))
         return NULL;
-    if (!PyCallable_Check(func) || (kind != READ_VALUE && kind != READ_VERSION)) {
-        PyErr_SetString(PyExc_TypeError, "FastRead takes (a function, READ_VALUE or READ_VERSION)");
+    if (!PyCallable_Check(func) || (kind != READ_VALUE && kind != READ_VERSION && kind != READ_MANY)) {
+        PyErr_SetString(PyExc_TypeError, "FastRead takes (a function, READ_VALUE, READ_VERSION or READ_MANY)");
         return NULL;
     }
     return fast_wrapper(type, func, kind, (vectorcallfunc)fast_read_call);
@@ -1756,7 +1769,7 @@ static PyTypeObject FastReadType = {
     .tp_basicsize = sizeof(FastCommit),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Store.get / Store.version: the read in C, else the wrapped function (storecore.c).",
+    .tp_doc = "Store.get / version / get_many: the read in C, else the wrapped function (storecore.c).",
     .tp_new = fast_read_new,
     .tp_dealloc = (destructor)fast_commit_dealloc,
     .tp_traverse = (traverseproc)fast_commit_traverse,
@@ -1838,7 +1851,8 @@ PyMODINIT_FUNC PyInit__storecore(void) {
     }
     if (PyModule_AddObjectRef(m, "FastRead", (PyObject *)&FastReadType) < 0
         || PyModule_AddIntConstant(m, "READ_VALUE", READ_VALUE) < 0
-        || PyModule_AddIntConstant(m, "READ_VERSION", READ_VERSION) < 0) {
+        || PyModule_AddIntConstant(m, "READ_VERSION", READ_VERSION) < 0
+        || PyModule_AddIntConstant(m, "READ_MANY", READ_MANY) < 0) {
         Py_DECREF(m);
         return NULL;
     }

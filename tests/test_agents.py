@@ -275,6 +275,27 @@ def test_deleting_thread_refuses_writes_until_finished(store: wal.Store) -> None
 # ---- blobs ------------------------------------------------------------------------------------------------
 
 
+def test_an_archived_store_keeps_large_agent_values_in_the_log_so_a_restore_holds_them(tmp_path: Path) -> None:
+    """Blob files are not shipped to an object archive: on a store that ships to one, values
+    above the blob threshold stay in the log, and a restore elsewhere reads them back; one too
+    large for a log record is refused, naming why, and nothing is written."""
+    url = f"file://{tmp_path}/archive"
+    big = os.urandom(3 << 20)
+    with wal.open(tmp_path / "db", archive=url) as s:
+        ag = AgentStore(s, blob_threshold=1 << 20)
+        ag.append("t", big, state={"big": big})
+        with pytest.raises(wal.RecordTooLargeError, match="archive"):
+            ag.append("t", bytes(17 << 20))
+        assert ag.last_seq("t") == 1
+        s.put("last", b"1", durability="replicated")
+    assert blob_files(tmp_path / "db") == []
+    wal.restore(url, tmp_path / "restored")
+    with wal.open(tmp_path / "restored") as r:
+        ag = AgentStore(r)
+        assert list(ag.read("t")) == [(1, big)]
+        assert ag.get_state("t", "big") == big
+
+
 def test_blobs_roundtrip_dedupe_and_gc(tmp_path: Path) -> None:
     with wal.open(tmp_path / "db") as s:
         ag = AgentStore(s, blob_threshold=1000)

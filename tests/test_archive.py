@@ -12,16 +12,27 @@ import asyncio
 import datetime as dt
 import os
 import shutil
+import socket
 import threading
 import time
 from urllib.parse import urlparse
 
 import pytest
-from archive_server import archive_url, s3_server  # noqa: F401 -- fixtures
+from archive_server import BUCKET, archive_url, s3_server  # noqa: F401 -- fixtures
+from obstore.store import LocalStore
 
 import wal
 from wal.archive import layout
-from wal.archive.objects import FileObjects, open_objects
+from wal.archive.objects import (
+    ArchiveUnavailableError,
+    FileObjects,
+    ObjectExistsError,
+    ObjectMissingError,
+    ObjectStore,
+    ObstoreObjects,
+    S3Objects,
+    open_objects,
+)
 from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError
 from wal.cli import main
@@ -59,6 +70,64 @@ class Blocked:
         os.unlink(self.path)
         if os.path.exists(self.aside):
             os.rename(self.aside, self.path)
+
+
+# ---- object-store backends ------------------------------------------------------------------
+
+
+def _backend(kind: str, tmp_path, request) -> ObjectStore:
+    """One backend of each kind the archive speaks to, fresh and empty."""
+    if kind == "file":
+        return open_objects(f"file://{tmp_path}/objects")
+    if kind == "obstore-local":  # an obstore store object passed as archive= itself
+        return open_objects(LocalStore(str(tmp_path / "local"), mkdir=True))
+    server = request.getfixturevalue("s3_server")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    server.use_env(monkeypatch)
+    prefix = f"backend-{os.urandom(4).hex()}"
+    if kind == "s3-boto3":  # the backend of s3:// where obstore is not installed
+        return S3Objects(BUCKET, prefix)
+    objects = open_objects(f"s3://{BUCKET}/{prefix}")
+    assert isinstance(objects, ObstoreObjects), "s3:// goes through obstore where it is installed"
+    return objects
+
+
+@pytest.mark.parametrize("kind", ["file", "obstore-local", "s3-obstore", "s3-boto3"])
+def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
+    """What the archive needs of an object store (wal/archive/objects.py): create-only PUTs that
+    refuse a taken name, reads, ordered listing after a name, deletes, and clean errors."""
+    objects = _backend(kind, tmp_path, request)
+    for name in ("log/00000000000000000003.wal", "log/00000000000000000001.wal", "snap/00000000000000000001.snap",
+                 "log/00000000000000000002.wal"):
+        objects.put(name, name.encode())
+    with pytest.raises(ObjectExistsError):
+        objects.put("log/00000000000000000002.wal", b"another writer")
+    assert objects.get("log/00000000000000000002.wal") == b"log/00000000000000000002.wal"
+    objects.put("snap/00000000000000000001.snap", b"replaced", create_only=False)
+    assert objects.get("snap/00000000000000000001.snap") == b"replaced"
+    assert [n for n, _ in objects.list("log/")] == [f"log/{i:020d}.wal" for i in (1, 2, 3)]
+    assert [n for n, _ in objects.list("log/", start_after="log/00000000000000000001.wal")] == \
+        [f"log/{i:020d}.wal" for i in (2, 3)]
+    assert dict(objects.list("snap/")) == {"snap/00000000000000000001.snap": len(b"replaced")}
+    assert all(abs(t - time.time()) < 600 for _, t in objects.list_times("log/"))
+    objects.delete("log/00000000000000000001.wal")
+    objects.delete("log/00000000000000000001.wal")  # deleting what is gone is not an error
+    with pytest.raises(ObjectMissingError):
+        objects.get("log/00000000000000000001.wal")
+    assert objects.check_create_only() is True
+
+
+def test_an_unreachable_s3_endpoint_is_an_archive_unavailable_error(tmp_path, monkeypatch):
+    """Nothing listens: the shipper's retry-with-backoff error, naming the object, not a hang."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    objects = open_objects("s3://nobucket/p")
+    with pytest.raises(ArchiveUnavailableError, match="log/x"):
+        objects.put("log/x", b"data")
 
 
 # ---- shipping ----------------------------------------------------------------------------------

@@ -54,6 +54,43 @@ def test_read_from_lsn_starts_at_that_record(tmp_path: Path) -> None:
         assert list(log.read(10)) == [(10, payload(10))]
 
 
+def test_reads_that_follow_the_writer_resume_where_the_last_one_stopped(tmp_path: Path) -> None:
+    """A writable log's reads from ever later LSNs (the archive's shipper) resume each segment
+    where the last read stopped: the same records as a first read of the files would give,
+    across rolls, from any LSN, and from the start again; damage past the resume point is
+    still found."""
+    with wal.Log.open(tmp_path, segment_bytes=SMALL) as log:
+        shipped = 0
+        for round_ in range(40):
+            for _ in range(round_ % 7 + 1):
+                log.append(payload(shipped + 1 + _))
+            got = list(log.read(shipped + 1))
+            want = log.watermarks.written
+            assert [lsn for lsn, _ in got] == list(range(shipped + 1, want + 1))
+            assert all(data == payload(lsn) for lsn, data in got)
+            shipped = want
+        assert log._scan_resume, "reads of the newest segment left a point to resume from"
+        assert set(log._scan_resume) <= {str(f) for f in segment_files(tmp_path)}
+        assert list(log.read()) == [(i, payload(i)) for i in range(1, shipped + 1)]
+        assert [lsn for lsn, _ in log.read(shipped - 3)] == list(range(shipped - 3, shipped + 1))
+    # A record after the resume point damaged on disk: the resumed read validates it.
+    with wal.Log.open(tmp_path / "damaged", durability="sync") as log:
+        for i in range(1, 11):
+            log.append(payload(i))
+        assert len(list(log.read(1))) == 10
+        (newest,) = segment_files(tmp_path / "damaged")
+        resume_at = int(log._scan_resume[str(newest)][1].end_offset)
+        log.append(payload(11))
+        log.append(payload(12))  # a valid record after the damage: corruption, not a torn tail
+        with open(newest, "r+b") as f:
+            f.seek(resume_at + wf.RECORD_HEADER_SIZE + 1)  # inside record 11's payload
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(wal.CorruptionError):
+            list(log.read(11))
+
+
 def test_append_accepts_bytes_bytearray_memoryview_and_empty_payloads(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path) as log:
         log.append(b"bytes")

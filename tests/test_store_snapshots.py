@@ -180,3 +180,27 @@ def test_reads_in_c_and_in_python_agree_on_every_key_form_and_state(tmp_path: Pa
             store.get(12)  # type: ignore[arg-type]
         with pytest.raises(wal.RecordTooLargeError):
             store.get(b"x" * 600)
+
+
+def test_get_many_reads_every_call_form_and_refuses_bad_keys_clearly(tmp_path: Path) -> None:
+    """`Store.get_many` reads a list or tuple of bytes keys in one C call; every other form (str
+    keys, any iterable, bad keys) takes the Python path, with the same answers and errors."""
+    with wal.open(tmp_path, durability="buffered", apply_interval_ms=60_000) as store:
+        store.put(b"a", b"1")
+        store.put(b"b", b"2")
+        store.delete(b"b")  # in the overlay only: applying is held off by the interval
+        assert store.stats()["unapplied_commits"] > 0
+        want = [b"1", None, None]
+        assert store.get_many([b"a", b"b", b"c"]) == want
+        assert store.get_many((b"a", b"b", b"c")) == want
+        assert store.get_many(["a", "b", "c"]) == want
+        assert store.get_many(iter([b"a", b"b", b"c"])) == want
+        assert store.get_many([b"a", b"b", b"c"], b"-") == [b"1", b"-", b"-"]
+        assert store.get_many([b"a", b"b", b"c"], default=b"-") == [b"1", b"-", b"-"]
+        assert store.get_many([]) == []
+        with pytest.raises(wal.ArgumentError):
+            store.get_many([b"a", b""])
+        with pytest.raises(wal.RecordTooLargeError):
+            store.get_many([b"a", b"k" * 600])
+        with pytest.raises(TypeError):
+            store.get_many([b"a", 5])  # type: ignore[list-item]

@@ -31,7 +31,8 @@ Contracts
   ``blob_threshold`` bytes go to ``<store>/blobs/<aa>/<sha256>``: written to a temporary
   file, fsynced, renamed, directory fsynced -- all before the commit that references
   them. `gc_blobs` deletes only blobs no committed value references; a crash between
-  blob write and commit leaves an orphan that the next `gc_blobs` removes.
+  blob write and commit leaves an orphan that the next `gc_blobs` removes. Blob files are
+  not shipped to an object archive: on an archived store every value stays in the log.
 
 Key layout (``P`` = ``ag/<agent>/``; names are UTF-8 with ``%`` -> ``%25`` and ``/`` ->
 ``%2F`` so that no name is a prefix of another's key range)::
@@ -65,8 +66,8 @@ from typing import Any
 
 from wal._fs import fsync_dir
 from wal.crypto.sealing import CONTEXT_BLOB, Sealer
-from wal.errors import ArgumentError, ConflictError, CorruptionError, WalError, storage_error
-from wal.store.store import MAX_KEY_BYTES, Store
+from wal.errors import ArgumentError, ConflictError, CorruptionError, RecordTooLargeError, WalError, storage_error
+from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
 
 __all__ = [
     "DELETE_BATCH",
@@ -228,6 +229,8 @@ class AgentStore:
 
     The store stays owned by the caller (close it yourself). Thread-safe: share one instance.
     ``blob_threshold``: values of at least this many bytes become blob files (None: never).
+    Ignored on a store that ships to an object archive: blob files are not archived, so there
+    every value stays in the log (up to the store's value limit, `RecordTooLargeError` above).
     """
 
     # Test hooks (crash tests): called after a blob file is durable and before the commit
@@ -240,7 +243,11 @@ class AgentStore:
         self.store = store
         self.agent = agent
         self._p = b"ag/" + _name(agent, "agent") + b"/"
-        self.blob_threshold = blob_threshold
+        # Blob files live beside the store and are not shipped to an object archive: on a store
+        # that ships to one, every value stays in the log (up to the store's value limit), so a
+        # restore or a follower holds it too.
+        self._archived = bool(getattr(store, "_object_archive", False))
+        self.blob_threshold = None if self._archived else blob_threshold
         self.blob_dir = os.path.join(store.path, BLOB_DIR)
         # A sealed store's blob files are sealed too, with its keys and codec (wal/crypto/).
         self._sealer: Sealer | None = getattr(store, "_sealer", None)
@@ -309,6 +316,11 @@ class AgentStore:
         data = bytes(data)
         if self.blob_threshold is not None and len(data) >= self.blob_threshold:
             return bytes([_BLOB]) + _BLOB_REF.pack(self._write_blob(data), len(data))
+        if self._archived and len(data) >= MAX_VALUE_BYTES:
+            raise RecordTooLargeError(
+                f"an agent value of {len(data)} bytes: on a store that ships to an object archive every value "
+                f"stays in the log, so the archive holds it, and a value is limited to {MAX_VALUE_BYTES - 1} bytes "
+                "(blob files, for larger ones, are not archived); split the value or keep it elsewhere")
         return bytes([_INLINE]) + data
 
     def _unpack(self, packed: bytes) -> bytes:

@@ -10,13 +10,17 @@ The archive needs five operations and one guarantee from an object store:
 - ``get``, ``list`` (names in order, after a given name: a follower lists only what is new),
   ``delete`` (merges and retention).
 
-Client library: boto3 (the ``agentwal[s3]`` extra), imported only when an ``s3://`` URL is
-used. Chosen over obstore because the shipper is a plain thread and boto3's blocking client
-fits it without an async runtime; it reads the standard AWS environment (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
-profiles) exactly as every other AWS tool on the machine does; it exposes ``IfNoneMatch`` for
-create-only PUTs; and its client is thread-safe, so restores download in parallel from one
-client. obstore (Rust, faster per request) would serve as well; `ObjectStore` is the seam.
+Client library: obstore (the ``agentwal[s3]`` extra), imported only when an ``s3://`` URL or an
+obstore store is used. One API over S3, GCS, Azure and local folders, written in Rust: a PUT
+costs about a tenth of boto3's CPU (0.2-0.3 ms against 2.7-3.6 ms per request on the benchmark
+machine) and runs without the GIL, which matters twice here: the shipper's PUTs share the
+process with the commits they make durable, and a restore's verification shares it with its
+downloads. It honours create-only PUTs (``mode="create"``, If-None-Match on S3) and reads the
+standard AWS environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``). Any obstore store object
+(``S3Store``, ``GCSStore``, ``AzureStore``, ``LocalStore``) can be passed as ``archive=`` itself.
+Where obstore is not installed, ``s3://`` goes through boto3 (`S3Objects`), which also reads
+``~/.aws`` profiles.
 
 Errors: a missing object raises `ObjectMissingError`; anything transient (connection refused,
 timeouts, 5xx, throttling) raises `ArchiveUnavailableError`, which the shipper retries with
@@ -25,6 +29,7 @@ backoff. Both are `WalError`s.
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import threading
 import uuid
@@ -227,7 +232,7 @@ def _s3_client() -> Any:
             import boto3  # noqa: PLC0415 -- optional: only s3:// URLs need it
             from botocore.config import Config  # noqa: PLC0415
         except ImportError as exc:
-            raise ArgumentError("s3:// archives need boto3: pip install 'agentwal[s3]'") from exc
+            raise ArgumentError("s3:// archives need obstore (or boto3): pip install 'agentwal[s3]'") from exc
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         cfg = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"},
                      max_pool_connections=32)
@@ -237,7 +242,8 @@ def _s3_client() -> Any:
 
 
 class S3Objects(ObjectStore):
-    """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3.
+    """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3: the
+    backend of ``s3://`` URLs where obstore is not installed.
 
     Endpoint, credentials and region come from the standard AWS environment; ``AWS_ENDPOINT_URL``
     points it at any S3-compatible server. Timeouts are short (connect 5 s, read 30 s) and
@@ -318,12 +324,125 @@ class S3Objects(ObjectStore):
                 raise err from exc
 
 
+_OBSTORE_TIMEOUTS = {"connect_timeout": _dt.timedelta(seconds=5), "timeout": _dt.timedelta(seconds=30)}
+# Few retries inside the client, as for boto3: the shipper retries with its own backoff and must
+# notice an outage rather than sit in a client's retry loop.
+_OBSTORE_RETRY = {"max_retries": 2, "retry_timeout": _dt.timedelta(seconds=10),
+                  "backoff": {"init_backoff": _dt.timedelta(milliseconds=50),
+                              "max_backoff": _dt.timedelta(seconds=1), "base": 2.0}}
+
+
+def _obstore() -> Any:
+    try:
+        import obstore  # noqa: PLC0415 -- optional: only s3:// URLs and obstore stores need it
+    except ImportError:
+        return None
+    return obstore
+
+
+def _s3_store(bucket: str, prefix: str) -> Any:
+    """An obstore S3Store for ``s3://bucket/prefix`` from the standard AWS environment; plain
+    ``http://`` endpoints (a local S3-compatible server) are allowed when the endpoint says so."""
+    from obstore.store import S3Store  # noqa: PLC0415
+
+    make: Any = S3Store  # its keyword TypedDicts are checked by obstore at run time
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    options: dict[str, Any] = dict(_OBSTORE_TIMEOUTS, allow_http=endpoint.startswith("http://"))
+    return make(bucket, prefix=prefix.strip("/") or None, region=region, client_options=options,
+                retry_config=_OBSTORE_RETRY, **({"endpoint": endpoint} if endpoint else {}))
+
+
+class ObstoreObjects(ObjectStore):
+    """Objects in an obstore store: ``s3://`` URLs (an S3Store from the AWS environment) or any
+    obstore store given as ``archive=`` (S3, GCS, Azure, a local folder), names relative to the
+    store's prefix."""
+
+    def __init__(self, store: Any, url: str | None = None) -> None:
+        self.store = store
+        self._obstore = _obstore()
+        self.url = url or _store_url(store)
+
+    def _err(self, exc: BaseException, doing: str, name: str) -> ArchiveError:
+        exceptions = self._obstore.exceptions
+        if isinstance(exc, FileNotFoundError | exceptions.NotFoundError):
+            return ObjectMissingError(f"{self.url}/{name} does not exist")
+        if isinstance(exc, exceptions.AlreadyExistsError | exceptions.PreconditionError):
+            return ObjectExistsError(f"{self.url}/{name} already exists")
+        if isinstance(exc, exceptions.PermissionDeniedError | exceptions.UnauthenticatedError):
+            return ArchiveUnavailableError(f"{doing} {self.url}/{name}: refused ({type(exc).__name__}); "
+                                           "check credentials")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ArchiveUnavailableError(f"{doing} {self.url}/{name}: {type(exc).__name__}: {first_line}")
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        try:
+            self._obstore.put(self.store, name, data, mode="create" if create_only else "overwrite",
+                              use_multipart=False)
+        except Exception as exc:
+            raise self._err(exc, "writing", name) from exc
+
+    def get(self, name: str) -> bytes:
+        try:
+            return bytes(self._obstore.get(self.store, name).bytes())
+        except Exception as exc:
+            raise self._err(exc, "reading", name) from exc
+
+    def _metas(self, prefix: str, start_after: str | None) -> list[dict[str, Any]]:
+        # Sorted here: S3 lists in name order, but not every obstore store does (a local folder).
+        try:
+            metas = [meta for batch in self._obstore.list(self.store, prefix=prefix, offset=start_after,
+                                                          chunk_size=1000)
+                     for meta in batch]
+        except Exception as exc:
+            raise self._err(exc, "listing", prefix) from exc
+        metas.sort(key=lambda meta: str(meta["path"]))
+        return metas
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        for meta in self._metas(prefix, start_after):
+            yield str(meta["path"]), int(meta["size"])
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        for meta in self._metas(prefix, None):
+            yield str(meta["path"]), float(meta["last_modified"].timestamp())
+
+    def delete(self, name: str) -> None:
+        try:
+            self._obstore.delete(self.store, name)
+        except Exception as exc:
+            err = self._err(exc, "deleting", name)
+            if not isinstance(err, ObjectMissingError):
+                raise err from exc
+
+
+def _store_url(store: Any) -> str:
+    """A URL naming an obstore store in messages: ``s3://bucket/prefix`` and the like."""
+    config = getattr(store, "config", None) or {}
+    prefix = str(getattr(store, "prefix", "") or "").strip("/")
+    kind = type(store).__name__
+    for scheme, key, of in (("s3", "bucket", "S3Store"), ("gs", "bucket", "GCSStore"),
+                            ("az", "container_name", "AzureStore")):
+        if kind == of and config.get(key):
+            return f"{scheme}://{config[key]}/{prefix}".rstrip("/")
+    if kind == "LocalStore":
+        return "file://" + prefix
+    return f"{kind}:{prefix}" if prefix else kind
+
+
+def _is_obstore_store(archive: object) -> bool:
+    return type(archive).__module__.split(".")[0] == "obstore"
+
+
 def open_objects(archive: str | ObjectStore) -> ObjectStore:
     """The backend for an archive URL (``s3://bucket/prefix``, ``file:///dir``) or an ObjectStore as is."""
     if isinstance(archive, ObjectStore):
         return archive
+    if _is_obstore_store(archive):
+        return ObstoreObjects(archive)
     if not isinstance(archive, str):
-        raise ArgumentError(f"an archive must be an s3:// or file:// URL or an ObjectStore, not {archive!r}")
+        raise ArgumentError(f"an archive must be an s3:// or file:// URL, an obstore store or an ObjectStore, "
+                            f"not {archive!r}")
     parsed = urlparse(archive)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
@@ -335,5 +454,8 @@ def open_objects(archive: str | ObjectStore) -> ObjectStore:
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ArgumentError(f"the archive URL {archive!r} names no bucket (s3://bucket/prefix)")
+        if _obstore() is not None:
+            bucket, prefix = parsed.netloc, unquote(parsed.path)
+            return ObstoreObjects(_s3_store(bucket, prefix), f"s3://{bucket}/{prefix.strip('/')}".rstrip("/"))
         return S3Objects(parsed.netloc, unquote(parsed.path))
     raise ArgumentError(f"unsupported archive URL {archive!r}: use s3://bucket/prefix or file:///dir")

@@ -73,30 +73,42 @@ def parse_time(value: Any) -> int:
     return int(value.timestamp() * 1000)
 
 
+def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogObject | CorruptionError]:
+    """One log object downloaded and verified (layout.decode_log), in a download thread: the
+    SHA-256 and the CRC-32Cs run without the GIL, so verifying keeps pace with downloading
+    instead of queueing behind it on the caller's thread. Damage is returned, not raised, so
+    the caller meets it in LSN order."""
+    data = objects.get(name)
+    try:
+        return len(data), layout.decode_log(data, name)
+    except CorruptionError as exc:
+        return len(data), exc
+
+
 def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
-               progress: Progress | None) -> Iterator[tuple[Piece, bytes]]:
-    """Download pieces in order, `parallel` at a time, yielding each as soon as it and all
+               progress: Progress | None) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
+    """Download and verify pieces, `parallel` at a time, yielding each in order as (piece, its
+    size in bytes, the decoded object or the CorruptionError it gave) as soon as it and all
     before it are in."""
     total = sum(p.size for p in pieces)
     done = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures: list[concurrent.futures.Future[bytes]] = []
+        futures: list[concurrent.futures.Future[tuple[int, layout.LogObject | CorruptionError]] | None] = []
         nxt = 0
         try:
             for i, piece in enumerate(pieces):
                 while nxt < len(pieces) and nxt < i + parallel * 2:
-                    futures.append(pool.submit(objects.get, pieces[nxt].name))
+                    futures.append(pool.submit(_fetch_and_decode, objects, pieces[nxt].name))
                     nxt += 1
-                data = futures[i].result()
-                futures[i] = None  # type: ignore[call-overload]
-                done += len(data)
+                future = futures[i]
+                assert future is not None
+                size, obj = future.result()
+                futures[i] = None
+                done += size
                 if progress is not None:
                     progress(done, total)
-                yield piece, data
+                yield piece, size, obj
         finally:
-            for f in futures[nxt:]:
-                if f is not None:
-                    f.cancel()
             for f in futures:
                 if f is not None:
                     f.cancel()
@@ -202,10 +214,11 @@ def _collect_planned(objects: ObjectStore, listing: Listing, records: list[tuple
     if upto is not None:
         pieces = [p for p in pieces if p.first <= upto]
     reached = False
-    for piece, data in _fetch_all(objects, pieces, parallel, progress):
+    for piece, size, obj in _fetch_all(objects, pieces, parallel, progress):
         tally["objects"] += 1
-        tally["bytes"] += len(data)
-        obj = layout.decode_log(data, piece.name)
+        tally["bytes"] += size
+        if isinstance(obj, CorruptionError):
+            raise obj
         if obj.first > pos + 1:
             tail = unfinished_tail(objects, listing.logs, pos)
             if tail is not None:
@@ -345,13 +358,11 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     pos = base
     pieces, gap = cover(listing.logs, base)
     tail: list[Piece] | None = None
-    for piece, data in _fetch_all(objects, pieces, parallel, progress):
-        nbytes += len(data)
+    for piece, size, obj in _fetch_all(objects, pieces, parallel, progress):
+        nbytes += size
         count += 1
-        try:
-            obj = layout.decode_log(data, piece.name)
-        except CorruptionError as exc:
-            problems.append(str(exc))
+        if isinstance(obj, CorruptionError):
+            problems.append(str(obj))
             pos = piece.last if piece.last is not None else pos
             continue
         if obj.first > pos + 1:

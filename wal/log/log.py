@@ -49,6 +49,8 @@ _SPAN_RECORDS = 1024  # records per span of read_spans (the replay: fewer, bigge
 # Records per span for Log.read: ~256 KiB of 1 KiB records, so that turning a span into Python
 # objects finds its bytes still in cache after the scan that validated them (1,024: ~10% slower).
 _READ_RECORDS = 256
+_HEADER_BYTES = 64  # a segment header (FORMAT.md §4): what tells one segment file from another
+_SCAN_RESULT_BYTES = ffi.sizeof("wal_scan_result")
 _NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 _logger = logging.getLogger("wal.log.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
@@ -125,6 +127,10 @@ class Log:
         self._writer: Any = handle
         self._writer_address = handle_address(handle) if handle is not None else 0
         self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
+        # Where this log's own reads of each segment may resume (_segment_spans): the archive's
+        # shipper reads the newest records again and again, and must not re-validate the whole
+        # segment each time.
+        self._scan_resume: dict[str, tuple[bytes, Any]] = {}
         _open_logs.add(self)
 
     # ---- opening -------------------------------------------------------------------------
@@ -451,13 +457,13 @@ class Log:
         On a read-only log: everything valid in the files, a torn tail in progress excluded.
         """
         upto = self._read_bounds(from_lsn)
-        return _read_records(self._dir, from_lsn, upto)
+        return _read_records(self._dir, from_lsn, upto, self._scan_resume if upto is not None else None)
 
     def read_spans(self, from_lsn: int = 1) -> Generator[RecordSpan, None, None]:
         """The records of `read`, as spans of a mapped segment (see `RecordSpan`), for readers
         that decode in C: no Python object per record. Replay uses it (wal.log.record.Collapser)."""
         upto = self._read_bounds(from_lsn)
-        return _read_spans(self._dir, from_lsn, upto)
+        return _read_spans(self._dir, from_lsn, upto, resume=self._scan_resume if upto is not None else None)
 
     def _read_bounds(self, from_lsn: int) -> int | None:
         """The last LSN a read may return (None on a read-only log: whatever the files hold)."""
@@ -788,16 +794,20 @@ class SealedSegment(NamedTuple):
         return _segment_spans(self.path, self.number, from_lsn, None)
 
 
-def _read_records(directory: str, from_lsn: int, upto: int | None) -> Iterator[tuple[int, bytes]]:
-    for span in _read_spans(directory, from_lsn, upto, _READ_RECORDS):
+def _read_records(directory: str, from_lsn: int, upto: int | None,
+                  resume: dict[str, tuple[bytes, Any]] | None = None) -> Iterator[tuple[int, bytes]]:
+    for span in _read_spans(directory, from_lsn, upto, _READ_RECORDS, resume):
         if span.records:
             # One C call per span makes its (lsn, payload) tuples (native/readcall.c).
             yield from span_records(span.buffer, span.lsns, span.offsets, span.lengths, span.records)
 
 
-def _read_spans(directory: str, from_lsn: int, upto: int | None,
-                batch: int = _SPAN_RECORDS) -> Generator[RecordSpan, None, None]:
+def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _SPAN_RECORDS,
+                resume: dict[str, tuple[bytes, Any]] | None = None) -> Generator[RecordSpan, None, None]:
     segments = recovery.list_segments(directory)
+    if resume is not None:  # forget segments a checkpoint removed
+        for gone in resume.keys() - {p for _, p in segments}:
+            resume.pop(gone, None)
     firsts = [_segment_first_lsn(p) for _, p in segments]
     if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
         raise ArgumentError(
@@ -818,14 +828,16 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None,
                 f"starts at LSN {firsts[i]}", path=ended[0], lsn=ended[1] + 1, reason="lsn gap",
             )
         live_tail = upto is None and i == len(segments) - 1
-        last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail, batch=batch)
+        last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail, batch=batch,
+                                         resume=resume)
         if last is None:
             return  # past upto
         ended = (path, last)
 
 
 def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, live_tail: bool = False,
-                   batch: int = _SPAN_RECORDS) -> Generator[RecordSpan, None, int | None]:
+                   batch: int = _SPAN_RECORDS,
+                   resume: dict[str, tuple[bytes, Any]] | None = None) -> Generator[RecordSpan, None, int | None]:
     """The records of one segment file from `from_lsn` on, as spans, ending with a span of 0
     records; returns the segment's last LSN, or None once a record past `upto` was reached.
 
@@ -834,6 +846,10 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
     another process may be writing (`live_tail`) is scanned whole first, the scan repeated
     until its verdict holds still (a record caught mid-write looks like damage), and only
     the part that verdict vouches for is handed out.
+
+    `resume` (a writable log's own reads): path -> (its header bytes, a scan state at a record
+    boundary) from earlier reads; a read from a later LSN of the same segment (same header)
+    continues from that state instead of validating the segment again from its start.
     """
     lsns = ffi.new("uint64_t[]", batch)
     offs = ffi.new("uint64_t[]", batch)
@@ -858,10 +874,27 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                 refuse_damage(settled)
                 limit = settled.end_offset
             res = ffi.new("wal_scan_result *")
+            head = bytes(buf[:_HEADER_BYTES])
+            saved = resume.get(path) if resume is not None else None
+            if saved is not None and saved[0] == head and saved[1].last_lsn < from_lsn:
+                ffi.memmove(res, saved[1], _SCAN_RESULT_BYTES)  # validated before: go on from there
             while True:
-                more = lib.wal_scan_records(data, limit, res, from_lsn, batch, lsns, offs, lens,
+                # Reading up to `upto` (a writable log), ask for no record past it: the scan then
+                # stops right after it instead of validating on to the end of the segment (and
+                # over the zeros of its unwritten, preallocated rest).
+                want = batch if upto is None else min(batch, upto - max(from_lsn, int(res.last_lsn) + 1) + 1)
+                if want <= 0:
+                    yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
+                    return None
+                more = lib.wal_scan_records(data, limit, res, from_lsn, want, lsns, offs, lens,
                                             count) == lib.WAL_SCAN_MORE
                 n = count[0]
+                if more and resume is not None:
+                    # A record boundary every byte before which was validated: the next read of
+                    # this segment (from a later LSN) resumes here.
+                    kept = ffi.new("wal_scan_result *")
+                    ffi.memmove(kept, res, _SCAN_RESULT_BYTES)
+                    resume[path] = (head, kept)
                 past_end = n > 0 and upto is not None and lsns[n - 1] > upto
                 if past_end:  # LSNs ascend: keep those up to `upto`
                     n = next(j for j in range(n) if lsns[j] > upto)

@@ -1338,10 +1338,12 @@ class Store:
 # path declines, runs them unchanged (storecore.FastCommit, native/storecore.c).
 Store.put = storecore.FastCommit(Store.put, record.OP_PUT)  # type: ignore[method-assign]
 Store.delete = storecore.FastCommit(Store.delete, record.OP_DELETE)  # type: ignore[method-assign]
-# Reads likewise: `store.get(key[, default])` and `store.version(key)` read in one C call (the
-# overlay, else LMDB); the C path declines closed stores and odd keys (native/storecore.c).
+# Reads likewise: `store.get(key[, default])`, `store.version(key)` and `store.get_many(keys[,
+# default])` read in one C call (the overlay, else LMDB); the C path declines closed stores and
+# odd keys (native/storecore.c).
 Store.get = storecore.FastRead(Store.get, storecore.READ_VALUE)  # type: ignore[method-assign]
 Store.version = storecore.FastRead(Store.version, storecore.READ_VERSION)  # type: ignore[method-assign]
+Store.get_many = storecore.FastRead(Store.get_many, storecore.READ_MANY)  # type: ignore[method-assign]
 
 
 class _Ended:
