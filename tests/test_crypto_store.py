@@ -108,6 +108,26 @@ def test_a_sealed_put_takes_and_refuses_arguments_as_the_plain_store_does(tmp_pa
         wal.RecordTooLargeError, wal.ArgumentError]
 
 
+def test_a_sealed_put_on_an_archived_store_is_admitted_against_the_archive_rpo(tmp_path: Path) -> None:
+    """The sealed put calls the store's C commit straight only over the plain Store: over the
+    archive's store every put still passes its admission (the archive_rpo_ms bound)."""
+    with wal.open(tmp_path / "store", encryption=KEY, archive=f"file://{tmp_path}/archive") as store:
+        shipper = store._shipper
+        admitted = []
+        real_admit = shipper.admit
+
+        def counting_admit() -> None:
+            admitted.append(1)
+            real_admit()
+
+        shipper.admit = counting_admit  # type: ignore[method-assign]
+        for i in range(5):
+            store.put(b"k%d" % i, SECRET)  # the store's level: the C path, after the admission
+        assert len(admitted) == 5
+        store.put("s", SECRET, durability="sync")
+        assert len(admitted) > 5 and store.get(b"k4") == SECRET and store.get("s") == SECRET
+
+
 def test_a_value_is_sealed_once_and_the_log_and_the_state_hold_the_same_envelope(tmp_path: Path) -> None:
     with wal.open(tmp_path, encryption=KEY, apply_interval_ms=600_000) as store:
         store.put(b"k", SECRET)
