@@ -386,10 +386,11 @@ def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
 
 def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_object_store_sees_no_key(
         tmp_path: Path) -> None:
-    """The agent layer (events, state, tool calls, checkpoints; large values as blob files) on an
-    encrypted, compressed store that ships to a file:// archive, then a restore of that archive:
-    the plaintext and the agent's thread name appear in no file of the store, the archive or the
-    restored store; the archive holds no key either (its objects are sealed whole)."""
+    """The agent layer (events, state, tool calls, checkpoints) on an encrypted, compressed store
+    that ships to a file:// archive, then a restore of that archive, and beside them a store
+    without an archive that keeps large values as blob files: the plaintext and the agent's
+    thread name appear in no file of the stores, the blobs, the archive or the restored store;
+    the archive holds no key either (its objects are sealed whole)."""
     url = f"file://{tmp_path}/archive"
     store = wal.open(tmp_path / "store", encryption=KEY, compression="zstd", archive=url,
                      archive_snapshot_bytes=1 << 14)
@@ -400,20 +401,25 @@ def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_objec
         agents.begin_call("thread-secret-customer", "call-1", "crm.lookup", SECRET)
         agents.end_call("thread-secret-customer", "call-1", _conversation(99))
         agents.save_checkpoint("thread-secret-customer", _conversation(100) * 3, schema_version=1, config_hash="h")
-        assert list((tmp_path / "store" / "blobs").rglob("*"))
         assert agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
         assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
         store.checkpoint()
     finally:
         store.close()
     wal.restore(url, tmp_path / "restored", encryption=KEY)
+    with wal.open(tmp_path / "local", encryption=KEY, compression="zstd") as local:  # no archive: blob files
+        local_agents = AgentStore(local, "support-bot", blob_threshold=1024)
+        for i in range(40):
+            local_agents.append("thread-secret-customer", _conversation(i))
+        assert list((tmp_path / "local" / "blobs").rglob("*"))
+        assert local_agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
     files = _files(tmp_path)
     assert any("archive" in p.parts and p.suffix == ".snap" for p in files)
     leaks = [str(p) for p, data in files.items() for needle in (SECRET, b"quarterly", b"assistant") if needle in data]
     assert not leaks
     archive_leaks = [str(p) for p, data in files.items() if "archive" in p.parts and b"thread-secret" in data]
     assert not archive_leaks  # keys too: the object store sees ciphertext only
-    with wal.open(tmp_path / "restored", encryption=KEY) as restored:  # inline values (blob files stay local)
+    with wal.open(tmp_path / "restored", encryption=KEY) as restored:
         agents = AgentStore(restored, "support-bot")
         assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
         assert restored.get(b"ag/support-bot/c/call-1/i").endswith(SECRET)  # the call's intent: its args
@@ -422,14 +428,15 @@ def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_objec
 def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_naming_it(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/archive"
     with wal.open(tmp_path / "store", encryption=KEY, archive=url) as store:
-        agents = AgentStore(store, "a", blob_threshold=64)
-        agents.append("t", SECRET * 10)
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)  # in the log: the archive holds it
         store.checkpoint()
-    blob = next(p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file())
+    with wal.open(tmp_path / "local", encryption=KEY) as store:  # no archive: a large value is a blob file
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)
+    blob = next(p for p in (tmp_path / "local" / "blobs").rglob("*") if p.is_file())
     data = bytearray(blob.read_bytes())
     data[-1] ^= 1
     blob.write_bytes(bytes(data))
-    with wal.open(tmp_path / "store", encryption=KEY) as store, \
+    with wal.open(tmp_path / "local", encryption=KEY) as store, \
             pytest.raises(SealDamagedError, match=f"blob file {blob}.*authentication failed"):
         list(AgentStore(store, "a").read("t"))
     obj = sorted((tmp_path / "archive" / "log").glob("*.wal"))[0]
