@@ -101,10 +101,12 @@ def test_get_and_scan_show_a_compressed_stores_values_without_a_key(tmp_path: Pa
         assert Store.get(store, b"m/1")[0] == 0x01  # really a zstd envelope on disk
     r = run("get", str(tmp_path / "s"), "m/1")
     assert r.returncode == 0 and r.stdout.encode() == value, r.stderr
-    r = run("scan", str(tmp_path / "s"), "m/", "--json")
-    assert r.returncode == 0, r.stderr
-    assert [(d["key"], d["value"]) for d in map(json.loads, r.stdout.splitlines())] == [
-        ("m/1", value.decode()), ("m/2", "short")]
+    (tmp_path / "k.key").write_bytes(OLD)
+    for extra in ([], ["--key-file", str(tmp_path / "k.key")]):  # a key given for it opens nothing: ignored
+        r = run("scan", str(tmp_path / "s"), "m/", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        assert [(d["key"], d["value"]) for d in map(json.loads, r.stdout.splitlines())] == [
+            ("m/1", value.decode()), ("m/2", "short")]
 
 
 def test_get_and_scan_of_an_encrypted_store_decrypt_with_key_file_and_refuse_without_it(

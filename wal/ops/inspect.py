@@ -175,7 +175,8 @@ def value_opener(target: Target) -> Callable[[bytes, bytes], bytes] | None:
     sealed = meta.get(STORE_FIELD) if meta is not None else None
     if not isinstance(sealed, dict):
         return None
-    encryption = sealing_options().get("encryption")
+    # A key given for a store that is not encrypted opens nothing: reading ignores it.
+    encryption = sealing_options().get("encryption") if sealed.get("encrypted") else None
     if sealed.get("encrypted") and encryption is None:
         ids = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
         listed = f" (key ids {', '.join(ids)})" if ids else ""
