@@ -20,7 +20,7 @@ Measured:
    commit, plain / compressed / encrypted / both;
 2. commits/s at ``sync`` from 1 and 64 threads, 4 KiB and 64 KiB conversation values, for the
    four; ratios to plain (goals: encryption costs <= 10% at 64 threads x 4 KiB; compression makes
-   64 KiB commits faster);
+   64 KiB commits faster), with the process's CPU time and voluntary context switches per commit;
 3. sealing throughput (compress-less AES-256-GCM through `Sealer.seal`) against the
    `cryptography` package's own AESGCM.encrypt on the same buffers;
 4. the peers a user would otherwise pick: the OpenAI Agents SDK's ``EncryptedSession`` over
@@ -42,6 +42,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -189,7 +190,11 @@ def log_bytes_per_commit(work: Path, values: list[bytes]) -> dict[str, float]:
 # ---- 2. commits/s at sync ---------------------------------------------------------------------------
 
 
-def commits_per_s(path: Path, opts: dict[str, Any], values: list[bytes], threads: int, per_thread: int) -> float:
+def commits_per_s(path: Path, opts: dict[str, Any], values: list[bytes], threads: int,
+                  per_thread: int) -> tuple[float, float, float]:
+    """(commits/s, CPU µs per commit, voluntary context switches per commit): the process's own
+    CPU time and switches, all threads (the materializer's too), which move less with the
+    machine's load than the rate does and show where a configuration's cost goes."""
     with wal.open(path, durability="sync", **opts) as s:
         barrier = threading.Barrier(threads + 1)
 
@@ -201,11 +206,16 @@ def commits_per_s(path: Path, opts: dict[str, Any], values: list[bytes], threads
         ths = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
         for th in ths:
             th.start()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         barrier.wait()
         t0 = time.perf_counter()
         for th in ths:
             th.join()
-        return threads * per_thread / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        n = threads * per_thread
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        return n / elapsed, cpu / n * 1e6, (ru1.ru_nvcsw - ru0.ru_nvcsw) / n
 
 
 def throughput(work: Path, rounds: int, quick: bool, v4k: list[bytes], v64k: list[bytes]) -> list[dict[str, Any]]:
@@ -213,15 +223,16 @@ def throughput(work: Path, rounds: int, quick: bool, v4k: list[bytes], v64k: lis
     cases = [(1, "4 KiB", v4k, 300 if quick else 1500), (64, "4 KiB", v4k, 20 if quick else 80),
              (1, "64 KiB", v64k, 100 if quick else 400), (64, "64 KiB", v64k, 5 if quick else 20)]
     for threads, size, values, per in cases:
-        got: dict[str, list[float]] = {n: [] for n in CONFIGS}
+        got: dict[str, list[tuple[float, float, float]]] = {n: [] for n in CONFIGS}
         for r in range(rounds):  # interleaved: the machine's load hits every config alike
             for name, opts in CONFIGS.items():
                 p = work / f"tp-{threads}-{size}-{name}-{r}".replace(" ", "")
                 got[name].append(commits_per_s(p, opts, values, threads, per))
                 shutil.rmtree(p)
-        med = {n: statistics.median(v) for n, v in got.items()}
-        rows.append({"threads": threads, "value": size, **{f"{n}_per_s": med[n] for n in CONFIGS},
-                     **{f"{n}_vs_plain": med[n] / med["plain"] for n in CONFIGS if n != "plain"}})
+        med = {n: [statistics.median(x[i] for x in v) for i in range(3)] for n, v in got.items()}
+        rows.append({"threads": threads, "value": size, **{f"{n}_per_s": med[n][0] for n in CONFIGS},
+                     **{f"{n}_vs_plain": med[n][0] / med["plain"][0] for n in CONFIGS if n != "plain"},
+                     **{f"{n}_cpu_us": med[n][1] for n in CONFIGS}, **{f"{n}_vcsw": med[n][2] for n in CONFIGS}})
     return rows
 
 
@@ -380,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         turns = [(message(rng, sentences, 300), message(rng, sentences, 1500)) for _ in range(20 if args.quick
                                                                                              else 100)]
         res: dict[str, Any] = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                                           "when": stamp, "quick": args.quick}}
+                                           "when": stamp, "quick": args.quick,
+                                           "loadavg_start": os.getloadavg()}}
         res["compression"] = ratios(corpora)
         res["log_bytes_per_commit"] = log_bytes_per_commit(work, corpora["conversation JSON"])
         res["aead"] = aead_rates()
@@ -389,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         res["langgraph_savers"] = langgraph_savers(work, rng, sentences, 20 if args.quick else args.steps, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    res["machine"]["loadavg_end"] = os.getloadavg()  # the machine is shared: how busy it was, 1/5/15 min
     (out / "results.json").write_text(json.dumps(res, indent=2))
     md = render(res)
     (out / "results.md").write_text(md)
@@ -400,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
 def render(res: dict[str, Any]) -> str:
     lines = [f"# Encryption and compression, one run ({res['machine']['when']}, {res['machine']['cpus']} CPUs, "
              f"Python {res['machine']['python']}{', quick' if res['machine']['quick'] else ''})", "",
+             "Load average (1/5/15 min) at the start {} and at the end {}.".format(
+                 *("/".join(f"{x:.1f}" for x in res["machine"].get(k, ())) or "-"
+                   for k in ("loadavg_start", "loadavg_end"))), "",
              "## Compression ratio (raw bytes / stored bytes, values over 128 bytes compressed)", "",
              "| data | values | mean bytes | zstd | zstd + trained dict | zstd then AES-GCM |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -426,6 +442,13 @@ def render(res: dict[str, Any]) -> str:
     speedups = ", ".join("{:.2f}x at {} thread(s)".format(r["compressed_vs_plain"], r["threads"]) for r in big)
     met = "MET" if r64["encrypted_vs_plain"] >= 0.9 else "NOT MET"
     cost = r64["encrypted_vs_plain"]
+    lines += ["", "CPU time (µs) and voluntary context switches per commit, the whole process (median of rounds):", "",
+              "| threads | value | plain | encrypted | compressed | encrypted+compressed |",
+              "|---:|---|---:|---:|---:|---:|"]
+    for r in res["commits"]:
+        if "plain_cpu_us" in r:
+            lines.append(f"| {r['threads']} | {r['value']} | " + " | ".join(
+                f"{r[n + '_cpu_us']:.0f} µs, {r[n + '_vcsw']:.1f}" for n in CONFIGS) + " |")
     lines += ["", f"Goal: encryption costs <= 10% at 64 threads x 4 KiB: {met} ({cost:.2f}x plain).",
               f"Goal: compression makes 64 KiB commits faster: "
               f"{'MET' if all(r['compressed_vs_plain'] > 1 for r in big) else 'NOT MET'} "

@@ -1,5 +1,7 @@
-"""The command line on encrypted stores: `agentwal rekey`, export and import of sealed values,
-and the reading commands, which need no key and show no plaintext. Real subprocesses, real stores."""
+"""The command line on sealed stores: `agentwal rekey`, export and import of sealed values, the
+reading commands that need no key and show no plaintext, and `get` / `scan`, which show values
+(decompressed without a key, decrypted with --key-file, refused without it). Real subprocesses,
+real stores."""
 
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_import
     lines = [json.loads(line) for line in text.splitlines()]
     assert len(lines) == 50 and all("sealed" in line and "value" not in line for line in lines)
     assert SECRET.decode() not in text and "board" not in text
-    for command in (["info"], ["verify"], ["scan", "k/"], ["get", "k/1"]):  # reading needs no key
+    for command in (["info"], ["verify"], ["scan", "k/", "--keys-only"]):  # reading needs no key
         r = run(command[0], str(tmp_path / "src"), *command[1:])
         assert r.returncode == 0, (command, r.stderr)
         assert SECRET.decode() not in r.stdout
@@ -89,3 +91,53 @@ def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_import
     assert r.returncode == 0, r.stderr
     with wal.open(tmp_path / "dst", encryption=OLD) as dst:  # sealed again under the target's key
         assert dst.get("k/49") == SECRET * 5 + b" 49" and Store.get(dst, b"k/49")[1:9] == key_id(OLD)
+
+
+def test_get_and_scan_show_a_compressed_stores_values_without_a_key(tmp_path: Path) -> None:
+    value = b'{"role": "assistant", "content": "' + b"the tool returned forty rows " * 40 + b'"}'
+    with wal.open(tmp_path / "s", compression="zstd") as store:
+        store.put("m/1", value)
+        store.put("m/2", b"short")  # under the threshold: stored uncompressed, in a plain envelope
+        assert Store.get(store, b"m/1")[0] == 0x01  # really a zstd envelope on disk
+    r = run("get", str(tmp_path / "s"), "m/1")
+    assert r.returncode == 0 and r.stdout.encode() == value, r.stderr
+    (tmp_path / "k.key").write_bytes(OLD)
+    for extra in ([], ["--key-file", str(tmp_path / "k.key")]):  # a key given for it opens nothing: ignored
+        r = run("scan", str(tmp_path / "s"), "m/", "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        assert [(d["key"], d["value"]) for d in map(json.loads, r.stdout.splitlines())] == [
+            ("m/1", value.decode()), ("m/2", "short")]
+
+
+def test_get_and_scan_of_an_encrypted_store_decrypt_with_key_file_and_refuse_without_it(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    old_file, new_file = keys
+    store_dir = str(tmp_path / "s")
+    with wal.open(store_dir, encryption=OLD, compression="zstd") as store:
+        store.put("k/a", SECRET)
+        store.put("k/b", SECRET * 20)  # compressed, then encrypted
+    with wal.open(store_dir, encryption=[NEW, OLD]) as store:
+        store.put("k/c", b"under the new key")  # written by the process that now holds the store
+        for command in (["get", store_dir, "k/b", "--key-file", new_file, "--key-file", old_file],
+                        ["scan", store_dir, "k/", "--key-file", new_file, "--key-file", old_file]):
+            r = run(*command)  # read-only: works beside the writer, the commit read from the log
+            assert r.returncode == 0, (command, r.stderr)
+    r = run("get", store_dir, "k/b", "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0 and r.stdout.encode() == SECRET * 20, r.stderr
+    r = run("scan", store_dir, "k/", "--json", "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    assert [(d["key"], d["value"]) for d in map(json.loads, r.stdout.splitlines())] == [
+        ("k/a", SECRET.decode()), ("k/b", (SECRET * 20).decode()), ("k/c", "under the new key")]
+    ids = f"{key_id(OLD).hex()}, {key_id(NEW).hex()}"
+    for command in (["get", store_dir, "k/a"], ["scan", store_dir, "k/"], ["scan", store_dir, "--json"]):
+        r = run(*command)  # no key: a clear error naming the option, and no bytes of any value
+        assert r.returncode == 1 and r.stdout == "", (command, r.stdout)
+        assert f"the store at {store_dir} is encrypted (key ids {ids})" in r.stderr and "--key-file" in r.stderr
+    r = run("get", store_dir, "k/c", "--key-file", old_file)  # the old key alone: k/c is not under it
+    assert r.returncode == 1 and f"encrypted under key id {key_id(NEW).hex()}" in r.stderr and SECRET.decode() \
+        not in r.stdout
+    (tmp_path / "other.key").write_bytes(bytes(range(200, 232)))
+    r = run("scan", store_dir, "--key-file", str(tmp_path / "other.key"))  # none of its keys: refused first
+    assert r.returncode == 1 and "a wrong key?" in r.stderr and r.stdout == ""
+    r = run("scan", store_dir, "k/", "--keys-only")  # the keys are plain: listing them needs no key
+    assert r.returncode == 0 and r.stdout.split() == ["k/a", "k/b", "k/c"], r.stderr

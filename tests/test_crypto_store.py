@@ -81,6 +81,53 @@ def test_every_read_and_write_path_round_trips_through_the_envelope(tmp_path: Pa
         assert ro.get(b"a") == big
 
 
+@pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}], ids=["encrypted", "compressed"])
+def test_a_sealed_put_takes_and_refuses_arguments_as_the_plain_store_does(tmp_path: Path, options: dict) -> None:
+    """The sealed put takes bytes and str keys as they are and hands the envelope to the C commit;
+    every other argument goes through the store's own checks, with the plain store's errors."""
+    too_long_key = b"k" * (wal.store.store.MAX_KEY_BYTES + 1)
+    too_big_value = bytes(wal.store.store.MAX_VALUE_BYTES + 1)
+    calls = [((b"b", b"v"), {}), (("s-\u00e9", b"v"), {}), ((bytearray(b"ba"), bytearray(b"v")), {}),
+             ((memoryview(b"mv"), memoryview(b"v")), {}), ((b"d", b"v"), {"durability": "sync"}),
+             ((b"", b"v"), {}), ((too_long_key, b"v"), {}), ((1, b"v"), {}), ((b"x", "text"), {}),
+             ((b"x", too_big_value), {}), ((b"x", b"v"), {"durability": "nope"})]
+    outcomes = []
+    for opts, path in ((options, tmp_path / "sealed"), ({}, tmp_path / "plain")):
+        with wal.open(path, **opts) as store:
+            got = []
+            for args, kwargs in calls:
+                try:
+                    got.append(store.put(*args, **kwargs) > 0)
+                except Exception as exc:  # the error's class is what is compared
+                    got.append(type(exc))
+            got.append(dict(store.scan()))
+            outcomes.append(got)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][:5] == [True] * 5 and outcomes[0][5:-1] == [
+        wal.ArgumentError, wal.RecordTooLargeError, wal.ArgumentTypeError, wal.ArgumentTypeError,
+        wal.RecordTooLargeError, wal.ArgumentError]
+
+
+def test_a_sealed_put_on_an_archived_store_is_admitted_against_the_archive_rpo(tmp_path: Path) -> None:
+    """The sealed put calls the store's C commit straight only over the plain Store: over the
+    archive's store every put still passes its admission (the archive_rpo_ms bound)."""
+    with wal.open(tmp_path / "store", encryption=KEY, archive=f"file://{tmp_path}/archive") as store:
+        shipper = store._shipper
+        admitted = []
+        real_admit = shipper.admit
+
+        def counting_admit() -> None:
+            admitted.append(1)
+            real_admit()
+
+        shipper.admit = counting_admit  # type: ignore[method-assign]
+        for i in range(5):
+            store.put(b"k%d" % i, SECRET)  # the store's level: the C path, after the admission
+        assert len(admitted) == 5
+        store.put("s", SECRET, durability="sync")
+        assert len(admitted) > 5 and store.get(b"k4") == SECRET and store.get("s") == SECRET
+
+
 def test_a_value_is_sealed_once_and_the_log_and_the_state_hold_the_same_envelope(tmp_path: Path) -> None:
     with wal.open(tmp_path, encryption=KEY, apply_interval_ms=600_000) as store:
         store.put(b"k", SECRET)
@@ -339,10 +386,11 @@ def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
 
 def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_object_store_sees_no_key(
         tmp_path: Path) -> None:
-    """The agent layer (events, state, tool calls, checkpoints; large values as blob files) on an
-    encrypted, compressed store that ships to a file:// archive, then a restore of that archive:
-    the plaintext and the agent's thread name appear in no file of the store, the archive or the
-    restored store; the archive holds no key either (its objects are sealed whole)."""
+    """The agent layer (events, state, tool calls, checkpoints) on an encrypted, compressed store
+    that ships to a file:// archive, then a restore of that archive, and beside them a store
+    without an archive that keeps large values as blob files: the plaintext and the agent's
+    thread name appear in no file of the stores, the blobs, the archive or the restored store;
+    the archive holds no key either (its objects are sealed whole)."""
     url = f"file://{tmp_path}/archive"
     store = wal.open(tmp_path / "store", encryption=KEY, compression="zstd", archive=url,
                      archive_snapshot_bytes=1 << 14)
@@ -353,20 +401,25 @@ def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_objec
         agents.begin_call("thread-secret-customer", "call-1", "crm.lookup", SECRET)
         agents.end_call("thread-secret-customer", "call-1", _conversation(99))
         agents.save_checkpoint("thread-secret-customer", _conversation(100) * 3, schema_version=1, config_hash="h")
-        assert list((tmp_path / "store" / "blobs").rglob("*"))
         assert agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
         assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
         store.checkpoint()
     finally:
         store.close()
     wal.restore(url, tmp_path / "restored", encryption=KEY)
+    with wal.open(tmp_path / "local", encryption=KEY, compression="zstd") as local:  # no archive: blob files
+        local_agents = AgentStore(local, "support-bot", blob_threshold=1024)
+        for i in range(40):
+            local_agents.append("thread-secret-customer", _conversation(i))
+        assert list((tmp_path / "local" / "blobs").rglob("*"))
+        assert local_agents.read("thread-secret-customer").__next__()[1] == _conversation(0)
     files = _files(tmp_path)
     assert any("archive" in p.parts and p.suffix == ".snap" for p in files)
     leaks = [str(p) for p, data in files.items() for needle in (SECRET, b"quarterly", b"assistant") if needle in data]
     assert not leaks
     archive_leaks = [str(p) for p, data in files.items() if "archive" in p.parts and b"thread-secret" in data]
     assert not archive_leaks  # keys too: the object store sees ciphertext only
-    with wal.open(tmp_path / "restored", encryption=KEY) as restored:  # inline values (blob files stay local)
+    with wal.open(tmp_path / "restored", encryption=KEY) as restored:
         agents = AgentStore(restored, "support-bot")
         assert agents.get_state("thread-secret-customer", "summary") == SECRET * 2
         assert restored.get(b"ag/support-bot/c/call-1/i").endswith(SECRET)  # the call's intent: its args
@@ -375,14 +428,15 @@ def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_objec
 def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_naming_it(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/archive"
     with wal.open(tmp_path / "store", encryption=KEY, archive=url) as store:
-        agents = AgentStore(store, "a", blob_threshold=64)
-        agents.append("t", SECRET * 10)
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)  # in the log: the archive holds it
         store.checkpoint()
-    blob = next(p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file())
+    with wal.open(tmp_path / "local", encryption=KEY) as store:  # no archive: a large value is a blob file
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)
+    blob = next(p for p in (tmp_path / "local" / "blobs").rglob("*") if p.is_file())
     data = bytearray(blob.read_bytes())
     data[-1] ^= 1
     blob.write_bytes(bytes(data))
-    with wal.open(tmp_path / "store", encryption=KEY) as store, \
+    with wal.open(tmp_path / "local", encryption=KEY) as store, \
             pytest.raises(SealDamagedError, match=f"blob file {blob}.*authentication failed"):
         list(AgentStore(store, "a").read("t"))
     obj = sorted((tmp_path / "archive" / "log").glob("*.wal"))[0]

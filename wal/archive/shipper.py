@@ -83,6 +83,7 @@ def _resolve_future(future: asyncio.Future[None], exc: BaseException | None) -> 
 # the shipper's lock.
 _SAMPLE_EVERY_S = 0.001
 
+
 class _DaemonPool:
     """Threads running submitted calls, each answered through a `concurrent.futures.Future`.
     Daemon threads, unlike ThreadPoolExecutor's: a PUT hanging on an unreachable object store
@@ -225,7 +226,7 @@ class Shipper:
         self._cond = threading.Condition()
         # (lsn, seq, loop, future) of coroutines waiting at `replicated`, a heap by LSN.
         self._async_waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._async_seq = 0
+        self._wait_seq = 0
         # (lsn, seq, lock) of threads waiting at `replicated`, a heap by LSN: each blocks on its
         # own held lock, released once the archive holds its LSN, so a stored object wakes the
         # commits it acknowledges and no others (64 threads on one Condition woke 64 per PUT).
@@ -298,8 +299,8 @@ class Shipper:
         waiter.acquire()
         with self._cond:
             if self.archived < lsn and self.fenced is None and not self._stop:
-                self._async_seq += 1
-                heapq.heappush(self._waiters, (lsn, self._async_seq, waiter))
+                self._wait_seq += 1
+                heapq.heappush(self._waiters, (lsn, self._wait_seq, waiter))
             else:
                 waiter.release()
         while True:
@@ -333,8 +334,8 @@ class Shipper:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._cond:
-            self._async_seq += 1
-            heapq.heappush(self._async_waiters, (lsn, self._async_seq, loop, future))
+            self._wait_seq += 1
+            heapq.heappush(self._async_waiters, (lsn, self._wait_seq, loop, future))
         self._release_async()  # published, fenced or stopped meanwhile
         self._try_dispatch()
         await future

@@ -143,6 +143,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 _READ_ONLY = ("Read-only: takes no lock, so it works while an agent runtime (the writer) has the store\n"
               "open, and changes nothing.")
+_SEALED_READ = ("A sealed store's values are shown as the application wrote them: a compressed one's\n"
+                "decompressed (no key needed), an encrypted one's decrypted with --key-file (the key the\n"
+                "store was written under; repeat it for older keys), without which it is an error.")
 _WRITER = ("Writes: opens the store as its one writer, so it fails (exit status 1, naming the process)\n"
            "while another process has the store open for writing; stop that process first, or make the\n"
            "change through it.")
@@ -443,18 +446,21 @@ def cmd_dump(args: argparse.Namespace) -> int:
 # ---- get / put / delete / scan -------------------------------------------------------------------------
 
 _GET_DESCRIPTION = f"""\
-Print the value of KEY. The value is written to stdout exactly as stored (binary-safe; a
+Print the value of KEY. The value is written to stdout as its bytes (binary-safe; a
 newline is added only when stdout is a terminal); --json prints {{"key", "version",
 "value"}} instead. The state is read as of the newest commit in the log: commits a writer
 made that are not yet applied to LMDB are read from the log.
 
+{_SEALED_READ}
+
 {_READ_ONLY}
 
-exit status: 0 found, 1 no such key.
+exit status: 0 found, 1 no such key (or an encrypted store without its key).
 
 examples:
   agentwal get /var/lib/agent/store agent/7/step
   agentwal get /var/lib/agent/store agent/7/msg/000004 --json
+  agentwal get /var/lib/agent/store agent/7/step --key-file agent.key   # an encrypted store
 """
 
 
@@ -579,10 +585,13 @@ List the keys starting with PREFIX (default: all) in key order, one per line as
 format: {{"key", "value", "version"}}). The listing is one consistent snapshot: the LMDB
 state plus the commits in the log not yet applied to it.
 
+{_SEALED_READ} --keys-only needs no key.
+
 {_READ_ONLY}
 
 examples:
   agentwal scan /var/lib/agent/store agent/7/
+  agentwal scan /var/lib/agent/store agent/7/ --key-file agent.key    # an encrypted store
   agentwal scan /var/lib/agent/store agent/ --keys-only --limit 20
   agentwal scan /var/lib/agent/store agent/7/msg/ --json
 """
@@ -601,7 +610,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     """`agentwal scan`: see `wal.ops.scan`."""
     prefix = ops.key_bytes(args.prefix, base64_key=args.base64_prefix) if args.prefix else b""
     for key, version, value in ops.scan(args.store, prefix, args.limit,
-                                        on_warning=lambda w: _err("scan", f"warning: {w}")):
+                                        on_warning=lambda w: _err("scan", f"warning: {w}"), opened=not args.keys_only):
         if args.json:
             obj: dict[str, Any] = {"key": ops.render_bytes(key), "version": version}
             if not args.keys_only:
@@ -1038,8 +1047,9 @@ def _common_options() -> argparse.ArgumentParser:
     keys = common.add_argument_group("encrypted stores")
     keys.add_argument("--key-file", action="append", default=None, metavar="FILE",
                       help="a 32-byte key (raw, or 64 hex digits) of an encrypted store, for the commands that "
-                           "write (put, delete, import, checkpoint, compact, repair, rekey); repeat it for older "
-                           "keys, the current one first. Reading commands show values as stored and need none")
+                           "write (put, delete, import, checkpoint, compact, repair, rekey) and for get and scan, "
+                           "which show its values; repeat it for older keys, the current one first. The other "
+                           "reading commands (info, verify, dump, export, ...) show values as stored and need none")
     return common
 
 

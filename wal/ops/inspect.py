@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
-from wal.errors import ArgumentError
+from wal.crypto.sealing import CONTEXT_VALUE
+from wal.errors import ArgumentError, MissingKeyError
 from wal.log import recovery
 from wal.ops.render import _human, _iso, record_json
 from wal.ops.segments import (
@@ -37,8 +38,10 @@ from wal.ops.target import (
     locate,
     lock_holder,
     open_reader,
+    sealing_options,
 )
 from wal.ops.verify import VerifyReport, _log_problems
+from wal.store.sealed import STORE_FIELD, plan, read_meta
 
 
 def storage_warnings(path: str) -> list[str]:
@@ -162,23 +165,65 @@ def _state_stats(target: Target) -> dict[str, Any]:
         return store.stats()
 
 
+def value_opener(target: Target) -> Callable[[bytes, bytes], bytes] | None:
+    """For `get` and `scan`: None for a plain store (values are shown as stored); for a sealed
+    one, `open_(key, envelope) -> value`, which decompresses and decrypts with the command's keys
+    (`use_sealing`: the command line's --key-file). A compressed store needs no key; an
+    encrypted one without a key is refused here (MissingKeyError naming --key-file), one with
+    none of its keys by `wal.store.sealed.plan` (WrongKeyError), before any value is read."""
+    meta = read_meta(target.path)
+    sealed = meta.get(STORE_FIELD) if meta is not None else None
+    if not isinstance(sealed, dict):
+        return None
+    # A key given for a store that is not encrypted opens nothing: reading ignores it.
+    encryption = sealing_options().get("encryption") if sealed.get("encrypted") else None
+    if sealed.get("encrypted") and encryption is None:
+        ids = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
+        listed = f" (key ids {', '.join(ids)})" if ids else ""
+        raise MissingKeyError(f"the store at {target.path} is encrypted{listed}: its values are shown only "
+                              "with its key. Give it with --key-file FILE (repeat --key-file for older keys), or "
+                              "list the keys alone with `scan --keys-only`", key_id=ids[0] if ids else None,
+                              where=target.path)
+    sealing = plan(target.path, readonly=True, encryption=encryption, compression=None,
+                   compression_threshold=None, compression_dict=None)
+    if sealing is None:
+        return None
+    sealer = sealing.sealer
+
+    def open_(key: bytes, envelope: bytes) -> bytes:
+        return sealer.open(envelope, CONTEXT_VALUE + key, lambda: f"the value of key {key!r} in the store at "
+                                                                  f"{target.path}")
+    return open_
+
+
 def get(path: str, key: bytes) -> tuple[tuple[int, bytes] | None, str | None]:
-    """((version, value) or None if absent, a warning or None); read-only."""
-    with StateView(locate(path, need_store=True)) as view:
-        return view.get(key), view.warning
+    """((version, value) or None if absent, a warning or None); read-only. A sealed store's value
+    is opened (`value_opener`: an encrypted one needs its key)."""
+    target = locate(path, need_store=True)
+    open_ = value_opener(target)
+    with StateView(target) as view:
+        found = view.get(key)
+        if found is not None and open_ is not None:
+            found = (found[0], open_(key, found[1]))
+        return found, view.warning
 
 
 def scan(path: str, prefix: bytes = b"", limit: int | None = None,
-         on_warning: Callable[[str], None] | None = None) -> Iterator[tuple[bytes, int, bytes]]:
-    """(key, version, value) with `prefix` in key order, from one consistent snapshot; read-only."""
-    view = StateView(locate(path, need_store=True))
+         on_warning: Callable[[str], None] | None = None, *,
+         opened: bool = True) -> Iterator[tuple[bytes, int, bytes]]:
+    """(key, version, value) with `prefix` in key order, from one consistent snapshot; read-only.
+    A sealed store's values are opened (`value_opener`) unless `opened` is False: then they are
+    the envelopes as stored (export, a listing of keys alone), and an encrypted store needs no key."""
+    target = locate(path, need_store=True)
+    open_ = value_opener(target) if opened else None
+    view = StateView(target)
     try:
         if view.warning and on_warning is not None:
             on_warning(view.warning)
         for n, item in enumerate(view.scan(prefix)):
             if limit is not None and n >= limit:
                 break
-            yield item
+            yield item if open_ is None else (item[0], item[1], open_(item[0], item[2]))
     finally:
         view.close()
 

@@ -32,7 +32,7 @@ def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
     sealed store's lines carry {"sealed": envelope} instead of "value" (module docstring)."""
     sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
     field = "sealed" if sealed else "value"
-    for key, version, value in scan(path, prefix):
+    for key, version, value in scan(path, prefix, opened=False):  # a sealed store's envelopes, as stored
         yield json.dumps({"key": render_bytes(key), field: render_bytes(value), "version": version},
                          ensure_ascii=False)
 

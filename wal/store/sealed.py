@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from wal.crypto.sealing import CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
 from wal.errors import ArgumentError, MissingKeyError, WrongKeyError
+from wal.log.record import OP_PUT
 
 if TYPE_CHECKING:
     from wal.store.snapshot import Snapshot
@@ -177,6 +178,12 @@ def _sealed_class(base: type[Store]) -> type[Store]:
     from wal.store import store as plain  # noqa: PLC0415 -- wal.store.store imports this module
 
     _key, _value = plain._key, plain._value  # the store's own argument checks
+    op_put, max_value = OP_PUT, plain.MAX_VALUE_BYTES
+    base_put = base.put
+    # The C commit is called straight only over the plain Store, whose put is that call and
+    # nothing else; a subclass's put (the archive's admits each commit against its RPO first)
+    # is always called.
+    direct = base_put is plain.Store.put
 
     class SealedTransaction(plain.Transaction):
         _store: Any
@@ -197,11 +204,24 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             return self._sealer.open(envelope, _ctx(key), _Where(self._path, key))
 
         def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
-            k = _key(key)
-            v = self._sealer.seal(_value(value), _ctx(k))
+            # The plain store's put is one C call; this one is a Python frame around the seal and
+            # that same C call (Core.commit, as Store.put makes it), paid by every committer in
+            # turn with the GIL held (but inside the two library calls): so the common argument
+            # types are taken as they are (a str key encoded here, as _key does; the C commit and
+            # the Python path below still refuse an empty or oversized key), and no super() or
+            # bound method is made.
+            k = key if type(key) is bytes else key.encode() if type(key) is str else _key(key)
+            v = self._sealer.seal(value if type(value) is bytes and len(value) <= max_value else _value(value),
+                                  CONTEXT_VALUE + k)
             if durability is None:
-                return int(super().put(k, v))  # the C path, when the base takes it
-            return int(super().put(k, v, durability=durability))
+                if direct:
+                    lsn: int = self._commit_fast(op_put, k, v, False)
+                    if lsn > 0:
+                        return lsn
+                    if lsn < 0:
+                        self._fast_wait_failed()
+                return int(base_put(self, k, v))  # the base's put: its C path, or the Python path
+            return int(base_put(self, k, v, durability=durability))
 
         async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
             k = _key(key)
