@@ -6,7 +6,7 @@
 Measures, in one run:
 1. commits/s from N threads (default 64) and from M asyncio tasks (default 1,000), side by side:
    local `sync` (no archive), `replicated` (archive on the S3 server) with 1 PUT in flight (the
-   default) and with 4 (archive_fencing=False: a one-writer archive), and SlateDB (an embedded engine on object storage; each put awaits
+   default) and with 4, and SlateDB (an embedded engine on object storage; each put awaits
    `await_durable()`, i.e. acknowledged once in the same S3 server: the one peer that
    acknowledges off the machine). The goal: replicated >= 1/3 of local sync. With the commit
    latency p50 of each, and the PUTs the replicated runs made.
@@ -154,7 +154,7 @@ def main() -> int:
                 url = f"s3://{BUCKET}/bench-{os.urandom(4).hex()}"
                 rep_rate, rep_p50, st = run(os.path.join(tmp, f"rep-{n}-{in_flight}"), n, args.seconds, value,
                                             durability="replicated", archive=url,
-                                            archive_puts_in_flight=in_flight, archive_fencing=in_flight == 1)
+                                            archive_puts_in_flight=in_flight)
                 print(f"  replicated, {in_flight} PUT(s) in flight: {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
                       f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
                       f"{st['archive_puts_per_s']:.0f} PUT/s, {rep_rate / max(st['archive_puts_per_s'], 1e-9):.0f} "

@@ -943,18 +943,19 @@ class Store:
         that sees it knows the commit took effect. A failure of the log wins over the
         cancellation (FailedError: the outcome is unknown, as without a cancellation)."""
         assert self._log is not None
-        waiter = asyncio.ensure_future(self._log.wait_async(lsn, durability=durability))
+        # Awaited directly, not through a Task of its own (a Task and an asyncio.wait per
+        # commit made 1,000 committing tasks 3x slower): a cancellation cancels only the
+        # log's future for this wait, and the loop registers a new one.
         cancelled: asyncio.CancelledError | None = None
-        while not waiter.done():
+        while True:
             try:
-                await asyncio.wait({waiter})
+                await self._log.wait_async(lsn, durability=durability)
+                break
             except asyncio.CancelledError as exc:
                 cancelled = cancelled or exc  # keep waiting: the commit is already in the log
-        try:
-            waiter.result()
-        except FailedError as exc:
-            self._failed(exc)
-            raise
+            except FailedError as exc:
+                self._failed(exc)
+                raise
         if cancelled is not None:
             raise cancelled
 
