@@ -2,7 +2,7 @@
 
 It sits above both the store (wal/store/) and the archive (wal/archive/, whose ArchivedStore
 is a Store that ships): the store never imports the archive. The object archive's modules are
-imported only when an archive URL is given, so a plain open never loads boto3.
+imported only when an archive URL is given, so a plain open never loads an object-store client.
 """
 
 from __future__ import annotations
