@@ -85,7 +85,10 @@ def test_sync_and_buffered_logs_write_with_write_calls_only(shm_dir: Path, durab
 
 
 def test_each_acknowledged_record_is_in_the_page_cache_when_append_returns(shm_dir: Path) -> None:
-    with wal.Log.open(shm_dir, durability="interval", rpo_ms=10_000) as log:
+    # A 1 MiB segment: each check below reads the whole file, and 300 reads of a 64 MiB one
+    # could outlast the RPO on a loaded machine (the flusher would then sync, and the last
+    # assertion could no longer tell the store's bytes from the disk's).
+    with wal.Log.open(shm_dir, durability="interval", rpo_ms=60_000, segment_bytes=1 << 20) as log:
         segment = next(shm_dir.glob("*.wal"))
         with open(segment, "rb") as other_fd:
             for i in range(300):
