@@ -145,10 +145,12 @@ class WriterUnknownError(Exception):
     only after its own writer's (`behind >= 1`): the caller finds that writer and goes on."""
 
 
-def fetch_serially(objects: ObjectStore) -> Fetch:
+def fetch_serially(get: Callable[[str], bytes]) -> Fetch:
+    """A `Fetch` reading one object after another through `get` (an ObjectStore's, or a cache
+    in front of it)."""
     def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
         for piece in pieces:
-            data = objects.get(piece.name)
+            data = get(piece.name)
             yield piece, len(data), decoded(piece.name, data)
     return fetch
 
@@ -182,7 +184,7 @@ class Chain:
         self.fetched = 0
         self.bytes = 0
         self.current: Piece | None = None  # the object being fetched or decoded
-        self._fetch = fetch or fetch_serially(objects)
+        self._fetch = fetch or fetch_serially(objects.get)
 
     def relist(self, pieces: list[Piece]) -> None:
         """Go on over a new listing (objects merged away or deleted meanwhile)."""
@@ -289,31 +291,28 @@ def find_end(objects: ObjectStore, listing: Listing) -> End:
     groups = sorted((p for p in listing.logs if is_group(p)), key=lambda p: p.first)
     merged = [p for p in listing.logs if not is_group(p) and p.last is not None]
     merged_end = max((p.last for p in merged if p.last is not None), default=None)
-    data: dict[str, bytes] = {}
+    data: dict[str, bytes] = {}  # each object is downloaded once, whichever step reads it
 
-    def get(piece: Piece) -> bytes:
-        if piece.name not in data:
-            data[piece.name] = objects.get(piece.name)
-        return data[piece.name]
+    def get(name: str) -> bytes:
+        if name not in data:
+            data[name] = objects.get(name)
+        return data[name]
 
-    def fetch(pieces: list[Piece]) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
-        for piece in pieces:
-            data = get(piece)
-            yield piece, len(data), decoded(piece.name, data)
+    fetch = fetch_serially(get)
 
     anchor: layout.LogObject | None = None
     heads: dict[str, Head] = {}
     for piece in reversed(groups):
         if merged_end is not None and piece.first <= merged_end:
             break
-        obj = layout.decode_log(get(piece), piece.name)
+        obj = layout.decode_log(get(piece.name), piece.name)
         heads[piece.name] = head_of(obj)
         if obj.behind == 0:
             anchor = obj
             break
     if anchor is None and merged:
         newest = max(merged, key=lambda p: (p.last or 0, -p.first))
-        anchor = layout.decode_log(get(newest), newest.name)
+        anchor = layout.decode_log(get(newest.name), newest.name)
     if anchor is not None:
         chain = Chain(objects, listing.logs, anchor.last, anchor.writer_id, fetch=fetch)
     elif listing.snapshots:
@@ -327,7 +326,7 @@ def find_end(objects: ObjectStore, listing: Listing) -> End:
         last = obj
     heads.update(chain.heads)
     if last is None:
-        last = layout.decode_log(get(groups[-1]), groups[-1].name) if groups else None
+        last = layout.decode_log(get(groups[-1].name), groups[-1].name) if groups else None
         return End(last.last if last is not None else None, last, [])
     past = beyond(listing.logs, last.last)
     if not past:
@@ -336,5 +335,5 @@ def find_end(objects: ObjectStore, listing: Listing) -> End:
     if tail is not None:
         return End(last.last, last, tail)
     newest = max(listing.logs, key=lambda p: (p.last if p.last is not None else 1 << 63, p.first))
-    obj = layout.decode_log(get(newest), newest.name)
+    obj = layout.decode_log(get(newest.name), newest.name)
     return End(obj.last, obj, [])

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
-from wal.archive.plan import Chain, Listing, Piece, beyond, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
 
@@ -82,10 +82,7 @@ def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogO
     instead of queueing behind it on the caller's thread. Damage is returned, not raised, so
     the caller meets it in LSN order."""
     data = objects.get(name)
-    try:
-        return len(data), layout.decode_log(data, name)
-    except CorruptionError as exc:
-        return len(data), exc
+    return len(data), decoded(name, data)
 
 
 def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
