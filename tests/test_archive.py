@@ -15,6 +15,7 @@ import shutil
 import socket
 import threading
 import time
+import tracemalloc
 from urllib.parse import urlparse
 
 import pytest
@@ -23,6 +24,7 @@ from obstore.store import LocalStore
 
 import wal
 from wal.archive import layout
+from wal.archive import restore as restore_mod
 from wal.archive.objects import (
     ArchiveUnavailableError,
     FileObjects,
@@ -418,6 +420,50 @@ def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
     assert r.lsn == obj.first - 1
     report = verify(url)
     assert any(f"{obj.first}..{obj.last}" in p for p in report.problems)
+
+
+def test_restore_applies_objects_as_they_arrive_in_batches_and_never_leaves_half_a_store(tmp_path, monkeypatch):
+    url = f"file://{tmp_path}/a"
+    big = os.urandom(1 << 20)
+    with wal.open(tmp_path / "p", archive=url, archive_merge_objects=1000, archive_snapshot_bytes=1 << 40) as s:
+        for i in range(24):  # 24 objects of 1 MiB each, each with puts, overwrites and a delete
+            with s.transaction(durability="replicated", idempotency_key=f"step-{i}") as t:
+                t.put(f"big{i % 8}", big[i:] + big[:i])
+                t.put(f"n{i}", b"%d" % i)
+                t.delete(f"n{i - 1}")
+        expected = {k: (v, s.version(k)) for k, v in s.scan()}
+    assert len(names(url, layout.LOG_PREFIX)) >= 24
+    # Small batches: the state is written in many LMDB transactions while objects download.
+    monkeypatch.setattr(restore_mod, "BATCH_KEYS", 5)
+    tracemalloc.start()
+    try:
+        r = wal.restore(url, tmp_path / "r", parallel=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.lsn == 24 and r.records == 24
+    # Records are not gathered before they are written: at most the download window (2 x 2
+    # objects of 1 MiB) and one batch are held, not the 24 MiB of log.
+    assert peak < 12 << 20, peak
+    with wal.open(tmp_path / "r") as s:
+        assert {k: (v, s.version(k)) for k, v in s.scan()} == expected
+        with s.transaction(idempotency_key="step-3") as t:  # the idempotency keys came along
+            t.put("again", b"x")
+        assert t.deduplicated and s.get("again") is None
+    # Damage in the last object, found after earlier batches were written: nothing at the
+    # target, and nothing left beside it.
+    last = names(url, layout.LOG_PREFIX)[-1]
+    path = os.path.join(urlparse(url).path, last)
+    with open(path, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 1]))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(wal.CorruptionError, match="damaged"):
+        wal.restore(url, tmp_path / "empty", parallel=2)
+    assert os.listdir(tmp_path / "empty") == []
+    assert sorted(os.listdir(tmp_path)) == ["a", "empty", "p", "r"]
 
 
 # ---- followers -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ writer_id and `behind` say.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import struct
 from collections.abc import Iterable
@@ -100,19 +101,36 @@ def parse_name(name: str) -> Name | None:
     return None
 
 
-def time_of(payload: bytes) -> int:
+def time_of(payload: bytes | memoryview) -> int:
     """The commit time (unix ms) of a store transaction payload (wal/log/record.py: kind, flags, time_ms)."""
     return int.from_bytes(payload[2:10], "little") if len(payload) >= 10 else 0
 
 
 class LogObject(NamedTuple):
+    """A verified log object. Its records are not copied out: record i's payload is
+    ``body[offsets[i] : offsets[i] + lengths[i]]``, the layout `record.Collapser` takes
+    (`lsns`, `offsets`: u64 arrays; `lengths`: u32), so a restore applies them straight from
+    the downloaded bytes. `records` and `payload` copy, for callers that keep records."""
+
     first: int
     last: int
     min_time_ms: int
     max_time_ms: int
     writer_id: bytes
-    records: list[tuple[int, bytes]]
+    body: memoryview
+    lsns: array.array[int]
+    offsets: array.array[int]
+    lengths: array.array[int]
     behind: int = 0  # see BEHIND_MASK
+
+    def payload(self, i: int) -> bytes:
+        start = self.offsets[i]
+        return bytes(self.body[start:start + self.lengths[i]])
+
+    @property
+    def records(self) -> list[tuple[int, bytes]]:
+        """[(lsn, payload)], copied out of the object."""
+        return [(lsn, self.payload(i)) for i, lsn in enumerate(self.lsns)]
 
 
 def encode_log(records: list[tuple[int, bytes]], writer_id: bytes, behind: int = 0) -> bytes:
@@ -162,7 +180,7 @@ def decode_log(data: bytes, name: str) -> LogObject:
     if parsed is None or parsed.first != first or (parsed.last is not None and parsed.last != last) \
             or last - first + 1 != count:
         raise _damaged(name, f"its header (LSNs {lsns}, {count} records) disagrees with its name", hint)
-    records: list[tuple[int, bytes]] = []
+    lsn_array, offsets, lengths = array.array("Q"), array.array("Q"), array.array("I")
     off = _LOG_HEADER.size
     size = len(body)
     base = ffi.from_buffer(body)  # one pointer for every record's CRC: no copy, no packing
@@ -177,10 +195,12 @@ def decode_log(data: bytes, name: str) -> LogObject:
         if lsn != expected or off > size or crc32c(crc32c(0, base + (start - _REC.size), 12), base + start,
                                                   length) != crc:
             raise _damaged(name, f"record LSN {expected} fails its CRC-32C", lsns)
-        records.append((lsn, bytes(body[start:off])))
+        lsn_array.append(lsn)
+        offsets.append(start)
+        lengths.append(length)
     if off != len(body):
         raise _damaged(name, "bytes follow its last record", lsns)
-    return LogObject(first, last, tmin, tmax, bytes(writer), records, flags & BEHIND_MASK)
+    return LogObject(first, last, tmin, tmax, bytes(writer), body, lsn_array, offsets, lengths, flags & BEHIND_MASK)
 
 
 class Snapshot(NamedTuple):

@@ -7,9 +7,11 @@
    names, corrected as headers are read); download them in parallel (a window of `parallel`
    requests ahead), verify each alone (SHA-256 trailer, CRC-32C per record, header against
    name) and check the LSNs run on without a gap.
-3. Write an ordinary store: the snapshot's entries applied to a new state at the snapshot's
-   LSN (one LMDB transaction), the log records after it into a new log whose first LSN
-   continues the archive's, then one ordinary open replays them.
+3. Meanwhile, write an ordinary store (`StoreBuilder`) beside `dir`: the snapshot's entries
+   applied to a new state at the snapshot's LSN, then each object's records, as it arrives,
+   collapsed in C and applied in batches (memory stays flat however large the archive); a
+   checkpoint, and a new log whose first LSN continues the archive's. Then it is moved to `dir`
+   whole and opened once, as any store.
 
 Refused, with nothing written to `dir`: a damaged object or a gap in the LSNs needed (naming
 the range), a target LSN past the archive's end (naming the end), a time before the oldest
@@ -27,6 +29,7 @@ flight is damage: refused.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import logging
 import os
@@ -35,15 +38,23 @@ import time as _time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from wal._fs import fsync_dir, makedirs_durable
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
+from wal.log import record
+from wal.log.log import Log, RecordSpan
+from wal.store import store as store_mod
+from wal.store.replay import BATCH_BYTES, BATCH_KEYS
+from wal.store.state import State
+from wal.store.store import open_local
 
 _logger = logging.getLogger("wal.archive")
 
 Progress = Callable[[int, int], None]  # (bytes downloaded, bytes planned)
+Sink = Callable[[layout.LogObject, int, int], None]  # records [start, stop) of an object, in LSN order
 
 
 class RestoreReport(NamedTuple):
@@ -144,28 +155,36 @@ def _iso(ms: int) -> str:
     return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).isoformat()
 
 
-def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | None, time_ms: int | None,
-            parallel: int, progress: Progress | None, writer: bytes | None = b"",
-            tail_out: list[Piece] | None = None) -> tuple[list[tuple[int, bytes]], int, int, bytes | None]:
-    """Verified records after+1.. (to `upto` / to the last commit at or before time_ms / to the
-    end) along the chain (`plan.Chain`; `writer`: the writer_id of the snapshot or object ending
-    at `after`), the number of objects and bytes downloaded, and the writer_id of the last
-    object used (else `writer`). CorruptionError on damage or a gap. Unfinished tails and strays
-    past the end (module docstring) go into `tail_out`."""
-    records: list[tuple[int, bytes]] = []
+def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, upto: int | None,
+           time_ms: int | None, parallel: int, progress: Progress | None, writer: bytes | None = b"",
+           tail_out: list[Piece] | None = None) -> tuple[int, int, int, bytes | None]:
+    """Hand `sink` the verified records after+1.. (to `upto` / to the last commit at or before
+    time_ms / to the end) along the chain (`plan.Chain`; `writer`: the writer_id of the
+    snapshot or object ending at `after`), object by object as the downloads come in: ``sink(obj,
+    start, stop)`` takes records [start, stop) of `obj`, the next ones in LSN order. Returns the
+    last LSN handed over, the number of objects and bytes downloaded, and the writer_id of the
+    last object used (else `writer`). CorruptionError on damage or a gap, raised before any
+    record past it is handed over. Unfinished tails and strays past the end (module docstring) go
+    into `tail_out`."""
+    pos = after
     chain = Chain(objects, listing.logs, after, writer, upto=upto,
                   fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
     reached = False  # stopped at the target
     for attempt in range(_REPLANS + 1):
         try:
             for obj in chain:
-                for lsn, payload in obj.records:
-                    if lsn <= (records[-1][0] if records else after):
-                        continue
-                    if (upto is not None and lsn > upto) or (time_ms is not None and layout.time_of(payload) > time_ms):
-                        reached = True
-                        break
-                    records.append((lsn, payload))
+                start, stop = max(0, pos + 1 - obj.first), len(obj.lsns)
+                if upto is not None and obj.last > upto:
+                    stop, reached = max(start, upto - obj.first + 1), True
+                if time_ms is not None and obj.max_time_ms > time_ms:
+                    for i in range(start, stop):
+                        offset = obj.offsets[i]
+                        if layout.time_of(obj.body[offset:offset + obj.lengths[i]]) > time_ms:
+                            stop, reached = i, True
+                            break
+                if start < stop:
+                    sink(obj, start, stop)
+                    pos = obj.lsns[stop - 1]
                 if reached:
                     break
             break
@@ -176,10 +195,9 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
                 raise
             listing = list_archive(objects)
             chain.relist(listing.logs)
-    pos = records[-1][0] if records else after
     found = (chain.fetched, chain.bytes, chain.writer)
     if reached or (upto is not None and pos >= upto):
-        return records, *found
+        return pos, *found
     past = beyond(listing.logs, pos)
     tail = unfinished_tail(objects, listing.logs, pos, chain.heads) if past else None
     if past and tail is None:
@@ -194,7 +212,7 @@ def collect(objects: ObjectStore, listing: Listing, after: int, *, upto: int | N
                             f"{pos}{beyond_end}")
     if tail_out is not None and tail:
         tail_out.extend(tail)
-    return records, *found
+    return pos, *found
 
 
 _REPLANS = 5
@@ -223,7 +241,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     if not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
     time_ms = parse_time(time) if time is not None else None
-    root = os.fspath(directory)
+    root = os.path.abspath(os.fspath(directory))
     if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
         raise ArgumentError(f"{root} exists and is not an empty directory; restore into a new one")
     objects, sealed = for_reading(open_objects(url), sealing)
@@ -231,58 +249,117 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     t0 = _time.monotonic()
     snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
     tail: list[Piece] = []
-    records, count, nbytes, writer = collect(objects, listing, snap.lsn, upto=lsn, time_ms=time_ms,
-                                             parallel=parallel, progress=progress, writer=snap.writer_id,
-                                             tail_out=tail)
-    if tail:
-        _logger.warning("archive %s: a writer stopped (or was fenced) with PUTs in flight; restoring to LSN %d, "
-                        "the end of the chain, without %s (never acknowledged at replicated)",
-                        objects.url, records[-1][0] if records else snap.lsn, ", ".join(p.name for p in tail))
-    download = _time.monotonic() - t0
-    end = records[-1][0] if records else snap.lsn
-    created = not os.path.exists(root)
+    # Built beside `root` and moved into place whole, so `root` never holds half a store.
+    building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
     try:
-        write_store(root, snap, records, sealed=sealed, open_options=sealing)
+        builder = StoreBuilder(building, snap, sealed)
+        try:
+            end, count, nbytes, writer = stream(objects, listing, snap.lsn, builder.add, upto=lsn, time_ms=time_ms,
+                                                parallel=parallel, progress=progress, writer=snap.writer_id,
+                                                tail_out=tail)
+            builder.finish()
+        finally:
+            builder.close()
+        download = _time.monotonic() - t0
+        if tail:
+            _logger.warning("archive %s: a writer stopped (or was fenced) with PUTs in flight; restoring to LSN %d, "
+                            "the end of the chain, without %s (never acknowledged at replicated)",
+                            objects.url, end, ", ".join(p.name for p in tail))
+        os.rename(building, root)  # onto a missing or empty directory: atomic
+        fsync_dir(os.path.dirname(root))
     except BaseException as exc:
-        if created:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(building, ignore_errors=True)
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
-    return RestoreReport(root, end, snap.lsn, len(records), count + 1, nbytes + snap_bytes,
+    open_local(root, **sealing).close()  # an ordinary store: it opens as one (nothing to replay)
+    return RestoreReport(root, end, snap.lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
 
 
-def write_store(root: str, snap: layout.Snapshot, records: list[tuple[int, bytes]], *,
-                sealed: dict[str, Any] | None = None, open_options: dict[str, Any] | None = None) -> None:
-    """An ordinary store at `root` holding the snapshot's state and then `records` (a sealed one,
-    its STORE saying `sealed`, when the archive is: the entries and records are envelopes already)."""
-    from wal._fs import makedirs_durable  # noqa: PLC0415
-    from wal.log.log import Log  # noqa: PLC0415
-    from wal.store import store as store_mod  # noqa: PLC0415
-    from wal.store.state import State  # noqa: PLC0415
+class StoreBuilder:
+    """An ordinary store written at `root` from a snapshot and the records after it, in one
+    pass as they are downloaded: the records are collapsed in C straight from each object's
+    bytes (`record.Collapser`, as a store's open replays its log) and applied to the state in
+    batches, so memory stays flat however large the archive. The store's log then starts empty
+    after the last record, as a store's log does after a checkpoint: the records are in the
+    state, and the archive keeps their history. A sealed archive gives a sealed store (its STORE
+    says `sealed`; the entries and records are envelopes already)."""
 
-    makedirs_durable(root)
-    store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
-    state = State(os.path.join(root, store_mod.STATE_DIR))
-    try:
+    def __init__(self, root: str, snap: layout.Snapshot, sealed: dict[str, Any] | None) -> None:
+        makedirs_durable(root)
+        self.root = root
+        self.last = snap.lsn
+        self.records = 0
+        store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
+        self._collapser = record.Collapser()
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-writer")
+        self._writing: concurrent.futures.Future[None] | None = None
+        self._state: State | None = State(os.path.join(root, store_mod.STATE_DIR))
         if snap.lsn > 0:
             puts = [(key, version.to_bytes(8, "little") + value) for key, version, value in snap.entries]
-            state.apply((1, snap.lsn, snap.lsn, puts, [], []), lambda: snap.lsn)
-        state.checkpoint()
-    finally:
-        state.close()
-    log = Log.open(os.path.join(root, store_mod.LOG_DIR), _first_lsn=snap.lsn + 1)
-    try:
-        if records:
-            last = log.append_many([p for _, p in records], durability="sync")
-            if last != records[-1][0]:
-                raise CorruptionError(f"restoring into {root}: the new log gave LSN {last} to the record archived "
-                                      f"as LSN {records[-1][0]}", path=root, reason="restore LSN mismatch")
-        log.sync()
-    finally:
-        log.close()
-    store_mod.open_local(root, **(open_options or {})).close()  # replay the records into the state, as any open does
+            try:
+                self._state.apply((1, snap.lsn, snap.lsn, puts, [], []), lambda: snap.lsn)
+            except BaseException:
+                self.close()
+                raise
+
+    def add(self, obj: layout.LogObject, start: int, stop: int) -> None:
+        """Records [start, stop) of `obj`, the next ones after `last`."""
+        whole = start == 0 and stop == len(obj.lsns)
+        self._collapser.add(RecordSpan(obj.body, obj.lsns if whole else obj.lsns[start:stop],
+                                       obj.offsets if whole else obj.offsets[start:stop],
+                                       obj.lengths if whole else obj.lengths[start:stop], stop - start))
+        self.last = obj.lsns[stop - 1]
+        self.records += stop - start
+        if self._collapser.keys >= BATCH_KEYS or self._collapser.held_bytes >= BATCH_BYTES:
+            self._apply()
+
+    def _apply(self) -> None:
+        # A batch is written to LMDB by the writer thread (the GIL released) while this one
+        # collapses the next: one batch in the writer's hands at a time bounds the memory.
+        batch = self._collapser.take()
+        if batch is None:
+            return
+        self._wait_for_writer()
+        self._writing = self._writer.submit(self._write, batch)
+
+    def _write(self, batch: record.Collapsed) -> None:
+        assert self._state is not None
+        last = batch[1]  # durable: in the archive, verified
+        self._state.apply(batch, lambda: last)
+        # Written back to the disk batch by batch, overlapping the downloads, rather than all at
+        # the end (a checkpoint is LMDB's sync and a small file).
+        self._state.checkpoint()
+
+    def _wait_for_writer(self) -> None:
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def finish(self) -> None:
+        """Apply the rest, make the state durable, and start the log after it."""
+        self._collapser.detach()
+        self._apply()
+        self._wait_for_writer()
+        assert self._state is not None
+        self._state.checkpoint()
+        self._state.close()
+        self._state = None
+        log = Log.open(os.path.join(self.root, store_mod.LOG_DIR), _first_lsn=self.last + 1)
+        try:
+            log.sync()
+        finally:
+            log.close()
+
+    def close(self) -> None:
+        self._collapser.detach()
+        with contextlib.suppress(BaseException):  # the caller's error (or finish's) is the one reported
+            self._wait_for_writer()
+        self._writer.shutdown()
+        if self._state is not None:
+            self._state.close()
+            self._state = None
 
 
 class VerifyReport(NamedTuple):
