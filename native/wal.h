@@ -56,6 +56,14 @@ uint32_t wal_crc32c_sw(uint32_t crc, const void *data, size_t len);
 uint32_t wal_crc32c_hw(uint32_t crc, const void *data, size_t len);
 int wal_crc32c_hw_available(void);
 
+/* ---- archive log objects (objindex.c) ---- */
+/* Check `count` records (lsn:u64 length:u32 crc:u32 payload, LSNs first, first+1, ...) from
+ * buf[off] on, within buf[0:size), filling each one's LSN, payload offset and length. Returns the
+ * offset after the last record, or -(i + 1) when record i is cut off, out of order or fails its
+ * CRC-32C. */
+int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t first, uint64_t count,
+                          uint64_t *lsns, uint64_t *offsets, uint32_t *lengths);
+
 /* ---- reader (reader.c) ---- */
 typedef struct {
     uint16_t version;

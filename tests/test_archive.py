@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import os
 import shutil
 import socket
@@ -169,6 +170,33 @@ def test_a_damaged_object_is_refused_naming_its_lsns(tmp_path):
         wal.restore(url, tmp_path / "r")
     assert not os.path.exists(tmp_path / "r")
     assert not verify(url).ok
+
+
+def test_every_damaged_byte_or_cut_of_a_log_object_is_refused_by_name():
+    records = [(lsn, b"payload %d " % lsn * (lsn % 5)) for lsn in range(7, 12)]
+    data = layout.encode_log(records, b"w" * 16)
+    name = layout.log_name(7)
+    obj = layout.decode_log(data, name)
+    assert obj.records == records and [obj.payload(i) for i in range(5)] == [p for _, p in records]
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0x40
+        with pytest.raises(wal.CorruptionError, match=r"log/0+7\.wal"):
+            layout.decode_log(bytes(damaged), name)
+    for cut in range(len(data)):
+        with pytest.raises(wal.CorruptionError, match=r"log/0+7\.wal"):
+            layout.decode_log(data[:cut], name)
+    # Records whose own framing is wrong under a sound trailer: named by LSN, as the log names them.
+    body = bytearray(data[:-layout.DIGEST])
+    body[64 + 16] ^= 1  # the first payload's first byte
+    with pytest.raises(wal.CorruptionError, match="record LSN 7 fails its CRC-32C"):
+        layout.decode_log(bytes(body) + hashlib.sha256(body).digest(), name)
+    short = bytes(data[:-layout.DIGEST - 3])  # the last payload cut short
+    with pytest.raises(wal.CorruptionError, match="record LSN 11 fails its CRC-32C"):
+        layout.decode_log(short + hashlib.sha256(short).digest(), name)
+    short = bytes(data[:obj.offsets[4] - 5])  # inside the last record's 16-byte head
+    with pytest.raises(wal.CorruptionError, match="it ends inside record LSN 11"):
+        layout.decode_log(short + hashlib.sha256(short).digest(), name)
 
 
 def test_plain_directory_archive_keeps_its_old_meaning(tmp_path):

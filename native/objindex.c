@@ -1,0 +1,32 @@
+/* objindex.c -- check and index the records of an archive log object (FORMAT.md §18).
+ *
+ * A log object's records follow its 64-byte header: lsn:u64 length:u32 crc:u32 payload, with the
+ * CRC-32C over the record's first 12 bytes and then its payload (the log's own checksum). The
+ * archive's readers (restore, verify, followers, a writer's open) check every record of every
+ * object they use; done in Python that was a few microseconds of interpreter per record, with the
+ * GIL held, in the download threads. Here it is one call per object, without the GIL (cffi
+ * releases it), and it leaves the records where they are: the arrays it fills are the layout
+ * record.Collapser and Log.read_spans use (lsns and payload offsets u64, lengths u32). */
+#include <string.h>
+
+#include "wal.h"
+
+int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t first, uint64_t count,
+                          uint64_t *lsns, uint64_t *offsets, uint32_t *lengths) {
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t lsn;
+        uint32_t length, crc;
+        if (off > size || size - off < 16) return -(int64_t)(i + 1);
+        memcpy(&lsn, buf + off, 8); /* little-endian on every platform agentwal builds for */
+        memcpy(&length, buf + off + 8, 4);
+        memcpy(&crc, buf + off + 12, 4);
+        uint64_t start = off + 16;
+        if (lsn != first + i || length > size - start) return -(int64_t)(i + 1);
+        if (wal_crc32c(wal_crc32c(0, buf + off, 12), buf + start, length) != crc) return -(int64_t)(i + 1);
+        lsns[i] = lsn;
+        offsets[i] = start;
+        lengths[i] = length;
+        off = start + length;
+    }
+    return (int64_t)off;
+}
