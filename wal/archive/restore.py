@@ -48,7 +48,7 @@ from wal.log import record
 from wal.log.log import Log, RecordSpan
 from wal.store import store as store_mod
 from wal.store.replay import BATCH_BYTES, BATCH_KEYS
-from wal.store.state import State
+from wal.store.state import DATA_FILE, State
 from wal.store.store import open_local
 
 _logger = logging.getLogger("wal.archive")
@@ -295,7 +295,11 @@ class StoreBuilder:
         self._collapser = record.Collapser()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-writer")
         self._writing: concurrent.futures.Future[None] | None = None
+        self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-syncer")
+        self._syncing: concurrent.futures.Future[None] | None = None
+        self._data_fd = -1
         self._state: State | None = State(os.path.join(root, store_mod.STATE_DIR))
+        self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
         if snap.lsn > 0:
             puts = [(key, version.to_bytes(8, "little") + value) for key, version, value in snap.entries]
             try:
@@ -328,9 +332,12 @@ class StoreBuilder:
         assert self._state is not None
         last = batch[1]  # durable: in the archive, verified
         self._state.apply(batch, lambda: last)
-        # Written back to the disk batch by batch, overlapping the downloads, rather than all at
-        # the end (a checkpoint is LMDB's sync and a small file).
-        self._state.checkpoint()
+        # Written back to the disk batch by batch, while the next batch is applied, rather than
+        # all at the end: an fdatasync of the state's file in a thread of its own (LMDB's own
+        # sync is the checkpoint's, which would keep the next apply waiting). One at a time; a
+        # batch applied meanwhile goes with the next.
+        if self._syncing is None or self._syncing.done():
+            self._syncing = self._syncer.submit(os.fdatasync, self._data_fd)
 
     def _wait_for_writer(self) -> None:
         if self._writing is not None:
@@ -342,6 +349,8 @@ class StoreBuilder:
         self._collapser.detach()
         self._apply()
         self._wait_for_writer()
+        if self._syncing is not None:
+            self._syncing.result()
         assert self._state is not None
         self._state.checkpoint()
         self._state.close()
@@ -357,6 +366,10 @@ class StoreBuilder:
         with contextlib.suppress(BaseException):  # the caller's error (or finish's) is the one reported
             self._wait_for_writer()
         self._writer.shutdown()
+        self._syncer.shutdown()
+        if self._data_fd >= 0:
+            os.close(self._data_fd)
+            self._data_fd = -1
         if self._state is not None:
             self._state.close()
             self._state = None
