@@ -299,14 +299,14 @@ class StoreBuilder:
         self._syncing: concurrent.futures.Future[None] | None = None
         self._data_fd = -1
         self._state: State | None = State(os.path.join(root, store_mod.STATE_DIR))
-        self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
-        if snap.lsn > 0:
-            puts = [(key, version.to_bytes(8, "little") + value) for key, version, value in snap.entries]
-            try:
+        try:
+            self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
+            if snap.lsn > 0:
+                puts = [(key, version.to_bytes(8, "little") + value) for key, version, value in snap.entries]
                 self._state.apply((1, snap.lsn, snap.lsn, puts, [], []), lambda: snap.lsn)
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def add(self, obj: layout.LogObject, start: int, stop: int) -> None:
         """Records [start, stop) of `obj`, the next ones after `last`."""
