@@ -74,12 +74,10 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from wal.crypto import zstd
 from wal.errors import ArgumentError, ArgumentTypeError, MissingKeyError, SealDamagedError
-
-if TYPE_CHECKING:
-    import zstandard
 
 CODEC_PLAIN = 0x00
 CODEC_ZSTD = 0x01
@@ -254,18 +252,19 @@ class Sealer:
         self.require_encrypted = require_encrypted or keys is not None
         self.compression = compression
         self.threshold = threshold
-        self._dicts: dict[int, Any] = {}
-        self._dict: Any = None
+        self._dicts: dict[int, bytes] = {}
+        self._dict: bytes | None = None
         dicts = list(dictionaries)
-        if compression or dicts:
-            zstd = _zstd()
-            for raw in dicts:
-                d = zstd.ZstdCompressionDict(bytes(raw))
-                if d.dict_id() == 0:
-                    raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
-                self._dicts[d.dict_id()] = d
-                if self._dict is None:
-                    self._dict = d
+        self._zstd = zstd.binding() if compression or dicts else None
+        for raw in dicts:
+            data = bytes(raw)
+            assert self._zstd is not None
+            did = self._zstd.dict_id(data)
+            if did == 0:
+                raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+            self._dicts[did] = data
+            if self._dict is None:
+                self._dict = data
         self._local = threading.local()
         self._compressors: list[Any] = []
         self._opened: OrderedDict[bytes, Any] = OrderedDict()  # (key id + session) -> AEAD, bounded
@@ -338,11 +337,16 @@ class Sealer:
         sealed: bytes = session.encrypt(counter + _NONCE_TAIL, body, header + context)
         return header + sealed
 
-    def _new_compressor(self) -> Any:
+    def _new_compressor(self) -> zstd.Compressor:
         # A zstd context is not thread-safe and costs ~1 MB to make: a pool (list.pop/append are
-        # atomic under the GIL) lends each concurrent seal one and keeps them across threads.
-        return _zstd().ZstdCompressor(level=ZSTD_LEVEL, dict_data=self._dict, write_content_size=True,
-                                      write_checksum=self.keys is None)
+        # atomic under the GIL) lends each concurrent seal one and keeps them across threads. A
+        # frame carries a checksum only where no AEAD tag authenticates it.
+        return self._binding().compressor(ZSTD_LEVEL, self._dict, checksum=self.keys is None)
+
+    def _binding(self) -> zstd.Binding:
+        if self._zstd is None:  # a handle without compression meeting a compressed value
+            self._zstd = zstd.binding()
+        return self._zstd
 
     # ---- opening ---------------------------------------------------------------------------
 
@@ -398,34 +402,32 @@ class Sealer:
         return aead
 
     def _decompress(self, frame: bytes, where: Callable[[], str]) -> bytes:
-        zstd = _zstd()
         try:
-            params = zstd.get_frame_parameters(frame)
-        except zstd.ZstdError as exc:
+            size, dict_id = self._binding().frame(frame)
+        except zstd.FrameError as exc:
             raise _damaged(where(), f"not a zstd frame ({exc})") from None
         # This writer always declares the size: a frame without one, or claiming more than any
         # value may hold, is not one of ours and is never decompressed (no zstd bomb).
-        if params.content_size == zstd.CONTENTSIZE_UNKNOWN:
+        if size is None:
             raise _damaged(where(), "a zstd frame that does not declare its size")
-        if params.content_size > MAX_PLAIN_BYTES:
-            raise _damaged(where(), f"a zstd frame claiming {params.content_size} bytes")
-        d = self._decompressor(params.dict_id, zstd, where)
+        if size > MAX_PLAIN_BYTES:
+            raise _damaged(where(), f"a zstd frame claiming {size} bytes")
+        d = self._decompressor(dict_id, where)
         try:
-            out: bytes = d.decompress(frame)
-        except zstd.ZstdError as exc:
+            return d.decompress(frame)
+        except zstd.FrameError as exc:
             raise _damaged(where(), f"its zstd frame does not decode ({exc})") from None
-        return out
 
-    def _decompressor(self, dict_id: int, zstd: Any, where: Callable[[], str]) -> Any:
+    def _decompressor(self, dict_id: int, where: Callable[[], str]) -> zstd.Decompressor:
         cache = getattr(self._local, "d", None)
         if cache is None:
             cache = self._local.d = {}
-        d = cache.get(dict_id)
+        d: zstd.Decompressor | None = cache.get(dict_id)
         if d is None:
             if dict_id and dict_id not in self._dicts:
                 raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id}, which was not given: "
                                       "open with compression_dict= that dictionary", where=where())
-            d = cache[dict_id] = zstd.ZstdDecompressor(dict_data=self._dicts.get(dict_id))
+            d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
 
 
@@ -446,18 +448,8 @@ def parse(envelope: bytes) -> tuple[int, bytes, bytes, int] | None:
     return (envelope[0], envelope[1:9], envelope[9:25], int.from_bytes(envelope[25:33], "little"))
 
 
-def _zstd() -> Any:
-    try:
-        import zstandard  # noqa: PLC0415 -- an optional dependency
-    except ImportError:
-        raise ArgumentError("compression='zstd' needs the 'zstandard' package: pip install 'agentwal[crypto]'") \
-            from None
-    return zstandard
-
-
 def train_dictionary(samples: Sequence[bytes], size: int = 16 << 10) -> bytes:
     """A zstd dictionary trained on sample values (e.g. a few thousand real JSON values), for
     ``wal.open(..., compression="zstd", compression_dict=...)``. Keep it as you keep the store:
     every value compressed with it needs it to be read."""
-    zstd: zstandard = _zstd()  # type: ignore[valid-type]
-    return bytes(zstd.train_dictionary(size, list(samples)).as_bytes())  # type: ignore[attr-defined]
+    return zstd.binding().train(samples, size)
