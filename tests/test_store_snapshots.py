@@ -90,13 +90,14 @@ def test_a_read_only_opener_in_another_process_never_sees_part_of_a_transaction(
         stop = threading.Event()
         threads = _committers(store, stop)
         try:
-            out = subprocess.run([sys.executable, "-c", _READER, str(tmp_path), "300"], capture_output=True,
-                                 text=True, timeout=300, check=True).stdout.split()
+            reader = subprocess.run([sys.executable, "-c", _READER, str(tmp_path), "300"], capture_output=True,
+                                    text=True, timeout=300, check=False)
         finally:
             stop.set()
             for th in threads:
                 th.join()
-    assert out == ["300", "0"]
+    assert reader.returncode == 0, reader.stderr
+    assert reader.stdout.split() == ["300", "0"]
 
 
 def test_a_snapshot_reads_one_lsn_while_commits_go_on(tmp_path: Path) -> None:
