@@ -54,11 +54,14 @@ readcall = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-# The store's commit path, overlay, commit lock, apply queue and record codec (see native/storecore.c).
+# The store's commit path, overlay, commit lock, apply queue and record codec (see native/storecore.c),
+# and the sealed put's AES-GCM sessions (native/sealcore.c: libcrypto is dlopen'ed, not linked).
 storecore = Extension(
     "wal._storecore",
-    sources=["native/storecore.c", "native/overlay.c", "native/commitlock.c", "native/collapse.c"],
+    sources=["native/storecore.c", "native/overlay.c", "native/commitlock.c", "native/collapse.c",
+             "native/sealcore.c"],
     include_dirs=["native"],
+    libraries=["dl"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 

@@ -50,6 +50,7 @@
 #include "lmdbapi.h"
 #include "logcall.h"
 #include "overlay.h"
+#include "sealcore.h"
 #include "spanargs.h"
 #include "wal.h"
 
@@ -1604,17 +1605,100 @@ static PyTypeObject CoreType = {
  *    function, which would try to commit again, but store._fast_wait_failed(), which raises
  *    the log's own failure (a log that failed or closed refuses every later append anyway).
  * Py_TPFLAGS_METHOD_DESCRIPTOR lets `store.put(...)` call it with the store prepended,
- * without making a bound method, as CPython does for functions. */
+ * without making a bound method, as CPython does for functions.
+ *
+ * The sealed put. `FastCommit(sealed_put, OP_PUT, Store.put, CONTEXT_VALUE)` is a sealed
+ * store's put (wal/store/sealed.py) over the plain Store: called as store.put(key, value), it
+ * seals the value in C through the store's sealing session (store._sealer._session, a
+ * SealSession: native/sealcore.h) -- associated data CONTEXT_VALUE + key, as
+ * wal/crypto/sealing.py's Sealer.seal would -- and commits the envelope as Core.commit does,
+ * all in this one call with the GIL held. Anything else goes to the wrapped Python put,
+ * which seals in Python: another call form, a closed or failed store (it reports that), a
+ * key or value that is not plain bytes (or str for the key) within the limits, a value its
+ * Sealer would compress, a session that is not a SealSession (libcrypto not loaded, no
+ * encryption) or is used up (its limit, a fork: the Python put starts a new one). When
+ * Core.commit declines the envelope (busy lock, back-pressure), the envelope goes to
+ * `Store.put` (`base`), which waits or takes the Python path: the value is sealed once. */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *func; /* the wrapped Python function */
-    long kind;      /* OP_PUT or OP_DELETE */
+    PyObject *func;    /* the wrapped Python function */
+    long kind;         /* OP_PUT or OP_DELETE */
+    PyObject *base;    /* a sealed put: the plain Store.put the envelope goes to when Core.commit declines */
+    PyObject *context; /* a sealed put: the associated data's context before the key (bytes) */
 } FastCommit;
 
 static PyObject *str_core;             /* "_core" */
 static PyObject *str_fast_wait_failed; /* "_fast_wait_failed" */
+static PyObject *str_sealer;           /* "_sealer" */
+static PyObject *str_session;          /* "_session" */
+
+/* The Core of `store` (a new reference), NULL with no error set when it has none, or NULL
+ * with an error set. */
+static Core *store_core(PyObject *store) {
+    PyObject *core = PyObject_GetAttr(store, str_core);
+    if (core == NULL) return NULL;
+    if (PyObject_TypeCheck(core, &CoreType)) return (Core *)core;
+    Py_DECREF(core);
+    return NULL;
+}
+
+/* After commit_bytes_key's answer `r` (stolen) for an envelope: the LSN, the plain
+ * Store.put's answer for the envelope (declined), or the store's failure (waiting failed). */
+static PyObject *sealed_commit_done(FastCommit *f, PyObject *store, PyObject *key, PyObject *env, PyObject *r) {
+    if (r == NULL) return NULL;
+    long long lsn = PyLong_AsLongLong(r);
+    if (lsn > 0) return r;
+    Py_DECREF(r);
+    if (lsn == -1 && PyErr_Occurred()) return NULL;
+    if (lsn < 0) return PyObject_CallMethodNoArgs(store, str_fast_wait_failed);
+    PyObject *call[3] = {store, key, env};
+    return PyObject_Vectorcall(f->base, call, 3, NULL);
+}
+
+static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 3) return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
+    PyObject *store = args[0], *value = args[2], *sealer = NULL, *session = NULL, *key = NULL, *env = NULL;
+    Core *core = store_core(store);
+    if (core == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        goto python;
+    }
+    if (core->handle == NULL || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > WAL_MAX_PAYLOAD_BYTES - 4096)
+        goto python;
+    if ((sealer = PyObject_GetAttr(store, str_sealer)) == NULL || (session = PyObject_GetAttr(sealer, str_session)) == NULL)
+        goto failed;
+    if (!seal_session_takes(session, PyBytes_GET_SIZE(value))) goto python;
+    if ((key = plain_key(args[1])) == NULL) goto python; /* the Python put explains what is wrong with it */
+    env = seal_session_seal(session, 0x80, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value),
+                            PyBytes_AS_STRING(f->context), PyBytes_GET_SIZE(f->context), PyBytes_AS_STRING(key),
+                            PyBytes_GET_SIZE(key));
+    if (env == NULL) {
+        if (PyErr_Occurred()) goto failed;
+        goto python; /* used up: the Python put starts a new session */
+    }
+    PyObject *r = sealed_commit_done(f, store, key, env, commit_bytes_key(core, OP_PUT, key, env, 0));
+    Py_DECREF(env);
+    Py_DECREF(key);
+    Py_DECREF(session);
+    Py_DECREF(sealer);
+    Py_DECREF(core);
+    return r;
+python:
+    Py_XDECREF(key);
+    Py_XDECREF(session);
+    Py_XDECREF(sealer);
+    Py_XDECREF(core);
+    return PyObject_Vectorcall(f->func, args, nargsf, kwnames);
+failed:
+    Py_XDECREF(key);
+    Py_XDECREF(session);
+    Py_XDECREF(sealer);
+    Py_XDECREF(core);
+    return NULL;
+}
 
 static PyObject *fast_commit_call(FastCommit *f, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -1649,27 +1733,41 @@ static PyObject *fast_wrapper(PyTypeObject *type, PyObject *func, long kind, vec
 }
 
 static PyObject *fast_commit_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *func;
+    PyObject *func, *base = NULL, *context = NULL;
     long kind;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
-        PyErr_SetString(PyExc_TypeError, "FastCommit takes (function, kind)");
+        PyErr_SetString(PyExc_TypeError, "FastCommit takes (function, kind[, base, context])");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Ol:FastCommit", &func, &kind)) return NULL;
+    if (!PyArg_ParseTuple(args, "Ol|OO:FastCommit", &func, &kind, &base, &context)) return NULL;
     if (!PyCallable_Check(func) || (kind != OP_PUT && kind != OP_DELETE)) {
         PyErr_SetString(PyExc_TypeError, "FastCommit takes (a function, OP_PUT or OP_DELETE)");
         return NULL;
     }
-    return fast_wrapper(type, func, kind, (vectorcallfunc)fast_commit_call);
+    if (base == NULL) return fast_wrapper(type, func, kind, (vectorcallfunc)fast_commit_call);
+    if (kind != OP_PUT || !PyCallable_Check(base) || context == NULL || !PyBytes_CheckExact(context)) {
+        PyErr_SetString(PyExc_TypeError, "a sealed FastCommit takes (a function, OP_PUT, Store.put, context: bytes)");
+        return NULL;
+    }
+    FastCommit *f = (FastCommit *)fast_wrapper(type, func, kind, (vectorcallfunc)fast_sealed_put);
+    if (f != NULL) {
+        f->base = Py_NewRef(base);
+        f->context = Py_NewRef(context);
+    }
+    return (PyObject *)f;
 }
 
 static int fast_commit_traverse(FastCommit *f, visitproc visit, void *arg) {
     Py_VISIT(f->func);
+    Py_VISIT(f->base);
+    Py_VISIT(f->context);
     return 0;
 }
 
 static int fast_commit_clear(FastCommit *f) {
     Py_CLEAR(f->func);
+    Py_CLEAR(f->base);
+    Py_CLEAR(f->context);
     return 0;
 }
 
@@ -1825,6 +1923,8 @@ static PyMethodDef sc_methods[] = {
     {"decode", sc_decode, METH_O, "decode(payload) -> (ops, time_ms, idempotency_key); ValueError if malformed."},
     {"collapse", sc_collapse, METH_O,
      "collapse(records: list[(lsn, payload)]) -> (first, last, commits, puts, deletes, idem)."},
+    {"load_aead", sealcore_load_aead, METH_NOARGS,
+     "load_aead() -> the libcrypto SealSession uses (loaded once); OSError saying why if none can be."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1840,7 +1940,9 @@ PyMODINIT_FUNC PyInit__storecore(void) {
         return NULL;
     str_core = PyUnicode_InternFromString("_core");
     str_fast_wait_failed = PyUnicode_InternFromString("_fast_wait_failed");
-    if (str_core == NULL || str_fast_wait_failed == NULL) return NULL;
+    str_sealer = PyUnicode_InternFromString("_sealer");
+    str_session = PyUnicode_InternFromString("_session");
+    if (str_core == NULL || str_fast_wait_failed == NULL || str_sealer == NULL || str_session == NULL) return NULL;
     PyObject *m = PyModule_Create(&sc_module);
     if (m == NULL) return NULL;
     Py_INCREF(&FastCommitType);
@@ -1871,6 +1973,10 @@ PyMODINIT_FUNC PyInit__storecore(void) {
     Py_INCREF(&CommitLockType);
     if (PyModule_AddObject(m, "CommitLock", (PyObject *)&CommitLockType) < 0) {
         Py_DECREF(&CommitLockType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (sealcore_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

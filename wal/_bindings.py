@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from wal import errors
+from wal.crypto import sealing as _sealing
 
 _CORE = ("_native", "_appendcall", "_readcall", "_storecore", "_lmdbcall")
 
@@ -91,6 +92,8 @@ _WATERMARKS = _address("wal_log_watermarks")
 _storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
 _storecore.bind_lmdb(_lmdbcall.CAPI)  # ... and read LMDB through wal._lmdbcall's C API (native/lmdbapi.h)
 storecore = _storecore
+# Sealing sessions in C for wal/crypto/sealing.py, which sits below this floor (native/sealcore.c).
+_sealing.bind_native(_storecore.SealSession, _storecore.load_aead)
 lmdbcall = _lmdbcall  # the LMDB state's C calls (native/lmdbcall.c), for wal/store/state.py
 
 # append(handle_address, payload: bytes, level) -> LSN once the level holds, or a negative WAL_E*

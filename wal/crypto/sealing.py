@@ -41,10 +41,12 @@ of them -- no nonce is derived from an LSN, a position or anything read from dis
    own key K_S = HKDF-SHA256(master key, salt=S, info="agentwal seal v1"). A session lives in
    one process's memory and dies with it: each `Sealer` starts one (every open of a store, every
    export, every archive upload, every rekey), and a forked child starts new ones for all of its
-   Sealers before it can seal anything (``os.register_at_fork``).
-2. Within a session the nonce is a 64-bit counter taken (atomically: ``itertools.count`` under
-   the GIL) before each encryption. It only goes up, is never reset, saved or read back, and a
-   session moves to a new S long before it could wrap.
+   Sealers before it can seal anything (``os.register_at_fork``). A C session (below) also
+   refuses to seal in any process forked after it was made (native/sealcore.c counts forks with
+   ``pthread_atfork``), so not even a child that skipped Python's fork hooks continues one.
+2. Within a session the nonce is a 64-bit counter taken atomically before each encryption: one
+   counter per session, whichever path seals (below). It only goes up, is never reset, saved or
+   read back, and a session moves to a new S long before it could wrap (`SESSION_LIMIT`).
 3. So two encryptions share (K_S, nonce) only if they are in one session -- impossible, the
    counter differs -- or two sessions drew the same 128-bit S under the same master key: for n
    sessions at most n^2 / 2^129 (2^-65 after four billion sessions), the standard bound for
@@ -55,6 +57,23 @@ after them is a new process or a new open, hence a new session. The tests record
 (key id, session, counter) that any process uses across kill loops, power cuts, restores and
 promotions (``AGENTWAL_TRACE_NONCES``) and scan every file for sealed values, and find no
 pair used for two different ciphertexts.
+
+Where the encryption runs. A session is one object, the Sealer's ``_session``, holding K_S, the
+key id, S and the counter; its ``seal(codec, body, context)`` takes the next counter, records it
+for the trace, and returns the envelope. Where libcrypto can be loaded it is a C session
+(``wal._storecore.SealSession``, native/sealcore.c): OpenSSL's EVP AES-256-GCM, the code
+`cryptography` wraps, through cipher contexts keyed once per session (a seal sets only the
+nonce), the counter a C atomic fetch-and-add. A sealed store's put then seals in the C commit
+call itself, through that same session object, with no Python frame (native/storecore.c, "The
+sealed put"); every other seal -- compressed values, transactions, aput, blobs, archive
+objects, exports -- calls the same ``seal`` from `Sealer.seal`. So both paths draw from one
+counter: none of them could hand out a counter another one did, and there is no second session
+to keep apart. (A separate C session would have been as safe -- its own S -- but two sessions per
+open, one counter each, is more to reason about for nothing.) Where libcrypto cannot be loaded,
+or with ``AGENTWAL_SEAL_NATIVE=0``, a session is a `_Session` over `cryptography`'s AESGCM with an
+``itertools.count`` counter (atomic under the GIL), and every seal is `Sealer.seal`'s. The key
+derivation is `cryptography`'s HKDF in both, once per session; the opening of envelopes is
+always `cryptography`'s. The envelope is the same byte for byte (the tests compare the two).
 
 The AEAD's associated data binds each ciphertext to its header (codec, key id, session,
 counter) and to its context: ``b"agentwal value\\0" + store key`` for a store value (so a value
@@ -112,13 +131,19 @@ def key_id(key: bytes) -> bytes:
     return hmac.new(key, _KEY_ID_LABEL, hashlib.sha256).digest()[:KEY_ID_BYTES]
 
 
-def _aead(master: bytes, session: bytes) -> Any:
+def _derive(master: bytes, session: bytes) -> bytes:
+    """K_S: the key of the session `session` under `master` (module docstring, "Nonces", 1)."""
     from cryptography.hazmat.primitives import hashes  # noqa: PLC0415 -- an optional dependency
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF  # noqa: PLC0415
 
-    derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=session, info=_HKDF_INFO).derive(master)
-    return AESGCM(derived)
+    derived: bytes = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=session, info=_HKDF_INFO).derive(master)
+    return derived
+
+
+def _aead(master: bytes, session: bytes) -> Any:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415 -- an optional dependency
+
+    return AESGCM(_derive(master, session))
 
 
 def _need_cryptography() -> None:
@@ -201,18 +226,88 @@ _CODEC_BYTE = (bytes((CODEC_PLAIN,)), bytes((CODEC_ZSTD,)))  # an unencrypted en
 
 
 class _Session:
-    """One sealing session: a random id, its derived AEAD and its nonce counter (module docstring)."""
+    """One sealing session through `cryptography` (the Python path): a random id, its derived
+    AEAD and its nonce counter (module docstring). The same interface as the C sessions,
+    ``wal._storecore.SealSession``: `id`, `key_id` and `seal`."""
 
     __slots__ = ("counter", "encrypt", "id", "key_id", "prefixes")
 
-    def __init__(self, master: bytes, kid: bytes) -> None:
-        self.id = os.urandom(SESSION_BYTES)
+    def __init__(self, derived: bytes, kid: bytes, sid: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415 -- optional
+
+        self.id = sid
         self.key_id = kid
-        self.encrypt = _aead(master, self.id).encrypt  # bound once: the seal path's one AEAD call
+        self.encrypt = AESGCM(derived).encrypt  # bound once: the seal path's one AEAD call
         self.counter = itertools.count()
         # the first 25 header bytes, by the codec's compression bit (made once, not per seal)
         self.prefixes = (bytes((CODEC_ENCRYPTED,)) + kid + self.id,
                          bytes((CODEC_ENCRYPTED | CODEC_ZSTD,)) + kid + self.id)
+
+    def seal(self, codec: int, body: bytes, context: bytes) -> bytes | None:
+        """The envelope of `body` (codec 0x80 or 0x81), or None once the session is used up."""
+        n = next(self.counter)
+        if n >= SESSION_LIMIT:
+            return None
+        if _trace_fd >= 0:
+            os.write(_trace_fd, b"%s %s %d\n" % (self.key_id.hex().encode(), self.id.hex().encode(), n))
+        counter = _pack_counter(n)
+        header = self.prefixes[codec & CODEC_ZSTD] + counter
+        sealed: bytes = self.encrypt(counter + _NONCE_TAIL, body, header + context)
+        return header + sealed
+
+
+class _NativeSessions:
+    """The C sessions (wal._storecore.SealSession, native/sealcore.c): OpenSSL's AES-256-GCM
+    through cipher contexts keyed once per session, the same envelope byte for byte.
+    wal/_bindings.py hands the type over when the C core loads (this floor is below it and
+    cannot import it). AGENTWAL_SEAL_NATIVE=0 keeps every session on the Python path."""
+
+    __slots__ = ("load", "session_type", "state")
+
+    def __init__(self) -> None:
+        self.session_type: Any = None  # None: not bound (or AGENTWAL_SEAL_NATIVE=0): Python sessions
+        self.load: Callable[[], str] | None = None
+        self.state: str | None = None  # None: not checked yet; "": not usable; else the library's name
+
+
+_native = _NativeSessions()
+
+
+def bind_native(session_type: Any, load: Callable[[], str]) -> None:
+    """Called once by wal/_bindings.py: the C session type and its libcrypto loader."""
+    if os.environ.get("AGENTWAL_SEAL_NATIVE", "") != "0":
+        _native.session_type, _native.load = session_type, load
+
+
+def native_library() -> str | None:
+    """The libcrypto that new sealing sessions encrypt through (C sessions), or None when they
+    use `cryptography` (no libcrypto could be loaded, or AGENTWAL_SEAL_NATIVE=0). Checked once
+    per process: the library loads, and an envelope it seals opens with `cryptography`."""
+    session_type, load = _native.session_type, _native.load
+    if session_type is None or load is None:
+        return None
+    if _native.state is None:
+        try:
+            name = load()
+            key, sid, kid, context = bytes(range(KEY_BYTES)), bytes(SESSION_BYTES), bytes(KEY_ID_BYTES), b"check"
+            envelope = session_type(key, kid, sid, SESSION_LIMIT, -1, 0).seal(CODEC_ENCRYPTED, b"agentwal", context)
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415 -- optional
+
+            opened = AESGCM(key).decrypt(envelope[HEADER_BYTES - COUNTER_BYTES:HEADER_BYTES] + _NONCE_TAIL,
+                                         envelope[HEADER_BYTES:], envelope[:HEADER_BYTES] + context)
+            _native.state = name if opened == b"agentwal" else ""
+        except Exception:  # any failure of the check: the Python path, as without libcrypto
+            _native.state = ""
+    return _native.state or None
+
+
+def _start_session(master: bytes, kid: bytes, compress_from: int) -> Any:
+    """A new sealing session: a C one where libcrypto is usable, else a `_Session`."""
+    sid = os.urandom(SESSION_BYTES)
+    derived = _derive(master, sid)
+    if native_library() is not None:
+        return _native.session_type(derived, kid, sid, SESSION_LIMIT, _trace_fd, compress_from)
+    return _Session(derived, kid, sid)
 
 
 _sealers: weakref.WeakSet[Sealer] = weakref.WeakSet()
@@ -270,7 +365,9 @@ class Sealer:
         self._opened: OrderedDict[bytes, Any] = OrderedDict()  # (key id + session) -> AEAD, bounded
         self._opened_lock = threading.Lock()
         self._session_lock = threading.Lock()
-        self._session: _Session | None = None
+        # A C session (wal._storecore.SealSession) or a _Session; the sealed Store.put reads it
+        # from here (native/storecore.c, FastCommit) to seal in C with the same counter.
+        self._session: Any = None
         self._blob_key: tuple[bytes, bytes] | None = None
         if keys is not None:
             self._new_session()
@@ -282,7 +379,10 @@ class Sealer:
 
     def _new_session(self) -> None:
         if self.keys is not None:
-            self._session = _Session(self.keys.current, self.keys.current_id)
+            # compress_from: values this long are left to this class by the C commit path, which
+            # does not compress (0: never compressed).
+            compress_from = self.threshold if self.compression is not None else 0
+            self._session = _start_session(self.keys.current, self.keys.current_id, compress_from)
 
     def blob_name(self, data: bytes) -> bytes:
         """The 32-byte name of a blob holding `data`: its SHA-256, or for an encrypted handle an
@@ -305,11 +405,11 @@ class Sealer:
     def seal(self, data: bytes, context: bytes) -> bytes:
         """The envelope of `data`: compressed if that pays, encrypted if there are keys.
 
-        The hot path of every sealed write (a put of a sealed store runs it between its return
-        from the last commit and its append): a handful of Python operations around one zstd
-        call and one AEAD call, each header field packed once and the ciphertext joined to its
-        header in one copy. The two library calls release the GIL (zstd always, AES-GCM for
-        2,048 bytes or more: docs/performance.md, "Sealed values")."""
+        A sealed store's plain put seals in C without coming here when it can (module docstring,
+        "Where the encryption runs"); this is every other seal's path: a handful of Python
+        operations around one zstd call (which releases the GIL) and the session's ``seal``
+        (a C session keeps the GIL below 32 KiB; `cryptography`'s AESGCM releases it from
+        2,048 bytes: docs/performance.md, "Sealed values")."""
         body = data
         codec = CODEC_PLAIN
         if self.compression is not None and len(data) >= self.threshold:
@@ -324,18 +424,14 @@ class Sealer:
         session = self._session
         if session is None:
             return _CODEC_BYTE[codec] + body
-        n = next(session.counter)
-        if n >= SESSION_LIMIT:
+        sealed: bytes | None = session.seal(CODEC_ENCRYPTED | codec, body, context)
+        while sealed is None:  # used up (its limit; or, for a C session, made before a fork)
             with self._session_lock:
                 if self._session is session:
                     self._new_session()
-            return self.seal(data, context)
-        if _trace_fd >= 0:
-            os.write(_trace_fd, b"%s %s %d\n" % (session.key_id.hex().encode(), session.id.hex().encode(), n))
-        counter = _pack_counter(n)
-        header = session.prefixes[codec] + counter
-        sealed: bytes = session.encrypt(counter + _NONCE_TAIL, body, header + context)
-        return header + sealed
+                session = self._session
+            sealed = session.seal(CODEC_ENCRYPTED | codec, body, context)
+        return sealed
 
     def _new_compressor(self) -> zstd.Compressor:
         # A zstd context is not thread-safe and costs ~1 MB to make: a pool (list.pop/append are

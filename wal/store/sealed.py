@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from wal._bindings import storecore
 from wal.crypto.sealing import CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
 from wal.errors import ArgumentError, MissingKeyError, WrongKeyError
 from wal.log.record import OP_PUT
@@ -204,12 +205,14 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             return self._sealer.open(envelope, _ctx(key), _Where(self._path, key))
 
         def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
-            # The plain store's put is one C call; this one is a Python frame around the seal and
-            # that same C call (Core.commit, as Store.put makes it), paid by every committer in
-            # turn with the GIL held (but inside the two library calls): so the common argument
-            # types are taken as they are (a str key encoded here, as _key does; the C commit and
-            # the Python path below still refuse an empty or oversized key), and no super() or
-            # bound method is made.
+            # Over the plain Store, store.put(key, value) is one C call that seals and commits
+            # (the FastCommit installed below); this frame runs for the rest: a durability=,
+            # keyword arguments, argument types the C call does not take as they are, values the
+            # Sealer compresses, a Python sealing session (no libcrypto), and over the archive's
+            # store every put. It seals in Python and hands the envelope to that same C commit
+            # (Core.commit, as Store.put makes it): the common argument types are taken as they
+            # are (a str key encoded here, as _key does; the C commit and the Python path below
+            # still refuse an empty or oversized key), and no super() or bound method is made.
             k = key if type(key) is bytes else key.encode() if type(key) is str else _key(key)
             v = self._sealer.seal(value if type(value) is bytes and len(value) <= max_value else _value(value),
                                   CONTEXT_VALUE + k)
@@ -264,6 +267,11 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             out["compression"] = self._sealer.compression
             return out
 
+    if direct:
+        # Called as store.put(key, value), the sealed put is one C call: the value sealed in C
+        # through the Sealer's session (when it is a C one) and committed as Store.put commits;
+        # every other case runs the put above (native/storecore.c, "The sealed put").
+        Sealed.put = storecore.FastCommit(Sealed.put, op_put, plain.Store.put, CONTEXT_VALUE)  # type: ignore[method-assign]
     Sealed.__name__ = Sealed.__qualname__ = "Sealed" + base.__name__
     _classes[base] = Sealed
     return Sealed
