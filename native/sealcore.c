@@ -60,7 +60,9 @@
 #define POOL_MAX 8
 /* From this many bytes of body the encryption runs with the GIL released: at ~2-4 GB/s that
  * is 10-20 us of AES, more than a hand-off of the GIL costs the threads around it. */
+#ifndef SEAL_NOGIL_BYTES /* (a build may set it, to measure other cut-offs) */
 #define SEAL_NOGIL_BYTES (32 * 1024)
+#endif
 /* One EVP update takes an int length: longer bodies are fed in pieces of this size. */
 #define UPDATE_PIECE (1 << 30)
 
@@ -199,6 +201,7 @@ static void ctx_give(SealSession *s, EVP_CIPHER_CTX *ctx) {
 
 static int aad(EVP_CIPHER_CTX *ctx, const char *p, Py_ssize_t n) {
     int outl;
+    if (n > INT_MAX) return 0; /* contexts are names and keys: never near this */
     return n == 0 || g_evp.encrypt_update(ctx, NULL, &outl, (const unsigned char *)p, (int)n) == 1;
 }
 
