@@ -10,6 +10,7 @@ behind does not let async commits queue without bound (max_unapplied holds for `
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -299,3 +300,42 @@ def test_cancelled_atransaction_took_effect_before_the_error_or_never(tmp_path: 
             tx.put(b"other%d" % i, b"w")
 
     _cancel_mid_commit(tmp_path, txn)
+
+
+@pytest.mark.timeout(60)  # a waiter left asleep never wakes: the commit waits, shielded, for its level
+def test_event_loops_in_several_threads_each_see_their_commits_acknowledged(tmp_path: Path) -> None:
+    """The log wakes asyncio waiters through one eventfd; a loop that drains it must not leave
+    another loop's waiters asleep (nothing else would wake them once the commits stop)."""
+    store = wal.open(tmp_path)
+    idle_attached = threading.Event()
+    release = threading.Event()
+    done: list[int] = []
+    errors: list[BaseException] = []
+
+    async def idle() -> None:  # a loop that committed once and now just runs, its reader attached
+        await store.aput("idle", b"x")
+        idle_attached.set()
+        while not release.is_set():
+            await asyncio.sleep(0.001)
+
+    async def committer() -> None:
+        for i in range(200):
+            done.append(await asyncio.wait_for(store.aput(f"k{i}", b"v"), timeout=10))
+
+    def run(coro: Callable[[], Any]) -> None:
+        try:
+            asyncio.run(coro())
+        except BaseException as exc:
+            errors.append(exc)
+
+    idler = threading.Thread(target=run, args=(idle,))
+    idler.start()
+    assert idle_attached.wait(10)
+    try:
+        run(committer)
+    finally:
+        release.set()
+        idler.join()
+        store.close()
+    assert not errors, errors
+    assert len(done) == 200 and done == sorted(done)

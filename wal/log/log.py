@@ -416,6 +416,9 @@ class Log:
         loop = asyncio.get_running_loop()
         w = self._async.get(loop)
         if w is None:
+            # Loops that have closed since (each asyncio.run makes one) are forgotten here.
+            for old in [old for old in self._async if old.is_closed()]:
+                del self._async[old]
             w = self._async[loop] = _AsyncWaiters(self, loop)
         return w
 
@@ -979,8 +982,21 @@ class _AsyncWaiters:
         await fut
 
     def _on_ready(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             os.read(self._fd, 8)  # drain the eventfd
+        except BlockingIOError:
+            pass  # another loop drained it first, and woke this one (below)
+        else:
+            # The eventfd is the log's, one for every loop: the others may not have seen it
+            # readable before this read, and would sleep through the progress it announced.
+            for other in list(self._log._async.values()):
+                if other is not self and other._attached:
+                    with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                        other._loop.call_soon_threadsafe(other._check)
+        self._check()
+
+    def _check(self) -> None:
+        """Resolve what the watermarks now allow (on this loop)."""
         self._wake_progress()
         failed = lib.wal_log_watermarks(self._handle, self._marks)
         written, durable = int(self._marks[1]), int(self._marks[2])
