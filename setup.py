@@ -46,10 +46,11 @@ appendcall = Extension(
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )
 
-# A span of log records as Python objects in one call, for Log.read (see native/readcall.c).
+# A span of log records as Python objects in one call, for Log.read, and an archive log object's
+# record section in one call (see native/readcall.c).
 readcall = Extension(
     "wal._readcall",
-    sources=["native/readcall.c"],
+    sources=["native/readcall.c", "native/crc32c.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
 )

@@ -9,6 +9,7 @@ arguments refused before anything is written; `ClosedError` after close;
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 from pathlib import Path
 
@@ -69,8 +70,9 @@ def test_reads_that_follow_the_writer_resume_where_the_last_one_stopped(tmp_path
             assert [lsn for lsn, _ in got] == list(range(shipped + 1, want + 1))
             assert all(data == payload(lsn) for lsn, data in got)
             shipped = want
-        assert log._scan_resume, "reads of the newest segment left a point to resume from"
-        assert set(log._scan_resume) <= {str(f) for f in segment_files(tmp_path)}
+        assert log._scan_resume.resume, "reads of the newest segment left a point to resume from"
+        assert set(log._scan_resume.resume) <= {str(f) for f in segment_files(tmp_path)}
+        assert log._scan_resume.kept is not None and log._scan_resume.kept[0] == str(segment_files(tmp_path)[-1])
         assert list(log.read()) == [(i, payload(i)) for i in range(1, shipped + 1)]
         assert [lsn for lsn, _ in log.read(shipped - 3)] == list(range(shipped - 3, shipped + 1))
     # A record after the resume point damaged on disk: the resumed read validates it.
@@ -79,7 +81,7 @@ def test_reads_that_follow_the_writer_resume_where_the_last_one_stopped(tmp_path
             log.append(payload(i))
         assert len(list(log.read(1))) == 10
         (newest,) = segment_files(tmp_path / "damaged")
-        resume_at = int(log._scan_resume[str(newest)][1].end_offset)
+        resume_at = int(log._scan_resume.resume[str(newest)][1].end_offset)
         log.append(payload(11))
         log.append(payload(12))  # a valid record after the damage: corruption, not a torn tail
         with open(newest, "r+b") as f:
@@ -89,6 +91,28 @@ def test_reads_that_follow_the_writer_resume_where_the_last_one_stopped(tmp_path
             f.write(bytes([byte[0] ^ 0xFF]))
         with pytest.raises(wal.CorruptionError):
             list(log.read(11))
+
+
+def test_reads_that_follow_the_writer_map_the_newest_segment_again_once_it_outgrew_the_map(tmp_path: Path) -> None:
+    """The newest segment stays mapped between a writable log's reads; a map that ends before
+    the records asked for (a segment grown past its preallocation) is made again and the read
+    goes on in it: never fewer records than were written."""
+    with wal.Log.open(tmp_path) as log:
+        for i in range(1, 21):
+            log.append(payload(i))
+        assert list(log.read(1)) == [(i, payload(i)) for i in range(1, 21)]
+        kept = log._scan_resume.kept
+        assert kept is not None
+        path = kept[0]
+        with open(path, "rb") as f:
+            short = mmap.mmap(f.fileno(), wf.SEGMENT_HEADER_SIZE + 50, access=mmap.ACCESS_READ)
+        log._scan_resume.kept = (path, short, [0])
+        log._scan_resume.resume.clear()
+        for i in range(21, 31):
+            log.append(payload(i))
+        assert list(log.read(5)) == [(i, payload(i)) for i in range(5, 31)]
+        assert log._scan_resume.kept is not None and log._scan_resume.kept[1] is not short
+        assert list(log.read(30)) == [(30, payload(30))]
 
 
 def test_append_accepts_bytes_bytearray_memoryview_and_empty_payloads(tmp_path: Path) -> None:

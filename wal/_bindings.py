@@ -76,7 +76,7 @@ except ImportError as exc:
     raise ImportError(_core_missing(exc)) from exc
 
 __all__ = ["append_nowait", "append_record", "check", "durable_lsn_reader", "ffi", "handle_address", "lib",
-           "lmdbcall", "raise_code", "span_records", "storecore"]
+           "lmdbcall", "object_records", "raise_code", "span_records", "storecore"]
 
 
 def _address(name: str) -> int:
@@ -107,6 +107,9 @@ append_nowait = _appendcall.append_nowait
 # span_records(buffer, lsns, offsets, lengths, count) -> [(lsn, payload: bytes)]: a RecordSpan's
 # records as Python objects in one call, every range checked against the buffer (native/readcall.c).
 span_records = _readcall.records
+# object_records([(lsn, payload: bytes)]) -> bytes: the record section of an archive log object
+# (lsn, length, CRC-32C, payload per record; FORMAT.md) in one call (native/readcall.c).
+object_records = _readcall.object_records
 
 
 def handle_address(handle: Any) -> int:

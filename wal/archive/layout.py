@@ -25,7 +25,7 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from wal._bindings import ffi, lib
+from wal._bindings import ffi, lib, object_records
 from wal.errors import CorruptionError
 
 LOG_PREFIX = "log/"
@@ -141,14 +141,29 @@ def encode_log(records: list[tuple[int, bytes]], writer_id: bytes, behind: int =
     first, last = records[0][0], records[-1][0]
     assert last - first + 1 == len(records), "records must be consecutive"
     times = [time_of(p) for _, p in records]
-    parts = [_LOG_HEADER.pack(LOG_MAGIC, 2 if behind else 1, behind, len(records), first, last, min(times),
-                              max(times), writer_id)]
-    for lsn, payload in records:
-        head = struct.pack("<QI", lsn, len(payload))
-        parts.append(_REC.pack(lsn, len(payload), _crc(head, payload)))
-        parts.append(payload)
-    body = b"".join(parts)
-    return body + hashlib.sha256(body).digest()
+    if type(records) is not list or not all(type(r) is tuple and type(r[1]) is bytes for r in records):
+        records = [(lsn, bytes(payload)) for lsn, payload in records]  # object_records takes exactly these
+    body = _LOG_HEADER.pack(LOG_MAGIC, 2 if behind else 1, behind, len(records), first, last, min(times),
+                            max(times), writer_id) + object_records(records)
+    return body + _sha256(body)
+
+
+# Up to this size a digest is computed holding the GIL, fed to hashlib in pieces below its
+# GIL-release threshold (2,048 bytes): a group object is hashed on the shipper's path from one
+# PUT to the next, and a thread that lets the GIL go there, with 64 committing threads waiting
+# for it, gets it back only after them. Larger bodies (merges, catching up) release it.
+_SHA_WITH_GIL_BYTES = 64 << 10
+_SHA_PIECE = 2047
+
+
+def _sha256(body: bytes) -> bytes:
+    if len(body) > _SHA_WITH_GIL_BYTES:
+        return hashlib.sha256(body).digest()
+    h = hashlib.sha256()
+    view = memoryview(body)
+    for at in range(0, len(body), _SHA_PIECE):
+        h.update(view[at:at + _SHA_PIECE])
+    return h.digest()
 
 
 def _damaged(name: str, why: str, lsns: str) -> CorruptionError:

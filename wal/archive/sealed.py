@@ -16,7 +16,7 @@ Restores and followers read ``sealed.json`` first: an encrypted archive needs th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore
@@ -64,6 +64,9 @@ class SealedObjects(ObjectStore):
 
     def delete(self, name: str) -> None:
         self.inner.delete(name)
+
+    def delete_many(self, names: Sequence[str]) -> None:
+        self.inner.delete_many(names)
 
     def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
         return (item for item in self.inner.list_times(prefix) if item[0] != MANIFEST)

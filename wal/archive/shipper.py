@@ -70,12 +70,14 @@ SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
 
 
-def _resolve_future(future: asyncio.Future[None], exc: BaseException | None) -> None:
-    if not future.done():
-        if exc is None:
-            future.set_result(None)
-        else:
-            future.set_exception(exc)
+def _resolve_futures(done: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    """In a loop's thread: resolve the futures of its coroutines that waited at `replicated`."""
+    for future, exc in done:
+        if not future.done():
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
 
 
 # How often a commit takes a lag sample (Shipper.admit): often enough that the bound it gives is
@@ -157,6 +159,11 @@ class NameTakenError(ObjectExistsError):
 _STRAY_CLEARS = 16
 
 
+# Merges one maintenance job makes at most (then snapshots, retention and the owner check get
+# their turn): at 400 PUTs/s and 32 objects a merge, 13 are due a second and jobs run about 4.
+_MERGES_PER_JOB = 8
+
+
 class ArchiveLagError(WalError):
     """A commit was refused: the archive lags more than archive_rpo_ms (policy "error")."""
 
@@ -205,7 +212,7 @@ class Shipper:
         self._dispatched = archived  # the last LSN handed to a PUT
         # first LSN -> (last LSN, bytes, future, epoch sent in) of each PUT in flight, or waiting
         # (future None) to be sent again after a failure.
-        self._inflight: dict[int, tuple[int, bytes, concurrent.futures.Future[int] | None, int]] = {}
+        self._inflight: dict[int, tuple[int, bytes, concurrent.futures.Future[int | None] | None, int]] = {}
         # first -> (last, bytes) of objects stored but not yet in the gap-free run (a PUT before
         # them is still in flight).
         self._stored: dict[int, tuple[int, bytes]] = {}
@@ -314,7 +321,14 @@ class Shipper:
 
     def _try_dispatch(self) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
-        Anything that goes wrong is left to the shipper thread, which meets it again."""
+        Anything that goes wrong is left to the shipper thread, which meets it again.
+
+        With every PUT slot taken, nothing: the answer of a PUT in flight sends what is durable
+        by then (`_put_log`), or a failed one wakes the shipper thread, so no commit is left
+        behind; and 64 committers each waking the shipper thread (and through it the
+        maintenance thread) made every PUT cycle pay for a few hundred needless runs of them."""
+        if len(self._inflight) + len(self._stored) >= self.puts_in_flight:
+            return
         if self._resolve is None and self.fenced is None and not self._stop \
                 and self._ship_lock.acquire(blocking=False):
             try:
@@ -356,14 +370,20 @@ class Shipper:
             while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
                 lsn, _, loop, future = heapq.heappop(self._async_waiters)
                 done.append((lsn, loop, future))
+        # One call into each loop for all its futures: call_soon_threadsafe writes to the loop's
+        # self-pipe every time, and a PUT acknowledging 500 commits of 1,000 tasks would make
+        # 500 writes and 500 callbacks.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
         for lsn, loop, future in done:
             exc: BaseException | None = None
             if self.fenced is not None:
                 exc = FailedError(str(self.fenced))
             elif self._stop and self.archived < lsn:
                 exc = FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+            by_loop.setdefault(loop, []).append((future, exc))
+        for loop, futures in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(_resolve_future, future, exc)
+                loop.call_soon_threadsafe(_resolve_futures, futures)
 
     def lag_ms(self) -> float:
         """Upper bound on the age of the oldest commit not yet in the archive (0 if none).
@@ -389,10 +409,11 @@ class Shipper:
             lsn, at = self._samples[0]
             return (now - (at if lsn <= archived else self._started)) * 1000
 
-    def admit(self) -> None:
-        """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
+    def admits_now(self) -> bool:
+        """True if a commit may go ahead now (the archive_rpo_ms bound holds), False if it must
+        wait or be refused (`admit` decides). Never blocks: asyncio commits ask it on the loop."""
         if self.fenced is not None:
-            raise FailedError(str(self.fenced)) from self.fenced
+            return False
         # Every commit passes here, from every thread: without taking the lock the waiters and
         # the PUT threads use, admit when the oldest kept sample is archived and young enough
         # (the bound from it is at least lag_ms's, see there), sampling about once a millisecond.
@@ -400,8 +421,14 @@ class Shipper:
         lsn, at = self._samples[0]
         if now - self._sampled_at < _SAMPLE_EVERY_S and lsn <= self.archived \
                 and (now - at) * 1000 <= self.rpo_ms:
-            return
-        if self.lag_ms() <= self.rpo_ms:
+            return True
+        return self.lag_ms() <= self.rpo_ms
+
+    def admit(self) -> None:
+        """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
+        if self.fenced is not None:
+            raise FailedError(str(self.fenced)) from self.fenced
+        if self.admits_now():
             return
         if self.policy == "error":
             raise ArchiveLagError(
@@ -507,11 +534,16 @@ class Shipper:
     def _publish(self, last: int) -> None:
         with self._cond:
             self.archived = last
+        self._wake_archived()
+
+    def _wake_archived(self) -> None:
+        """Wake the commits the archived LSN now covers (and admit()/stop(), on the Condition)."""
+        with self._cond:
             self._release_waiters()
-            self._cond.notify_all()  # admit() and stop() wait on the Condition
+            self._cond.notify_all()
         if self._async_waiters:
             self._release_async()
-        self.store._archived_moved(last)
+        self.store._archived_moved(self.archived)
 
     def _dispatch(self) -> None:
         """Send PUTs of what is durable and not yet handed to one, while slots are free."""
@@ -558,12 +590,19 @@ class Shipper:
     def _send(self, first: int, last: int, data: bytes) -> None:
         future = self._pool.submit(self._put_log, first, last, data)
         self._inflight[first] = (last, data, future, self._epoch)
-        future.add_done_callback(lambda _f: self._wake.set())
+        # A PUT that failed, or whose answer its thread did not take in, is the shipper
+        # thread's (`_harvest`); a stored one its PUT thread took in wakes nobody.
+        future.add_done_callback(self._answered)
 
-    def _put_log(self, first: int, last: int, data: bytes) -> int:
-        """In a PUT thread: store one group object; its last LSN once stored. Once stored, it
-        takes the answer in (`_stored_one`) and sends the next PUTs itself when it can. A failed
-        PUT raises: the shipper thread's `_harvest` takes it from the future."""
+    def _answered(self, future: concurrent.futures.Future[int | None]) -> None:
+        if future.cancelled() or future.exception() is not None or future.result() is not None:
+            self._wake.set()
+
+    def _put_log(self, first: int, last: int, data: bytes) -> int | None:
+        """In a PUT thread: store one group object. Once stored, it takes the answer in
+        (`_stored_one`) and sends the next PUTs itself when it can, and returns None; else it
+        returns the object's last LSN once stored, for `_harvest`. A failed PUT raises: the
+        shipper thread's `_harvest` takes it from the future."""
         name = layout.log_name(first)
         try:
             self._put(name, data)
@@ -581,12 +620,21 @@ class Shipper:
             with self._ship_lock:
                 entry = self._inflight.get(first)
                 if entry is not None and entry[2] is not None and not self._stop:
+                    moved = False
                     try:
                         self._stored_one(first, last, data, entry[3])
-                        self._advance()
+                        # The next PUT goes out before the commits this one acknowledges are
+                        # woken: once they run, they compete for the GIL with every step of the
+                        # dispatch (measured at 64 threads: ~4 ms from a PUT's answer to the
+                        # next PUT when woken first, the PUT slot idle all the while).
+                        moved = self._advance(wake=False)
                         self._dispatch()
                     except Exception:  # the shipper thread meets it again and handles it
-                        pass
+                        self._wake.set()
+                    finally:
+                        if moved:
+                            self._wake_archived()
+                    return None
         self._wake.set()
         return stored
 
@@ -597,15 +645,22 @@ class Shipper:
         self._bytes_since_snapshot += len(data)
         self._succeeded(epoch)
 
-    def _advance(self) -> None:
-        """Move the archived LSN over the gap-free run of stored objects."""
+    def _advance(self, *, wake: bool = True) -> bool:
+        """Move the archived LSN over the gap-free run of stored objects; True if it moved.
+        wake=False: the caller wakes the commits it covers (`_wake_archived`) afterwards."""
         moved = self.archived
         while moved + 1 in self._stored:
             first = moved + 1
             moved, data = self._stored.pop(first)
             self._on_archived(first, moved, data)
-        if moved != self.archived:
+        if moved == self.archived:
+            return False
+        if wake:
             self._publish(moved)
+        else:
+            with self._cond:
+                self.archived = moved
+        return True
 
     def _harvest(self) -> None:
         """Take the answers of finished PUTs; move the archived LSN over the gap-free run of
@@ -618,6 +673,8 @@ class Shipper:
             exc = future.exception()
             if exc is None:  # stored; its PUT thread had not taken it in (or was stopped)
                 stored = future.result()
+                if stored is None:  # taken in by its PUT thread (never left in _inflight)
+                    continue
                 if stored != last:  # never: a retry sends the same bytes
                     raise ArchiveUnavailableError(f"{self.objects.url}/{layout.log_name(first)} holds LSNs "
                                                   f"{first}..{stored}, not {first}..{last}")
@@ -679,6 +736,9 @@ class Shipper:
                 keep = data if self._unmerged_bytes + len(data) <= MERGE_MEMORY_BYTES else None
                 self._unmerged_bytes += len(keep) if keep is not None else 0
                 self._unmerged.append((first, last, len(data), keep))
+                due = len(self._unmerged) > self.merge_objects and len(self._unmerged) % self.merge_objects == 1
+            if due:  # a merge is due: the shipper thread starts the maintenance job now
+                self._wake.set()
 
     def _delete_tail(self) -> None:
         """An earlier writer's unfinished tail (FORMAT.md §18): now that this writer's first
@@ -750,7 +810,13 @@ class Shipper:
             self._check_still_writer()
             before -= 1
         self._snapshot_if_due()
-        self._merge_if_due()
+        # Every merge due (a few per job at most): the maintenance job runs every `period` and
+        # when a request fails, not after every PUT, so one merge per job could fall behind.
+        for _ in range(_MERGES_PER_JOB):
+            if self._stop or not self._merge_if_due():
+                break
+        else:
+            self._wake.set()  # more are due: the next job starts at once
         self._retain_if_due()
         return self._requests() != before
 
@@ -776,7 +842,7 @@ class Shipper:
 
     # ---- merging ------------------------------------------------------------------------------
 
-    def _merge_if_due(self) -> None:
+    def _merge_if_due(self) -> bool:
         """Merge the oldest `merge_objects` small group objects shipped since this writer opened into one object,
         then delete them, so the object count grows by one per merge_objects PUTs. Never merged
         away: the session's first object (its name fences writers older than this one) and the
@@ -785,7 +851,7 @@ class Shipper:
         gap-free run are ever listed here; their bytes come from memory where kept."""
         with self._unmerged_lock:
             if len(self._unmerged) <= self.merge_objects:
-                return
+                return False
             batch = self._unmerged[: self.merge_objects]
         # Only a consecutive run (a restart mid-session would not break one, but be sure).
         run = [batch[0]]
@@ -800,10 +866,10 @@ class Shipper:
                 obj = layout.decode_log(kept if kept is not None else self._get(name), name)
             except ObjectMissingError:  # removed by retention meanwhile: nothing to merge there
                 self._drop_unmerged(len(run))
-                return
+                return True
             if obj.writer_id != self.writer_id:  # never: only our own stored objects are listed here
                 self._drop_unmerged(len(run))
-                return
+                return True
             records.extend(obj.records)
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
@@ -811,11 +877,13 @@ class Shipper:
             self._put(merged, layout.encode_log(records, self.writer_id))
         except ObjectExistsError:
             layout.decode_log(self._get(merged), merged)  # there and sound: a retry of this merge
-        for f, _, _, _ in run:
-            self.objects.delete(layout.log_name(f))
-            self._count("archive_deletes")
+        # One request for the parts (S3 DeleteObjects): deleted one by one they doubled the
+        # requests the object store serves under `replicated` load, one per group object.
+        self.objects.delete_many([layout.log_name(f) for f, _, _, _ in run])
+        self._count("archive_deletes", len(run))
         self._drop_unmerged(len(run))
         self._count("archive_merges")
+        return True
 
     def _drop_unmerged(self, n: int) -> None:
         with self._unmerged_lock:

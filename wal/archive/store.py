@@ -3,9 +3,12 @@
 It is the store unchanged (the same commit path, the C fast path included) plus:
 - a `Shipper` thread (wal/archive/shipper.py) started after the open's recovery;
 - `replicated` commits, acknowledged only once the local fdatasync AND the archive hold them:
-  the commit runs at `sync` and then waits for the shipper's archived LSN. The C fast path of
-  `put`/`delete` acknowledges at the store's own level in C, so a store at `replicated` never
-  takes it (its put/delete go to the Python path, whose `_commit` waits for the archive);
+  the commit runs at `sync` and then waits for the shipper's archived LSN. A single put/delete
+  at a `replicated` store makes its local `sync` commit through the C path (storecore: it
+  returns once fdatasynced, the log's own level) and then waits for the archive here; every
+  other commit takes the Python path, whose `_commit` waits for the archive. The store's
+  `_commit_fast` declines, so nothing in the store's own code acknowledges a commit at
+  `replicated` from the C path alone;
 - the `archive_rpo_ms` bound checked before each commit (`Shipper.admit`);
 - checkpoints that never remove a log segment holding an LSN not yet archived (`_removable_before`);
 - `stats()` with `archived_lsn`, `archive_lag_ms`, PUT counts and rate.
@@ -56,17 +59,44 @@ class ArchivedStore(Store):
         if shipper is not None:
             shipper.admit()
 
+    # put/delete at the store's level: the C path (acknowledged at the log's level, `sync` for a
+    # replicated store; what it declines goes to Store.put and `_commit` below, which waits
+    # for the archive itself), then, at a replicated store, the wait for the archive. At 64
+    # threads the C path's share of the GIL is a fraction of the Python path's, and every
+    # microsecond of it delays the shipper's next PUT (it needs the GIL between two PUTs).
+
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         self._admit()
-        if durability is None and not self._replicated:
-            return int(_STORE_PUT(self, key, value))  # the C path: acknowledged at the store's level
+        if durability is None:
+            lsn = int(_STORE_PUT(self, key, value))
+            if self._replicated:
+                self._wait_archived(lsn)
+            return lsn
         return int(_STORE_PUT(self, key, value, durability=durability))  # -> _commit below
 
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         self._admit()
-        if durability is None and not self._replicated:
-            return int(_STORE_DELETE(self, key))
+        if durability is None:
+            lsn = int(_STORE_DELETE(self, key))
+            if self._replicated:
+                self._wait_archived(lsn)
+            return lsn
         return int(_STORE_DELETE(self, key, durability=durability))
+
+    async def _commit_one_async(self, kind: int, key: bytes | str, value: bytes | None,
+                                durability: str | None) -> int:
+        """aput/adelete. At a replicated store: the local commit through the C path (never
+        blocks the loop), awaited at `sync`, then the archive awaited; what the C path declines
+        goes to the Python path (`_commit_fast` declines there, so `_commit_async` below waits
+        for the archive)."""
+        if durability is None and self._replicated:
+            await self._admit_async()
+            lsn = int(self._core.commit(kind, key, value, True))
+            if lsn > 0:
+                await self._acknowledged_async(lsn, None)
+                await self._wait_archived_async(lsn)
+                return lsn
+        return await super()._commit_one_async(kind, key, value, durability)
 
     def _inner(self, durability: str | None) -> str | None:
         """The level the store's own commit path runs a commit at: "sync" for the local part of
@@ -89,20 +119,26 @@ class ArchivedStore(Store):
 
     async def _commit_async(self, txn: record.Txn, checks: dict[bytes, int], durability: str | None,
                             payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
-        shipper = self._shipper
-        if shipper is not None and (shipper.fenced is not None or shipper.lag_ms() > shipper.rpo_ms):
-            await asyncio.to_thread(shipper.admit)
+        await self._admit_async()
         replicated = self._is_replicated(durability)
         done = await super()._commit_async(txn, checks, self._inner(durability), payload, wait_visible=wait_visible)
         if replicated:
-            assert shipper is not None
-            shipper.kick()
-            try:
-                await shipper.wait_archived_async(done[0])
-            except FailedError as exc:
-                self._failed(exc)
-                raise
+            await self._wait_archived_async(done[0])
         return done
+
+    async def _admit_async(self) -> None:
+        shipper = self._shipper
+        if shipper is not None and not shipper.admits_now():
+            await asyncio.to_thread(shipper.admit)  # waits (policy "block") or raises
+
+    async def _wait_archived_async(self, lsn: int) -> None:
+        shipper = self._shipper
+        assert shipper is not None
+        try:
+            await shipper.wait_archived_async(lsn)  # sends the PUT or wakes the shipper
+        except FailedError as exc:
+            self._failed(exc)
+            raise
 
     def _wait_archived(self, lsn: int) -> None:
         shipper = self._shipper

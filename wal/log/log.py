@@ -18,6 +18,7 @@ import fcntl
 import heapq
 import itertools
 import logging
+import mmap
 import os
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -127,10 +128,9 @@ class Log:
         self._writer: Any = handle
         self._writer_address = handle_address(handle) if handle is not None else 0
         self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
-        # Where this log's own reads of each segment may resume (_segment_spans): the archive's
-        # shipper reads the newest records again and again, and must not re-validate the whole
-        # segment each time.
-        self._scan_resume: dict[str, tuple[bytes, Any]] = {}
+        # This log's own reads (_ReadCache): the archive's shipper reads the newest records
+        # again and again, and must not re-validate, nor map again, the whole segment each time.
+        self._scan_resume = _ReadCache()
         _open_logs.add(self)
 
     # ---- opening -------------------------------------------------------------------------
@@ -540,6 +540,7 @@ class Log:
             return
         self._closed = True
         self._writer = None
+        self._scan_resume.kept = None  # the newest segment's map (its fd) goes with the last reader
         for waiters in self._async.values():
             waiters.detach()
         self._async.clear()
@@ -797,8 +798,57 @@ class SealedSegment(NamedTuple):
         return _segment_spans(self.path, self.number, from_lsn, None)
 
 
+class _ReadCache:
+    """What a writable log's own reads keep between calls (`Log.read` and `Log.read_spans` up to
+    the written watermark; the archive's shipper makes one per group object, on its path from
+    one PUT to the next, where every system call lets the GIL go and waits to get it back):
+
+    - ``resume``: path -> (its header bytes, a scan state at a record boundary): a read from a
+      later LSN of the same segment (same header) continues from that state instead of
+      validating the segment again from its start;
+    - ``firsts``: path -> the segment's first LSN (from its header; it never changes);
+    - ``kept``: the newest segment, mapped whole, with the offset below which its pages were
+      given back: not mapped again for each read. Segments are preallocated and never cut
+      while the log is open (only the open's repair truncates), so the map stays inside the
+      file; a map that ends before the records asked for (a segment grown past its
+      preallocation) is made again, and the read goes on in the new one. Dropped, never
+      closed here: spans handed out may still point into it (the map closes with the last
+      reference)."""
+
+    def __init__(self) -> None:
+        self.resume: dict[str, tuple[bytes, Any]] = {}
+        self.firsts: dict[str, int] = {}
+        self.kept: tuple[str, Any, list[int]] | None = None
+
+    def forget_except(self, paths: set[str]) -> None:
+        """Forget segments a checkpoint removed."""
+        for gone in self.resume.keys() - paths:
+            self.resume.pop(gone, None)
+        for gone in self.firsts.keys() - paths:
+            self.firsts.pop(gone, None)
+        if self.kept is not None and self.kept[0] not in paths:
+            self.kept = None
+
+    def first_lsn(self, path: str) -> int:
+        first = self.firsts.get(path)
+        if first is None:
+            first = self.firsts[path] = _segment_first_lsn(path)
+        return first
+
+    @contextlib.contextmanager
+    def newest_map(self, path: str) -> Iterator[tuple[Any, list[int]]]:
+        """The newest segment's map (made once) and its given-back mark."""
+        kept = self.kept
+        if kept is None or kept[0] != path:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+            kept = self.kept = (path, buf, [0])
+        yield kept[1], kept[2]
+
+
 def _read_records(directory: str, from_lsn: int, upto: int | None,
-                  resume: dict[str, tuple[bytes, Any]] | None = None) -> Iterator[tuple[int, bytes]]:
+                  resume: _ReadCache | None = None) -> Iterator[tuple[int, bytes]]:
     for span in _read_spans(directory, from_lsn, upto, _READ_RECORDS, resume):
         if span.records:
             # One C call per span makes its (lsn, payload) tuples (native/readcall.c).
@@ -806,12 +856,13 @@ def _read_records(directory: str, from_lsn: int, upto: int | None,
 
 
 def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _SPAN_RECORDS,
-                resume: dict[str, tuple[bytes, Any]] | None = None) -> Generator[RecordSpan, None, None]:
+                resume: _ReadCache | None = None) -> Generator[RecordSpan, None, None]:
     segments = recovery.list_segments(directory)
-    if resume is not None:  # forget segments a checkpoint removed
-        for gone in resume.keys() - {p for _, p in segments}:
-            resume.pop(gone, None)
-    firsts = [_segment_first_lsn(p) for _, p in segments]
+    if resume is not None:
+        resume.forget_except({p for _, p in segments})
+        firsts = [resume.first_lsn(p) for _, p in segments]
+    else:
+        firsts = [_segment_first_lsn(p) for _, p in segments]
     if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
         raise ArgumentError(
             f"LSN {from_lsn} is no longer in the log of {directory}: its oldest record is LSN {firsts[0]} "
@@ -832,15 +883,15 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
             )
         live_tail = upto is None and i == len(segments) - 1
         last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail, batch=batch,
-                                         resume=resume)
+                                         resume=resume, newest=i == len(segments) - 1)
         if last is None:
             return  # past upto
         ended = (path, last)
 
 
 def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, live_tail: bool = False,
-                   batch: int = _SPAN_RECORDS,
-                   resume: dict[str, tuple[bytes, Any]] | None = None) -> Generator[RecordSpan, None, int | None]:
+                   batch: int = _SPAN_RECORDS, resume: _ReadCache | None = None,
+                   newest: bool = False) -> Generator[RecordSpan, None, int | None]:
     """The records of one segment file from `from_lsn` on, as spans, ending with a span of 0
     records; returns the segment's last LSN, or None once a record past `upto` was reached.
 
@@ -850,9 +901,8 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
     until its verdict holds still (a record caught mid-write looks like damage), and only
     the part that verdict vouches for is handed out.
 
-    `resume` (a writable log's own reads): path -> (its header bytes, a scan state at a record
-    boundary) from earlier reads; a read from a later LSN of the same segment (same header)
-    continues from that state instead of validating the segment again from its start.
+    `resume` (a writable log's own reads, up to `upto`): what earlier reads kept (`_ReadCache`):
+    the scan resumes where one stopped, and the `newest` segment stays mapped.
     """
     lsns = ffi.new("uint64_t[]", batch)
     offs = ffi.new("uint64_t[]", batch)
@@ -867,9 +917,10 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                 path=path, offset=scan.bad_offset, lsn=scan.last_lsn + 1, reason=scan.reason,
             )
 
-    with recovery.mapped(path) as buf:
+    keep = resume is not None and newest and upto is not None
+    with (resume.newest_map(path) if keep and resume is not None else _fresh_map(path)) as (buf, mark):
         data = ffi.from_buffer("uint8_t[]", buf) if len(buf) else ffi.NULL
-        dropped = 0  # pages before this were given back (recovery.give_back_pages)
+        dropped = mark[0]  # pages before this were given back (recovery.give_back_pages)
         try:
             limit = len(buf)
             if live_tail:
@@ -878,7 +929,7 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                 limit = settled.end_offset
             res = ffi.new("wal_scan_result *")
             head = bytes(buf[:_HEADER_BYTES])
-            saved = resume.get(path) if resume is not None else None
+            saved = resume.resume.get(path) if resume is not None else None
             if saved is not None and saved[0] == head and saved[1].last_lsn < from_lsn:
                 ffi.memmove(res, saved[1], _SCAN_RESULT_BYTES)  # validated before: go on from there
             while True:
@@ -897,19 +948,26 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                     # this segment (from a later LSN) resumes here.
                     kept = ffi.new("wal_scan_result *")
                     ffi.memmove(kept, res, _SCAN_RESULT_BYTES)
-                    resume[path] = (head, kept)
+                    resume.resume[path] = (head, kept)
                 past_end = n > 0 and upto is not None and lsns[n - 1] > upto
                 if past_end:  # LSNs ascend: keep those up to `upto`
                     n = next(j for j in range(n) if lsns[j] > upto)
                 if n:
                     yield RecordSpan(buf, memoryview(ffi.buffer(lsns, 8 * n)),
                                      memoryview(ffi.buffer(offs, 8 * n)), memoryview(ffi.buffer(lens, 4 * n)), n)
-                    dropped = recovery.give_back_pages(buf, dropped, int(offs[n - 1]))
+                    dropped = mark[0] = recovery.give_back_pages(buf, dropped, int(offs[n - 1]))
                 if past_end:
                     yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
                     return None
                 if not more:
                     break
+            if keep and resume is not None and upto is not None and res.last_lsn < upto \
+                    and len(buf) < os.path.getsize(path):
+                # The segment grew past the kept map (past its preallocation): map it again and
+                # go on from the next record (the scan resumes where it was validated up to).
+                resume.kept = None
+                return (yield from _segment_spans(path, number, max(from_lsn, int(res.last_lsn) + 1), upto, batch=batch,
+                                                  resume=resume, newest=True))
             refuse_damage(res)
             yield RecordSpan(buf, _NO_ARRAY, _NO_ARRAY, _NO_ARRAY, 0)
             return int(res.last_lsn)
@@ -918,6 +976,12 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
             # caller stops iterating early).
             if data != ffi.NULL:
                 ffi.release(data)
+
+
+@contextlib.contextmanager
+def _fresh_map(path: str) -> Iterator[tuple[Any, list[int]]]:
+    with recovery.mapped(path) as buf:
+        yield buf, [0]
 
 
 class _AsyncWaiters:
