@@ -2,7 +2,7 @@
 
     python benchmarks/archive.py                 # about a minute
     python benchmarks/archive.py --seconds 10 --restore-mb 256
-    python benchmarks/archive.py --only restore      # one part (commits, sustained, restore)
+    python benchmarks/archive.py --only restore      # one part (commits, server, sustained, restore)
 
 Measures, in one run:
 1. commits/s from N threads (default 64) and from M asyncio tasks (default 1,000), side by side:
@@ -11,11 +11,16 @@ Measures, in one run:
    `await_durable()`, i.e. acknowledged once in the same S3 server: the one peer that
    acknowledges off the machine). The goal: replicated >= 1/3 of local sync. With the commit
    latency p50 of each, and the PUTs the replicated runs made.
-2. sustained shipping: 64 threads x 4 KiB at `sync` with an archive (archive_rpo_ms=1000) against
+   Each replicated row also gives the mean object size its PUTs carried.
+2. the S3 server alone (`server`): create-only PUTs of group-object sizes (6 KB: a group of ~30
+   128 B commits; 80 KB: ~450) from 1, 2 and 4 threads through the same client, with the server's
+   CPU time per PUT: what the server sustains on this machine without a store beside it, the
+   ceiling of `replicated`'s PUTs per second.
+3. sustained shipping: 64 threads x 4 KiB at `sync` with an archive (archive_rpo_ms=1000) against
    the same store without one; the MB/s and PUT/s shipped, the archive lag sampled every 100 ms,
    and a follower in another process (as on another machine): its lag in seconds and LSNs, and
    how long it takes to catch up once the commits stop.
-3. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
+4. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
    the store, fsync), against a plain parallel download of the same objects with the same client
    and parallelism, into memory and into files (the goal: >= 0.8x).
 
@@ -178,6 +183,38 @@ def sustained(tmp: str, threads: int, seconds: float, value: bytes, url: str) ->
             "follower_lag_lsns": (pct(flsn, 0.5), pct(flsn, 0.99), flsn[-1]), "catch_up_s": report["catch_up_s"]}
 
 
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_puts(pid: int, seconds: float, size: int, in_flight: int) -> tuple[float, float, float]:
+    """PUTs/s, PUT latency p50 (ms) and the server's CPU ms per PUT: `in_flight` threads each
+    storing create-only objects of `size` bytes, one after another, for `seconds`."""
+    objects = open_objects(f"s3://{BUCKET}/server-{os.urandom(4).hex()}")
+    data = os.urandom(size)
+    lat: list[float] = []
+    stop = time.monotonic() + seconds
+
+    def work(t: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            objects.put(f"log/{t:02d}-{i:012d}.wal", data)
+            lat.append(time.perf_counter() - t0)
+            i += 1
+
+    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(in_flight)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    return len(lat) / elapsed, statistics.median(lat) * 1000, cpu / max(len(lat), 1) * 1000
+
+
 def slatedb_commits(tasks: int, seconds: float, value: bytes) -> tuple[float, float] | str:
     """SlateDB on the same S3 server: `tasks` coroutines each putting and awaiting durability."""
     try:
@@ -217,7 +254,7 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=128)
     ap.add_argument("--restore-mb", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--only", choices=("commits", "sustained", "restore"), action="append",
+    ap.add_argument("--only", choices=("commits", "server", "sustained", "restore"), action="append",
                     help="run only these parts (repeatable; default: all)")
     args = ap.parse_args()
     binary = weed_binary()
@@ -234,7 +271,7 @@ def main() -> int:
                       AWS_REGION="us-east-1")
     try:
         value = os.urandom(args.value_bytes)
-        parts = set(args.only or ("commits", "sustained", "restore"))
+        parts = set(args.only or ("commits", "server", "sustained", "restore"))
         rows = () if "commits" not in parts else ((f"{args.threads} threads", args.threads, commits),
                                              (f"{args.tasks} asyncio tasks", args.tasks, acommits))
         for label, n, run in rows:
@@ -249,13 +286,22 @@ def main() -> int:
                 print(f"  replicated, {in_flight} PUT(s) in flight: {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
                       f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
                       f"{st['archive_puts_per_s']:.0f} PUT/s, {rep_rate / max(st['archive_puts_per_s'], 1e-9):.0f} "
-                      "commits per PUT")
+                      f"commits per PUT, {st['archive_put_bytes'] / max(st['archive_puts'], 1) / 1000:.0f} KB per PUT")
             peer = slatedb_commits(n, args.seconds, value)
             if isinstance(peer, str):
                 print(f"  SlateDB, await_durable:      {peer}")
             else:
                 print(f"  SlateDB, await_durable:      {peer[0]:9.0f} commits/s  p50 {peer[1]:6.2f} ms  "
                       f"({peer[0] / sync_rate:.2f}x sync)")
+
+        if "server" in parts:
+            assert server.proc is not None
+            print(f"the S3 server alone: create-only PUTs, {args.seconds / 2:.0f} s each")
+            for size in (6_000, 80_000):
+                for in_flight in (1, 2, 4):
+                    rate, p50, cpu = server_puts(server.proc.pid, args.seconds / 2, size, in_flight)
+                    print(f"  {size // 1000:3d} KB, {in_flight} in flight: {rate:6.0f} PUT/s  p50 {p50:6.2f} ms  "
+                          f"server CPU {cpu:.2f} ms per PUT")
 
         if "sustained" in parts:
             four_k = os.urandom(4096)

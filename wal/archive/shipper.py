@@ -663,6 +663,8 @@ class Shipper:
                     finally:
                         if moved:
                             self._wake_archived()
+                    if self._tail:  # the shipper thread deletes an earlier writer's unfinished tail
+                        self._wake.set()
                     return None
         self._wake.set()
         return stored
