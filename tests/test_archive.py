@@ -14,11 +14,13 @@ import hashlib
 import os
 import shutil
 import socket
+import struct
 import threading
 import time
 import tracemalloc
 from urllib.parse import urlparse
 
+import crcmod.predefined
 import pytest
 from archive_server import BUCKET, archive_url, s3_server  # noqa: F401 -- fixtures
 from obstore.store import LocalStore
@@ -117,6 +119,11 @@ def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
     objects.delete("log/00000000000000000001.wal")  # deleting what is gone is not an error
     with pytest.raises(ObjectMissingError):
         objects.get("log/00000000000000000001.wal")
+    # Many at once (a merge's parts: one DeleteObjects on S3), one of them gone already.
+    objects.delete_many(["log/00000000000000000001.wal", "log/00000000000000000002.wal",
+                         "log/00000000000000000003.wal"])
+    assert [n for n, _ in objects.list("log/")] == []
+    objects.delete_many([])
     assert objects.check_create_only() is True
 
 
@@ -170,6 +177,30 @@ def test_a_damaged_object_is_refused_naming_its_lsns(tmp_path):
         wal.restore(url, tmp_path / "r")
     assert not os.path.exists(tmp_path / "r")
     assert not verify(url).ok
+
+
+@pytest.mark.parametrize("sizes", [[0, 1, 130], [200] * 40, [300 * 1024, 5]], ids=["small", "group", "large"])
+def test_a_log_object_is_laid_out_as_format_md_says(sizes):
+    """The encoder (a C call for the record section; its CRCs without the GIL past 256 KiB, the
+    digest with it up to 64 KiB) against FORMAT.md, read back with struct, crcmod's CRC-32C and
+    hashlib: header, then lsn:u64 length:u32 crc32c(lsn, length, payload):u32 payload per record,
+    then the SHA-256 of everything before it. Payloads that are not bytes are encoded as bytes."""
+    crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+    records = [(40 + i, os.urandom(n)) for i, n in enumerate(sizes)]
+    data = layout.encode_log([(lsn, bytearray(p)) if lsn % 2 else (lsn, p) for lsn, p in records], b"w" * 16, 3)
+    body, digest = data[:-layout.DIGEST], data[-layout.DIGEST:]
+    assert hashlib.sha256(body).digest() == digest
+    magic, version, behind, count, first, last = struct.unpack_from("<8sHHIQQ", body)
+    assert (magic, version, behind, count, first, last) == (layout.LOG_MAGIC, 2, 3, len(records), 40, 39 + len(records))
+    at = 64
+    for lsn, payload in records:
+        got_lsn, length, crc = struct.unpack_from("<QII", body, at)
+        assert (got_lsn, length) == (lsn, len(payload))
+        assert crc == crc32c(struct.pack("<QI", lsn, length) + payload)
+        assert body[at + 16:at + 16 + length] == payload
+        at += 16 + length
+    assert at == len(body)
+    assert layout.decode_log(data, layout.log_name(40)).records == records
 
 
 def test_every_damaged_byte_or_cut_of_a_log_object_is_refused_by_name():
