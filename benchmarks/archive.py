@@ -286,7 +286,8 @@ def main() -> int:
                 print(f"  replicated, {in_flight} PUT(s) in flight: {rep_rate:9.0f} commits/s  p50 {rep_p50:6.2f} ms  "
                       f"({rep_rate / sync_rate:.2f}x sync; goal >= 0.33)  {st['archive_puts']} PUTs, "
                       f"{st['archive_puts_per_s']:.0f} PUT/s, {rep_rate / max(st['archive_puts_per_s'], 1e-9):.0f} "
-                      f"commits per PUT, {st['archive_put_bytes'] / max(st['archive_puts'], 1) / 1000:.0f} KB per PUT (merges included)")
+                      f"commits per PUT, {st['archive_put_bytes'] / max(st['archive_puts'], 1) / 1000:.0f} KB "
+                      "per PUT (merges included)")
             peer = slatedb_commits(n, args.seconds, value)
             if isinstance(peer, str):
                 print(f"  SlateDB, await_durable:      {peer}")
