@@ -297,7 +297,7 @@ def main() -> int:
 
         if "server" in parts:
             assert server.proc is not None
-            print(f"the S3 server alone: create-only PUTs, {args.seconds / 2:.0f} s each")
+            print(f"the S3 server alone: create-only PUTs, {args.seconds / 2:g} s each")
             for size in (6_000, 80_000):
                 for in_flight in (1, 2, 4):
                     rate, p50, cpu = server_puts(server.proc.pid, args.seconds / 2, size, in_flight)
