@@ -857,6 +857,18 @@ def _read_records(directory: str, from_lsn: int, upto: int | None,
 
 def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _SPAN_RECORDS,
                 resume: _ReadCache | None = None) -> Generator[RecordSpan, None, None]:
+    kept = resume.kept if resume is not None and upto is not None else None
+    if kept is not None and resume is not None and resume.firsts.get(kept[0], from_lsn + 1) <= from_lsn:
+        # The newest segment as of the last listing, kept mapped, and it starts at or before
+        # from_lsn: read it without listing the directory. Once it ends before upto (sealed: the
+        # log rolled since), the listing below finds the rest (and checks the LSNs run on).
+        number = recovery.parse_segment_name(os.path.basename(kept[0]))
+        if number is not None:
+            last = yield from _segment_spans(kept[0], number, from_lsn, upto, batch=batch, resume=resume,
+                                             newest=True)
+            if last is None:
+                return
+            from_lsn = max(from_lsn, last + 1)
     segments = recovery.list_segments(directory)
     if resume is not None:
         resume.forget_except({p for _, p in segments})
