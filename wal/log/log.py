@@ -808,7 +808,8 @@ class _ReadCache:
       validating the segment again from its start;
     - ``firsts``: path -> the segment's first LSN (from its header; it never changes);
     - ``kept``: the newest segment, mapped whole, with the offset below which its pages were
-      given back: not mapped again for each read. Segments are preallocated and never cut
+      given back: not mapped again for each read, and a read from an LSN in it starts there
+      without listing the directory (`_read_spans`). Segments are preallocated and never cut
       while the log is open (only the open's repair truncates), so the map stays inside the
       file; a map that ends before the records asked for (a segment grown past its
       preallocation) is made again, and the read goes on in the new one. Dropped, never
