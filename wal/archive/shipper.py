@@ -1,14 +1,16 @@
 """The shipper: one background thread per archived store that copies the log off the machine.
 
-Loop (woken by a `replicated` commit, a PUT's answer, else every ``period``): while fewer than
+Loop (woken by a `replicated` commit that finds a PUT slot free, a PUT that failed or whose
+answer its thread did not take in, a merge due, else every ``period``): while fewer than
 ``puts_in_flight`` PUTs are in flight, read the records made durable locally and not yet handed
 to a PUT (`Log.read`, capped at the durable LSN) and PUT them as ONE create-only group object
 (``log/<first>.wal``), so every commit made meanwhile shares that PUT (group commit, as
 fdatasync is shared: under load, the records that pile up while the PUTs are in flight make the
 next object). PUTs are answered in any order; the archived LSN only moves over a gap-free run
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
-and every object before it are stored. A PUT that failed is retried with the same name and
-bytes (names stay immutable). Beside it, one maintenance job at a time in its own thread: a
+and every object before it are stored. A PUT's thread takes its answer in itself, sends the
+next PUT, and only then wakes the commits it acknowledged (`_put_log`). A PUT that failed is
+retried with the same name and bytes (names stay immutable). Beside it, one maintenance job at a time in its own thread: a
 logical snapshot of the state (one LMDB read transaction, shipped once the log objects reach
 its LSN, so a snapshot never holds what the archive's log does not), merges of small group
 objects (from the bytes kept in memory, not read back), retention, and the owner check.
