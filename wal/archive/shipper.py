@@ -10,10 +10,11 @@ next object). PUTs are answered in any order; the archived LSN only moves over a
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
 and every object before it are stored. A PUT's thread takes its answer in itself, sends the
 next PUT, and only then wakes the commits it acknowledged (`_put_log`). A PUT that failed is
-retried with the same name and bytes (names stay immutable). Beside it, one maintenance job at a time in its own thread: a
-logical snapshot of the state (one LMDB read transaction, shipped once the log objects reach
-its LSN, so a snapshot never holds what the archive's log does not), merges of small group
-objects (from the bytes kept in memory, not read back), retention, and the owner check.
+retried with the same name and bytes (names stay immutable). Beside it, one maintenance job
+at a time in its own thread: a logical snapshot of the state (one LMDB read transaction,
+shipped once the log objects reach its LSN, so a snapshot never holds what the archive's log
+does not), merges of small group objects (from the bytes kept in memory, not read back),
+retention, and the owner check.
 
 Contracts:
 - Never blocks a commit at sync/interval/buffered: commits do not wait for it, except as the
