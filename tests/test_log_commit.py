@@ -296,9 +296,11 @@ def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_
         codes = [append_nowait(address, payload(i, 1000), lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY)
                  for i in range(10)]
         accepted = [c for c in codes if c > 0]
-        assert accepted == list(range(1, len(accepted) + 1))  # LSNs in order, then refusals only
-        assert codes[len(accepted):] == [lib.WAL_EAGAIN] * (10 - len(accepted))
-        assert 1 <= len(accepted) < 10
+        # LSNs in order, with refusals among them: once the pending bytes pass the cap, appends are
+        # refused until the flusher's background write makes room (it may, between two calls).
+        assert accepted == list(range(1, len(accepted) + 1))
+        assert all(c > 0 or c == lib.WAL_EAGAIN for c in codes), codes
+        assert codes[:2] == [1, 2] and lib.WAL_EAGAIN in codes, codes
         assert log.watermarks.appended == len(accepted)  # a refused append left nothing behind
         # Log.append falls back to the blocking call and gets through.
         assert log.append(b"after") == len(accepted) + 1
