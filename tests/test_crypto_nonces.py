@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -201,13 +202,22 @@ def test_no_key_and_nonce_pair_is_used_twice_across_kills_power_cuts_restores_pr
                        timeout=60)
     assert len(list((tmp_path / "torn" / "log").glob("*.broken"))) == 5
 
-    lines = trace.read_bytes().splitlines()
+    # A process SIGKILLed inside a trace write may leave a line cut short (a write crossing a page
+    # is stopped between pages by a fatal signal), and the next line is appended right after it.
+    # Such a cut line was written before its seal, which the kill then prevented: it names no
+    # nonce use. The whole lines are found wherever they start; what is left over is the cut ones.
+    data = trace.read_bytes()
+    found = list(re.finditer(rb"([0-9a-f]{16}) ([0-9a-f]{32}) ([0-9]+)\n", data))
+    lines = [m.group(0)[:-1] for m in found]
+    cut = len(data) - sum(len(m.group(0)) for m in found)
+    assert cut <= (KILLS + CUTS) * 60, f"{cut} bytes of the trace are not whole lines"
     counts = collections.Counter(lines)
     repeated = [line for line, n in counts.items() if n > 1]
     assert not repeated, f"{len(repeated)} (key id, session, counter) used more than once: {repeated[:5]}"
     sessions = {line.split()[1] for line in lines}
     assert len(lines) > 1000 and len(sessions) > KILLS + CUTS, (len(lines), len(sessions))
-    assert all(line.split()[0] == KID.hex().encode() for line in lines)
+    others = [line for line in lines if line.split()[0] != KID.hex().encode()]
+    assert not others, others[:5]
 
     by_nonce: dict[bytes, set[bytes]] = collections.defaultdict(set)
     where: dict[bytes, list[Path]] = collections.defaultdict(list)
