@@ -6,7 +6,9 @@
  * object they use; done in Python that was a few microseconds of interpreter per record, with the
  * GIL held, in the download threads. Here it is one call per object, without the GIL (cffi
  * releases it), and it leaves the records where they are: the arrays it fills are the layout
- * record.Collapser and Log.read_spans use (lsns and payload offsets u64, lengths u32). */
+ * record.Collapser and Log.read_spans use (lsns and payload offsets u64, lengths u32). The
+ * writing side, the record section of an object built in one call, is native/readcall.c's
+ * `object_records`. */
 #include <string.h>
 
 #include "wal.h"

@@ -15,7 +15,8 @@
  * refers to the buffer, which the caller may unmap as soon as the call returns.
  *
  * Beside it, the reverse for the archive: `object_records` builds the record section of an
- * archive log object in one call (see there).
+ * archive log object in one call (see there). Reading one back (check every record, index
+ * it in place) is native/objindex.c's, through cffi so the download threads let the GIL go.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -13,8 +13,11 @@ import datetime as dt
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -523,6 +526,43 @@ def test_restore_applies_objects_as_they_arrive_in_batches_and_never_leaves_half
         wal.restore(url, tmp_path / "empty", parallel=2)
     assert os.listdir(tmp_path / "empty") == []
     assert sorted(os.listdir(tmp_path)) == ["a", "empty", "p", "r"]
+
+
+_RESTORE_CHILD = """
+import sys
+import wal
+from wal.archive import restore
+restore.BATCH_BYTES = 1 << 20  # many batches written before the end
+wal.restore(sys.argv[1], sys.argv[2], parallel=2)
+"""
+
+
+def test_a_restore_killed_part_way_leaves_nothing_at_the_target_and_can_be_run_again(tmp_path):
+    url = f"file://{tmp_path}/a"
+    big = os.urandom(1 << 20)
+    with wal.open(tmp_path / "p", archive=url, archive_merge_objects=1000, archive_snapshot_bytes=1 << 40) as s:
+        for i in range(48):
+            s.put(f"big{i}", big[i:] + big[:i], durability="replicated")
+        expected = dict(s.scan())
+    target = tmp_path / "r"
+    child = subprocess.Popen([sys.executable, "-c", _RESTORE_CHILD, url, str(target)])
+    deadline = time.monotonic() + 60
+    written = 0
+    while child.poll() is None and time.monotonic() < deadline:
+        building = [p for p in tmp_path.iterdir() if p.name.startswith(".r.restoring-")]
+        data = [b / "state" / "data.mdb" for b in building]
+        written = max((d.stat().st_size for d in data if d.exists()), default=0)
+        if written >= 4 << 20:  # some batches are in the state being built: kill it there
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.001)
+    child.wait(60)
+    assert written >= 4 << 20, "the restore ended before it could be killed part-way"
+    assert not target.exists()  # never half a store at the target
+    r = wal.restore(url, target)  # the leftover beside it is in nobody's way
+    assert r.lsn == 48
+    with wal.open(target) as s:
+        assert dict(s.scan()) == expected
 
 
 # ---- followers -------------------------------------------------------------------------------
