@@ -29,11 +29,23 @@ def cdef_text() -> str:
     return match.group(1)
 
 
+# The archive's watermark (native/commit.c, "The archive's watermark"): what the archive's
+# shipper reports and `replicated` commits wait for. 0 once the archive holds lsn; else
+# WAL_EFAILED or WAL_ECLOSED from the log, WAL_EINVAL for an LSN not appended, WAL_EAGAIN once
+# the shipper stopped (wal_log_stop_archived). wal_log_set_archived returns the waiters woken.
+# wal_log_settled: 1 when every record appended is durable (read without the log's mutex).
+ARCHIVE_CDEF = """
+int wal_log_settled(wal_log *log);
+int wal_log_set_archived(wal_log *log, uint64_t lsn);
+void wal_log_stop_archived(wal_log *log);
+int wal_log_wait_archived(wal_log *log, uint64_t lsn);
+"""
+
 ffibuilder = FFI()
-ffibuilder.cdef(cdef_text())
+ffibuilder.cdef(cdef_text() + ARCHIVE_CDEF)
 ffibuilder.set_source(
     "wal._native",
-    '#include "wal.h"',
+    '#include "wal.h"\n' + ARCHIVE_CDEF,
     # setuptools wants source paths relative to the project root.
     sources=[f"native/{name}" for name in SOURCES],
     include_dirs=["native"],

@@ -97,6 +97,12 @@ struct wal_log {
     pthread_mutex_t mu;
     pthread_cond_t progress; /* the sync slot freed, failure, close (do_write waits on it before a roll) */
     wal_waiter *waiters, *waiters_tail; /* followers, oldest first */
+    /* The archive's watermark ("The archive's watermark" below): the LSN up to which the
+     * object archive holds the log, set by the archive's shipper; the threads waiting for it
+     * (d_lsn: the LSN each waits for), and whether the shipper stopped for good. */
+    uint64_t archived;
+    wal_waiter *awaiters, *awaiters_tail;
+    int archive_stopped;
     pthread_cond_t wake;     /* the flusher has work */
     wal_writer w;
     wal_batch pending, spare;
@@ -177,6 +183,7 @@ static int code_of_errno(int neg_errno) {
 }
 
 static int write_failed_for(wal_log *log, uint64_t lsn);
+static int pick_awaiters(wal_log *log, int everyone, wake_list *wl);
 
 static void futex_wake_one(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -282,7 +289,96 @@ static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment
                  (unsigned long long)segment_no, strerror(-neg_errno));
     }
     pthread_cond_broadcast(&log->wake);
+    pick_awaiters(log, 1, NULL);
     progress_made(log);
+}
+
+/* ---- the archive's watermark ----
+ *
+ * A store whose commits are acknowledged only once an object archive holds them (the
+ * `replicated` level, wal/archive/shipper.py) has each committing thread wait here, once its
+ * commit is durable, for the shipper to report the archive's progress: one futex sleep with
+ * the GIL released, and one wake-up when the object that holds the commit (and every object
+ * before it) is stored. The waiters are a list of their own, never picked to lead an I/O
+ * step; a woken waiter returns without taking mu again (WOKEN_DONE), as a follower does.
+ * wal_log_set_archived makes the futex wakes after mu is released. On failure, close, or once
+ * the shipper stopped (fenced, closed: wal_log_stop_archived), every waiter is woken and
+ * looks again under mu. */
+
+/* Unlink every archive waiter whose LSN the archive holds (all of them when `everyone`) and
+ * mark it woken; their words go to `wl` (up to WAKE_BATCH) or are woken at once. Returns how
+ * many were picked. mu held. */
+static int pick_awaiters(wal_log *log, int everyone, wake_list *wl) {
+    int n = 0;
+    wal_waiter *next;
+    for (wal_waiter *w = log->awaiters; w; w = next) {
+        next = w->next;
+        if (!everyone && w->d_lsn > log->archived) continue;
+        if (w->prev) w->prev->next = w->next;
+        else log->awaiters = w->next;
+        if (w->next) w->next->prev = w->prev;
+        else log->awaiters_tail = w->prev;
+        w->prev = w->next = NULL;
+        _Atomic uint32_t *word = &w->woken;
+        atomic_store_explicit(word, everyone ? WOKEN_RECHECK : WOKEN_DONE, memory_order_release);
+        if (wl && wl->n < WAKE_BATCH) wl->words[wl->n++] = word;
+        else futex_wake_one(word);
+        n++;
+    }
+    return n;
+}
+
+int wal_log_set_archived(wal_log *log, uint64_t lsn) {
+    wake_list wl = {.n = 0};
+    pthread_mutex_lock(&log->mu);
+    int n = 0;
+    if (lsn > log->archived) {
+        log->archived = lsn;
+        n = pick_awaiters(log, 0, &wl);
+    }
+    pthread_mutex_unlock(&log->mu);
+    wake_listed(&wl);
+    return n;
+}
+
+void wal_log_stop_archived(wal_log *log) {
+    pthread_mutex_lock(&log->mu);
+    log->archive_stopped = 1;
+    pick_awaiters(log, 1, NULL);
+    pthread_mutex_unlock(&log->mu);
+}
+
+int wal_log_settled(wal_log *log) {
+    /* Without mu (the shipper asks on a committer's path, where taking it would queue behind
+     * the appenders): appended and durable are stored atomically under mu, and durable is
+     * read first, so a commit appended after that read makes appended > durable, not a false
+     * "settled". A hint only: the answer may be stale by the time the caller acts on it. */
+    uint64_t durable = __atomic_load_n(&log->durable, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&log->appended, __ATOMIC_ACQUIRE) <= durable;
+}
+
+int wal_log_wait_archived(wal_log *log, uint64_t lsn) {
+    pthread_mutex_lock(&log->mu);
+    int rc = 0;
+    for (;;) {
+        if (log->archived >= lsn) break;
+        if (lsn > log->appended) { rc = WAL_EINVAL; break; }
+        if (log->failed) { rc = WAL_EFAILED; break; }
+        if (log->closing || log->closed) { rc = WAL_ECLOSED; break; }
+        if (log->archive_stopped) { rc = WAL_EAGAIN; break; }
+        wal_waiter me = {.d_lsn = lsn, .prev = log->awaiters_tail};
+        if (log->awaiters_tail) log->awaiters_tail->next = &me;
+        else log->awaiters = &me;
+        log->awaiters_tail = &me;
+        pthread_mutex_unlock(&log->mu);
+        uint32_t got;
+        while ((got = atomic_load_explicit(&me.woken, memory_order_acquire)) == 0)
+            syscall(SYS_futex, (uint32_t *)&me.woken, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+        if (got == WOKEN_DONE) return 0; /* the archive holds lsn: no need to take mu again */
+        pthread_mutex_lock(&log->mu);
+    }
+    pthread_mutex_unlock(&log->mu);
+    return rc;
 }
 
 /* ---- durable-lag clock ---- */
@@ -362,7 +458,7 @@ static void do_write(wal_log *log) {
         fail(log, rc, "write", log->w.fd_segno);
     } else {
         if (b.last_lsn) __atomic_store_n(&log->written, b.last_lsn, __ATOMIC_RELEASE); /* read unlocked: wait_try */
-        if (synced > log->durable) log->durable = synced;
+        if (synced > log->durable) __atomic_store_n(&log->durable, synced, __ATOMIC_RELEASE); /* read unlocked: settled */
         if (b.rolls) log->drop_from = log->streak_from = write_from = 0; /* the sealed segment was dropped whole */
         wal_writer_drop_range(&log->w, &log->drop_next_from, &log->drop_to);
         log->write_from = write_from;
@@ -419,7 +515,7 @@ static void do_sync(wal_log *log) {
     if (drop_to > drop_from) log->streak_from = drop_next_from;
     if (target > log->durable) {
         uint64_t group = target - (before > log->durable ? before : log->durable);
-        log->durable = target;
+        __atomic_store_n(&log->durable, target, __ATOMIC_RELEASE); /* read unlocked: wal_log_settled */
         log->synced_records += group;
         if (group > log->group_max) log->group_max = group;
     }
@@ -642,7 +738,7 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
         p += lens[i];
         log->next_lsn++;
     }
-    log->appended = log->next_lsn - 1;
+    __atomic_store_n(&log->appended, log->next_lsn - 1, __ATOMIC_RELEASE); /* read unlocked: wal_log_settled */
     return finish(log, first, log->appended, level, wait, now);
 }
 
@@ -767,6 +863,7 @@ int wal_log_close(wal_log *log) {
     log->closing = 1;
     pthread_cond_broadcast(&log->progress);
     wake_waiters(log, NULL);
+    pick_awaiters(log, 1, NULL);
     /* Everything acknowledged becomes durable before close returns. */
     while (!log->failed && (log->durable < log->appended || log->write_busy || log->sync_busy)) {
         progress_step(log, log->appended, log->appended, 0);

@@ -162,8 +162,13 @@ class NameTakenError(ObjectExistsError):
 _STRAY_CLEARS = 16
 
 
-# Threads a woken `replicated` waiter wakes in turn (Shipper._release_waiters).
-_RELAY = 2
+# A gather (Shipper._gather) waits at most this part of a PUT's latency (its moving average),
+# within these bounds: a gather that waits for commits that do not come back costs the commits
+# already gathered at most half a PUT, and a PUT that carries twice the commits halves the
+# requests the object store serves. 0 turns gathering off (the next PUT goes out at once).
+_GATHER_PART = float(os.environ.get("AGENTWAL_GATHER_PART", "0.5"))
+_GATHER_MIN_S = 0.0005
+_GATHER_MAX_S = 0.010
 
 # Merges one maintenance job makes at most (then snapshots, retention and the owner check get
 # their turn): at 400 PUTs/s and 32 objects a merge, 13 are due a second and jobs run about 4.
@@ -232,7 +237,11 @@ class Shipper:
         # by a committer waiting at `replicated` that finds it free (it sends the PUT for its own
         # commit). Lock order: _ship_lock, then _cond.
         self._ship_lock = threading.Lock()
-        self._pool = _DaemonPool(puts_in_flight, f"agentwal-archive-put:{store.path}")
+        # One thread more than PUTs in flight: the thread whose PUT was answered wakes the commits
+        # it acknowledged while another sends the next PUT. The wake (native/commit.c) lets the
+        # GIL go, and the commits it wakes take it: a thread that sent the next PUT itself after
+        # them waited for all of them (~3 ms at 64 threads) with its PUT slot idle.
+        self._pool = _DaemonPool(puts_in_flight + 1, f"agentwal-archive-put:{store.path}")
         self._maint = _DaemonPool(1, f"agentwal-archive-maint:{store.path}")
         self._maint_job: concurrent.futures.Future[bool] | None = None
         self._maint_epoch = 0
@@ -240,12 +249,14 @@ class Shipper:
         # (lsn, seq, loop, future) of coroutines waiting at `replicated`, a heap by LSN.
         self._async_waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._wait_seq = 0
-        # (lsn, seq, lock) of threads waiting at `replicated`, a heap by LSN: each blocks on its
-        # own held lock, released once the archive holds its LSN, so a stored object wakes the
-        # commits it acknowledges and no others (64 threads on one Condition woke 64 per PUT).
-        self._waiters: list[tuple[int, int, threading.Lock]] = []
-        self._relay_locks: collections.deque[threading.Lock] = collections.deque()  # woken by the woken
         self._wake = threading.Event()
+        # Gathering (`_gather`): commits released by a stored object and not yet back in a wait
+        # (a hint: only ever delays a PUT, never decides what it holds), whether a PUT thread is
+        # gathering the next group, and the event that tells it the group is complete.
+        self._returning = 0
+        self._gathering = False
+        self._gathered = threading.Event()
+        self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather)
         self._stop = False
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
         self._samples.append((archived, time.monotonic()))
@@ -283,8 +294,7 @@ class Shipper:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
-        with self._cond:
-            self._release_waiters()
+        self._stop_waiters()
         self._release_async()
         # The maintenance job under way ends (within the deadline), and a snapshot waiting for
         # the log it needs goes out now that the log is in.
@@ -305,28 +315,81 @@ class Shipper:
     # ---- waiting ------------------------------------------------------------------------------
 
     def wait_archived(self, lsn: int) -> None:
-        """Until the archive holds lsn (a `replicated` commit); FailedError once fenced or stopped."""
+        """Until the archive holds lsn (a `replicated` commit, durable locally); FailedError once
+        fenced or stopped.
+
+        Threads wait in C on the log's archive watermark (native/commit.c, "The archive's
+        watermark"), which `_publish` moves: one futex sleep with the GIL released, woken by
+        the stored object that acknowledges the commit and by no other. Waiting in Python (a
+        lock per commit in a heap by LSN, woken as a tree) cost each of 64 committing threads
+        a Condition, a heap push, a lock and two wakes of other threads, all with the GIL."""
         if self.archived >= lsn:
             return
         self._try_dispatch()
-        waiter = threading.Lock()
-        waiter.acquire()
-        with self._cond:
-            if self.archived < lsn and self.fenced is None and not self._stop:
-                self._wait_seq += 1
-                heapq.heappush(self._waiters, (lsn, self._wait_seq, waiter))
-            else:
-                waiter.release()
-        while True:
-            waiter.acquire(timeout=0.5)  # released by _release_waiters; the timeout re-checks
-            if self._relay_locks:
-                self._relay()
-            if self.archived >= lsn:
-                return
-            if self.fenced is not None:
+        log = self.store._log
+        if log is None:
+            raise FailedError(f"the store in {self.store.path} is closed")
+        try:
+            held = log._archive_wait(lsn)
+        except WalError:
+            if self.fenced is not None:  # the store stopped because it was fenced: say so
                 raise FailedError(str(self.fenced)) from self.fenced
-            if self._stop:
-                raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+            raise
+        finally:
+            self._returned()
+        if held:
+            return
+        if self.fenced is not None:
+            raise FailedError(str(self.fenced)) from self.fenced
+        raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+
+    def _returned(self) -> None:
+        """A commit released by a stored object runs again (its waiter came back). The last of
+        them completes a gather that waited only for them."""
+        self._returning = max(0, self._returning - 1)
+        if self._returning == 0 and self._gathering and self._group_complete():
+            self._gathered.set()
+
+    def _group_complete(self) -> bool:
+        """Nothing is on its way into the next group: every commit the last stored object
+        released is back (or gone), and every record appended is durable (no commit is between
+        its append and its fdatasync)."""
+        if self._returning > 0:
+            return False
+        log = self.store._log
+        return log is None or log._settled()
+
+    def _gather_s(self) -> float:
+        return max(_GATHER_MIN_S, min(_GATHER_MAX_S, _GATHER_PART * self._put_ewma))
+
+    def _gather(self) -> None:
+        """In a PUT thread with a slot free: wait until the next group is complete
+        (`_group_complete`), at most a fraction of a PUT's latency, then send it.
+
+        Why: with one PUT in flight, sending the next PUT the moment one is answered splits the
+        committers in two halves that alternate (one half in the PUT, the other committing
+        locally for the next one), so each commit waits for about two PUTs and each PUT carries
+        about half of them. Waiting the short while the commits just acknowledged take to be
+        committed again (their fdatasync) makes one group of all of them: a commit waits for
+        about one PUT plus its fdatasync, and the object store gets half the PUTs."""
+        deadline = time.monotonic() + self._gather_s()
+        try:
+            while not self._stop:
+                self._gathered.clear()
+                if self._group_complete():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._gathered.wait(left)
+        finally:
+            self._gathering = False
+            self._returning = 0
+        try:
+            with self._ship_lock:
+                self._dispatch()
+        except Exception:  # the shipper thread meets it again and handles it
+            self._wake.set()
 
     def _try_dispatch(self) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
@@ -337,6 +400,15 @@ class Shipper:
         behind; and 64 committers each waking the shipper thread (and through it the
         maintenance thread) made every PUT cycle pay for a few hundred needless runs of them."""
         if len(self._inflight) + len(self._stored) >= self.puts_in_flight:
+            return
+        if self._gathering:
+            if self._group_complete():
+                self._gathered.set()
+            return
+        if _GATHER_PART > 0 and self.store._replicated and self._resolve is None and not self._group_complete():
+            # Commits are on their way into this group: a PUT thread gathers them, then sends.
+            self._gathering = True
+            self._pool.submit(self._gather)
             return
         if self._resolve is None and self.fenced is None and not self._stop \
                 and self._ship_lock.acquire(blocking=False):
@@ -362,36 +434,7 @@ class Shipper:
         self._release_async()  # published, fenced or stopped meanwhile
         self._try_dispatch()
         await future
-
-    def _release_waiters(self) -> None:
-        """Wake the threads waiting for LSNs now archived (all of them once fenced or stopped).
-        Called with _cond held.
-
-        The caller (usually the PUT thread that just sent the next PUT) wakes _RELAY of them;
-        each thread woken wakes _RELAY more (`_relay`), so the 30-60 commits a PUT acknowledges
-        at 64 threads are woken as a tree instead of one by one from the PUT thread, which
-        holds the GIL all the while and would start the next PUT only after them."""
-        end = self.fenced is not None or self._stop
-        woken: list[threading.Lock] = []
-        while self._waiters and (end or self._waiters[0][0] <= self.archived):
-            woken.append(heapq.heappop(self._waiters)[2])
-        if end:
-            while self._relay_locks:
-                woken.append(self._relay_locks.popleft())
-            for lock in woken:
-                lock.release()
-            return
-        for lock in woken[:_RELAY]:
-            lock.release()
-        self._relay_locks.extend(woken[_RELAY:])
-
-    def _relay(self) -> None:
-        """A thread woken by `_release_waiters` wakes the next few (if any are left to wake)."""
-        for _ in range(_RELAY):
-            try:
-                self._relay_locks.popleft().release()
-            except IndexError:
-                return
+        self._returned()
 
     def _release_async(self) -> None:
         """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
@@ -402,6 +445,8 @@ class Shipper:
             while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
                 lsn, _, loop, future = heapq.heappop(self._async_waiters)
                 done.append((lsn, loop, future))
+            if not end:
+                self._returning += len(done)
         # One call into each loop for all its futures: call_soon_threadsafe writes to the loop's
         # self-pipe every time, and a PUT acknowledging 500 commits of 1,000 tasks would make
         # 500 writes and 500 callbacks.
@@ -558,10 +603,16 @@ class Shipper:
         _logger.error("%s", self.fenced)
         self.store._fenced(self.fenced)
         self.write_status()
+        self._stop_waiters()
         with self._cond:
-            self._release_waiters()
             self._cond.notify_all()
         self._release_async()
+
+    def _stop_waiters(self) -> None:
+        """Every thread waiting for the archive returns (fenced or stopped: `wait_archived`)."""
+        log = self.store._log
+        if log is not None:
+            log._archive_stop()
 
     def _publish(self, last: int) -> None:
         with self._cond:
@@ -570,8 +621,10 @@ class Shipper:
 
     def _wake_archived(self) -> None:
         """Wake the commits the archived LSN now covers (and admit()/stop(), on the Condition)."""
+        log = self.store._log
+        if log is not None:
+            self._returning += log._archive_set(self.archived)
         with self._cond:
-            self._release_waiters()
             self._cond.notify_all()
         if self._async_waiters:
             self._release_async()
@@ -603,9 +656,7 @@ class Shipper:
                 return
             records: list[tuple[int, bytes]] = []
             size = 0
-            for lsn, payload in log.read(self._dispatched + 1):
-                if lsn > durable:
-                    break
+            for lsn, payload in log._read_upto(self._dispatched + 1, durable):
                 records.append((lsn, payload))
                 size += len(payload) + 16
                 if size >= MAX_OBJECT_BYTES:
@@ -637,7 +688,9 @@ class Shipper:
         shipper thread's `_harvest` takes it from the future."""
         name = layout.log_name(first)
         try:
+            sent = time.monotonic()
             self._put(name, data)
+            self._put_ewma += (time.monotonic() - sent - self._put_ewma) / 8
             stored = last
         except ObjectExistsError as exc:
             # Ours from an attempt whose answer was lost (a timeout after the store took it)?
@@ -648,6 +701,28 @@ class Shipper:
             if obj.writer_id != self.writer_id:
                 raise NameTakenError(str(exc), obj) from None
             stored = obj.last
+        if stored == last and _GATHER_PART > 0 and self.store._replicated:
+            with self._ship_lock:
+                entry = self._inflight.get(first)
+                taken = entry is not None and entry[2] is not None and not self._stop
+                if taken:
+                    assert entry is not None
+                    self._stored_one(first, last, data, entry[3])
+                    self._gathering = True
+                    try:
+                        moved = self._advance(wake=False)
+                    except Exception:  # the shipper thread meets it again and handles it
+                        moved = False
+                        self._wake.set()
+            if taken:
+                # Gather (`_gather`): the commits this object acknowledges are woken first, and
+                # the next PUT waits for them to commit again.
+                if moved:
+                    self._wake_archived()
+                self._gather()
+                if self._tail:  # the shipper thread deletes an earlier writer's unfinished tail
+                    self._wake.set()
+                return None
         if stored == last:
             with self._ship_lock:
                 entry = self._inflight.get(first)

@@ -51,6 +51,7 @@ _SPAN_RECORDS = 1024  # records per span of read_spans (the replay: fewer, bigge
 # objects finds its bytes still in cache after the scan that validated them (1,024: ~10% slower).
 _READ_RECORDS = 256
 _HEADER_BYTES = 64  # a segment header (FORMAT.md §4): what tells one segment file from another
+_RECORD_HEADER_BYTES = 24  # a record's header (FORMAT.md §4): a span's offsets point past it
 _SCAN_RESULT_BYTES = ffi.sizeof("wal_scan_result")
 _NO_ARRAY = memoryview(b"")  # the arrays of a span of 0 records (casts to any item type)
 _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
@@ -402,6 +403,40 @@ class Log:
         if rc < 0:  # the message is only formatted for an error
             check(rc, f"waiting for LSN {lsn} in the log in {self._dir}", h)
 
+    # The archive's watermark (native/commit.c): the LSN up to which an object archive holds
+    # this log, moved by the archive's shipper (wal/archive/shipper.py), and what its
+    # `replicated` commits wait for, each in one futex sleep with the GIL released.
+
+    def _archive_set(self, lsn: int) -> int:
+        """The archive holds every LSN up to `lsn` (it only grows); wakes the threads waiting
+        for it and returns how many. 0 on a closed or read-only log."""
+        h = self._handle
+        return int(lib.wal_log_set_archived(h, lsn)) if h is not None and not self._closed else 0
+
+    def _settled(self) -> bool:
+        """Every record appended is durable (a hint, read without the log's mutex: no commit is
+        between its append and its fdatasync). True on a closed or read-only log."""
+        h = self._handle
+        return bool(lib.wal_log_settled(h)) if h is not None and not self._closed else True
+
+    def _archive_stop(self) -> None:
+        """The archive's shipper stopped for good (fenced, closing): every waiter returns."""
+        h = self._handle
+        if h is not None and not self._closed:
+            lib.wal_log_stop_archived(h)
+
+    def _archive_wait(self, lsn: int) -> bool:
+        """Until the archive holds `lsn` (True) or its shipper stopped (False); raises the log's
+        failure (FailedError, ClosedError) if it fails or closes first."""
+        h = self._writer or self._live()
+        rc = lib.wal_log_wait_archived(h, lsn)
+        if rc == 0:
+            return True
+        if rc == lib.WAL_EAGAIN:
+            return False
+        check(rc, f"waiting for the archive to hold LSN {lsn} of the log in {self._dir}", h)
+        return False  # not reached: check raised
+
     async def wait_async(self, lsn: int, *, durability: str | None = None) -> None:
         """Await, without blocking the loop, until `durability` holds for `lsn`."""
         self._live()
@@ -461,6 +496,14 @@ class Log:
         """
         upto = self._read_bounds(from_lsn)
         return _read_records(self._dir, from_lsn, upto, self._scan_resume if upto is not None else None)
+
+    def _read_upto(self, from_lsn: int, upto: int) -> Iterator[tuple[int, bytes]]:
+        """`read` of a writable log, ending at `upto` (at most the written watermark): the
+        archive's shipper reads up to the durable LSN, and the scan stops right there, where
+        its next read begins."""
+        written = self._read_bounds(from_lsn)
+        assert written is not None, "a writable log's read"
+        return _read_records(self._dir, from_lsn, min(upto, written), self._scan_resume)
 
     def read_spans(self, from_lsn: int = 1) -> Generator[RecordSpan, None, None]:
         """The records of `read`, as spans of a mapped segment (see `RecordSpan`), for readers
@@ -803,9 +846,13 @@ class _ReadCache:
     the written watermark; the archive's shipper makes one per group object, on its path from
     one PUT to the next, where every system call lets the GIL go and waits to get it back):
 
-    - ``resume``: path -> (its header bytes, a scan state at a record boundary): a read from a
-      later LSN of the same segment (same header) continues from that state instead of
-      validating the segment again from its start;
+    - ``resume``: path -> (its header bytes, the scan state at the end of the last batch read,
+      the state at its start or None): both at record boundaries; a read from a later LSN of
+      the same segment (same header) continues from the later of them before that LSN instead
+      of validating the segment again from its start. The start matters to a reader that
+      stops inside a batch (it took fewer records than the scan validated): without it, its
+      next read, from inside that batch, validated the whole segment again, a cost that grew
+      with the segment;
     - ``firsts``: path -> the segment's first LSN (from its header; it never changes);
     - ``kept``: the newest segment, mapped whole, with the offset below which its pages were
       given back: not mapped again for each read, and a read from an LSN in it starts there
@@ -817,7 +864,7 @@ class _ReadCache:
       reference)."""
 
     def __init__(self) -> None:
-        self.resume: dict[str, tuple[bytes, Any]] = {}
+        self.resume: dict[str, tuple[bytes, Any, Any]] = {}
         self.firsts: dict[str, int] = {}
         self.kept: tuple[str, Any, list[int]] | None = None
 
@@ -943,8 +990,14 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
             res = ffi.new("wal_scan_result *")
             head = bytes(buf[:_HEADER_BYTES])
             saved = resume.resume.get(path) if resume is not None else None
-            if saved is not None and saved[0] == head and saved[1].last_lsn < from_lsn:
-                ffi.memmove(res, saved[1], _SCAN_RESULT_BYTES)  # validated before: go on from there
+            if saved is not None and saved[0] == head:
+                # Validated before: go on from there (the end of the last batch, else its start:
+                # a reader that stopped inside the batch, as the shipper does at the durable LSN,
+                # reads on from there without validating the segment again from its start).
+                for state in (saved[1], saved[2]):
+                    if state is not None and state.last_lsn < from_lsn:
+                        ffi.memmove(res, state, _SCAN_RESULT_BYTES)
+                        break
             while True:
                 # Reading up to `upto` (a writable log), ask for no record past it: the scan then
                 # stops right after it instead of validating on to the end of the segment (and
@@ -957,11 +1010,21 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                                             count) == lib.WAL_SCAN_MORE
                 n = count[0]
                 if more and resume is not None:
-                    # A record boundary every byte before which was validated: the next read of
-                    # this segment (from a later LSN) resumes here.
+                    # Record boundaries every byte before which was validated: the next read of
+                    # this segment (from a later LSN) resumes at the end of this batch, or at
+                    # its first record if it begins inside it (`_ReadCache`).
                     kept = ffi.new("wal_scan_result *")
                     ffi.memmove(kept, res, _SCAN_RESULT_BYTES)
-                    resume.resume[path] = (head, kept)
+                    start = None
+                    if n:
+                        # The state the scan had right before the batch's first record: the n
+                        # records from there on are the DATA records it counted since.
+                        start = ffi.new("wal_scan_result *")
+                        ffi.memmove(start, res, _SCAN_RESULT_BYTES)
+                        start.end_offset = offs[0] - _RECORD_HEADER_BYTES
+                        start.last_lsn = lsns[0] - 1
+                        start.records = res.records - n
+                    resume.resume[path] = (head, kept, start)
                 past_end = n > 0 and upto is not None and lsns[n - 1] > upto
                 if past_end:  # LSNs ascend: keep those up to `upto`
                     n = next(j for j in range(n) if lsns[j] > upto)

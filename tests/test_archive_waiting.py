@@ -1,0 +1,277 @@
+"""Waiting at `replicated`: the log's archive watermark (native/commit.c, "The archive's
+watermark"), where committing threads wait in C for the shipper to report the archive's
+progress, and the shipper's gathering of a group (wal/archive/shipper.py, `Shipper._gather`).
+
+Real logs, real fdatasync, a real ``file://`` archive; the object store is held back for one
+PUT by `HeldPut` (a fault injector in front of it, as the failpoints are for the log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+import wal
+import wal.drill.failpoints
+from wal.archive import layout
+from wal.archive.objects import FileObjects
+from wal.archive.restore import verify
+
+ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
+
+
+def wait_until(cond: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class HeldPut(FileObjects):
+    """file:// objects; the PUT of the first log object at or past `hold_from` waits for
+    `release` (never released: it waits until the test ends)."""
+
+    def __init__(self, root: str, hold_from: int) -> None:
+        super().__init__(root)
+        self.hold_from = hold_from
+        self.release = threading.Event()
+        self.held: str | None = None
+        self.log_puts = 0
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        parsed = layout.parse_name(name)
+        if parsed is not None and parsed.kind == "log":
+            self.log_puts += 1
+            if self.held is None and parsed.first >= self.hold_from:
+                self.held = name
+        if name == self.held:
+            self.release.wait(60)
+        super().put(name, data, create_only=create_only)
+
+
+# ---- the log's archive watermark ---------------------------------------------------------------
+
+
+def test_threads_waiting_for_the_archive_watermark_wake_once_it_holds_their_lsn(tmp_path) -> None:
+    """Each waiter returns once the watermark reaches its LSN, not before; a watermark never goes
+    back; stopping it wakes every waiter left, which then learns the archive never held its LSN."""
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        last = log.append_many([b"r%d" % i for i in range(1, 11)])
+        assert last == 10
+        done: dict[int, bool] = {}
+        lock = threading.Lock()
+
+        def wait(lsn: int) -> None:
+            held = log._archive_wait(lsn)
+            with lock:
+                done[lsn] = held
+
+        threads = [threading.Thread(target=wait, args=(lsn,)) for lsn in range(1, 11)]
+        for th in threads:
+            th.start()
+        time.sleep(0.1)
+        assert done == {}
+        log._archive_set(4)
+        wait_until(lambda: len(done) == 4)
+        time.sleep(0.05)
+        assert done == {1: True, 2: True, 3: True, 4: True}
+        log._archive_set(2)  # never backwards: nobody else wakes, 3 and 4 stay held
+        assert log._archive_wait(3) is True
+        time.sleep(0.05)
+        assert len(done) == 4
+        log._archive_set(7)
+        wait_until(lambda: len(done) == 7)
+        log._archive_stop()
+        for th in threads:
+            th.join(10)
+        assert done == {**{lsn: True for lsn in range(1, 8)}, **{lsn: False for lsn in range(8, 11)}}
+        assert log._archive_wait(9) is False  # stopped for good
+        assert log._archive_wait(7) is True  # held before it stopped
+        with pytest.raises(wal.WalError, match="invalid argument"):
+            log._archive_wait(11)  # not appended
+
+
+def test_archive_waiters_get_the_logs_failure_and_its_close(tmp_path) -> None:
+    """A waiter learns of an fdatasync failure (I5: FailedError) or of the log closing
+    (ClosedError) while it waits, rather than waiting on."""
+    errors: list[BaseException] = []
+
+    def wait(log: wal.Log, lsn: int) -> None:
+        try:
+            log._archive_wait(lsn)
+        except wal.WalError as exc:
+            errors.append(exc)
+
+    log = wal.Log.open(tmp_path / "failed", durability="sync")
+    try:
+        lsn = log.append(b"a")
+        th = threading.Thread(target=wait, args=(log, lsn))
+        th.start()
+        time.sleep(0.05)
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError):
+            log.append(b"b")
+        th.join(10)
+        assert len(errors) == 1 and isinstance(errors[0], wal.FailedError)
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.FailedError):  # it says again that it failed
+            log.close()
+    errors.clear()
+    log = wal.Log.open(tmp_path / "closed", durability="sync")
+    lsn = log.append(b"a")
+    th = threading.Thread(target=wait, args=(log, lsn))
+    th.start()
+    time.sleep(0.05)
+    log.close()
+    th.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], wal.ClosedError)
+
+
+# ---- replicated commits ------------------------------------------------------------------------
+
+
+def test_replicated_commits_from_many_threads_return_only_once_the_archive_holds_them(tmp_path) -> None:
+    """At a `replicated` store, 16 threads commit: each put returns only once the archived LSN
+    covers it; the commits share objects (groups); a restore holds every acknowledged commit."""
+    store = wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER)
+    acked: list[tuple[str, int]] = []
+    early: list[int] = []
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        for i in range(40):
+            lsn = store.put(f"t{t}/{i}", b"v%d" % i)
+            if store.archived_lsn < lsn:
+                early.append(lsn)
+            with lock:
+                acked.append((f"t{t}/{i}", lsn))
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        assert len(acked) == 640 and early == []
+        puts = store.stats()["archive_objects"]
+        assert puts < 640, "every commit had an object of its own: no group"
+    finally:
+        store.close()
+    restored = wal.open(wal.restore(f"file://{tmp_path}/a", tmp_path / "r").path)
+    try:
+        for key, lsn in acked:
+            assert restored.version(key) == lsn
+    finally:
+        restored.close()
+
+
+def test_a_held_put_holds_back_every_commit_it_carries_and_the_next_group_gathers_them_all(tmp_path) -> None:
+    """One PUT in flight at a `replicated` store: while it is held, none of its commits (nor any
+    later one) is acknowledged and every thread waits; once it is stored, they are woken, and
+    the next PUT carries the commits they make next together (gathered), not one by one."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=10)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+    try:
+        for i in range(9):
+            store.put(f"first{i}", b"x")  # one object each: nothing else commits
+        acked: list[int] = []
+        lock = threading.Lock()
+        go = threading.Barrier(8)
+
+        def work(t: int) -> None:
+            go.wait()
+            for i in range(5):
+                lsn = store.put(f"t{t}/{i}", b"v")
+                with lock:
+                    acked.append(lsn)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        wait_until(lambda: objects.held is not None)
+        held = layout.parse_name(objects.held or "")
+        assert held is not None and held.first == 10
+        time.sleep(0.2)
+        assert acked == [] and store.archived_lsn == 9
+        before = objects.log_puts
+        objects.release.set()
+        for th in threads:
+            th.join(60)
+        assert sorted(acked) == list(range(10, 50))
+        # 40 commits of 8 threads after the held object: far fewer PUTs than commits.
+        assert objects.log_puts - before < 30
+    finally:
+        objects.release.set()
+        store.close()
+    assert verify(f"file://{tmp_path}/a").ok
+
+
+def test_threads_waiting_for_an_archive_that_never_answers_fail_when_the_store_closes(tmp_path) -> None:
+    """The object store never answers the PUT a thread waits for: closing the store (its flush
+    bounded) wakes the thread with FailedError, the commit durable locally but not acknowledged
+    at `replicated`; reopened, the store ships it."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+    store._close_flush_s = 0.2
+    store.put("one", b"1")
+    outcome: list[BaseException | int] = []
+
+    def commit() -> None:
+        try:
+            outcome.append(store.put("two", b"2"))
+        except wal.WalError as exc:
+            outcome.append(exc)
+
+    th = threading.Thread(target=commit)
+    th.start()
+    wait_until(lambda: objects.held is not None)
+    time.sleep(0.1)
+    assert outcome == []
+    store.close()
+    th.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
+    assert "stopped before LSN 2" in str(outcome[0])
+    objects.release.set()
+    with wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER) as again:
+        assert again.get("two") == b"2"
+        again.put("three", b"3")
+        assert again.archived_lsn >= 3
+
+
+# ---- the shipper's reads of the log ------------------------------------------------------------
+
+
+def test_reads_that_stop_inside_a_batch_resume_there_not_at_the_segment_start(tmp_path) -> None:
+    """The shipper reads the log up to the durable LSN, which is often inside the batch of
+    records the scan validated: the next read starts at the batch's first record at worst (a
+    resume point the cache keeps), never at the segment's start, and reads exactly what a fresh
+    read of the files gives, from every LSN."""
+    payload = os.urandom(100)
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        log.append_many([payload + b"%d" % i for i in range(1, 3001)])
+        got: list[int] = []
+        nxt = 1
+        step = 1
+        while nxt <= 3000:
+            upto = min(3000, nxt + step - 1)
+            for lsn, data in log._read_upto(nxt, upto):
+                assert data == payload + b"%d" % lsn
+                got.append(lsn)
+            (state,) = log._scan_resume.resume.values()
+            assert state[1].last_lsn == upto  # the scan stopped at upto, where the next read begins
+            nxt = upto + 1
+            step = step * 3 % 97 + 1
+        assert got == list(range(1, 3001))
+        # A reader that stops early (a plain read, broken off): the cache keeps the batch's start.
+        for lsn, _ in log.read(1000):
+            if lsn == 1010:
+                break
+        (state,) = log._scan_resume.resume.values()
+        assert state[2] is not None and state[2].last_lsn == 999 and state[1].last_lsn > 1010
+        assert [lsn for lsn, _ in log.read(1011)] == list(range(1011, 3001))
+        assert [lsn for lsn, _ in log.read(1)] == list(range(1, 3001))
