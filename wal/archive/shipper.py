@@ -8,8 +8,11 @@ to a PUT (`Log.read`, capped at the durable LSN) and PUT them as ONE create-only
 fdatasync is shared: under load, the records that pile up while the PUTs are in flight make the
 next object). PUTs are answered in any order; the archived LSN only moves over a gap-free run
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
-and every object before it are stored. A PUT's thread takes its answer in itself, sends the
-next PUT, and only then wakes the commits it acknowledged (`_put_log`). A PUT that failed is
+and every object before it are stored. Threads wait for that in C, on the log's archive
+watermark (native/commit.c); coroutines on a future of their loop. A PUT's thread takes its
+answer in itself (`_put_log`); at a store whose level is `replicated` it wakes the commits it
+acknowledged and gathers the next group (`_gather`: the next PUT waits, at most half a PUT's
+latency, for them to be committed again), elsewhere it sends the next PUT first. A PUT that failed is
 retried with the same name and bytes (names stay immutable). Beside it, one maintenance job
 at a time in its own thread: a logical snapshot of the state (one LMDB read transaction,
 shipped once the log objects reach its LSN, so a snapshot never holds what the archive's log
@@ -165,8 +168,8 @@ _STRAY_CLEARS = 16
 # A gather (Shipper._gather) waits at most this part of a PUT's latency (its moving average),
 # within these bounds: a gather that waits for commits that do not come back costs the commits
 # already gathered at most half a PUT, and a PUT that carries twice the commits halves the
-# requests the object store serves. 0 turns gathering off (the next PUT goes out at once).
-_GATHER_PART = float(os.environ.get("AGENTWAL_GATHER_PART", "0.5"))
+# requests the object store serves.
+_GATHER_PART = 0.5
 _GATHER_MIN_S = 0.0005
 _GATHER_MAX_S = 0.010
 
@@ -405,7 +408,7 @@ class Shipper:
             if self._group_complete():
                 self._gathered.set()
             return
-        if _GATHER_PART > 0 and self.store._replicated and self._resolve is None and not self._group_complete():
+        if self.store._replicated and self._resolve is None and not self._group_complete():
             # Commits are on their way into this group: a PUT thread gathers them, then sends.
             self._gathering = True
             self._pool.submit(self._gather)
@@ -701,7 +704,7 @@ class Shipper:
             if obj.writer_id != self.writer_id:
                 raise NameTakenError(str(exc), obj) from None
             stored = obj.last
-        if stored == last and _GATHER_PART > 0 and self.store._replicated:
+        if stored == last and self.store._replicated:
             with self._ship_lock:
                 entry = self._inflight.get(first)
                 taken = entry is not None and entry[2] is not None and not self._stop
