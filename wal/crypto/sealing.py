@@ -119,6 +119,7 @@ CONTEXT_VALUE = b"agentwal value\x00"
 CONTEXT_BLOB = b"agentwal blob\x00"
 CONTEXT_ARCHIVE = b"agentwal archive\x00"
 CONTEXT_EXPORT = b"agentwal export\x00"
+CONTEXT_DICT = b"agentwal dictionary\x00"  # + the dictionary's id, u32 big-endian: a stored dictionary file
 
 _KEY_ID_LABEL = b"agentwal key id v1"
 _HKDF_INFO = b"agentwal seal v1"
@@ -377,6 +378,29 @@ class Sealer:
     def encrypting(self) -> bool:
         return self.keys is not None
 
+    @property
+    def dictionaries(self) -> dict[int, bytes]:
+        """The trained zstd dictionaries this handle reads with, by zstd dictionary id."""
+        return dict(self._dicts)
+
+    @property
+    def compressing_dictionary(self) -> int | None:
+        """The id of the dictionary new values are compressed with (None: none)."""
+        return self._zstd.dict_id(self._dict) if self._dict is not None and self._zstd is not None else None
+
+    def add_dictionary(self, data: bytes, *, compress_with: bool = False) -> int:
+        """Know one more trained dictionary (a store's stored one: wal/store/sealed.py), and
+        compress new values with it if `compress_with` and none was given. Its id."""
+        binding = self._binding()
+        did = binding.dict_id(data)
+        if did == 0:
+            raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+        self._dicts.setdefault(did, data)
+        if compress_with and self._dict is None:
+            self._dict = self._dicts[did]
+            self._compressors.clear()  # contexts made without it (none yet: called before any seal)
+        return did
+
     def _new_session(self) -> None:
         if self.keys is not None:
             # compress_from: values this long are left to this class by the C commit path, which
@@ -402,8 +426,9 @@ class Sealer:
 
     # ---- sealing ---------------------------------------------------------------------------
 
-    def seal(self, data: bytes, context: bytes) -> bytes:
-        """The envelope of `data`: compressed if that pays, encrypted if there are keys.
+    def seal(self, data: bytes, context: bytes, *, compress: bool = True) -> bytes:
+        """The envelope of `data`: compressed if that pays (and `compress`), encrypted if there
+        are keys. (A stored dictionary is sealed with ``compress=False``: it cannot need itself.)
 
         A sealed store's plain put seals in C without coming here when it can (module docstring,
         "Where the encryption runs"); this is every other seal's path: a handful of Python
@@ -412,7 +437,7 @@ class Sealer:
         2,048 bytes: docs/performance.md, "Sealed values")."""
         body = data
         codec = CODEC_PLAIN
-        if self.compression is not None and len(data) >= self.threshold:
+        if compress and self.compression is not None and len(data) >= self.threshold:
             pool = self._compressors
             c = pool.pop() if pool else self._new_compressor()
             try:
