@@ -143,3 +143,33 @@ def test_a_restore_given_the_dictionary_stores_it_in_the_restored_store(tmp_path
     wal.restore(url, tmp_path / "with", compression_dict=zdict)
     with wal.open(tmp_path / "with") as store:
         assert [store.get(f"r/{i}") for i in range(50)] == values
+
+
+@pytest.mark.parametrize("encryption", [None, KEY], ids=["compressed", "encrypted"])
+def test_every_flipped_byte_of_a_stored_dictionary_gives_the_values_or_a_wal_error(
+        tmp_path: Path, zdict: bytes, encryption: bytes | None) -> None:
+    values = samples(30)
+    with wal.open(tmp_path, encryption=encryption, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        for i, v in enumerate(values):
+            store.put(f"r/{i}", v)
+    (dict_file,) = (tmp_path / DICT_DIR).iterdir()
+    good = dict_file.read_bytes()
+    outcomes = {"values": 0, "error": 0}
+    # The envelope's header and the dictionary's, then every 23rd byte of the rest.
+    for at in [*range(min(64, len(good))), *range(64, len(good), 23)]:
+        damaged = bytearray(good)
+        damaged[at] ^= 0x5A
+        dict_file.write_bytes(bytes(damaged))
+        try:
+            with wal.open(tmp_path, encryption=encryption) as store:
+                got = [store.get(f"r/{i}") for i in range(len(values))]
+        except wal.WalError:
+            outcomes["error"] += 1
+            continue
+        assert got == values, at  # never a wrong value
+        outcomes["values"] += 1
+    dict_file.write_bytes(good)
+    assert outcomes["error"] > 0
+    if encryption is not None:
+        assert outcomes["values"] == 0  # the AEAD tag covers every byte

@@ -355,9 +355,7 @@ class Sealer:
         for raw in dicts:
             data = bytes(raw)
             assert self._zstd is not None
-            did = self._zstd.dict_id(data)
-            if did == 0:
-                raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+            did = _checked_dictionary(self._zstd, data)
             self._dicts[did] = data
             if self._dict is None:
                 self._dict = data
@@ -391,10 +389,7 @@ class Sealer:
     def add_dictionary(self, data: bytes, *, compress_with: bool = False) -> int:
         """Know one more trained dictionary (a store's stored one: wal/store/sealed.py), and
         compress new values with it if `compress_with` and none was given. Its id."""
-        binding = self._binding()
-        did = binding.dict_id(data)
-        if did == 0:
-            raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+        did = _checked_dictionary(self._binding(), data)
         self._dicts.setdefault(did, data)
         if compress_with and self._dict is None:
             self._dict = self._dicts[did]
@@ -550,6 +545,19 @@ class Sealer:
                                       "open with compression_dict= that dictionary", where=where())
             d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
+
+
+def _checked_dictionary(binding: zstd.Binding, data: bytes) -> int:
+    """The id of trained dictionary `data`; ArgumentError if it is not one or does not load."""
+    try:
+        did = binding.dict_id(data)
+        if did:
+            binding.check_dictionary(data)
+    except (zstd.FrameError, ValueError) as exc:
+        raise ArgumentError(f"compression_dict is not a usable zstd dictionary ({exc})") from None
+    if did == 0:
+        raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+    return did
 
 
 def _invalid_tag() -> type[Exception]:

@@ -77,7 +77,8 @@ def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> Non
         except ArgumentError:
             stored = 0
         if stored != did:
-            raise SealDamagedError(f"the dictionary file {path} does not hold zstd dictionary {did}; it is not used",
+            raise SealDamagedError(f"the dictionary file {path} does not hold a usable zstd dictionary {did}; it "
+                                   "is not used",
                                    reason="sealed value damaged")
         found.add(did)
     if compressing is not None and compressing not in found:
