@@ -386,6 +386,25 @@ class Sealer:
         """The id of the dictionary new values are compressed with (None: none)."""
         return self._zstd.dict_id(self._dict) if self._dict is not None and self._zstd is not None else None
 
+    def seal_dictionary(self, dict_id: int, context: bytes) -> bytes:
+        """The envelope of stored dictionary `dict_id` (a file of a store's ``dicts/``, an
+        archive's ``dict/`` object): the dictionary and its SHA-256, sealed but never compressed
+        (it cannot need itself). The digest vouches for it where no AEAD tag does."""
+        data = self._dicts[dict_id]
+        return self.seal(data + hashlib.sha256(data).digest(), context, compress=False)
+
+    def open_dictionary(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> int:
+        """Know the dictionary sealed in `envelope` (`seal_dictionary`), for reading; its id.
+        SealDamagedError if its bytes were changed or it does not load."""
+        payload = self.open(envelope, context, where)
+        data, digest = payload[:-32], payload[-32:]
+        if len(payload) < 32 or hashlib.sha256(data).digest() != digest:
+            raise _damaged(where(), "the dictionary's SHA-256 does not match it")
+        try:
+            return self.add_dictionary(data)
+        except ArgumentError as exc:
+            raise _damaged(where(), str(exc)) from None
+
     def add_dictionary(self, data: bytes, *, compress_with: bool = False) -> int:
         """Know one more trained dictionary (a store's stored one: wal/store/sealed.py), and
         compress new values with it if `compress_with` and none was given. Its id."""

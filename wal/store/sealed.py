@@ -71,15 +71,11 @@ def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> Non
             continue
         with open(path, "rb") as f:
             envelope = f.read()
-        data = sealer.open(envelope, dict_context(did), _naming(f"the dictionary file {path}"))
-        try:
-            stored = sealer.add_dictionary(data, compress_with=did == compressing and sealer.compression is not None)
-        except ArgumentError:
-            stored = 0
-        if stored != did:
-            raise SealDamagedError(f"the dictionary file {path} does not hold a usable zstd dictionary {did}; it "
-                                   "is not used",
-                                   reason="sealed value damaged")
+        if sealer.open_dictionary(envelope, dict_context(did), _naming(f"the dictionary file {path}")) != did:
+            raise SealDamagedError(f"the dictionary file {path} holds another zstd dictionary than {did:08x}; it is "
+                                   "not used", reason="sealed value damaged")
+        if did == compressing and sealer.compression is not None:
+            sealer.add_dictionary(sealer.dictionaries[did], compress_with=True)
         found.add(did)
     if compressing is not None and compressing not in found:
         path = dict_file(root, compressing)
@@ -107,7 +103,7 @@ def write_dictionary(root: str, sealer: Sealer, dict_id: int) -> None:
     tmp = f"{path}.tmp-{os.urandom(4).hex()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(sealer.seal(sealer.dictionaries[dict_id], dict_context(dict_id), compress=False))
+            f.write(sealer.seal_dictionary(dict_id, dict_context(dict_id)))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
