@@ -394,7 +394,7 @@ class Shipper:
         except Exception:  # the shipper thread meets it again and handles it
             self._wake.set()
 
-    def _try_dispatch(self) -> None:
+    def _try_dispatch(self, *, gather: bool = True) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
         Anything that goes wrong is left to the shipper thread, which meets it again.
 
@@ -408,7 +408,7 @@ class Shipper:
             if self._group_complete():
                 self._gathered.set()
             return
-        if self.store._replicated and self._resolve is None and not self._group_complete():
+        if gather and self.store._replicated and self._resolve is None and not self._group_complete():
             # Commits are on their way into this group: a PUT thread gathers them, then sends.
             self._gathering = True
             self._pool.submit(self._gather)
@@ -435,9 +435,8 @@ class Shipper:
             self._wait_seq += 1
             heapq.heappush(self._async_waiters, (lsn, self._wait_seq, loop, future))
         self._release_async()  # published, fenced or stopped meanwhile
-        self._try_dispatch()
+        self._try_dispatch(gather=False)
         await future
-        self._returned()
 
     def _release_async(self) -> None:
         """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
@@ -448,8 +447,6 @@ class Shipper:
             while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
                 lsn, _, loop, future = heapq.heappop(self._async_waiters)
                 done.append((lsn, loop, future))
-            if not end:
-                self._returning += len(done)
         # One call into each loop for all its futures: call_soon_threadsafe writes to the loop's
         # self-pipe every time, and a PUT acknowledging 500 commits of 1,000 tasks would make
         # 500 writes and 500 callbacks.
@@ -624,9 +621,18 @@ class Shipper:
 
     def _wake_archived(self) -> None:
         """Wake the commits the archived LSN now covers (and admit()/stop(), on the Condition)."""
+        self._wake_threads()
+        self._wake_rest()
+
+    def _wake_threads(self) -> int:
+        """Wake the threads whose commits the archived LSN now covers; how many."""
         log = self.store._log
-        if log is not None:
-            self._returning += log._archive_set(self.archived)
+        woken = log._archive_set(self.archived) if log is not None else 0
+        self._returning += woken
+        return woken
+
+    def _wake_rest(self) -> None:
+        """`_wake_archived` after `_wake_threads`: coroutines, admit() and stop()."""
         with self._cond:
             self._cond.notify_all()
         if self._async_waiters:
@@ -719,10 +725,21 @@ class Shipper:
                         self._wake.set()
             if taken:
                 # Gather (`_gather`): the commits this object acknowledges are woken first, and
-                # the next PUT waits for them to commit again.
-                if moved:
-                    self._wake_archived()
-                self._gather()
+                # the next PUT waits for them to commit again. Coroutines are not waited for:
+                # from 1,000 tasks a PUT carries hundreds of commits already, and the loop that
+                # runs them again would hold the gather to its bound every time.
+                if moved and self._wake_threads() > 0:
+                    self._wake_rest()
+                    self._gather()
+                else:  # as below: the next PUT first, then the wake
+                    self._gathering = False
+                    try:
+                        with self._ship_lock:
+                            self._dispatch()
+                    except Exception:  # the shipper thread meets it again and handles it
+                        self._wake.set()
+                    if moved:
+                        self._wake_rest()
                 if self._tail:  # the shipper thread deletes an earlier writer's unfinished tail
                     self._wake.set()
                 return None
