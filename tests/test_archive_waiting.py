@@ -170,10 +170,10 @@ def test_replicated_commits_from_many_threads_return_only_once_the_archive_holds
         restored.close()
 
 
-def test_a_held_put_holds_back_every_commit_it_carries_and_the_next_group_gathers_them_all(tmp_path) -> None:
+def test_a_held_put_holds_back_every_commit_it_carries_and_those_behind_it_share_the_next(tmp_path) -> None:
     """One PUT in flight at a `replicated` store: while it is held, none of its commits (nor any
-    later one) is acknowledged and every thread waits; once it is stored, they are woken, and
-    the next PUT carries the commits they make next together (gathered), not one by one."""
+    later one) is acknowledged and every thread waits; once it is stored, every commit is
+    acknowledged, and the commits that waited behind it share the next PUT."""
     objects = HeldPut(str(tmp_path / "a"), hold_from=10)
     store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
     try:
@@ -203,8 +203,9 @@ def test_a_held_put_holds_back_every_commit_it_carries_and_the_next_group_gather
         for th in threads:
             th.join(60)
         assert sorted(acked) == list(range(10, 50))
-        # 40 commits of 8 threads after the held object: far fewer PUTs than commits.
-        assert objects.log_puts - before < 30
+        # The commits that waited behind the held object (LSNs 11-17, one per other thread)
+        # went out together in the next PUT: fewer PUTs than commits, whatever the timing.
+        assert objects.log_puts - before <= 33
     finally:
         objects.release.set()
         store.close()
