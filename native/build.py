@@ -30,9 +30,11 @@ def cdef_text() -> str:
 
 
 # The archive's watermark (native/commit.c, "The archive's watermark"): what the archive's
-# shipper reports and `replicated` commits wait for. 0 once the archive holds lsn; else
-# WAL_EFAILED or WAL_ECLOSED from the log, WAL_EINVAL for an LSN not appended, WAL_EAGAIN once
-# the shipper stopped (wal_log_stop_archived). wal_log_set_archived returns the waiters woken.
+# shipper reports and `replicated` commits wait for. wal_log_wait_archived: 0 once lsn is
+# durable (it waits for that first, as wal_log_wait at sync) and the archive holds it; else a
+# WAL_E* code from the log (WAL_EFAILED, WAL_ECLOSED, WAL_ENOSPC), WAL_EINVAL for an LSN not
+# appended, WAL_EAGAIN once the shipper stopped (wal_log_stop_archived).
+# wal_log_set_archived returns the waiters woken.
 # wal_log_settled: 1 when every record appended is durable (read without the log's mutex).
 ARCHIVE_CDEF = """
 int wal_log_settled(wal_log *log);

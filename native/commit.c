@@ -184,6 +184,7 @@ static int code_of_errno(int neg_errno) {
 
 static int write_failed_for(wal_log *log, uint64_t lsn);
 static int pick_awaiters(wal_log *log, int everyone, wake_list *wl);
+static int wait_level(wal_log *log, uint64_t lsn, int level, int *unlocked);
 
 static void futex_wake_one(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -296,11 +297,13 @@ static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment
 /* ---- the archive's watermark ----
  *
  * A store whose commits are acknowledged only once an object archive holds them (the
- * `replicated` level, wal/archive/shipper.py) has each committing thread wait here, once its
- * commit is durable, for the shipper to report the archive's progress: one futex sleep with
- * the GIL released, and one wake-up when the object that holds the commit (and every object
- * before it) is stored. The waiters are a list of their own, never picked to lead an I/O
- * step; a woken waiter returns without taking mu again (WOKEN_DONE), as a follower does.
+ * `replicated` level, wal/archive/shipper.py) has each committing thread wait here, right
+ * after its append: first for its commit to be durable (as any `sync` waiter, leading the
+ * fdatasync or following), then for the shipper to report the archive's progress, in one call
+ * with the GIL released once, and one wake-up when the object that holds the commit (and every
+ * object before it) is stored. The archive's waiters are a list of their own, never picked to
+ * lead an I/O step; a woken waiter returns without taking mu again (WOKEN_DONE), as a follower
+ * does.
  * wal_log_set_archived makes the futex wakes after mu is released. On failure, close, or once
  * the shipper stopped (fenced, closed: wal_log_stop_archived), every waiter is woken and
  * looks again under mu. */
@@ -359,7 +362,15 @@ int wal_log_settled(wal_log *log) {
 
 int wal_log_wait_archived(wal_log *log, uint64_t lsn) {
     pthread_mutex_lock(&log->mu);
-    int rc = 0;
+    /* First durable (the `sync` wait, helping with the I/O as any waiter does): a commit
+     * appended without waiting waits for both in this one call, the GIL released once. */
+    int unlocked = 0;
+    int rc = lsn > log->appended ? WAL_EINVAL : wait_level(log, lsn, WAL_LEVEL_SYNC, &unlocked);
+    if (unlocked) pthread_mutex_lock(&log->mu);
+    if (rc) {
+        pthread_mutex_unlock(&log->mu);
+        return rc;
+    }
     for (;;) {
         if (log->archived >= lsn) break;
         if (lsn > log->appended) { rc = WAL_EINVAL; break; }

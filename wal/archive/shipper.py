@@ -317,16 +317,17 @@ class Shipper:
 
     # ---- waiting ------------------------------------------------------------------------------
 
-    def wait_archived(self, lsn: int) -> None:
-        """Until the archive holds lsn (a `replicated` commit, durable locally); FailedError once
-        fenced or stopped.
+    def wait_archived(self, lsn: int, *, appended: bool = False) -> None:
+        """Until the archive holds lsn (a `replicated` commit, durable locally, or, `appended`,
+        appended without waiting: its fdatasync is waited for in the same C call, and a PUT
+        thread gathers the group it joins, `_gather`); FailedError once fenced or stopped.
 
         Threads wait in C on the log's archive watermark (native/commit.c, "The archive's
         watermark"), which `_publish` moves: one futex sleep with the GIL released, woken by
         the stored object that acknowledges the commit and by no other. Waiting in Python (a
         lock per commit in a heap by LSN, woken as a tree) cost each of 64 committing threads
         a Condition, a heap push, a lock and two wakes of other threads, all with the GIL."""
-        if self.archived >= lsn:
+        if self.archived >= lsn and not appended:
             return
         self._try_dispatch()
         log = self.store._log
@@ -375,24 +376,32 @@ class Shipper:
         about half of them. Waiting the short while the commits just acknowledged take to be
         committed again (their fdatasync) makes one group of all of them: a commit waits for
         about one PUT plus its fdatasync, and the object store gets half the PUTs."""
-        deadline = time.monotonic() + self._gather_s()
         try:
             while not self._stop:
-                self._gathered.clear()
-                if self._group_complete():
+                deadline = time.monotonic() + self._gather_s()
+                while not self._stop:
+                    self._gathered.clear()
+                    if self._group_complete():
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._gathered.wait(left)
+                self._returning = 0
+                with self._ship_lock:
+                    sent = self._dispatched
+                    self._dispatch()
+                    sent = self._dispatched != sent or len(self._inflight) + len(self._stored) >= self.puts_in_flight
+                # Nothing durable to send yet, but commits appended without waiting are on their
+                # way (their threads wait in C, and only a PUT thread sends their group): again.
+                log = self.store._log
+                if sent or log is None or self.fenced is not None or log.watermarks.appended <= self._dispatched:
                     break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._gathered.wait(left)
+        except Exception:  # the shipper thread meets it again and handles it
+            self._wake.set()
         finally:
             self._gathering = False
             self._returning = 0
-        try:
-            with self._ship_lock:
-                self._dispatch()
-        except Exception:  # the shipper thread meets it again and handles it
-            self._wake.set()
 
     def _try_dispatch(self, *, gather: bool = True) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
@@ -732,14 +741,21 @@ class Shipper:
                     self._wake_rest()
                     self._gather()
                 else:  # as below: the next PUT first, then the wake
-                    self._gathering = False
                     try:
                         with self._ship_lock:
+                            before = self._dispatched
                             self._dispatch()
+                            idle = self._dispatched == before and not self._inflight and not self._stored
                     except Exception:  # the shipper thread meets it again and handles it
+                        idle = False
                         self._wake.set()
                     if moved:
                         self._wake_rest()
+                    log = self.store._log
+                    if idle and log is not None and log.watermarks.appended > self._dispatched:
+                        self._gather()  # commits appended without waiting are on their way
+                    else:
+                        self._gathering = False
                 if self._tail:  # the shipper thread deletes an earlier writer's unfinished tail
                     self._wake.set()
                 return None

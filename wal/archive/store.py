@@ -68,6 +68,13 @@ class ArchivedStore(Store):
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         self._admit()
         if durability is None:
+            if self._replicated:
+                # Appended through the C path without waiting, then one wait for the fdatasync
+                # and the archive together (Shipper.wait_appended): the GIL let go once.
+                lsn = int(self._core.commit(record.OP_PUT, key, value, True))
+                if lsn > 0:
+                    self._wait_archived(lsn, appended=True)
+                    return lsn
             lsn = int(_STORE_PUT(self, key, value))
             if self._replicated:
                 self._wait_archived(lsn)
@@ -77,6 +84,11 @@ class ArchivedStore(Store):
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         self._admit()
         if durability is None:
+            if self._replicated:
+                lsn = int(self._core.commit(record.OP_DELETE, key, None, True))
+                if lsn > 0:
+                    self._wait_archived(lsn, appended=True)
+                    return lsn
             lsn = int(_STORE_DELETE(self, key))
             if self._replicated:
                 self._wait_archived(lsn)
@@ -140,11 +152,13 @@ class ArchivedStore(Store):
             self._failed(exc)
             raise
 
-    def _wait_archived(self, lsn: int) -> None:
+    def _wait_archived(self, lsn: int, *, appended: bool = False) -> None:
+        """Until the archive holds lsn; `appended`: a commit appended without waiting, whose
+        fdatasync is waited for in the same call."""
         shipper = self._shipper
         assert shipper is not None
         try:
-            shipper.wait_archived(lsn)
+            shipper.wait_archived(lsn, appended=appended)
         except FailedError as exc:
             self._failed(exc)
             raise

@@ -426,8 +426,9 @@ class Log:
             lib.wal_log_stop_archived(h)
 
     def _archive_wait(self, lsn: int) -> bool:
-        """Until the archive holds `lsn` (True) or its shipper stopped (False); raises the log's
-        failure (FailedError, ClosedError) if it fails or closes first."""
+        """Until `lsn` is durable (as `wait` at sync: it may lead the fdatasync) and the archive
+        holds it (True), or its shipper stopped (False); raises the log's failure (FailedError,
+        ClosedError, NoSpaceError) if it fails or closes first. One call, the GIL released once."""
         h = self._writer or self._live()
         rc = lib.wal_log_wait_archived(h, lsn)
         if rc == 0:
