@@ -9,7 +9,8 @@ fdatasync is shared: under load, the records that pile up while the PUTs are in 
 next object). PUTs are answered in any order; the archived LSN only moves over a gap-free run
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
 and every object before it are stored. Threads wait for that in C, on the log's archive
-watermark (native/commit.c); coroutines on a future of their loop. A PUT's thread takes its
+watermark (native/commit.c: a put at a `replicated` store waits there for its fdatasync too,
+in the same call); coroutines on a future of their loop. A PUT's thread takes its
 answer in itself (`_put_log`); at a store whose level is `replicated` it wakes the commits it
 acknowledged and gathers the next group (`_gather`: the next PUT waits, at most half a PUT's
 latency, for them to be committed again), elsewhere it sends the next PUT first. A PUT that failed is

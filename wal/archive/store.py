@@ -2,13 +2,13 @@
 
 It is the store unchanged (the same commit path, the C fast path included) plus:
 - a `Shipper` thread (wal/archive/shipper.py) started after the open's recovery;
-- `replicated` commits, acknowledged only once the local fdatasync AND the archive hold them:
-  the commit runs at `sync` and then waits for the shipper's archived LSN. A single put/delete
-  at a `replicated` store makes its local `sync` commit through the C path (storecore: it
-  returns once fdatasynced, the log's own level) and then waits for the archive here; every
-  other commit takes the Python path, whose `_commit` waits for the archive. The store's
-  `_commit_fast` declines, so nothing in the store's own code acknowledges a commit at
-  `replicated` from the C path alone;
+- `replicated` commits, acknowledged only once the local fdatasync AND the archive hold them.
+  A single put/delete at a `replicated` store is appended through the C path without waiting
+  (storecore's `commit(..., True)`, as `aput` does) and then waits once, in C, for its
+  fdatasync and the archive (`Shipper.wait_archived(appended=True)`); what the C path
+  declines, and every other commit, runs at `sync` and then waits for the shipper's archived
+  LSN (the Python path's `_commit`). The store's `_commit_fast` declines, so nothing in the
+  store's own code acknowledges a commit at `replicated` from the C path alone;
 - the `archive_rpo_ms` bound checked before each commit (`Shipper.admit`);
 - checkpoints that never remove a log segment holding an LSN not yet archived (`_removable_before`);
 - `stats()` with `archived_lsn`, `archive_lag_ms`, PUT counts and rate.
@@ -59,11 +59,12 @@ class ArchivedStore(Store):
         if shipper is not None:
             shipper.admit()
 
-    # put/delete at the store's level: the C path (acknowledged at the log's level, `sync` for a
-    # replicated store; what it declines goes to Store.put and `_commit` below, which waits
-    # for the archive itself), then, at a replicated store, the wait for the archive. At 64
-    # threads the C path's share of the GIL is a fraction of the Python path's, and every
-    # microsecond of it delays the shipper's next PUT (it needs the GIL between two PUTs).
+    # put/delete at the store's level. At a replicated store: the C path's append without a
+    # wait, then one wait in C for the fdatasync and the archive (the GIL let go once, where a
+    # `sync` commit and then a wait for the archive let it go twice, and every thread woken
+    # takes it back in turn). What the C path declines goes to Store.put and `_commit` below,
+    # which waits for the archive itself. At 64 threads the C path's share of the GIL is a
+    # fraction of the Python path's, and every microsecond of it delays the shipper's next PUT.
 
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         self._admit()
