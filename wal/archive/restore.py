@@ -291,6 +291,7 @@ class StoreBuilder:
         self.root = root
         self.last = snap.lsn
         self.records = 0
+        self._added = 0  # payload bytes added to the collapser since its last take
         store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
         self._collapser = record.Collapser()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-writer")
@@ -316,13 +317,23 @@ class StoreBuilder:
                                        obj.lengths if whole else obj.lengths[start:stop], stop - start))
         self.last = obj.lsns[stop - 1]
         self.records += stop - start
-        if self._collapser.keys >= BATCH_KEYS or self._collapser.held_bytes >= BATCH_BYTES:
+        self._added += obj.offsets[stop - 1] + obj.lengths[stop - 1] - obj.offsets[start]
+        held = self._collapser.held_bytes
+        # The winners' values point into this object's bytes until the next object comes, when
+        # the collapser must copy them all (its table outlives the buffer) -- a copy as large
+        # as the batch, with the GIL held. Collapsing across objects is worth that copy only
+        # where later writes replace earlier ones: so while the batch's winners hold most of
+        # the bytes added to it (collapsing has saved little: keys mostly written once, as in
+        # a bulk load), the batch ends with its object, and its values go to LMDB straight
+        # from the object's bytes.
+        if self._collapser.keys >= BATCH_KEYS or held >= BATCH_BYTES or held * 2 >= self._added:
             self._apply()
 
     def _apply(self) -> None:
         # A batch is written to LMDB by the writer thread (the GIL released) while this one
         # collapses the next: one batch in the writer's hands at a time bounds the memory.
         batch = self._collapser.take()
+        self._added = 0
         if batch is None:
             return
         self._wait_for_writer()
