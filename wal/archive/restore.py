@@ -441,7 +441,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             data = objects.get(name)
             nbytes += len(data)
             count += 1
-            writers[name] = layout.decode_snapshot(data, name).writer_id
+            writers[name] = layout.open_snapshot(data, name).writer_id
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
     from_start = any(p.first == 1 for p in listing.logs)  # an implicit empty snapshot at LSN 0
