@@ -217,6 +217,8 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
 
 
 _REPLANS = 5
+# A batch of keys mostly written once ends with the object that brings it to this size (StoreBuilder.add).
+_OBJECT_BATCH_BYTES = 1 << 20
 # Snapshot entries per LMDB transaction at most (and BATCH_BYTES of keys and values): bounds a
 # transaction's dirty pages for a snapshot of many small entries.
 _LOAD_ENTRIES = 1_000_000
@@ -326,13 +328,15 @@ class StoreBuilder:
         self._added += obj.offsets[stop - 1] + obj.lengths[stop - 1] - obj.offsets[start]
         held = self._collapser.held_bytes
         # The winners' values point into this object's bytes until the next object comes, when
-        # the collapser must copy them all (its table outlives the buffer) -- a copy as large
-        # as the batch, with the GIL held. Collapsing across objects is worth that copy only
-        # where later writes replace earlier ones: so while the batch's winners hold most of
-        # the bytes added to it (collapsing has saved little: keys mostly written once, as in
-        # a bulk load), the batch ends with its object, and its values go to LMDB straight
-        # from the object's bytes.
-        if self._collapser.keys >= BATCH_KEYS or held >= BATCH_BYTES or held * 2 >= self._added:
+        # the collapser must copy them (its table outlives the buffer), with the GIL held.
+        # Collapsing across objects is worth that copy only where later writes replace earlier
+        # ones: so while the batch's winners hold most of the bytes added to it (collapsing has
+        # saved little: keys mostly written once, as in a bulk load), the batch ends with its
+        # object once it holds _OBJECT_BATCH_BYTES (fewer, larger LMDB transactions for small
+        # objects: each one rewrites its path of branch pages), and the values go to LMDB
+        # straight from the object's bytes.
+        if (self._collapser.keys >= BATCH_KEYS or held >= BATCH_BYTES
+                or (held >= _OBJECT_BATCH_BYTES and held * 2 >= self._added)):
             self._apply()
 
     def _apply(self) -> None:
