@@ -42,7 +42,7 @@ from wal._fs import fsync_dir, makedirs_durable
 from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
-from wal.archive.sealed import for_reading
+from wal.archive.sealed import for_reading, with_dictionaries
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
 from wal.log import record
 from wal.log.log import Log, RecordSpan
@@ -280,7 +280,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
-    open_local(root, **sealing).close()  # an ordinary store: it opens as one (nothing to replay)
+    open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
     return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
 

@@ -11,20 +11,31 @@ the object again costs one AEAD pass over bytes already ciphertext and hides the
 
 Restores and followers read ``sealed.json`` first: an encrypted archive needs the key
 (`MissingKeyError` otherwise), and the store they make is sealed like the one that shipped.
+
+A store compressing with trained zstd dictionaries compresses its objects with them too, so
+each writer session ships them first, as ``dict/<id:08x>.zdict`` (create-only, sealed but
+never compressed: a dictionary cannot need itself); restores and followers load them before
+anything else, and the store they make keeps them (wal/store/sealed.py, ``dicts/``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore
 from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer
-from wal.errors import ArgumentError, CorruptionError, MissingKeyError
+from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
 
 MANIFEST = "sealed.json"
 MANIFEST_FORMAT = "agentwal-archive-sealing"
+DICT_PREFIX = "dict/"
+
+
+def dict_object(dict_id: int) -> str:
+    return f"{DICT_PREFIX}{dict_id:08x}.zdict"
 
 
 class SealedObjects(ObjectStore):
@@ -49,7 +60,24 @@ class SealedObjects(ObjectStore):
             self.inner.put(MANIFEST, body, create_only=True)
         except ObjectExistsError:
             check_manifest(read_manifest(self.inner), self.sealer, self.inner.url)
+        for did in sorted(self.sealer.dictionaries):
+            name = dict_object(did)
+            with contextlib.suppress(ObjectExistsError):  # shipped already: a name is one dictionary (its zstd id)
+                self.inner.put(name, self.sealer.seal_dictionary(did, CONTEXT_ARCHIVE + name.encode()),
+                               create_only=True)
         self._manifest_checked = True
+
+    def load_dictionaries(self) -> None:
+        """Give the sealer every dictionary the archive holds (before any object is read)."""
+        for name, _ in self.inner.list(DICT_PREFIX):
+            self._load_dictionary(name)
+
+    def _load_dictionary(self, name: str) -> None:
+        where = f"the archive object {name} of {self.inner.url}"
+        did = self.sealer.open_dictionary(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(), lambda: where)
+        if name != dict_object(did):
+            raise SealDamagedError(f"{where} holds another zstd dictionary ({did:08x}); it is not used",
+                                   reason="sealed value damaged")
 
     def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
         self._ensure_manifest()
@@ -126,4 +154,16 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     check_manifest(meta, sealer, objects.url)
     if sealer.keys is not None:
         sealed["key_ids"] = [sealer.keys.current_id.hex()]
-    return SealedObjects(objects, sealer), sealed
+    sealed_objects = SealedObjects(objects, sealer)
+    sealed_objects.load_dictionaries()
+    return sealed_objects, sealed
+
+
+def with_dictionaries(objects: ObjectStore, sealing: dict[str, Any]) -> dict[str, Any]:
+    """The `wal.open` options of a store made from the archive: the caller's `sealing`, plus the
+    archive's dictionaries when the caller gave none, so that the store's first open stores them
+    with it (``dicts/``) and it reads without them being given again."""
+    if not isinstance(objects, SealedObjects) or sealing.get("compression_dict") is not None:
+        return sealing
+    dicts = list(objects.sealer.dictionaries.values())
+    return {**sealing, "compression_dict": dicts} if dicts else sealing

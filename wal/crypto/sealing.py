@@ -119,6 +119,7 @@ CONTEXT_VALUE = b"agentwal value\x00"
 CONTEXT_BLOB = b"agentwal blob\x00"
 CONTEXT_ARCHIVE = b"agentwal archive\x00"
 CONTEXT_EXPORT = b"agentwal export\x00"
+CONTEXT_DICT = b"agentwal dictionary\x00"  # + the dictionary's id, u32 big-endian: a stored dictionary file
 
 _KEY_ID_LABEL = b"agentwal key id v1"
 _HKDF_INFO = b"agentwal seal v1"
@@ -354,9 +355,7 @@ class Sealer:
         for raw in dicts:
             data = bytes(raw)
             assert self._zstd is not None
-            did = self._zstd.dict_id(data)
-            if did == 0:
-                raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+            did = _checked_dictionary(self._zstd, data)
             self._dicts[did] = data
             if self._dict is None:
                 self._dict = data
@@ -376,6 +375,45 @@ class Sealer:
     @property
     def encrypting(self) -> bool:
         return self.keys is not None
+
+    @property
+    def dictionaries(self) -> dict[int, bytes]:
+        """The trained zstd dictionaries this handle reads with, by zstd dictionary id."""
+        return dict(self._dicts)
+
+    @property
+    def compressing_dictionary(self) -> int | None:
+        """The id of the dictionary new values are compressed with (None: none)."""
+        return self._zstd.dict_id(self._dict) if self._dict is not None and self._zstd is not None else None
+
+    def seal_dictionary(self, dict_id: int, context: bytes) -> bytes:
+        """The envelope of stored dictionary `dict_id` (a file of a store's ``dicts/``, an
+        archive's ``dict/`` object): the dictionary and its SHA-256, sealed but never compressed
+        (it cannot need itself). The digest vouches for it where no AEAD tag does."""
+        data = self._dicts[dict_id]
+        return self.seal(data + hashlib.sha256(data).digest(), context, compress=False)
+
+    def open_dictionary(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> int:
+        """Know the dictionary sealed in `envelope` (`seal_dictionary`), for reading; its id.
+        SealDamagedError if its bytes were changed or it does not load."""
+        payload = self.open(envelope, context, where)
+        data, digest = payload[:-32], payload[-32:]
+        if len(payload) < 32 or hashlib.sha256(data).digest() != digest:
+            raise _damaged(where(), "the dictionary's SHA-256 does not match it")
+        try:
+            return self.add_dictionary(data)
+        except ArgumentError as exc:
+            raise _damaged(where(), str(exc)) from None
+
+    def add_dictionary(self, data: bytes, *, compress_with: bool = False) -> int:
+        """Know one more trained dictionary (a store's stored one: wal/store/sealed.py), and
+        compress new values with it if `compress_with` and none was given. Its id."""
+        did = _checked_dictionary(self._binding(), data)
+        self._dicts.setdefault(did, data)
+        if compress_with and self._dict is None:
+            self._dict = self._dicts[did]
+            self._compressors.clear()  # contexts made without it (none yet: called before any seal)
+        return did
 
     def _new_session(self) -> None:
         if self.keys is not None:
@@ -402,8 +440,9 @@ class Sealer:
 
     # ---- sealing ---------------------------------------------------------------------------
 
-    def seal(self, data: bytes, context: bytes) -> bytes:
-        """The envelope of `data`: compressed if that pays, encrypted if there are keys.
+    def seal(self, data: bytes, context: bytes, *, compress: bool = True) -> bytes:
+        """The envelope of `data`: compressed if that pays (and `compress`), encrypted if there
+        are keys. (A stored dictionary is sealed with ``compress=False``: it cannot need itself.)
 
         A sealed store's plain put seals in C without coming here when it can (module docstring,
         "Where the encryption runs"); this is every other seal's path: a handful of Python
@@ -412,7 +451,7 @@ class Sealer:
         2,048 bytes: docs/performance.md, "Sealed values")."""
         body = data
         codec = CODEC_PLAIN
-        if self.compression is not None and len(data) >= self.threshold:
+        if compress and self.compression is not None and len(data) >= self.threshold:
             pool = self._compressors
             c = pool.pop() if pool else self._new_compressor()
             try:
@@ -525,6 +564,19 @@ class Sealer:
                                       "open with compression_dict= that dictionary", where=where())
             d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
+
+
+def _checked_dictionary(binding: zstd.Binding, data: bytes) -> int:
+    """The id of trained dictionary `data`; ArgumentError if it is not one or does not load."""
+    try:
+        did = binding.dict_id(data)
+        if did:
+            binding.check_dictionary(data)
+    except (zstd.FrameError, ValueError) as exc:
+        raise ArgumentError(f"compression_dict is not a usable zstd dictionary ({exc})") from None
+    if did == 0:
+        raise ArgumentError("compression_dict is not a trained zstd dictionary (its id is 0)")
+    return did
 
 
 def _invalid_tag() -> type[Exception]:

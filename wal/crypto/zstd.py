@@ -48,6 +48,10 @@ class Binding(Protocol):
 
     def dict_id(self, dictionary: bytes) -> int: ...
 
+    def check_dictionary(self, dictionary: bytes) -> None:
+        """FrameError unless `dictionary` loads for compressing and decompressing."""
+        ...
+
     def train(self, samples: Sequence[bytes], size: int) -> bytes: ...
 
 
@@ -78,8 +82,23 @@ class _Zstandard:
     def dict_id(self, dictionary: bytes) -> int:
         return int(self._z.ZstdCompressionDict(dictionary).dict_id())
 
+    def check_dictionary(self, dictionary: bytes) -> None:
+        try:
+            _probe(self, dictionary)
+        except self._z.ZstdError as exc:
+            raise FrameError(str(exc)) from None
+
     def train(self, samples: Sequence[bytes], size: int) -> bytes:
         return bytes(self._z.train_dictionary(size, list(samples)).as_bytes())
+
+
+def _probe(binding: Binding, dictionary: bytes) -> None:
+    """Load `dictionary` both ways, as a compression will (a damaged one fails here, at its open,
+    rather than inside the first seal or read)."""
+    probe = b"agentwal dictionary probe"
+    frame = binding.compressor(1, dictionary, True).compress(probe)
+    if binding.decompressor(dictionary).decompress(frame) != probe:
+        raise FrameError("the dictionary does not give back what it compressed")
 
 
 class _ZstandardDecompressor:
@@ -125,6 +144,12 @@ class _Stdlib:
 
     def dict_id(self, dictionary: bytes) -> int:
         return int(self._z.ZstdDict(dictionary).dict_id)
+
+    def check_dictionary(self, dictionary: bytes) -> None:
+        try:
+            _probe(self, dictionary)
+        except self._z.ZstdError as exc:
+            raise FrameError(str(exc)) from None
 
     def train(self, samples: Sequence[bytes], size: int) -> bytes:
         return bytes(self._z.train_dict(list(samples), size).dict_content)

@@ -20,16 +20,39 @@ touches one channel of a large state writes that channel, the small checkpoint h
 its metadata -- in one atomic store transaction. ``get_tuple`` reassembles the values
 from the checkpoint's ``channel_versions``.
 
+Growing lists are stored as parts. A channel whose value is a list that only grows -- the
+message history of a ``MessagesState``, the commonest state there is -- would otherwise be
+written whole at every step: at step n, n messages, so a run of n steps writes (and
+fdatasyncs) O(n^2) bytes. When the serialized value (serde's ``msgpack``, an array, at least
+`_PARTS_MIN` bytes) begins with the bytes of this channel's previous value in the same
+thread and namespace, only the new elements are written, as one more immutable part; the
+stored value then names its parts, and a read joins them back into exactly the bytes the
+serializer produced (the same ``loads_typed`` as for a whole value). Parts are merged as a
+binary counter is carried (a new part absorbs the previous one while that one is no larger),
+so a value has O(log n) parts and each byte is rewritten O(log n) times. Which parts held the
+previous value is remembered in memory (`_PartsIndex`) but never trusted: before a part is
+reused, its stored bytes are compared with the new value's, in the same transaction, so a
+saver that restarts, a thread pruned or forked from an older checkpoint, or another saver on
+the same store simply writes the value whole once more. A part's key ends with a hash of its
+bytes, so a version written again with other bytes (a graph re-run from an older checkpoint
+with the same versions) never changes a part an existing value uses.
+
 Key layout (prefix ``lg/``; each name component is UTF-8 with ``%``, ``/`` and ``#``
 percent-escaped, or ``#`` + 32 hex digits of its SHA-256 when the escaped form is over 96
 bytes -- the real names are kept in the values)::
 
     lg/c/<thread>/<ns>/<checkpoint_id>                 checkpoint header, metadata, parent id
-    lg/b/<thread>/<ns>/<channel>/<version>             one channel value (serde typed)
+    lg/b/<thread>/<ns>/<channel>/<version>             one channel value (serde typed), or its parts' names
+    lg/p/<thread>/<ns>/<channel>/<version>/<hash>      one part of a value stored in parts (raw bytes)
     lg/w/<thread>/<ns>/<checkpoint_id>/<task_id>/<idx> one pending write
     lg/l/<thread>/<ns>                                 id of the newest checkpoint (get_tuple without id)
 
-Values are a u32 header length, a JSON header, then the serialized bytes.
+Values are a u32 header length, a JSON header, then the serialized bytes. A value stored in
+parts has the header ``{"t": "agentwal.parts", "pt": <serde type>, "parts": [[<version>/<hash>,
+<length>], ...]}`` and, as its bytes, the serialized value's first bytes (the array's
+msgpack header); the value is those bytes followed by the parts' bytes in order. (A saver
+older than parts refuses such a value through its serializer, which knows no type
+``agentwal.parts``, rather than reading it wrongly.)
 
 Durability: LangGraph's modes and ours. LangGraph's ``durability`` decides *when* the
 saver is called; the store's level decides *what a returned call survives*:
@@ -69,6 +92,8 @@ import json
 import os
 import random
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any
@@ -88,7 +113,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from wal._open import open_store
-from wal.errors import ArgumentTypeError
+from wal.errors import ArgumentTypeError, CorruptionError
 from wal.integrations._mutation import run_mutation
 from wal.store.snapshot import Snapshot
 from wal.store.store import Store
@@ -134,6 +159,46 @@ def _idx(idx: int) -> bytes:
     return b"%08x" % (idx + (1 << 31))  # negative special indexes sort before 0, fixed width
 
 
+_PARTS = "agentwal.parts"  # the header type of a value stored in parts
+_PARTS_MIN = 16 << 10  # smaller values are written whole: one key, and a whole write costs little
+_PARTS_REMEMBERED = 4096  # (thread, ns, channel) whose parts _PartsIndex remembers, newest used kept
+_Part = tuple[str, int]  # (<version>/<hash> key component, length)
+
+
+def _array_head(t: str, data: bytes) -> int:
+    """The length of the msgpack array header `data` starts with, 0 if it is not one (or too
+    small to be worth parts). An array's elements follow its header, each encoded on its own:
+    appending elements leaves the bytes after the header unchanged."""
+    if t != "msgpack" or len(data) < _PARTS_MIN:
+        return 0
+    first = data[0]
+    return 1 if 0x90 <= first <= 0x9F else 3 if first == 0xDC else 5 if first == 0xDD else 0
+
+
+class _PartsIndex:
+    """Which parts hold the newest value written of each (thread, ns, channel): a hint for the
+    next write of that channel, verified against the store before use (module docstring), so
+    forgetting an entry (the bound) costs one whole write, never correctness. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: OrderedDict[tuple[str, str, str], list[_Part]] = OrderedDict()
+
+    def get(self, where: tuple[str, str, str]) -> list[_Part]:
+        with self._lock:
+            return list(self._parts.get(where, ()))
+
+    def set(self, where: tuple[str, str, str], parts: list[_Part] | None) -> None:
+        with self._lock:
+            if parts is None:
+                self._parts.pop(where, None)
+                return
+            self._parts[where] = parts
+            self._parts.move_to_end(where)
+            while len(self._parts) > _PARTS_REMEMBERED:
+                self._parts.popitem(last=False)
+
+
 class AgentwalSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpointer storing incrementally in a `wal.Store` (see the module docstring).
 
@@ -152,6 +217,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.store = store
         self.durability = durability
+        self._parts_index = _PartsIndex()
 
     @classmethod
     def from_conn_string(cls, path: str | os.PathLike[str], *, serde: SerializerProtocol | None = None,
@@ -181,6 +247,10 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         return b"lg/b/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(channel) + b"/" + _version(version)
 
     @staticmethod
+    def _pprefix(thread: str, ns: str, channel: str) -> bytes:
+        return b"lg/p/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(channel) + b"/"
+
+    @staticmethod
     def _wprefix(thread: str, ns: str, cid: str) -> bytes:
         return b"lg/w/" + _c(thread) + b"/" + _c(ns) + b"/" + _c(cid) + b"/"
 
@@ -198,13 +268,18 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = {}
         channels = list(checkpoint["channel_versions"].items())
         blobs = src.get_many([self._bkey(thread, ns, channel, ver) for channel, ver in channels])
-        for (channel, _), blob in zip(channels, blobs, strict=True):
-            if blob is None:
-                continue
-            bhead, (data,) = _unframe(blob)
-            if bhead["t"] == "empty":
-                continue
-            values[channel] = self.serde.loads_typed((bhead["t"], data))
+        stored = [(channel, _unframe(blob)) for (channel, _), blob in zip(channels, blobs, strict=True)
+                  if blob is not None]
+        # The parts of every value stored in parts, in one more batched read of the same instant.
+        part_keys = [self._pprefix(thread, ns, channel) + name.encode()
+                     for channel, (bhead, _) in stored if bhead["t"] == _PARTS for name, _ in bhead["parts"]]
+        parts = iter(src.get_many(part_keys) if part_keys else ())
+        for channel, (bhead, (data,)) in stored:
+            if bhead["t"] == _PARTS:
+                joined = self._joined(data, bhead["parts"], parts, (thread, ns, channel))
+                values[channel] = self.serde.loads_typed((bhead["pt"], joined))
+            elif bhead["t"] != "empty":
+                values[channel] = self.serde.loads_typed((bhead["t"], data))
         writes = []
         for _, wraw in src.scan(self._wprefix(thread, ns, cid)):
             whead, (data,) = _unframe(wraw)
@@ -223,6 +298,23 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             pending_writes=[(w["task"], w["ch"], self.serde.loads_typed((w["t"], d))) for w, d in writes],
         )
         return tup, head
+
+    def _joined(self, head: bytes, names: list[_Part], parts: Iterator[bytes | None],
+                where: tuple[str, str, str]) -> bytes:
+        """A value stored in parts: its head, then each part named in its header (the next ones
+        of `parts`), checked for length. `where`: (thread, ns, channel), for the error."""
+        thread, ns, channel = where
+        pieces = [head]
+        for name, length in names:
+            part = next(parts)
+            if part is None or len(part) != length:
+                found = "does not hold it" if part is None else f"holds {len(part)} bytes"
+                raise CorruptionError(
+                    f"LangGraph channel {channel!r} of thread {thread!r} (ns {ns!r}) is stored in parts, and its "
+                    f"part {name} of {length} bytes is damaged: the store at {self.store.path} {found}",
+                    path=self.store.path, reason="part of a checkpoint value")
+            pieces.append(part)
+        return b"".join(pieces)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by config (``checkpoint_id``), or the thread/ns's latest."""
@@ -304,16 +396,49 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                 "ct": ct, "mt": mt}
         with self.store.transaction(durability=self.durability) as tx:
             for channel, ver in new_versions.items():
-                if channel in values:
-                    t, data = self.serde.dumps_typed(values[channel])
-                else:
-                    t, data = "empty", b""
-                tx.put(self._bkey(thread, ns, channel, ver), _frame({"t": t}, data))
+                if channel not in values:
+                    tx.put(self._bkey(thread, ns, channel, ver), _frame({"t": "empty"}, b""))
+                    continue
+                self._put_value(tx, (thread, ns, channel), ver, self.serde.dumps_typed(values[channel]))
             tx.put(self._ckey(thread, ns, checkpoint["id"]), _frame(head, ckpt_b, meta_b))
             latest = tx.get(self._lkey(thread, ns))
             if latest is None or latest.decode() < checkpoint["id"]:
                 tx.put(self._lkey(thread, ns), checkpoint["id"].encode())
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _put_value(self, tx: Any, where: tuple[str, str, str], ver: str | int | float,
+                   typed: tuple[str, bytes]) -> None:
+        """Write the serialized value `typed` of channel `where` = (thread, ns, channel) at
+        version `ver` in transaction `tx`: whole, or -- a growing list -- as the new bytes after
+        the parts of this channel's previous value (module docstring, "parts")."""
+        thread, ns, channel = where
+        t, data = typed
+        bkey = self._bkey(thread, ns, channel, ver)
+        head = _array_head(t, data)
+        if not head:
+            tx.put(bkey, _frame({"t": t}, data))
+            self._parts_index.set(where, None)
+            return
+        prefix = self._pprefix(thread, ns, channel)
+        # Reuse the previous value's parts while their stored bytes are the new value's bytes.
+        kept: list[_Part] = []
+        at = head
+        for name, length in self._parts_index.get(where):
+            stored = tx.get(prefix + name.encode())
+            if stored is None or len(stored) != length or not data.startswith(stored, at):
+                break
+            kept.append((name, length))
+            at += length
+        # The new bytes absorb the kept parts no larger than them: O(log n) parts per value.
+        while kept and kept[-1][1] <= len(data) - at:
+            at -= kept.pop()[1]
+        if at < len(data):
+            piece = data[at:]
+            name = _version(ver).decode() + "/" + hashlib.blake2b(piece, digest_size=8).hexdigest()
+            tx.put(prefix + name.encode(), piece)
+            kept.append((name, len(piece)))
+        tx.put(bkey, _frame({"t": _PARTS, "pt": t, "parts": kept}, data[:head]))
+        self._parts_index.set(where, kept)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
@@ -340,7 +465,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         """Delete every checkpoint, channel value and write of the thread: in one transaction
         when the keys fit in _TXN_BUDGET bytes, else in batches, the checkpoints (and latest
         pointers) first, so a crash never leaves a checkpoint without its values."""
-        keys = [key for kind in (b"c", b"l", b"w", b"b")
+        keys = [key for kind in (b"c", b"l", b"w", b"b", b"p")
                 for key, _ in self.store.scan(b"lg/" + kind + b"/" + _c(thread_id) + b"/")]
         self._commit_batched(keys)
 
@@ -391,7 +516,23 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         keys = [self._ckey(thread, ns, cid) for cid in sorted(doomed)]
         for cid in sorted(doomed):
             keys += [key for key, _ in self.store.scan(self._wprefix(thread, ns, cid))]
-        return keys + sorted(values - keep_values)
+        return keys + sorted(values - keep_values) + self._unused_parts(thread, ns, keep_values)
+
+    def _unused_parts(self, thread: str, ns: str, kept_values: set[bytes]) -> _Keys:
+        """The parts of (thread, ns) that none of the values `kept_values` names: after those
+        values, the last to go, so a crash never leaves a value without its parts."""
+        parts = [key for key, _ in self.store.scan(b"lg/p/" + _c(thread) + b"/" + _c(ns) + b"/")]
+        if not parts:
+            return []
+        used: set[bytes] = set()
+        ordered = sorted(kept_values)
+        for key, blob in zip(ordered, self.store.get_many(ordered), strict=True):
+            if blob is not None:
+                head = _unframe(blob)[0]
+                if head["t"] == _PARTS:
+                    channel_prefix = key[:key.rindex(b"/") + 1].replace(b"lg/b/", b"lg/p/", 1)
+                    used.update(channel_prefix + name.encode() for name, _ in head["parts"])
+        return [key for key in parts if key not in used]
 
     def _commit_batched(self, deletes: _Keys, then: dict[bytes, bytes | None] | None = None) -> None:
         """Delete `deletes`, then put `then` (a value of None: delete), in this order: in one
@@ -430,7 +571,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         if not checkpoints:
             return
         ops: dict[bytes, bytes | None] = {}
-        for kind in (b"b", b"w"):
+        for kind in (b"p", b"b", b"w"):
             prefix = b"lg/" + kind + b"/" + src + b"/"
             for key, value in self.store.scan(prefix):
                 ops[b"lg/" + kind + b"/" + dst + b"/" + key[len(prefix):]] = value

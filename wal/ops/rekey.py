@@ -6,8 +6,9 @@ values while their key is given; this finishes it, so that the old keys can be r
 1. every value whose envelope names another key id is rewritten: read and opened with the keys
    given, committed again (a transaction per `batch` keys, through the log like any commit) and
    so sealed under the current key, in a new session;
-2. every blob file sealed under another key is sealed again under the current one (written to a
-   temporary file, fsynced, renamed over the old, the directory fsynced), its name kept;
+2. every blob file and stored dictionary (``dicts/``) sealed under another key is sealed again
+   under the current one (written to a temporary file, fsynced, renamed over the old, the
+   directory fsynced), its name kept;
 3. a checkpoint, after which recovery never replays a record written before it (so never needs
    the old keys), and the log segments it releases are removed;
 4. the state is compacted (`agentwal compact`): LMDB's free pages, which still hold the old
@@ -32,7 +33,7 @@ from wal._fs import fsync_dir
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_BLOB, KEY_ID_BYTES
 from wal.errors import ArgumentError
 from wal.ops.target import _writer_target, open_writer
-from wal.store.sealed import STORE_FIELD, read_meta
+from wal.store.sealed import STORE_FIELD, dict_file, read_meta, write_dictionary
 from wal.store.store import STORE_FILE, Store, _write_store_file
 
 
@@ -55,6 +56,7 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
                         tx.put(key, value)
                         rewritten += 1
         blobs = _rekey_blobs(os.path.join(target.path, "blobs"), sealer)
+        _rekey_dictionaries(target.path, sealer)
         applied = store.checkpoint()
         result: dict[str, Any] = {"values_rewritten": rewritten, "blobs_rewritten": blobs, "key_id": current.hex(),
                                   "applied_lsn": applied}
@@ -102,3 +104,19 @@ def _rekey_blobs(blob_dir: str, sealer: Any) -> int:
             fsync_dir(folder)
             count += 1
     return count
+
+
+def _rekey_dictionaries(root: str, sealer: Any) -> None:
+    """Seal again, under the current key, every stored dictionary sealed under another (never
+    compressed: a dictionary cannot need itself)."""
+    current = sealer.keys.current_id
+    for did in sorted(sealer.dictionaries):
+        path = dict_file(root, did)
+        try:
+            with open(path, "rb") as f:
+                envelope = f.read()
+        except FileNotFoundError:
+            continue  # given at this open for reading only, never stored: nothing on disk to rekey
+        if envelope[1:1 + KEY_ID_BYTES] == current:
+            continue
+        write_dictionary(root, sealer, did)

@@ -22,6 +22,7 @@ override the public reads and writes only, sealing on the way in and opening on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -29,26 +30,99 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from wal._bindings import storecore
-from wal.crypto.sealing import CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
-from wal.errors import ArgumentError, MissingKeyError, WrongKeyError
+from wal._fs import fsync_dir, makedirs_durable
+from wal.crypto.sealing import CONTEXT_DICT, CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
+from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError, WrongKeyError
 from wal.log.record import OP_PUT
 
 if TYPE_CHECKING:
     from wal.store.snapshot import Snapshot
     from wal.store.store import Store, Transaction
 
-STORE_FIELD = "sealed"  # the STORE file's object for a sealed store: {"encrypted", "key_ids"}
+STORE_FIELD = "sealed"  # the STORE file's object for a sealed store: {"encrypted", "key_ids", "dict"?}
+DICT_DIR = "dicts"  # the trained zstd dictionaries a sealed store's values were compressed with
+
+
+def dict_file(root: str, dict_id: int) -> str:
+    return os.path.join(root, DICT_DIR, f"{dict_id:08x}.zdict")
+
+
+def dict_context(dict_id: int) -> bytes:
+    return CONTEXT_DICT + dict_id.to_bytes(4, "big")
+
+
+def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> None:
+    """Give `sealer` every dictionary stored in `root`/dicts (each file a sealed envelope of one,
+    named by its zstd id), and compress with `compressing` (STORE's "dict") unless the caller
+    gave one. Stored dictionaries are why a compressed store opens without compression_dict=."""
+    folder = os.path.join(root, DICT_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        names = []
+    found: set[int] = set()
+    for name in names:
+        if not name.endswith(".zdict") or len(name) != 14:
+            continue  # a temporary file of a write a crash interrupted
+        path = os.path.join(folder, name)
+        try:
+            did = int(name[:8], 16)
+        except ValueError:
+            continue
+        with open(path, "rb") as f:
+            envelope = f.read()
+        if sealer.open_dictionary(envelope, dict_context(did), _naming(f"the dictionary file {path}")) != did:
+            raise SealDamagedError(f"the dictionary file {path} holds another zstd dictionary than {did:08x}; it is "
+                                   "not used", reason="sealed value damaged")
+        if did == compressing and sealer.compression is not None:
+            sealer.add_dictionary(sealer.dictionaries[did], compress_with=True)
+        found.add(did)
+    if compressing is not None and compressing not in found:
+        path = dict_file(root, compressing)
+        raise CorruptionError(f"{path} is missing: the store's STORE file names it as the dictionary its values are "
+                              "compressed with (it is written before STORE names it)", path=path,
+                              reason="missing dictionary")
+
+
+def store_dictionaries(root: str, sealer: Sealer, dict_ids: Sequence[int]) -> None:
+    """Write each dictionary `dict_ids` names that `root`/dicts does not hold yet, sealed (and so
+    encrypted in an encrypted store: a dictionary is made of fragments of values), each durable
+    -- written to a temporary file, fsynced, renamed, the folder fsynced -- before anything
+    compressed with it can be written."""
+    for did in dict_ids:
+        if not os.path.exists(dict_file(root, did)):
+            write_dictionary(root, sealer, did)
+
+
+def write_dictionary(root: str, sealer: Sealer, dict_id: int) -> None:
+    """Write (or replace, atomically: a rename over it) the stored dictionary `dict_id`, sealed
+    by `sealer` now, durably."""
+    folder = os.path.join(root, DICT_DIR)
+    makedirs_durable(folder)
+    path = dict_file(root, dict_id)
+    tmp = f"{path}.tmp-{os.urandom(4).hex()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(sealer.seal_dictionary(dict_id, dict_context(dict_id)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(folder)
 
 
 class SealingPlan:
     """What one open of a sealed store needs: its Sealer, and the STORE fields to write under
     the log's lock (`before_open`). Made by `plan` before anything is opened."""
 
-    def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool) -> None:
+    def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool, given: Sequence[int] = ()) -> None:
         self.root = root
         self.sealer = sealer
         self.new = new
         self.readonly = readonly
+        self.given = list(given)  # ids of the dictionaries the caller gave (compression_dict=)
 
     def before_open(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Called with the STORE file's JSON ({} for a store being created) under the log's lock,
@@ -63,7 +137,14 @@ class SealingPlan:
         ids = list(sealed.get("key_ids") or [])
         if keys is not None and keys.current_id.hex() not in ids:
             ids.append(keys.current_id.hex())
-        return {**meta, STORE_FIELD: {"encrypted": bool(sealed.get("encrypted")), "key_ids": ids}}
+        fields: dict[str, Any] = {"encrypted": bool(sealed.get("encrypted")), "key_ids": ids}
+        # The dictionaries given are stored before STORE names one and before any value is
+        # compressed with them; STORE names the one new values are compressed with.
+        store_dictionaries(self.root, self.sealer, self.given)
+        compressing = self.sealer.compressing_dictionary if self.given else sealed.get("dict")
+        if compressing is not None:
+            fields["dict"] = f"{compressing:08x}" if isinstance(compressing, int) else compressing
+        return {**meta, STORE_FIELD: fields}
 
     def store_class(self, base: type[Store]) -> type[Store]:
         return _sealed_class(base)
@@ -122,7 +203,25 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
             raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
                                 f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
                                 key_id=stored[-1], where=root)
-    return SealingPlan(root, sealer, new=meta is None, readonly=readonly)
+    given = list(sealer.dictionaries)
+    load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
+    return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given)
+
+
+def _named_dict(root: str, sealed: dict[str, Any]) -> int | None:
+    """The id of the dictionary STORE says new values are compressed with, or None."""
+    named = sealed.get("dict")
+    if named is None:
+        return None
+    if not isinstance(named, str) or len(named) != 8 or not all(c in "0123456789abcdef" for c in named):
+        path = os.path.join(root, "STORE")
+        raise CorruptionError(f"{path} names the dictionary {named!r}, which is not 8 hex digits",
+                              path=path, reason="bad store file")
+    return int(named, 16)
+
+
+def _naming(text: str) -> Callable[[], str]:
+    return lambda: text
 
 
 def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where: str | None = None) -> Sealer:

@@ -1,0 +1,186 @@
+"""A trained zstd dictionary given once is stored with the store (``dicts/``, sealed like a
+value, so encrypted in an encrypted store) and named in STORE: later opens -- writers,
+read-only openers, operator tools -- read and compress with it without being given it again."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import zstandard
+
+import wal
+from wal.crypto import sealing
+from wal.crypto.sealing import CODEC_ZSTD
+from wal.errors import CorruptionError, SealDamagedError
+from wal.ops import rekey, use_sealing
+from wal.store.sealed import DICT_DIR, read_meta
+
+KEY = bytes(range(32))
+KEY2 = bytes(range(1, 33))
+MARK = b"quasar-lantern"  # in every sample, so in the dictionary trained on them
+
+
+def samples(n: int = 2000) -> list[bytes]:
+    return [json.dumps({"role": "tool", "call_id": f"call_{i}", "name": "search", "note": MARK.decode(),
+                        "result": {"status": "ok", "hits": i % 7, "query": f"q{i}"}}).encode() for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def zdict() -> bytes:
+    return sealing.train_dictionary(samples(), 4096)
+
+
+def frame_dict_id(raw: bytes) -> int:
+    assert raw[0] == CODEC_ZSTD, raw[:4]
+    return int(zstandard.get_frame_parameters(raw[1:]).dict_id)
+
+
+def raw_value(store: wal.Store, key: bytes) -> bytes:
+    raw = wal.Store.get(store, key)
+    assert raw is not None
+    return raw
+
+
+def test_a_dictionary_given_once_is_stored_and_used_by_every_later_open(tmp_path: Path, zdict: bytes) -> None:
+    did = zstandard.ZstdCompressionDict(zdict).dict_id()
+    values = samples(200)
+    with wal.open(tmp_path, compression="zstd", compression_dict=zdict, compression_threshold=32) as store:
+        for i, v in enumerate(values[:100]):
+            store.put(f"r/{i}", v)
+    assert os.listdir(tmp_path / DICT_DIR) == [f"{did:08x}.zdict"]
+    assert (read_meta(str(tmp_path)) or {})["sealed"]["dict"] == f"{did:08x}"
+    # A writer given only compression="zstd": reads the old values, compresses new ones with it.
+    with wal.open(tmp_path, compression="zstd", compression_threshold=32) as store:
+        assert [store.get(f"r/{i}") for i in range(100)] == values[:100]
+        store.put("r/new", values[150])
+        assert frame_dict_id(raw_value(store, b"r/new")) == did
+        # Compressed with the dictionary: far smaller than without it.
+        assert len(raw_value(store, b"r/new")) * 2 < len(values[150])
+    # No options at all, and read-only: every value reads.
+    with wal.open(tmp_path) as store:
+        assert store.get("r/new") == values[150]
+    with wal.open(tmp_path, readonly=True) as reader:
+        assert [reader.get(f"r/{i}") for i in range(100)] == values[:100]
+
+
+def test_a_dictionary_in_an_encrypted_store_is_encrypted_and_rekeyed(tmp_path: Path, zdict: bytes) -> None:
+    assert MARK in zdict  # the dictionary holds fragments of the values it was trained on
+    with wal.open(tmp_path, encryption=KEY, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        store.put("a", samples(1)[0])
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert MARK not in path.read_bytes(), path
+    with pytest.raises(wal.WrongKeyError):
+        wal.open(tmp_path, encryption=KEY2)
+    with wal.open(tmp_path, encryption=[KEY2, KEY], compression="zstd") as store:  # rotation: new writes under KEY2
+        store.put("b", samples(2)[1])
+    use_sealing(encryption=[KEY2, KEY])
+    try:
+        rekey(str(tmp_path))
+    finally:
+        use_sealing()
+    with wal.open(tmp_path, encryption=KEY2) as store:  # the old key retired, the dictionary rewritten under KEY2
+        assert store.get("a") == samples(1)[0] and store.get("b") == samples(2)[1]
+    (dict_file,) = (tmp_path / DICT_DIR).iterdir()
+    assert dict_file.read_bytes()[1:9] == sealing.key_id(KEY2)
+
+
+def test_a_damaged_or_missing_stored_dictionary_is_a_clean_error(tmp_path: Path, zdict: bytes) -> None:
+    with wal.open(tmp_path, encryption=KEY, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        store.put("a", samples(1)[0])
+    (dict_file,) = (tmp_path / DICT_DIR).iterdir()
+    good = dict_file.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0x01
+    dict_file.write_bytes(bytes(damaged))
+    with pytest.raises(SealDamagedError, match="dictionary file"):
+        wal.open(tmp_path, encryption=KEY)
+    dict_file.unlink()
+    with pytest.raises(CorruptionError, match="is missing") as exc:
+        wal.open(tmp_path, encryption=KEY, compression="zstd")
+    assert exc.value.path == str(dict_file)
+    dict_file.write_bytes(good)  # put back: all is well again
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get("a") == samples(1)[0]
+
+
+def test_a_store_written_before_dictionaries_were_stored_opens_and_stores_it(tmp_path: Path, zdict: bytes) -> None:
+    """A store from before: values compressed with a dictionary, no dicts/ and no "dict" in STORE.
+    It reads as before when given the dictionary, and from then on keeps it."""
+    with wal.open(tmp_path, compression="zstd", compression_dict=zdict, compression_threshold=32) as store:
+        store.put("a", samples(1)[0])
+    meta_path = tmp_path / "STORE"
+    meta = json.loads(meta_path.read_bytes())
+    del meta["sealed"]["dict"]
+    meta_path.write_text(json.dumps(meta))
+    for f in (tmp_path / DICT_DIR).iterdir():
+        f.unlink()
+    (tmp_path / DICT_DIR).rmdir()
+    with wal.open(tmp_path, compression="zstd") as store, pytest.raises(wal.MissingKeyError, match="dictionary"):
+        store.get("a")
+    with wal.open(tmp_path, compression_dict=zdict) as store:
+        assert store.get("a") == samples(1)[0]
+    with wal.open(tmp_path) as store:
+        assert store.get("a") == samples(1)[0]
+
+
+def test_an_archive_holds_the_dictionary_and_a_restore_keeps_it_in_the_restored_store(
+        tmp_path: Path, zdict: bytes) -> None:
+    url = (tmp_path / "archive").as_uri()
+    values = samples(50)
+    with wal.open(tmp_path / "src", archive=url, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        for i, v in enumerate(values):
+            store.put(f"r/{i}", v)
+    # The archive holds the dictionary (dict/<id>.zdict, never compressed), so a restore needs
+    # nothing but the URL, and the restored store keeps it.
+    assert [p.name for p in (tmp_path / "archive" / "dict").iterdir()] == os.listdir(tmp_path / "src" / DICT_DIR)
+    wal.restore(url, tmp_path / "restored")
+    assert os.listdir(tmp_path / "restored" / DICT_DIR) == os.listdir(tmp_path / "src" / DICT_DIR)
+    with wal.open(tmp_path / "restored") as store:
+        assert [store.get(f"r/{i}") for i in range(50)] == values
+    with wal.follow(url, tmp_path / "follower", poll_ms=50) as replica:  # a follower too
+        assert replica.get("r/49") == values[49]
+    assert os.listdir(tmp_path / "follower" / DICT_DIR) == os.listdir(tmp_path / "src" / DICT_DIR)
+    # A damaged dictionary object is refused by name, and nothing is left at the target.
+    (obj,) = (tmp_path / "archive" / "dict").iterdir()
+    raw = bytearray(obj.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    obj.write_bytes(bytes(raw))
+    with pytest.raises(wal.WalError, match="dict/"):
+        wal.restore(url, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.parametrize("encryption", [None, KEY], ids=["compressed", "encrypted"])
+def test_every_flipped_byte_of_a_stored_dictionary_gives_the_values_or_a_wal_error(
+        tmp_path: Path, zdict: bytes, encryption: bytes | None) -> None:
+    values = samples(30)
+    with wal.open(tmp_path, encryption=encryption, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        for i, v in enumerate(values):
+            store.put(f"r/{i}", v)
+    (dict_file,) = (tmp_path / DICT_DIR).iterdir()
+    good = dict_file.read_bytes()
+    outcomes = {"values": 0, "error": 0}
+    # The envelope's header and the dictionary's, then every 23rd byte of the rest.
+    for at in [*range(min(64, len(good))), *range(64, len(good), 23)]:
+        damaged = bytearray(good)
+        damaged[at] ^= 0x5A
+        dict_file.write_bytes(bytes(damaged))
+        try:
+            with wal.open(tmp_path, encryption=encryption) as store:
+                got = [store.get(f"r/{i}") for i in range(len(values))]
+        except wal.WalError:
+            outcomes["error"] += 1
+            continue
+        assert got == values, at  # never a wrong value
+        outcomes["values"] += 1
+    dict_file.write_bytes(good)
+    # Every byte is covered: by the AEAD tag, and in any case by the dictionary's SHA-256.
+    assert outcomes == {"values": 0, "error": outcomes["error"]} and outcomes["error"] > 64
