@@ -8,8 +8,10 @@
    requests ahead), verify each alone (SHA-256 trailer, CRC-32C per record, header against
    name) and check the LSNs run on without a gap.
 3. Meanwhile, write an ordinary store (`StoreBuilder`) beside `dir`: the snapshot's entries
-   applied to a new state at the snapshot's LSN, then each object's records, as it arrives,
-   collapsed in C and applied in batches (memory stays flat however large the archive); a
+   put into a new state straight from its verified bytes, in bounded transactions while the log
+   downloads, and applied_lsn set to its LSN; then each object's records, as it arrives,
+   collapsed in C and applied in batches (memory stays flat however large the log; the snapshot,
+   one object verified by a digest over all of it, is held whole until it is loaded); a
    checkpoint, and a new log whose first LSN continues the archive's. Then it is moved to `dir`
    whole and opened once, as any store.
 
@@ -360,6 +362,7 @@ class StoreBuilder:
         while left:
             offset, done = self._state.load_snapshot(snap.body, offset, min(left, _LOAD_ENTRIES), BATCH_BYTES,
                                                      snap.in_key_order)
+            assert done > 0, "load_snapshot puts at least one entry of those asked for"
             left -= done
             self._sync_soon()
         self._state.apply((1, snap.lsn, snap.lsn, [], [], []), lambda: snap.lsn)
