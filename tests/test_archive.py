@@ -45,6 +45,7 @@ from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError
 from wal.cli import main
 from wal.ops.metrics import prometheus_text
+from wal.store.state import State, StateError
 
 FAST = {"archive_rpo_ms": 200}
 
@@ -526,6 +527,87 @@ def test_restore_applies_objects_as_they_arrive_in_batches_and_never_leaves_half
         wal.restore(url, tmp_path / "empty", parallel=2)
     assert os.listdir(tmp_path / "empty") == []
     assert sorted(os.listdir(tmp_path)) == ["a", "empty", "p", "r"]
+
+
+def _snapshot_archive(root, entries, lsn=5000):
+    """A file:// archive holding one snapshot at `lsn` (and no log): a restore loads it alone."""
+    objects = FileObjects(str(root))
+    objects.put(layout.snap_name(lsn), layout.encode_snapshot(lsn, int(time.time() * 1000), os.urandom(16), entries))
+    return objects, f"file://{root}"
+
+
+def test_a_snapshot_of_many_entries_is_loaded_from_its_bytes_in_bounded_transactions(tmp_path, monkeypatch):
+    big = os.urandom(300_000)  # stored split, its tail in a table of its own
+    entries = sorted([(b"k%06d" % i, 1 + i % 4000, b"v%d" % i * (i % 7)) for i in range(30_000)]
+                     + [(b"big", 17, big), (b"empty", 3, b"")])
+    objects, url = _snapshot_archive(tmp_path / "a", entries)
+    image = layout.open_snapshot(objects.get(layout.snap_name(5000)), layout.snap_name(5000))
+    assert image.n_entries == len(entries) and image.in_key_order
+    assert image.entries() == entries
+    # Many transactions: by entries and by bytes.
+    monkeypatch.setattr(restore_mod, "_LOAD_ENTRIES", 7_000)
+    monkeypatch.setattr(restore_mod, "BATCH_BYTES", 100_000)
+    r = wal.restore(url, tmp_path / "r")
+    assert (r.lsn, r.snapshot_lsn, r.records) == (5000, 5000, 0)
+    with wal.open(tmp_path / "r") as s:
+        assert [(k, s.version(k), v) for k, v in s.scan()] == entries
+        assert s.put("more", b"x") == 5001  # an ordinary store, continuing the snapshot's LSN
+    with wal.open(tmp_path / "r") as s:
+        assert s.get("big") == big and s.get("more") == b"x"
+
+
+def test_a_snapshot_whose_keys_are_not_in_order_is_restored_all_the_same(tmp_path):
+    entries = [(b"k%04d" % i, i + 1, b"v%d" % i) for i in range(2000)]
+    shuffled = entries[1000:] + entries[:1000] + [(b"k0005", 9999, b"again")]  # a key twice: the last wins
+    objects, url = _snapshot_archive(tmp_path / "a", shuffled)
+    assert not layout.open_snapshot(objects.get(layout.snap_name(5000)), layout.snap_name(5000)).in_key_order
+    wal.restore(url, tmp_path / "r")
+    expected = {k: (v, ver) for k, ver, v in shuffled}
+    with wal.open(tmp_path / "r") as s:
+        assert {k: (v, s.version(k)) for k, v in s.scan()} == expected
+
+
+def test_a_damaged_snapshot_entry_is_refused_by_name_and_nothing_is_restored(tmp_path):
+    entries = [(b"k%04d" % i, i + 1, b"v%d" % i) for i in range(100)]
+    objects, url = _snapshot_archive(tmp_path / "a", entries)
+    name = layout.snap_name(5000)
+    data = objects.get(name)
+    body = bytearray(data[:-layout.DIGEST])
+    at = len(body) // 2
+    body[at] ^= 1  # one bit of an entry, under a trailer that matches: only the entry's CRC can tell
+    objects.put(name, bytes(body) + hashlib.sha256(body).digest(), create_only=False)
+    with pytest.raises(wal.CorruptionError, match=r"snap/0+5000\.snap .*entry \d+ fails its CRC-32C"):
+        wal.restore(url, tmp_path / "r")
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+    assert not verify(url).ok
+    # Entries cut short: the header counts one more than there is.
+    good = bytearray(layout.encode_snapshot(5000, 0, b"w" * 16, entries)[:-layout.DIGEST])
+    struct.pack_into("<Q", good, 32, len(entries) + 1)  # after magic, version, flags, reserved, lsn, taken_ms
+    with pytest.raises(wal.CorruptionError, match=r"ends inside entry 100"):
+        layout.open_snapshot(bytes(good) + hashlib.sha256(good).digest(), name)
+
+
+def test_loading_snapshot_entries_refuses_what_it_cannot_put_and_commits_nothing(tmp_path):
+    state = State(str(tmp_path / "state"))
+    try:
+        ordered = layout.encode_snapshot(1, 0, b"w" * 16, [(b"a", 1, b"x"), (b"b", 2, b"y")])
+        reverse = layout.encode_snapshot(1, 0, b"w" * 16, [(b"b", 2, b"y"), (b"a", 1, b"x")])
+        start = 64
+        # Appending keys out of order fails in LMDB, and the transaction is not committed.
+        with pytest.raises(StateError, match="MDB_KEYEXIST"):
+            state.load_snapshot(reverse, start, 2, 1 << 20, True)
+        assert state.get(b"b") is None
+        # Cut off in the middle of an entry: refused before anything is committed.
+        with pytest.raises(ValueError, match="cut off"):
+            state.load_snapshot(ordered[:start + 20 + 2 + 20 + 1], start, 2, 1 << 20, False)
+        assert state.get(b"a") is None
+        # max_bytes ends the transaction after the entry that reaches it: one entry at a time.
+        offset, done = state.load_snapshot(ordered, start, 2, 1, True)
+        assert done == 1 and state.get(b"a") == (1, b"x") and state.get(b"b") is None
+        assert state.load_snapshot(ordered, offset, 1, 1, True) == (len(ordered) - layout.DIGEST, 1)
+        assert state.get(b"b") == (2, b"y") and state.applied_lsn() == 0  # applied_lsn untouched
+    finally:
+        state.close()
 
 
 _RESTORE_CHILD = """

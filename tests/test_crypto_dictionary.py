@@ -12,6 +12,8 @@ import pytest
 import zstandard
 
 import wal
+from wal.archive.objects import open_objects
+from wal.archive.sealed import SealedObjects, for_reading
 from wal.crypto import sealing
 from wal.crypto.sealing import CODEC_ZSTD
 from wal.errors import CorruptionError, SealDamagedError
@@ -184,3 +186,23 @@ def test_every_flipped_byte_of_a_stored_dictionary_gives_the_values_or_a_wal_err
     dict_file.write_bytes(good)
     # Every byte is covered: by the AEAD tag, and in any case by the dictionary's SHA-256.
     assert outcomes == {"values": 0, "error": outcomes["error"]} and outcomes["error"] > 64
+
+
+def test_after_a_key_rotation_the_archive_holds_the_dictionary_under_the_new_key_too(
+        tmp_path: Path, zdict: bytes) -> None:
+    did = zstandard.ZstdCompressionDict(zdict).dict_id()
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "src", archive=url, encryption=KEY, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        store.put("a", samples(1)[0])
+    with wal.open(tmp_path / "src", archive=url, encryption=[KEY2, KEY], compression="zstd",
+                  compression_threshold=32) as store:
+        store.put("b", samples(2)[1])
+    names = sorted(p.name for p in (tmp_path / "archive" / "dict").iterdir())
+    assert names == sorted(f"{did:08x}.{sealing.key_id(k).hex()}.zdict" for k in (KEY, KEY2))
+    for key in (KEY, KEY2):  # either key alone finds a copy it can open
+        objects, _ = for_reading(open_objects(url), {"encryption": key})
+        assert isinstance(objects, SealedObjects) and did in objects.sealer.dictionaries
+    wal.restore(url, tmp_path / "restored", encryption=[KEY2, KEY])
+    with wal.open(tmp_path / "restored", encryption=[KEY2, KEY]) as store:
+        assert store.get("a") == samples(1)[0] and store.get("b") == samples(2)[1]

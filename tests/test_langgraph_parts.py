@@ -5,8 +5,12 @@ the store before use, so a fork, a prune, another saver or damage never gives a 
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import string
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +202,36 @@ def test_a_thread_written_whole_by_an_older_saver_reads_and_carries_on_in_parts(
         assert keys(store, b"lg/p/")
         assert history(saver, "t")[0] == texts(30)
         assert texts(20) in history(saver, "t")  # the checkpoints written whole still read
+
+
+CHILD = r"""
+import sys, time
+sys.path.insert(0, {tests!r})
+import wal
+from test_langgraph_parts import chat_graph, cfg
+from wal.integrations.langgraph import AgentwalSaver
+with AgentwalSaver.from_conn_string({db!r}, durability="sync") as saver:
+    graph = chat_graph(saver, 120)
+    for i, _ in enumerate(graph.stream({{"messages": []}}, cfg("t"), durability="sync")):
+        print(i, flush=True)
+"""
+
+
+def test_a_run_killed_mid_history_resumes_with_its_parts_exact(tmp_path: Path) -> None:
+    db = str(tmp_path / "db")
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=str(Path(__file__).parent), db=db)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    for line in child.stdout:  # past 16 KiB of history, so the value is in parts, then a kill
+        if int(line) >= 40:
+            break
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    expected = texts(120)
+    with wal.open(db) as store:
+        assert keys(store, b"lg/p/")
+        saver = AgentwalSaver(store)
+        done = history(saver, "t")[0]
+        assert len(done) >= 40 and done == expected[:len(done)]
+        chat_graph(saver, 120).invoke(None, cfg("t"))  # resume from the last checkpoint
+        assert history(saver, "t")[0] == expected

@@ -8,8 +8,10 @@
    requests ahead), verify each alone (SHA-256 trailer, CRC-32C per record, header against
    name) and check the LSNs run on without a gap.
 3. Meanwhile, write an ordinary store (`StoreBuilder`) beside `dir`: the snapshot's entries
-   applied to a new state at the snapshot's LSN, then each object's records, as it arrives,
-   collapsed in C and applied in batches (memory stays flat however large the archive); a
+   put into a new state straight from its verified bytes, in bounded transactions while the log
+   downloads, and applied_lsn set to its LSN; then each object's records, as it arrives,
+   collapsed in C and applied in batches (memory stays flat however large the log; the snapshot,
+   one object verified by a digest over all of it, is held whole until it is loaded); a
    checkpoint, and a new log whose first LSN continues the archive's. Then it is moved to `dir`
    whole and opened once, as any store.
 
@@ -126,7 +128,7 @@ def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
 
 
 def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
-                     time_ms: int | None) -> tuple[layout.Snapshot, int]:
+                     time_ms: int | None) -> tuple[layout.SnapshotImage, int]:
     """The newest snapshot at or before the target, decoded and verified, and its size. An
     archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
     if any(p.first == 1 for p in listing.logs):
@@ -141,12 +143,13 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                             f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
     for _, name in reversed(candidates):
         if not name:
-            return layout.Snapshot(0, 0, b"", []), 0
+            return layout.EMPTY_SNAPSHOT, 0
         data = objects.get(name)
-        snap = layout.decode_snapshot(data, name)
+        snap = layout.open_snapshot(data, name)
         if time_ms is None or snap.taken_ms <= time_ms:
             return snap, len(data)
-    oldest = layout.decode_snapshot(objects.get(candidates[0][1]), candidates[0][1])  # never the implicit one
+        del snap, data  # before the next one comes in
+    oldest = layout.open_snapshot(objects.get(candidates[0][1]), candidates[0][1])  # never the implicit one
     raise ArgumentError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
                         f"(taken {_iso(oldest.taken_ms)})")
 
@@ -216,6 +219,11 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
 
 
 _REPLANS = 5
+# A batch of keys mostly written once ends with the object that brings it to this size (StoreBuilder.add).
+_OBJECT_BATCH_BYTES = 1 << 20
+# Snapshot entries per LMDB transaction at most (and BATCH_BYTES of keys and values): bounds a
+# transaction's dirty pages for a snapshot of many small entries.
+_LOAD_ENTRIES = 1_000_000
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
@@ -248,14 +256,16 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     listing = list_archive(objects)
     t0 = _time.monotonic()
     snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
+    snap_lsn, snap_writer = snap.lsn, snap.writer_id
     tail: list[Piece] = []
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
     building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
     try:
         builder = StoreBuilder(building, snap, sealed)
+        del snap  # its bytes go once the builder has loaded them
         try:
-            end, count, nbytes, writer = stream(objects, listing, snap.lsn, builder.add, upto=lsn, time_ms=time_ms,
-                                                parallel=parallel, progress=progress, writer=snap.writer_id,
+            end, count, nbytes, writer = stream(objects, listing, snap_lsn, builder.add, upto=lsn, time_ms=time_ms,
+                                                parallel=parallel, progress=progress, writer=snap_writer,
                                                 tail_out=tail)
             builder.finish()
         finally:
@@ -273,7 +283,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
     open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
-    return RestoreReport(root, end, snap.lsn, builder.records, count + 1, nbytes + snap_bytes,
+    return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
 
 
@@ -286,11 +296,12 @@ class StoreBuilder:
     state, and the archive keeps their history. A sealed archive gives a sealed store (its STORE
     says `sealed`; the entries and records are envelopes already)."""
 
-    def __init__(self, root: str, snap: layout.Snapshot, sealed: dict[str, Any] | None) -> None:
+    def __init__(self, root: str, snap: layout.SnapshotImage, sealed: dict[str, Any] | None) -> None:
         makedirs_durable(root)
         self.root = root
         self.last = snap.lsn
         self.records = 0
+        self._added = 0  # payload bytes added to the collapser since its last take
         store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
         self._collapser = record.Collapser()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-writer")
@@ -302,8 +313,8 @@ class StoreBuilder:
         try:
             self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
             if snap.lsn > 0:
-                puts = [(key, version.to_bytes(8, "little") + value) for key, version, value in snap.entries]
-                self._state.apply((1, snap.lsn, snap.lsn, puts, [], []), lambda: snap.lsn)
+                # In the writer thread, while the first log objects download.
+                self._writing = self._writer.submit(self._load, snap)
         except BaseException:
             self.close()
             raise
@@ -316,22 +327,53 @@ class StoreBuilder:
                                        obj.lengths if whole else obj.lengths[start:stop], stop - start))
         self.last = obj.lsns[stop - 1]
         self.records += stop - start
-        if self._collapser.keys >= BATCH_KEYS or self._collapser.held_bytes >= BATCH_BYTES:
+        self._added += obj.offsets[stop - 1] + obj.lengths[stop - 1] - obj.offsets[start]
+        held = self._collapser.held_bytes
+        # The winners' values point into this object's bytes until the next object comes, when
+        # the collapser must copy them (its table outlives the buffer), with the GIL held.
+        # Collapsing across objects is worth that copy only where later writes replace earlier
+        # ones: so while the batch's winners hold most of the bytes added to it (collapsing has
+        # saved little: keys mostly written once, as in a bulk load), the batch ends with its
+        # object once it holds _OBJECT_BATCH_BYTES (fewer, larger LMDB transactions for small
+        # objects: each one rewrites its path of branch pages), and the values go to LMDB
+        # straight from the object's bytes.
+        if (self._collapser.keys >= BATCH_KEYS or held >= BATCH_BYTES
+                or (held >= _OBJECT_BATCH_BYTES and held * 2 >= self._added)):
             self._apply()
 
     def _apply(self) -> None:
         # A batch is written to LMDB by the writer thread (the GIL released) while this one
         # collapses the next: one batch in the writer's hands at a time bounds the memory.
         batch = self._collapser.take()
+        self._added = 0
         if batch is None:
             return
         self._wait_for_writer()
         self._writing = self._writer.submit(self._write, batch)
 
+    def _load(self, snap: layout.SnapshotImage) -> None:
+        """The snapshot's entries, straight from its bytes into LMDB (verified whole already:
+        layout.open_snapshot), in transactions of a bounded size, appended where the keys are
+        in order, as written; then applied_lsn = the snapshot's LSN, in a transaction of its
+        own. Until then the state says it holds nothing, but nothing opens it: the store is
+        moved into place only once whole."""
+        assert self._state is not None
+        offset, left = snap.start, snap.n_entries
+        while left:
+            offset, done = self._state.load_snapshot(snap.body, offset, min(left, _LOAD_ENTRIES), BATCH_BYTES,
+                                                     snap.in_key_order)
+            assert done > 0, "load_snapshot puts at least one entry of those asked for"
+            left -= done
+            self._sync_soon()
+        self._state.apply((1, snap.lsn, snap.lsn, [], [], []), lambda: snap.lsn)
+
     def _write(self, batch: record.Collapsed) -> None:
         assert self._state is not None
         last = batch[1]  # durable: in the archive, verified
         self._state.apply(batch, lambda: last)
+        self._sync_soon()
+
+    def _sync_soon(self) -> None:
         # Written back to the disk batch by batch, while the next batch is applied, rather than
         # all at the end: an fdatasync of the state's file in a thread of its own (LMDB's own
         # sync is the checkpoint's, which would keep the next apply waiting). One at a time; a
@@ -406,7 +448,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             data = objects.get(name)
             nbytes += len(data)
             count += 1
-            writers[name] = layout.decode_snapshot(data, name).writer_id
+            writers[name] = layout.open_snapshot(data, name).writer_id
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
     from_start = any(p.first == 1 for p in listing.logs)  # an implicit empty snapshot at LSN 0

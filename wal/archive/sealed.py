@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore
-from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer
+from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer, parse
 from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
 
 MANIFEST = "sealed.json"
@@ -34,8 +34,11 @@ MANIFEST_FORMAT = "agentwal-archive-sealing"
 DICT_PREFIX = "dict/"
 
 
-def dict_object(dict_id: int) -> str:
-    return f"{DICT_PREFIX}{dict_id:08x}.zdict"
+def dict_object(dict_id: int, key_id: bytes | None) -> str:
+    """The name of a dictionary's object: with the id of the key it is sealed under, if any, so
+    that a writer session under a new key (after rotation) ships it again under that key, and a
+    restore given only the new key finds a copy it can open."""
+    return f"{DICT_PREFIX}{dict_id:08x}{'.' + key_id.hex() if key_id is not None else ''}.zdict"
 
 
 class SealedObjects(ObjectStore):
@@ -61,7 +64,7 @@ class SealedObjects(ObjectStore):
         except ObjectExistsError:
             check_manifest(read_manifest(self.inner), self.sealer, self.inner.url)
         for did in sorted(self.sealer.dictionaries):
-            name = dict_object(did)
+            name = dict_object(did, self.sealer.keys.current_id if self.sealer.keys is not None else None)
             with contextlib.suppress(ObjectExistsError):  # shipped already: a name is one dictionary (its zstd id)
                 self.inner.put(name, self.sealer.seal_dictionary(did, CONTEXT_ARCHIVE + name.encode()),
                                create_only=True)
@@ -70,12 +73,16 @@ class SealedObjects(ObjectStore):
     def load_dictionaries(self) -> None:
         """Give the sealer every dictionary the archive holds (before any object is read)."""
         for name, _ in self.inner.list(DICT_PREFIX):
-            self._load_dictionary(name)
+            with contextlib.suppress(MissingKeyError):  # a copy under a key not given: another may open
+                self._load_dictionary(name)
 
     def _load_dictionary(self, name: str) -> None:
         where = f"the archive object {name} of {self.inner.url}"
-        did = self.sealer.open_dictionary(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(), lambda: where)
-        if name != dict_object(did):
+        envelope = self.inner.get(name)
+        did = self.sealer.open_dictionary(envelope, CONTEXT_ARCHIVE + name.encode(), lambda: where)
+        parsed = parse(envelope)
+        key = parsed[1] if parsed is not None else None
+        if name != dict_object(did, key):
             raise SealDamagedError(f"{where} holds another zstd dictionary ({did:08x}); it is not used",
                                    reason="sealed value damaged")
 

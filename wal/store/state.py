@@ -738,6 +738,22 @@ class State:
             raise InvariantError(f"I1 violated: would store applied_lsn {last} > durable_lsn {lsn}")
         return lsn
 
+    def load_snapshot(self, buffer: bytes | memoryview, offset: int, count: int, max_bytes: int,
+                      append: bool) -> tuple[int, int]:
+        """Put up to `count` entries of an archive snapshot, checked beforehand, from
+        buffer[offset] on into the state, in ONE LMDB transaction that ends once `max_bytes`
+        of keys and values are in; returns (the offset after them, how many). applied_lsn is
+        not touched: for a store being built, which nothing opens until its `apply` of the
+        snapshot's LSN (restore). append: keys in increasing order after every key in the
+        state (MDB_APPEND). native/lmdbcall.c `load_snapshot` has the contract."""
+        while True:
+            try:
+                done: tuple[int, int] = self._env.load_snapshot(buffer, offset, count, max_bytes, append)
+                return done
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise_lmdb(exc, self.path, "loading a snapshot into it")
+
     def durable_seen(self) -> int:
         """The log's durable LSN when the state was last applied to (0 if never recorded)."""
         raw = self.meta_get(DURABLE_SEEN_KEY)
