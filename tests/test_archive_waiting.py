@@ -276,3 +276,25 @@ def test_reads_that_stop_inside_a_batch_resume_there_not_at_the_segment_start(tm
         assert state[2] is not None and state[2].last_lsn == 999 and state[1].last_lsn > 1010
         assert [lsn for lsn, _ in log.read(1011)] == list(range(1011, 3001))
         assert [lsn for lsn, _ in log.read(1)] == list(range(1, 3001))
+
+
+def test_a_replicated_put_whose_fdatasync_fails_is_not_acknowledged_and_the_store_stops(tmp_path) -> None:
+    """A put at a `replicated` store waits for its fdatasync and the archive in one call: an
+    fdatasync that fails there (I5) fails the put with FailedError, and the store refuses every
+    commit after it; reopened, it recovers what the disk holds and ships on."""
+    url = f"file://{tmp_path}/a"
+    store = wal.open(tmp_path / "s", durability="replicated", archive=url, **ONE_WRITER)
+    try:
+        assert store.put("before", b"1") == 1
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError):
+            store.put("lost", b"2")
+        with pytest.raises(wal.FailedError):
+            store.put("after", b"3")
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.WalError):
+            store.close()
+    with wal.open(tmp_path / "s", durability="replicated", archive=url, **ONE_WRITER) as again:
+        assert again.get("before") == b"1"
+        lsn = again.put("later", b"4")
+        assert again.archived_lsn >= lsn
