@@ -173,6 +173,7 @@ _STRAY_CLEARS = 16
 _GATHER_PART = 0.5
 _GATHER_MIN_S = 0.0005
 _GATHER_MAX_S = 0.010
+_GATHER_ROUNDS = 100  # gathers in a row that found nothing durable to send (`_gather`)
 
 # Merges one maintenance job makes at most (then snapshots, retention and the owner check get
 # their turn): at 400 PUTs/s and 32 objects a merge, 13 are due a second and jobs run about 4.
@@ -377,8 +378,10 @@ class Shipper:
         about half of them. Waiting the short while the commits just acknowledged take to be
         committed again (their fdatasync) makes one group of all of them: a commit waits for
         about one PUT plus its fdatasync, and the object store gets half the PUTs."""
+        rounds = 0
         try:
             while not self._stop:
+                rounds += 1
                 deadline = time.monotonic() + self._gather_s()
                 while not self._stop:
                     self._gathered.clear()
@@ -395,8 +398,12 @@ class Shipper:
                     sent = self._dispatched != sent or len(self._inflight) + len(self._stored) >= self.puts_in_flight
                 # Nothing durable to send yet, but commits appended without waiting are on their
                 # way (their threads wait in C, and only a PUT thread sends their group): again.
+                # Not during an outage nor on a failed log (the shipper thread's rounds send what
+                # is durable then), and not for ever: past _GATHER_ROUNDS, the shipper thread's.
                 log = self.store._log
-                if sent or log is None or self.fenced is not None or log.watermarks.appended <= self._dispatched:
+                if sent or log is None or self.fenced is not None or rounds >= _GATHER_ROUNDS \
+                        or time.monotonic() < self._retry_at or self.store._failure is not None \
+                        or log.watermarks.appended <= self._dispatched:
                     break
         except Exception:  # the shipper thread meets it again and handles it
             self._wake.set()
