@@ -7,6 +7,7 @@ could vanish whole, and LMDB's files were never durably linked).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
@@ -17,6 +18,23 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_durably(path: str, data: bytes) -> None:
+    """Put `data` at `path`, whole or not at all across a crash: written to a temporary file
+    beside it, fsynced, renamed over `path`, the directory fsynced. The temporary file never
+    outlives a failure."""
+    tmp = f"{path}.tmp-{os.urandom(4).hex()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(path))
 
 
 def makedirs_durable(path: str) -> None:

@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wal._fs import fsync_dir
+from wal._fs import fsync_dir, replace_durably
 from wal.crypto.sealing import CONTEXT_BLOB, Sealer
 from wal.errors import ArgumentError, ConflictError, CorruptionError, RecordTooLargeError, WalError, storage_error
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
@@ -290,19 +290,11 @@ class AgentStore:
             os.makedirs(sub, exist_ok=True)
             fsync_dir(self.blob_dir)
             fsync_dir(self.store.path)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            fsync_dir(sub)
+            replace_durably(path, data)
         except OSError as exc:
             # Nothing references the blob yet (the commit comes after it): the call fails, and a
             # retry writes a new temporary file (a failed fsync is never trusted: I5).
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise storage_error(exc, f"writing the blob file {path}") from exc
         hook = type(self)._after_blob_write
         if hook is not None:

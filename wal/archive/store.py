@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from wal.archive import layout
@@ -69,32 +70,30 @@ class ArchivedStore(Store):
     def put(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
         self._admit()
         if durability is None:
-            if self._replicated:
-                # Appended through the C path without waiting, then one wait for the fdatasync
-                # and the archive together (Shipper.wait_appended): the GIL let go once.
-                lsn = int(self._core.commit(record.OP_PUT, key, value, True))
-                if lsn > 0:
-                    self._wait_archived(lsn, appended=True)
-                    return lsn
-            lsn = int(_STORE_PUT(self, key, value))
-            if self._replicated:
-                self._wait_archived(lsn)
-            return lsn
+            return self._commit_replicating(record.OP_PUT, key, value, _STORE_PUT, (self, key, value))
         return int(_STORE_PUT(self, key, value, durability=durability))  # -> _commit below
 
     def delete(self, key: bytes | str, *, durability: str | None = None) -> int:
         self._admit()
         if durability is None:
-            if self._replicated:
-                lsn = int(self._core.commit(record.OP_DELETE, key, None, True))
-                if lsn > 0:
-                    self._wait_archived(lsn, appended=True)
-                    return lsn
-            lsn = int(_STORE_DELETE(self, key))
-            if self._replicated:
-                self._wait_archived(lsn)
-            return lsn
+            return self._commit_replicating(record.OP_DELETE, key, None, _STORE_DELETE, (self, key))
         return int(_STORE_DELETE(self, key, durability=durability))
+
+    def _commit_replicating(self, kind: int, key: bytes | str, value: bytes | None,
+                            plain: Callable[..., Any], args: tuple[Any, ...]) -> int:
+        """put/delete at the store's level. At a replicated store: appended through the C path
+        without waiting, then one wait for the fdatasync and the archive together
+        (Shipper.wait_appended): the GIL let go once. What the C path declines goes to
+        `plain(*args)` (Store.put/delete), then waits for the archive."""
+        if self._replicated:
+            lsn = int(self._core.commit(kind, key, value, True))
+            if lsn > 0:
+                self._wait_archived(lsn, appended=True)
+                return lsn
+        lsn = int(plain(*args))
+        if self._replicated:
+            self._wait_archived(lsn)
+        return lsn
 
     async def _commit_one_async(self, kind: int, key: bytes | str, value: bytes | None,
                                 durability: str | None) -> int:

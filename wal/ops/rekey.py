@@ -24,12 +24,10 @@ the new one). The store stays open for the whole run; it is the store's writer (
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from typing import Any
 
-from wal._fs import fsync_dir
+from wal._fs import replace_durably
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_BLOB, KEY_ID_BYTES
 from wal.errors import ArgumentError
 from wal.ops.target import _writer_target, open_writer
@@ -91,17 +89,7 @@ def _rekey_blobs(blob_dir: str, sealer: Any) -> int:
                 continue
             context = CONTEXT_BLOB + bytes.fromhex(name)
             data = sealer.open(envelope, context, lambda p=path: f"the blob file {p}")
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(sealer.seal(data, context))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            fsync_dir(folder)
+            replace_durably(path, sealer.seal(data, context))
             count += 1
     return count
 

@@ -22,7 +22,6 @@ override the public reads and writes only, sealing on the way in and opening on 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from wal._bindings import storecore
-from wal._fs import fsync_dir, makedirs_durable
+from wal._fs import makedirs_durable, replace_durably
 from wal.crypto.sealing import CONTEXT_DICT, CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
 from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError, WrongKeyError
 from wal.log.record import OP_PUT
@@ -97,20 +96,8 @@ def store_dictionaries(root: str, sealer: Sealer, dict_ids: Sequence[int]) -> No
 def write_dictionary(root: str, sealer: Sealer, dict_id: int) -> None:
     """Write (or replace, atomically: a rename over it) the stored dictionary `dict_id`, sealed
     by `sealer` now, durably."""
-    folder = os.path.join(root, DICT_DIR)
-    makedirs_durable(folder)
-    path = dict_file(root, dict_id)
-    tmp = f"{path}.tmp-{os.urandom(4).hex()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(sealer.seal_dictionary(dict_id, dict_context(dict_id)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    fsync_dir(folder)
+    makedirs_durable(os.path.join(root, DICT_DIR))
+    replace_durably(dict_file(root, dict_id), sealer.seal_dictionary(dict_id, dict_context(dict_id)))
 
 
 class SealingPlan:
