@@ -206,3 +206,53 @@ def test_after_a_key_rotation_the_archive_holds_the_dictionary_under_the_new_key
     wal.restore(url, tmp_path / "restored", encryption=[KEY2, KEY])
     with wal.open(tmp_path / "restored", encryption=[KEY2, KEY]) as store:
         assert store.get("a") == samples(1)[0] and store.get("b") == samples(2)[1]
+
+
+def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_path: Path, zdict: bytes) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from wal.ops import export_lines, import_pairs, parse_import  # noqa: PLC0415
+
+    values = samples(120)
+    with wal.open(tmp_path / "src", encryption=KEY, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        for i, v in enumerate(values):
+            store.put(f"r/{i}", v)
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    backup = tmp_path / "backup.jsonl"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "wal", *args], capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, check=False)
+
+    r = run("export", str(tmp_path / "src"), "-o", str(backup))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in backup.read_text().splitlines()]
+    did = zstandard.ZstdCompressionDict(zdict).dict_id()
+    assert lines[0]["zstd_dictionary"] == f"{did:08x}" and len(lines) == 121  # the dictionary first
+    assert MARK.decode() not in backup.read_text()  # the dictionary is sealed: encrypted with the store
+    r = run("import", str(tmp_path / "copy"), str(backup), "--create", "--key-file", str(key_file))
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "copy", encryption=KEY) as copy:
+        assert [copy.get(f"r/{i}") for i in range(120)] == values
+    # Without the dictionary's line the compressed values cannot be opened: refused before any write.
+    without = tmp_path / "without.jsonl"
+    without.write_text("".join(line + "\n" for line in backup.read_text().splitlines()[1:]))
+    r = run("import", str(tmp_path / "copy2"), str(without), "--create", "--key-file", str(key_file))
+    assert r.returncode == 1 and f"{did:08x}" in r.stderr and not (tmp_path / "copy2").exists()
+    # A changed byte in the dictionary's envelope: a clean error naming it, nothing written.
+    text = list(export_lines(str(tmp_path / "src")))
+    first = json.loads(text[0])
+    envelope = bytearray(__import__("base64").b64decode(first["sealed"]["base64"]))
+    envelope[len(envelope) // 2] ^= 1
+    first["sealed"] = {"base64": __import__("base64").b64encode(bytes(envelope)).decode()}
+    read = parse_import(iter([json.dumps(first), *text[1:]]), "changed")
+    use_sealing(encryption=KEY)
+    try:
+        with pytest.raises(SealDamagedError, match=f"exported zstd dictionary {did:08x}"):
+            import_pairs(str(tmp_path / "copy3"), read.pairs, create=True, dictionaries=read.dictionaries)
+    finally:
+        use_sealing()
+    assert not (tmp_path / "copy3").exists()

@@ -666,10 +666,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 _IMPORT_DESCRIPTION = f"""\
 Read JSON lines {{"key", "value"}} (the `agentwal export` format; other fields are
-ignored) from FILE or stdin and put every key. The whole input is parsed and checked
-first: a bad line means nothing is written. Then the keys are committed in transactions
-of up to --batch keys; each is atomic, the import as a whole is not, and running it again
-is harmless (it puts the same values). Keys not in the input are left alone.
+ignored) from FILE or stdin and put every key. The values of a sealed store's export
+({{"key", "sealed"}} lines) are opened with --key-file and the dictionaries the export
+carries ({{"zstd_dictionary", "sealed"}} lines), and sealed again as the target store seals.
+The whole input is parsed and checked first: a bad line means nothing is written. Then
+the keys are committed in transactions of up to --batch keys; each is atomic, the import as
+a whole is not, and running it again is harmless (it puts the same values). Keys not in the input are left alone.
 
 {_WRITER}
 
@@ -693,11 +695,12 @@ def cmd_import(args: argparse.Namespace) -> int:
         if sys.stdin.isatty():
             _err("import", "error: no input: give FILE or pipe JSON lines to stdin")
             return EXIT_USAGE
-        pairs = ops.parse_import(iter(sys.stdin.buffer.read().decode("utf-8").splitlines()), "stdin")
+        read = ops.parse_import(iter(sys.stdin.buffer.read().decode("utf-8").splitlines()), "stdin")
     else:
         with open(args.file, encoding="utf-8") as f:
-            pairs = ops.parse_import(iter(f), args.file)
-    result = ops.import_pairs(args.store, pairs, batch=args.batch, create=args.create)
+            read = ops.parse_import(iter(f), args.file)
+    result = ops.import_pairs(args.store, read.pairs, batch=args.batch, create=args.create,
+                              dictionaries=read.dictionaries)
     print(f"imported {result['keys']} key(s) in {result['commits']} commit(s)"
           + (f", last LSN {result['last_lsn']}" if result["commits"] else ""))
     return EXIT_OK

@@ -560,8 +560,10 @@ class Sealer:
         d: zstd.Decompressor | None = cache.get(dict_id)
         if d is None:
             if dict_id and dict_id not in self._dicts:
-                raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id}, which was not given: "
-                                      "open with compression_dict= that dictionary", where=where())
+                raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id:08x}, which was not "
+                                      "given: open with compression_dict= that dictionary (a store keeps its "
+                                      "dictionaries in dicts/, an export in its zstd_dictionary lines)",
+                                      where=where())
             d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
 

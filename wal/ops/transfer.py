@@ -5,19 +5,26 @@ each line carries the value's envelope under ``"sealed"`` instead of ``"value"``
 export of an encrypted store is encrypted too (under the store's keys, each value bound to its
 key) and exporting needs no key. Importing such lines opens each envelope (with the keys given:
 ``--key-file``) and commits the value, sealed again by the target store as it seals any value.
+
+A store that compresses with trained dictionaries (kept in its ``dicts/``) exports each one
+first, as a line ``{"zstd_dictionary": "<id, 8 hex digits>", "sealed": envelope}`` holding the
+dictionary file's bytes as stored (sealed, so encrypted in an encrypted store): an import opens
+them before the values compressed with them, and needs nothing but the export and the keys.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from wal.crypto.sealing import CONTEXT_VALUE
 from wal.errors import ArgumentError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
-from wal.store.sealed import read_meta, sealer_for
+from wal.store.sealed import DICT_DIR, dict_context, read_meta, sealer_for
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
 
 # ---- export / import ---------------------------------------------------------------------------------
@@ -27,19 +34,54 @@ class Sealed(bytes):
     """An imported value still in its envelope (an export line's "sealed"): opened at import."""
 
 
+class SealedDictionary(NamedTuple):
+    """An export's trained zstd dictionary: its id and its stored file's bytes (an envelope)."""
+    dict_id: int
+    envelope: bytes
+
+
+class Imported(NamedTuple):
+    """What `parse_import` read: the (key, value) pairs in file order, and the dictionaries."""
+    pairs: list[tuple[bytes, bytes]]
+    dictionaries: list[SealedDictionary]
+
+
+def _stored_dictionaries(path: str) -> Iterator[tuple[int, bytes]]:
+    """(id, file bytes) of every dictionary kept in the store at `path`, by id."""
+    folder = os.path.join(path, DICT_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.endswith(".zdict") or len(name) != 14:
+            continue  # a temporary file of a write a crash interrupted
+        try:
+            did = int(name[:8], 16)
+        except ValueError:
+            continue
+        with open(os.path.join(folder, name), "rb") as f:
+            yield did, f.read()
+
+
 def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
     """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
-    sealed store's lines carry {"sealed": envelope} instead of "value" (module docstring)."""
+    sealed store's lines carry {"sealed": envelope} instead of "value", after a line for each
+    dictionary it keeps (module docstring)."""
     sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
     field = "sealed" if sealed else "value"
+    if sealed:
+        for did, envelope in _stored_dictionaries(path):
+            yield json.dumps({"zstd_dictionary": f"{did:08x}", "sealed": render_bytes(envelope)}, ensure_ascii=False)
     for key, version, value in scan(path, prefix, opened=False):  # a sealed store's envelopes, as stored
         yield json.dumps({"key": render_bytes(key), field: render_bytes(value), "version": version},
                          ensure_ascii=False)
 
 
-def parse_import(lines: Iterator[str], source: str) -> list[tuple[bytes, bytes]]:
-    """Parse and check every line before anything is written; (key, value) pairs in file order."""
+def parse_import(lines: Iterator[str], source: str) -> Imported:
+    """Parse and check every line before anything is written."""
     out: list[tuple[bytes, bytes]] = []
+    dictionaries: list[SealedDictionary] = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -47,6 +89,17 @@ def parse_import(lines: Iterator[str], source: str) -> list[tuple[bytes, bytes]]
             obj = json.loads(line)
         except ValueError as exc:
             raise ArgumentError(f"{source} line {n}: not JSON ({exc})") from None
+        if isinstance(obj, dict) and "zstd_dictionary" in obj:
+            did = obj["zstd_dictionary"]
+            if not isinstance(did, str) or len(did) != 8 or "sealed" not in obj:
+                raise ArgumentError(f"{source} line {n}: expected {{\"zstd_dictionary\": \"<8 hex digits>\", "
+                                    "\"sealed\": ...}")
+            try:
+                dict_id = int(did, 16)
+            except ValueError:
+                raise ArgumentError(f"{source} line {n}: zstd_dictionary {did!r} is not 8 hex digits") from None
+            dictionaries.append(SealedDictionary(dict_id, parse_bytes(obj["sealed"], f"{source} line {n}: sealed")))
+            continue
         if not isinstance(obj, dict) or "key" not in obj or ("value" in obj) == ("sealed" in obj):
             raise ArgumentError(f"{source} line {n}: expected an object with \"key\" and \"value\" (or \"sealed\")")
         key = parse_bytes(obj["key"], f"{source} line {n}: key")
@@ -57,17 +110,19 @@ def parse_import(lines: Iterator[str], source: str) -> list[tuple[bytes, bytes]]
         if len(value) > MAX_VALUE_BYTES:
             raise ArgumentError(f"{source} line {n}: value of {len(value)} bytes is over the limit")
         out.append((key, value))
-    return out
+    return Imported(out, dictionaries)
 
 
 def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 1000,
-                 batch_bytes: int = 8 << 20, create: bool = False) -> dict[str, int]:
-    """Commit the pairs as the store's writer, in transactions of up to `batch` keys / `batch_bytes`."""
+                 batch_bytes: int = 8 << 20, create: bool = False,
+                 dictionaries: Sequence[SealedDictionary] = ()) -> dict[str, int]:
+    """Commit the pairs as the store's writer, in transactions of up to `batch` keys /
+    `batch_bytes`. Sealed values are opened first, with the `dictionaries` an export carried."""
     target = _writer_target(path, create)
     commits = 0
     last = 0
     if any(isinstance(v, Sealed) for _, v in pairs):  # opened before anything is created or written
-        opener = _opener(path)
+        opener = _opener(path, dictionaries)
         pairs = [(k, opener(k, v) if isinstance(v, Sealed) else v) for k, v in pairs]
     with open_writer(target, "import") as store:
         i = 0
@@ -85,10 +140,15 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
     return {"keys": len(pairs), "commits": commits, "last_lsn": last}
 
 
-def _opener(path: str) -> Callable[[bytes, bytes], bytes]:
+def _opener(path: str, dictionaries: Sequence[SealedDictionary]) -> Callable[[bytes, bytes], bytes]:
     """Opens an exported envelope with the command's keys (--key-file: the keys the target store
-    is opened with too, so a store it creates is encrypted under the first)."""
+    is opened with too, so a store it creates is encrypted under the first) and the export's
+    dictionaries (each checked: its SHA-256, and the id its line gives)."""
     sealer = sealer_for({}, sealing_options(), f"the import into {path}")
+    for d in dictionaries:
+        what = f"the exported zstd dictionary {d.dict_id:08x}"
+        if sealer.open_dictionary(d.envelope, dict_context(d.dict_id), what.__str__) != d.dict_id:
+            raise ArgumentError(f"{what} holds another dictionary than its line names")
 
     def open_(key: bytes, envelope: bytes) -> bytes:
         return sealer.open(envelope, CONTEXT_VALUE + key, lambda: f"the exported value of key {key!r}")
