@@ -278,10 +278,11 @@ def restore_shape(tmp: str, shape: str, restore_mb: int, parallel: int) -> None:
 
     def plain_download(into: str | None, sync: bool = False) -> tuple[int, float]:
         """Every object fetched in parallel, kept in memory or written to a file in `into`
-        (as `aws s3 cp --recursive` would: no verification, no fsync; `sync`: each file
-        fsynced, as a restore makes what it writes durable)."""
+        (as `aws s3 cp --recursive` would: no verification, no fsync, a large object in ranges
+        fetched in parallel, as the restore fetches a snapshot; `sync`: each file fsynced, as a
+        restore makes what it writes durable)."""
         def fetch(name: str) -> int:
-            data = objects.get(name)
+            data = objects.get_large(name)
             if into is not None:
                 with open(os.path.join(into, name.replace("/", "_")), "wb") as f:
                     f.write(data)

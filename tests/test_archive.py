@@ -131,6 +131,26 @@ def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
     assert objects.check_create_only() is True
 
 
+@pytest.mark.parametrize("kind", ["file", "obstore-local", "s3-obstore", "s3-boto3"])
+def test_a_large_object_reads_back_whole_through_ranges(tmp_path, request, monkeypatch, kind):
+    """`get_large` (a restore's snapshot): the same bytes as `get`, fetched in ranges in parallel
+    where the backend does so (obstore), including a last range shorter than the others; a
+    missing object is ObjectMissingError, as for `get`."""
+    import wal.archive.objects as objects_module  # noqa: PLC0415
+
+    monkeypatch.setattr(objects_module, "RANGE_BYTES", 64 << 10)
+    objects = _backend(kind, tmp_path, request)
+    data = os.urandom(10 * (64 << 10) + 12345)
+    objects.put("snap/00000000000000000009.snap", data)
+    got = objects.get_large("snap/00000000000000000009.snap")
+    assert bytes(got) == data
+    small = b"one range"
+    objects.put("snap/00000000000000000010.snap", small)
+    assert bytes(objects.get_large("snap/00000000000000000010.snap")) == small
+    with pytest.raises(ObjectMissingError):
+        objects.get_large("snap/00000000000000000011.snap")
+
+
 def test_an_unreachable_s3_endpoint_is_an_archive_unavailable_error(tmp_path, monkeypatch):
     """Nothing listens: the shipper's retry-with-backoff error, naming the object, not a hang."""
     with socket.socket() as sock:

@@ -144,7 +144,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
     for _, name in reversed(candidates):
         if not name:
             return layout.EMPTY_SNAPSHOT, 0
-        data = objects.get(name)
+        data = objects.get_large(name)
         snap = layout.open_snapshot(data, name)
         if time_ms is None or snap.taken_ms <= time_ms:
             return snap, len(data)

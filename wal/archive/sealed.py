@@ -94,6 +94,10 @@ class SealedObjects(ObjectStore):
         return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
                                 lambda: f"the archive object {name} of {self.inner.url}")
 
+    def get_large(self, name: str) -> bytes:
+        return self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
+                                lambda: f"the archive object {name} of {self.inner.url}")
+
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         return (item for item in self.inner.list(prefix, start_after) if item[0] != MANIFEST)
 
