@@ -66,6 +66,9 @@ int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint6
 /* Check the `count` entries of an archive snapshot from buf[off] on (objindex.c): the offset after
  * the last, or -(i + 1) when entry i is cut off or fails its CRC-32C; *in_order: keys increasing. */
 int64_t wal_snapshot_check(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, int *in_order);
+/* The same over a snapshot still arriving: the whole entries in buf[0:size) (objindex.c). */
+int64_t wal_snapshot_check_prefix(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, uint64_t *end,
+                                  uint64_t *last, int *in_order);
 
 /* ---- reader (reader.c) ---- */
 typedef struct {

@@ -607,6 +607,56 @@ def test_a_damaged_snapshot_entry_is_refused_by_name_and_nothing_is_restored(tmp
         layout.open_snapshot(bytes(good) + hashlib.sha256(good).digest(), name)
 
 
+def _ranged_snapshot_archive(root, entries, monkeypatch, lsn=5000):
+    """An obstore archive (a LocalStore: fetched in ranges, as from S3) holding one snapshot,
+    with ranges and load pieces of 4 KiB, so entries straddle both."""
+    import wal.archive.objects as objects_module  # noqa: PLC0415
+
+    monkeypatch.setattr(objects_module, "RANGE_BYTES", 4096)
+    monkeypatch.setattr(restore_mod, "_SNAPSHOT_PIECE_BYTES", 4096)
+    store = LocalStore(str(root), mkdir=True)
+    objects = open_objects(store)
+    data = layout.encode_snapshot(lsn, int(time.time() * 1000), os.urandom(16), entries)
+    objects.put(layout.snap_name(lsn), data)
+    return objects, store, data
+
+
+def test_a_snapshot_is_loaded_piece_by_piece_as_its_ranges_arrive(tmp_path, monkeypatch):
+    """Entries cut by range and piece boundaries, values larger than a range, and keys out of
+    order only in a later piece (the pieces before it appended, the rest put): all restored."""
+    entries = [(b"k%05d" % i, i + 1, os.urandom(i % 97) * (50 if i % 40 == 0 else 1)) for i in range(1500)]
+    entries += [(b"a-late", 7, b"out of order, after pieces appended"), (b"k00010", 99, b"again")]
+    _, store, data = _ranged_snapshot_archive(tmp_path / "a", entries, monkeypatch)
+    assert len(data) > 40 * 4096
+    r = wal.restore(store, tmp_path / "r")
+    assert (r.lsn, r.snapshot_lsn, r.bytes) == (5000, 5000, len(data))
+    expected = {k: (v, ver) for k, ver, v in entries}
+    with wal.open(tmp_path / "r") as s:
+        assert {k: (v, s.version(k)) for k, v in s.scan()} == expected
+
+
+@pytest.mark.parametrize("where", ["entry", "trailer"])
+def test_damage_late_in_a_snapshot_loaded_piecemeal_leaves_nothing(tmp_path, monkeypatch, where):
+    """A bit flipped in the last entry (under a matching trailer: its CRC finds it) or in the
+    SHA-256 trailer alone: found after earlier pieces were loaded; refused by name, and no
+    directory is left, at the target or beside it."""
+    entries = [(b"k%05d" % i, i + 1, b"v" * 200) for i in range(400)]
+    objects, store, data = _ranged_snapshot_archive(tmp_path / "a", entries, monkeypatch)
+    name = layout.snap_name(5000)
+    damaged = bytearray(data)
+    if where == "entry":
+        damaged[-layout.DIGEST - 10] ^= 1
+        damaged[-layout.DIGEST:] = hashlib.sha256(damaged[:-layout.DIGEST]).digest()
+        match = r"snap/0+5000\.snap .*entry 399 fails its CRC-32C"
+    else:
+        damaged[-1] ^= 1
+        match = r"snap/0+5000\.snap .*SHA-256 trailer does not match"
+    objects.put(name, bytes(damaged), create_only=False)
+    with pytest.raises(wal.CorruptionError, match=match):
+        wal.restore(store, tmp_path / "r")
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+
+
 def test_loading_snapshot_entries_refuses_what_it_cannot_put_and_commits_nothing(tmp_path):
     state = State(str(tmp_path / "state"))
     try:

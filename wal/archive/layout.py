@@ -22,8 +22,8 @@ from __future__ import annotations
 import array
 import hashlib
 import struct
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple, Protocol
 
 from wal._bindings import ffi, lib, object_records
 from wal.errors import CorruptionError
@@ -289,6 +289,95 @@ def open_snapshot(data: bytes | bytearray, name: str) -> SnapshotImage:
     if end != len(body):
         raise _damaged(name, "bytes follow its last entry", hint)
     return SnapshotImage(lsn, taken, bytes(writer), body, _SNAP_HEADER.size, count, bool(in_order[0]))
+
+
+class SnapshotHeader(NamedTuple):
+    lsn: int
+    taken_ms: int
+    writer_id: bytes
+    n_entries: int
+
+
+EMPTY_SNAPSHOT_HEADER = SnapshotHeader(0, 0, b"", 0)  # the implicit one at LSN 0
+
+
+class SnapshotPiece(NamedTuple):
+    """`n_entries` whole entries of a snapshot still arriving, from ``body[offset:]`` on, each
+    past its CRC-32C. in_key_order: they and every entry before them are in key order."""
+
+    body: memoryview
+    offset: int
+    n_entries: int
+    in_key_order: bool
+
+
+class Arriving(Protocol):
+    """An object's bytes arriving into `buffer` (`size` of them): `wait(n)` returns once the
+    first n are in (wal.archive.objects.RangedRead)."""
+
+    buffer: bytes | bytearray
+    size: int
+
+    def wait(self, upto: int) -> None: ...
+
+
+def read_snapshot_header(read: Arriving, name: str) -> SnapshotHeader:
+    """The header of a snapshot arriving (`Arriving`), checked (length, magic, version, the LSN
+    its name gives); CorruptionError naming the object. Its entries and digest:
+    `snapshot_pieces`."""
+    buffer, size = read.buffer, read.size
+    parsed = parse_name(name)
+    hint = f"{parsed.first}" if parsed else "?"
+    if size < _SNAP_HEADER.size + DIGEST:
+        raise _damaged(name, f"{size} bytes is shorter than a header and trailer", hint)
+    read.wait(_SNAP_HEADER.size)
+    magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(buffer, 0)
+    if magic != SNAP_MAGIC:
+        raise _damaged(name, f"bad magic {magic!r}", hint)
+    if version != VERSION:
+        raise CorruptionError(f"archive snapshot {name} has format version {version}; this agentwal reads "
+                              f"{VERSION}", path=name, reason="archive version")
+    if parsed is None or parsed.first != lsn:
+        raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", hint)
+    return SnapshotHeader(lsn, taken, bytes(writer), count)
+
+
+def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int) -> Iterator[SnapshotPiece]:
+    """The entries of a snapshot arriving (`Arriving`), in pieces
+    as its bytes come in, `step` bytes at a time: each piece's entries are whole and pass their
+    CRC-32C (in C, native/objindex.c), so a restore loads them while the rest downloads. Once
+    every byte is in: the entries end where the trailer begins, and the SHA-256 trailer,
+    computed along the way, matches. CorruptionError naming the object (and the entry) if not,
+    possibly after pieces were yielded: the caller must drop what it made of them (a restore
+    builds its store aside, and moves it into place only once whole)."""
+    parsed = parse_name(name)
+    hint = f"{parsed.first}" if parsed else "?"
+    buffer, size = read.buffer, read.size
+    body_len = size - DIGEST
+    digest = hashlib.sha256()
+    hashed, avail = 0, _SNAP_HEADER.size
+    off, left = _SNAP_HEADER.size, header.n_entries
+    end, last, in_order = ffi.new("uint64_t *"), ffi.new("uint64_t *", 2**64 - 1), ffi.new("int *", 1)
+    while avail < size:
+        avail = min(size, avail + step)
+        read.wait(avail)
+        body = memoryview(buffer)[:min(avail, body_len)]
+        digest.update(body[hashed:])
+        hashed = len(body)
+        if not left:
+            continue
+        n = lib.wal_snapshot_check_prefix(ffi.from_buffer(body), len(body), off, left, end, last, in_order)
+        if n < 0:
+            raise _damaged(name, f"entry {header.n_entries - left - n - 1} fails its CRC-32C", hint)
+        if n:
+            yield SnapshotPiece(body, off, n, bool(in_order[0]))
+            off, left = int(end[0]), left - n
+    if left:
+        raise _damaged(name, f"it ends inside entry {header.n_entries - left}", hint)
+    if off != body_len:
+        raise _damaged(name, "bytes follow its last entry", hint)
+    if digest.digest() != bytes(memoryview(buffer)[body_len:size]):
+        raise _damaged(name, "its SHA-256 trailer does not match its bytes", hint)
 
 
 def decode_snapshot(data: bytes, name: str) -> Snapshot:

@@ -32,6 +32,7 @@ backoff. Both are `WalError`s.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import datetime as _dt
 import os
@@ -97,9 +98,19 @@ class ObjectStore:
     def get(self, name: str) -> bytes:
         raise NotImplementedError
 
+    def read_ranged(self, name: str) -> RangedRead:
+        """Start fetching an object that may be large (a snapshot), for a reader that uses its
+        bytes as they arrive (`RangedRead`). Here: `get`, whole."""
+        return RangedRead(self.get(name))
+
     def get_large(self, name: str) -> bytes | bytearray:
-        """`get` of an object that may be large (a snapshot). Here: `get`."""
-        return self.get(name)
+        """`get` of an object that may be large, through `read_ranged`."""
+        read = self.read_ranged(name)
+        try:
+            read.wait(read.size)
+            return read.buffer
+        finally:
+            read.close()
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         """(name, size) of every object whose name starts with prefix and sorts after start_after."""
@@ -120,6 +131,31 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+
+class RangedRead:
+    """An object being fetched into `buffer` (its whole size), in ranges that may arrive in any
+    order: `wait(n)` returns once buffer[:n] is in, or raises what fetching it raised
+    (ArchiveError). A backend that reads an object whole hands over a complete one."""
+
+    def __init__(self, buffer: bytes | bytearray,
+                 ranges: list[tuple[int, concurrent.futures.Future[None]]] | None = None,
+                 pool: concurrent.futures.ThreadPoolExecutor | None = None) -> None:
+        self.buffer = buffer
+        self.size = len(buffer)
+        self._ranges = collections.deque(ranges or ())  # (start, fetch), in offset order
+        self._pool = pool
+
+    def wait(self, upto: int) -> None:
+        while self._ranges and self._ranges[0][0] < upto:
+            self._ranges[0][1].result()
+            self._ranges.popleft()
+
+    def close(self) -> None:
+        """Stop fetching (ranges not started are dropped; the buffer stays)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 def fencing_refusal(objects: ObjectStore) -> str:
@@ -421,16 +457,17 @@ class ObstoreObjects(ObjectStore):
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
 
-    def get_large(self, name: str) -> bytes | bytearray:
-        """`get`, in ranges of RANGE_BYTES fetched RANGE_PARALLEL at a time once the object is
-        larger than one range: one stream from the benchmark's S3 server ran at ~350 MB/s, under
-        what the disk takes (FORMAT.md's objects are immutable, so the ranges are of one object)."""
+    def read_ranged(self, name: str) -> RangedRead:
+        """Ranges of RANGE_BYTES fetched RANGE_PARALLEL at a time, once the object is larger
+        than one range: one stream from the benchmark's S3 server ran at 160-340 MB/s, the
+        ranges at 310-550 MB/s. Archive objects are immutable (create-only names), so the
+        ranges are of one object."""
         try:
             size = int(self._obstore.head(self.store, name)["size"])
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
         if size <= RANGE_BYTES:
-            return self.get(name)
+            return RangedRead(self.get(name))
         out = bytearray(size)
         view = memoryview(out)
 
@@ -440,15 +477,13 @@ class ObstoreObjects(ObjectStore):
                 got = memoryview(self._obstore.get_range(self.store, name, start=start, end=end))
             except Exception as exc:
                 raise self._err(exc, "reading", name) from exc
-            if len(got) != end - start:  # deleted and written again meanwhile: never, names are create-only
+            if len(got) != end - start:
                 raise ArchiveUnavailableError(f"reading {self.url}/{name}: bytes {start}..{end} came back "
                                               f"{len(got)} long")
             view[start:end] = got
 
-        with concurrent.futures.ThreadPoolExecutor(RANGE_PARALLEL, thread_name_prefix="agentwal-get") as pool:
-            for done in pool.map(fetch, range(0, size, RANGE_BYTES)):
-                del done
-        return out
+        pool = concurrent.futures.ThreadPoolExecutor(RANGE_PARALLEL, thread_name_prefix="agentwal-get")
+        return RangedRead(out, [(start, pool.submit(fetch, start)) for start in range(0, size, RANGE_BYTES)], pool)
 
     def _metas(self, prefix: str, start_after: str | None) -> list[dict[str, Any]]:
         # Sorted here: S3 lists in name order, but not every obstore store does (a local folder).

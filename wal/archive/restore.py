@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from wal._fs import fsync_dir, makedirs_durable
 from wal.archive import layout
-from wal.archive.objects import ObjectMissingError, ObjectStore, open_objects
+from wal.archive.objects import ObjectMissingError, ObjectStore, RangedRead, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading, with_dictionaries
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
@@ -127,10 +127,20 @@ def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
                     f.cancel()
 
 
+class ChosenSnapshot(NamedTuple):
+    """The snapshot a restore starts from: its header (checked), and its bytes, arriving
+    (`RangedRead`), checked as they are loaded (`layout.snapshot_pieces`). No `read` for the
+    implicit empty snapshot at LSN 0."""
+
+    name: str
+    header: layout.SnapshotHeader
+    read: RangedRead | None
+
+
 def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
-                     time_ms: int | None) -> tuple[layout.SnapshotImage, int]:
-    """The newest snapshot at or before the target, decoded and verified, and its size. An
-    archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
+                     time_ms: int | None) -> ChosenSnapshot:
+    """The newest snapshot at or before the target, its header read and checked, its bytes on
+    their way. An archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
     if any(p.first == 1 for p in listing.logs):
         listing = Listing(listing.logs, [(0, ""), *[s for s in listing.snapshots if s[0] > 0]])
     if not listing.snapshots:
@@ -143,13 +153,21 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                             f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
     for _, name in reversed(candidates):
         if not name:
-            return layout.EMPTY_SNAPSHOT, 0
-        data = objects.get_large(name)
-        snap = layout.open_snapshot(data, name)
-        if time_ms is None or snap.taken_ms <= time_ms:
-            return snap, len(data)
-        del snap, data  # before the next one comes in
-    oldest = layout.open_snapshot(objects.get(candidates[0][1]), candidates[0][1])  # never the implicit one
+            return ChosenSnapshot("", layout.EMPTY_SNAPSHOT_HEADER, None)
+        read = objects.read_ranged(name)
+        try:
+            header = layout.read_snapshot_header(read, name)
+        except BaseException:
+            read.close()
+            raise
+        if time_ms is None or header.taken_ms <= time_ms:
+            return ChosenSnapshot(name, header, read)
+        read.close()  # before the next one comes in
+    read = objects.read_ranged(candidates[0][1])  # never the implicit one
+    try:
+        oldest = layout.read_snapshot_header(read, candidates[0][1])
+    finally:
+        read.close()
     raise ArgumentError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
                         f"(taken {_iso(oldest.taken_ms)})")
 
@@ -224,6 +242,8 @@ _OBJECT_BATCH_BYTES = 1 << 20
 # Snapshot entries per LMDB transaction at most (and BATCH_BYTES of keys and values): bounds a
 # transaction's dirty pages for a snapshot of many small entries.
 _LOAD_ENTRIES = 1_000_000
+# A snapshot's entries are checked and loaded as this many more of its bytes arrive.
+_SNAPSHOT_PIECE_BYTES = 16 << 20
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
@@ -255,8 +275,9 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     objects, sealed = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     t0 = _time.monotonic()
-    snap, snap_bytes = _choose_snapshot(objects, listing, lsn, time_ms)
-    snap_lsn, snap_writer = snap.lsn, snap.writer_id
+    snap = _choose_snapshot(objects, listing, lsn, time_ms)
+    snap_lsn, snap_writer = snap.header.lsn, snap.header.writer_id
+    snap_bytes = snap.read.size if snap.read is not None else 0
     tail: list[Piece] = []
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
     building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
@@ -296,10 +317,11 @@ class StoreBuilder:
     state, and the archive keeps their history. A sealed archive gives a sealed store (its STORE
     says `sealed`; the entries and records are envelopes already)."""
 
-    def __init__(self, root: str, snap: layout.SnapshotImage, sealed: dict[str, Any] | None) -> None:
+    def __init__(self, root: str, snap: ChosenSnapshot, sealed: dict[str, Any] | None) -> None:
+        self._snap_read = snap.read  # stopped by close() if the restore ends early
         makedirs_durable(root)
         self.root = root
-        self.last = snap.lsn
+        self.last = snap.header.lsn
         self.records = 0
         self._added = 0  # payload bytes added to the collapser since its last take
         store_mod._write_store_file(root, {"sealed": sealed} if sealed is not None else None)
@@ -312,8 +334,9 @@ class StoreBuilder:
         self._state: State | None = State(os.path.join(root, store_mod.STATE_DIR))
         try:
             self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
-            if snap.lsn > 0:
-                # In the writer thread, while the first log objects download.
+            if snap.header.lsn > 0:
+                # In the writer thread, while the snapshot's later bytes and the first log
+                # objects download.
                 self._writing = self._writer.submit(self._load, snap)
         except BaseException:
             self.close()
@@ -351,21 +374,31 @@ class StoreBuilder:
         self._wait_for_writer()
         self._writing = self._writer.submit(self._write, batch)
 
-    def _load(self, snap: layout.SnapshotImage) -> None:
-        """The snapshot's entries, straight from its bytes into LMDB (verified whole already:
-        layout.open_snapshot), in transactions of a bounded size, appended where the keys are
-        in order, as written; then applied_lsn = the snapshot's LSN, in a transaction of its
-        own. Until then the state says it holds nothing, but nothing opens it: the store is
-        moved into place only once whole."""
-        assert self._state is not None
-        offset, left = snap.start, snap.n_entries
-        while left:
-            offset, done = self._state.load_snapshot(snap.body, offset, min(left, _LOAD_ENTRIES), BATCH_BYTES,
-                                                     snap.in_key_order)
-            assert done > 0, "load_snapshot puts at least one entry of those asked for"
-            left -= done
-            self._sync_soon()
-        self._state.apply((1, snap.lsn, snap.lsn, [], [], []), lambda: snap.lsn)
+    def _load(self, snap: ChosenSnapshot) -> None:
+        """The snapshot's entries, straight from its bytes into LMDB as they arrive, each piece
+        checked first (`layout.snapshot_pieces`: the entries' CRC-32C as they come, the
+        SHA-256 of the whole once in), in transactions of a bounded size, appended where the
+        keys are in order, as written; then applied_lsn = the snapshot's LSN, in a transaction
+        of its own. Until then the state says it holds nothing, and nothing opens it: the store
+        is moved into place only once whole, so entries loaded before a damaged byte further on
+        is found are never seen."""
+        assert self._state is not None and snap.read is not None
+        read = snap.read
+        try:
+            for piece in layout.snapshot_pieces(read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
+                offset, left = piece.offset, piece.n_entries
+                while left:
+                    offset, done = self._state.load_snapshot(piece.body, offset, min(left, _LOAD_ENTRIES),
+                                                             BATCH_BYTES, piece.in_key_order)
+                    assert done > 0, "load_snapshot puts at least one entry of those asked for"
+                    left -= done
+                    self._sync_soon()
+                del piece  # its view of the buffer
+        finally:
+            read.close()
+        self._snap_read = None  # its bytes go once loaded
+        lsn = snap.header.lsn
+        self._state.apply((1, lsn, lsn, [], [], []), lambda: lsn)
 
     def _write(self, batch: record.Collapsed) -> None:
         assert self._state is not None
@@ -404,6 +437,8 @@ class StoreBuilder:
             log.close()
 
     def close(self) -> None:
+        if self._snap_read is not None:
+            self._snap_read.close()
         self._collapser.detach()
         with contextlib.suppress(BaseException):  # the caller's error (or finish's) is the one reported
             self._wait_for_writer()

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore
+from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore, RangedRead
 from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer, parse
 from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
 
@@ -94,9 +94,10 @@ class SealedObjects(ObjectStore):
         return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
                                 lambda: f"the archive object {name} of {self.inner.url}")
 
-    def get_large(self, name: str) -> bytes:
-        return self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
-                                lambda: f"the archive object {name} of {self.inner.url}")
+    def read_ranged(self, name: str) -> RangedRead:
+        # An object is sealed whole (one AEAD tag over it): opened once all of it is in.
+        return RangedRead(self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
+                                           lambda: f"the archive object {name} of {self.inner.url}"))
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         return (item for item in self.inner.list(prefix, start_after) if item[0] != MANIFEST)
