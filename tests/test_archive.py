@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import itertools
 import os
 import shutil
 import signal
@@ -423,6 +424,25 @@ def test_small_objects_are_merged_so_the_count_stays_bounded(tmp_path, archive_u
     assert report.lsn == 60
     with wal.open(tmp_path / "r") as r:
         assert [k for k, _ in r.scan()] == sorted(f"k{i}".encode() for i in range(60))
+
+
+def test_a_merge_joins_its_parts_byte_for_byte_as_encoding_their_records_would():
+    """`layout.merge_logs` joins verified objects' record bytes as they are: the same object as
+    `encode_log` of all their records (header times from the parts), and it verifies."""
+    from wal.log import record  # noqa: PLC0415
+    writer = os.urandom(16)
+    now = int(time.time() * 1000)
+    records = [(lsn, record.encode_one(record.OP_PUT, b"k%d" % lsn, os.urandom(lsn % 50) * 3, now - 1000 * (lsn % 7)))
+               for lsn in range(7, 40)]
+    cuts = [0, 1, 9, 10, 25, len(records)]
+    parts = []
+    for a, b in itertools.pairwise(cuts):
+        name = layout.log_name(records[a][0])
+        parts.append(layout.decode_log(layout.encode_log(records[a:b], writer, behind=a % 3), name))
+    merged = layout.merge_logs(parts, writer)
+    assert merged == layout.encode_log(records, writer)
+    obj = layout.decode_log(merged, layout.merged_name(7, 39))
+    assert obj.records == records and obj.behind == 0
 
 
 # ---- restore -------------------------------------------------------------------------------

@@ -1012,7 +1012,7 @@ class Shipper:
             if item[0] != run[-1][1] + 1:
                 break
             run.append(item)
-        records: list[tuple[int, bytes]] = []
+        parts: list[layout.LogObject] = []
         for first, _, _, kept in run:
             name = layout.log_name(first)
             try:
@@ -1023,11 +1023,11 @@ class Shipper:
             if obj.writer_id != self.writer_id:  # never: only our own stored objects are listed here
                 self._drop_unmerged(len(run))
                 return True
-            records.extend(obj.records)
+            parts.append(obj)
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
         try:
-            self._put(merged, layout.encode_log(records, self.writer_id))
+            self._put(merged, layout.merge_logs(parts, self.writer_id))
         except ObjectExistsError:
             layout.decode_log(self._get(merged), merged)  # there and sound: a retry of this merge
         # One request for the parts (S3 DeleteObjects): deleted one by one they doubled the
