@@ -41,27 +41,12 @@ int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint6
  * CRC-32C. *in_order: 1 if the keys strictly increase in LMDB's order (bytes, then the shorter
  * first), as the writer lays them out, so a restore may append them (MDB_APPEND); else 0. */
 int64_t wal_snapshot_check(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, int *in_order) {
-    const uint8_t *prev = NULL;
-    uint32_t prev_len = 0;
+    uint64_t end, last = UINT64_MAX;
     *in_order = 1;
-    for (uint64_t i = 0; i < count; i++) {
-        uint32_t klen, vlen, crc;
-        if (off > size || size - off < 20) return -(int64_t)(i + 1);
-        memcpy(&klen, buf + off, 4);
-        memcpy(&vlen, buf + off + 4, 4);
-        memcpy(&crc, buf + off + 16, 4);
-        uint64_t start = off + 20;
-        if ((uint64_t)klen + vlen > size - start) return -(int64_t)(i + 1);
-        if (wal_crc32c(wal_crc32c(0, buf + off, 16), buf + start, (size_t)klen + vlen) != crc) return -(int64_t)(i + 1);
-        if (*in_order && prev != NULL) {
-            int c = memcmp(prev, buf + start, prev_len < klen ? prev_len : klen);
-            if (c > 0 || (c == 0 && prev_len >= klen)) *in_order = 0;
-        }
-        prev = buf + start;
-        prev_len = klen;
-        off = start + klen + vlen;
-    }
-    return (int64_t)off;
+    int64_t n = wal_snapshot_check_prefix(buf, size, off, count, &end, &last, in_order);
+    if (n < 0) return n;                             /* entry -n - 1 fails its CRC-32C */
+    if ((uint64_t)n < count) return -(n + 1);        /* entry n is cut off */
+    return (int64_t)end;
 }
 
 /* wal_snapshot_check over a snapshot still arriving (a restore loads it as its ranges come in):

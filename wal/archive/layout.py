@@ -280,17 +280,9 @@ EMPTY_SNAPSHOT = SnapshotImage(0, 0, b"", memoryview(b""), 0, 0, True)  # the im
 def open_snapshot(data: bytes | bytearray, name: str) -> SnapshotImage:
     """Verify a snapshot (its SHA-256, then every entry's CRC-32C, in one C call without the GIL:
     native/objindex.c); CorruptionError (naming the object) if anything is off."""
-    parsed = parse_name(name)
-    hint = f"{parsed.first}" if parsed else "?"
+    hint = _snapshot_hint(name)
     body = _check_digest(data, name, hint)
-    magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(body, 0)
-    if magic != SNAP_MAGIC:
-        raise _damaged(name, f"bad magic {magic!r}", hint)
-    if version != VERSION:
-        raise CorruptionError(f"archive snapshot {name} has format version {version}; this agentwal reads "
-                              f"{VERSION}", path=name, reason="archive version")
-    if parsed is None or parsed.first != lsn:
-        raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", hint)
+    lsn, taken, writer, count = _snapshot_header(body, name)
     in_order = ffi.new("int *")
     end = lib.wal_snapshot_check(ffi.from_buffer(body), len(body), _SNAP_HEADER.size, count, in_order)
     if end < 0:
@@ -304,7 +296,7 @@ def open_snapshot(data: bytes | bytearray, name: str) -> SnapshotImage:
         raise _damaged(name, f"entry {bad} fails its CRC-32C", hint)
     if end != len(body):
         raise _damaged(name, "bytes follow its last entry", hint)
-    return SnapshotImage(lsn, taken, bytes(writer), body, _SNAP_HEADER.size, count, bool(in_order[0]))
+    return SnapshotImage(lsn, taken, writer, body, _SNAP_HEADER.size, count, bool(in_order[0]))
 
 
 class SnapshotHeader(NamedTuple):
@@ -341,20 +333,28 @@ def read_snapshot_header(read: Arriving, name: str) -> SnapshotHeader:
     """The header of a snapshot arriving (`Arriving`), checked (length, magic, version, the LSN
     its name gives); CorruptionError naming the object. Its entries and digest:
     `snapshot_pieces`."""
-    buffer, size = read.buffer, read.size
-    parsed = parse_name(name)
-    hint = f"{parsed.first}" if parsed else "?"
-    if size < _SNAP_HEADER.size + DIGEST:
-        raise _damaged(name, f"{size} bytes is shorter than a header and trailer", hint)
+    if read.size < _SNAP_HEADER.size + DIGEST:
+        raise _damaged(name, f"{read.size} bytes is shorter than a header and trailer", _snapshot_hint(name))
     read.wait(_SNAP_HEADER.size)
+    return _snapshot_header(read.buffer, name)
+
+
+def _snapshot_hint(name: str) -> str:
+    parsed = parse_name(name)
+    return f"{parsed.first}" if parsed else "?"
+
+
+def _snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> SnapshotHeader:
+    """A snapshot's header from its first bytes, checked: magic, version, the LSN its name gives."""
     magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(buffer, 0)
     if magic != SNAP_MAGIC:
-        raise _damaged(name, f"bad magic {magic!r}", hint)
+        raise _damaged(name, f"bad magic {magic!r}", _snapshot_hint(name))
     if version != VERSION:
         raise CorruptionError(f"archive snapshot {name} has format version {version}; this agentwal reads "
                               f"{VERSION}", path=name, reason="archive version")
+    parsed = parse_name(name)
     if parsed is None or parsed.first != lsn:
-        raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", hint)
+        raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", _snapshot_hint(name))
     return SnapshotHeader(lsn, taken, bytes(writer), count)
 
 
@@ -366,8 +366,7 @@ def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int
     computed along the way, matches. CorruptionError naming the object (and the entry) if not,
     possibly after pieces were yielded: the caller must drop what it made of them (a restore
     builds its store aside, and moves it into place only once whole)."""
-    parsed = parse_name(name)
-    hint = f"{parsed.first}" if parsed else "?"
+    hint = _snapshot_hint(name)
     buffer, size = read.buffer, read.size
     body_len = size - DIGEST
     digest = hashlib.sha256()

@@ -15,7 +15,6 @@ them before the values compressed with them, and needs nothing but the export an
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -24,7 +23,7 @@ from wal.errors import ArgumentError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
-from wal.store.sealed import DICT_DIR, dict_context, read_meta, sealer_for
+from wal.store.sealed import dict_context, dictionary_files, read_meta, sealer_for
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
 
 # ---- export / import ---------------------------------------------------------------------------------
@@ -46,24 +45,6 @@ class Imported(NamedTuple):
     dictionaries: list[SealedDictionary]
 
 
-def _stored_dictionaries(path: str) -> Iterator[tuple[int, bytes]]:
-    """(id, file bytes) of every dictionary kept in the store at `path`, by id."""
-    folder = os.path.join(path, DICT_DIR)
-    try:
-        names = sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return
-    for name in names:
-        if not name.endswith(".zdict") or len(name) != 14:
-            continue  # a temporary file of a write a crash interrupted
-        try:
-            did = int(name[:8], 16)
-        except ValueError:
-            continue
-        with open(os.path.join(folder, name), "rb") as f:
-            yield did, f.read()
-
-
 def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
     """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
     sealed store's lines carry {"sealed": envelope} instead of "value", after a line for each
@@ -71,7 +52,9 @@ def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
     sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
     field = "sealed" if sealed else "value"
     if sealed:
-        for did, envelope in _stored_dictionaries(path):
+        for did, file in dictionary_files(path):
+            with open(file, "rb") as f:
+                envelope = f.read()
             yield json.dumps({"zstd_dictionary": f"{did:08x}", "sealed": render_bytes(envelope)}, ensure_ascii=False)
     for key, version, value in scan(path, prefix, opened=False):  # a sealed store's envelopes, as stored
         yield json.dumps({"key": render_bytes(key), field: render_bytes(value), "version": version},

@@ -50,24 +50,29 @@ def dict_context(dict_id: int) -> bytes:
     return CONTEXT_DICT + dict_id.to_bytes(4, "big")
 
 
-def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> None:
-    """Give `sealer` every dictionary stored in `root`/dicts (each file a sealed envelope of one,
-    named by its zstd id), and compress with `compressing` (STORE's "dict") unless the caller
-    gave one. Stored dictionaries are why a compressed store opens without compression_dict=."""
+def dictionary_files(root: str) -> Iterator[tuple[int, str]]:
+    """(zstd id, path) of every dictionary file in `root`/dicts, by id."""
     folder = os.path.join(root, DICT_DIR)
     try:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
-        names = []
-    found: set[int] = set()
+        return
     for name in names:
         if not name.endswith(".zdict") or len(name) != 14:
             continue  # a temporary file of a write a crash interrupted
-        path = os.path.join(folder, name)
         try:
             did = int(name[:8], 16)
         except ValueError:
             continue
+        yield did, os.path.join(folder, name)
+
+
+def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> None:
+    """Give `sealer` every dictionary stored in `root`/dicts (each file a sealed envelope of one,
+    named by its zstd id), and compress with `compressing` (STORE's "dict") unless the caller
+    gave one. Stored dictionaries are why a compressed store opens without compression_dict=."""
+    found: set[int] = set()
+    for did, path in dictionary_files(root):
         with open(path, "rb") as f:
             envelope = f.read()
         if sealer.open_dictionary(envelope, dict_context(did), _naming(f"the dictionary file {path}")) != did:
