@@ -314,6 +314,26 @@ def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
         assert s.get("c") == b"3"
 
 
+def test_a_commit_that_reaches_the_archive_past_the_bound_is_counted_and_logged(tmp_path, caplog):
+    """Acknowledged while the archive kept up, then held back by an outage past archive_rpo_ms:
+    when it reaches the archive, an overrun is counted (stats, Prometheus) and logged once, so
+    the window never widens silently. Commits are admitted only up to 3/4 of the bound."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:
+        assert s._shipper.admit_ms == 112.5
+        s.put("a", b"1")
+        wait_until(lambda: s.stats()["archived_lsn"] == 1)
+        assert s.stats()["archive_rpo_overruns"] == 0
+        with Blocked(url):
+            s.put("b", b"2")  # acknowledged at once: the archive had kept up
+            time.sleep(0.3)
+        with caplog.at_level("WARNING", logger="wal.archive"):
+            wait_until(lambda: s.stats()["archived_lsn"] == 2)
+        assert s.stats()["archive_rpo_overruns"] == 1
+        assert "past archive_rpo_ms=150" in caplog.text and "archive_rpo_overruns" in caplog.text
+        assert "agentwal_archive_rpo_overruns_total 1" in prometheus_text(s.stats())
+
+
 def test_lag_over_the_bound_holds_commits_back_with_policy_block(tmp_path):
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:

@@ -25,7 +25,7 @@ COUNTERS = frozenset({
     "space_checkpoints", "state_backpressure_waits", "state_backpressure_ms",
     # the object archive (wal/archive/shipper.py)
     "archive_puts", "archive_put_bytes", "archive_put_errors", "archive_objects", "archive_snapshots",
-    "archive_merges", "archive_deletes", "archive_gets",
+    "archive_merges", "archive_deletes", "archive_gets", "archive_rpo_overruns",
 })
 
 HELP = {
@@ -95,6 +95,7 @@ HELP = {
     "archive_merges": "Merges of small log objects into one.",
     "archive_deletes": "Objects deleted from the archive (merged away).",
     "archive_gets": "GET requests to the archive (merges, ownership checks).",
+    "archive_rpo_overruns": "Times commits reached the archive more than archive_rpo_ms after they were acknowledged.",
     "archive_last_snapshot_lsn": "LSN of the newest state snapshot in the archive.",
     "archive_fenced": "1 if another writer took the archive over and this store stopped.",
 }
