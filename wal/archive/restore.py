@@ -278,12 +278,14 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     snap = _choose_snapshot(objects, listing, lsn, time_ms)
     snap_lsn, snap_writer = snap.header.lsn, snap.header.writer_id
     snap_bytes = snap.read.size if snap.read is not None else 0
+    snap_read = snap.read  # closed below if the restore fails before the builder took it
     tail: list[Piece] = []
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
     building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
     try:
         builder = StoreBuilder(building, snap, sealed)
         del snap  # its bytes go once the builder has loaded them
+        snap_read = None  # the builder's now (it closes it)
         try:
             end, count, nbytes, writer = stream(objects, listing, snap_lsn, builder.add, upto=lsn, time_ms=time_ms,
                                                 parallel=parallel, progress=progress, writer=snap_writer,
@@ -299,6 +301,8 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         os.rename(building, root)  # onto a missing or empty directory: atomic
         fsync_dir(os.path.dirname(root))
     except BaseException as exc:
+        if snap_read is not None:
+            snap_read.close()
         shutil.rmtree(building, ignore_errors=True)
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
