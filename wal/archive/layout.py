@@ -300,6 +300,8 @@ def open_snapshot(data: bytes | bytearray, name: str) -> SnapshotImage:
 
 
 class SnapshotHeader(NamedTuple):
+    """A snapshot's header fields (FORMAT.md §18), checked against its name."""
+
     lsn: int
     taken_ms: int
     writer_id: bytes
@@ -359,8 +361,8 @@ def _snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> Snaps
 
 
 def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int) -> Iterator[SnapshotPiece]:
-    """The entries of a snapshot arriving (`Arriving`), in pieces
-    as its bytes come in, `step` bytes at a time: each piece's entries are whole and pass their
+    """The entries of a snapshot arriving (`Arriving`), in pieces as its bytes come in, `step`
+    bytes at a time: each piece's entries are whole and pass their
     CRC-32C (in C, native/objindex.c), so a restore loads them while the rest downloads. Once
     every byte is in: the entries end where the trailer begins, and the SHA-256 trailer,
     computed along the way, matches. CorruptionError naming the object (and the entry) if not,
