@@ -218,7 +218,7 @@ class Follower:
         snaps = [s for s in listing.snapshots if s[0] <= self._pos]
         if snaps:
             lsn, name = snaps[-1]
-            writer: bytes | None = layout.open_snapshot(self._objects.get(name), name).writer_id
+            writer: bytes | None = layout.open_snapshot(self._objects.get_large(name), name).writer_id
         elif any(p.first == 1 for p in listing.logs):
             lsn, writer = 0, b""
         else:

@@ -317,7 +317,7 @@ def find_end(objects: ObjectStore, listing: Listing) -> End:
         chain = Chain(objects, listing.logs, anchor.last, anchor.writer_id, fetch=fetch)
     elif listing.snapshots:
         lsn, name = listing.snapshots[-1]
-        snap = layout.open_snapshot(objects.get(name), name)  # verified; its entries not copied out
+        snap = layout.open_snapshot(objects.get_large(name), name)  # verified; its entries not copied out
         chain = Chain(objects, listing.logs, lsn, snap.writer_id, fetch=fetch)
     else:  # nothing anchors it (damage): the oldest object on
         chain = Chain(objects, listing.logs, groups[0].first - 1 if groups else 0, None, fetch=fetch)

@@ -484,7 +484,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     writers: dict[str, bytes] = {}
     for _, name in listing.snapshots:
         try:
-            data = objects.get(name)
+            data = objects.get_large(name)
             nbytes += len(data)
             count += 1
             writers[name] = layout.open_snapshot(data, name).writer_id
