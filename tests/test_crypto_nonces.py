@@ -215,7 +215,9 @@ def test_no_key_and_nonce_pair_is_used_twice_across_kills_power_cuts_restores_pr
     repeated = [line for line, n in counts.items() if n > 1]
     assert not repeated, f"{len(repeated)} (key id, session, counter) used more than once: {repeated[:5]}"
     sessions = {line.split()[1] for line in lines}
-    assert len(lines) > 1000 and len(sessions) > KILLS + CUTS, (len(lines), len(sessions))
+    # A round whose child is killed before its first seal (in its start-up or recovery: many of
+    # the long profile's 300) traces no session; at least half of the rounds seal.
+    assert len(lines) > 1000 and len(sessions) > (KILLS + CUTS) // 2, (len(lines), len(sessions))
     others = [line for line in lines if line.split()[0] != KID.hex().encode()]
     assert not others, others[:5]
 
