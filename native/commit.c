@@ -195,12 +195,31 @@ static void wake_listed(wake_list *wl) {
     wl->n = 0;
 }
 
-static void waiter_unlink(wal_log *log, wal_waiter *w) {
+/* The followers (`waiters`) and the archive's waiters (`awaiters`) are each a list of
+ * wal_waiter, head and tail, under mu. */
+static void list_unlink(wal_waiter **head, wal_waiter **tail, wal_waiter *w) {
     if (w->prev) w->prev->next = w->next;
-    else log->waiters = w->next;
+    else *head = w->next;
     if (w->next) w->next->prev = w->prev;
-    else log->waiters_tail = w->prev;
+    else *tail = w->prev;
     w->prev = w->next = NULL;
+}
+
+static void waiter_unlink(wal_log *log, wal_waiter *w) { list_unlink(&log->waiters, &log->waiters_tail, w); }
+
+/* Join a list as `me` (its watermarks set by the caller), release mu and sleep on me's own futex
+ * word until someone picks it; what it was woken with (WOKEN_DONE or WOKEN_RECHECK). mu held on
+ * entry, NOT on return. */
+static uint32_t sleep_listed(wal_log *log, wal_waiter **head, wal_waiter **tail, wal_waiter *me) {
+    me->prev = *tail;
+    if (*tail) (*tail)->next = me;
+    else *head = me;
+    *tail = me;
+    pthread_mutex_unlock(&log->mu);
+    uint32_t got;
+    while ((got = atomic_load_explicit(&me->woken, memory_order_acquire)) == 0)
+        syscall(SYS_futex, (uint32_t *)&me->woken, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+    return got;
 }
 
 /* After any event that moves a watermark or frees a slot: wake the followers that are done
@@ -238,14 +257,8 @@ static void wake_waiters(wal_log *log, wake_list *later) {
  * Returns 1 -- with mu NOT held -- when `may_return_unlocked` and the watermarks were
  * reached; otherwise 0 with mu held again. */
 static int wait_as_follower(wal_log *log, uint64_t w_lsn, uint64_t d_lsn, int may_return_unlocked) {
-    wal_waiter me = {.w_lsn = w_lsn, .d_lsn = d_lsn, .prev = log->waiters_tail};
-    if (log->waiters_tail) log->waiters_tail->next = &me;
-    else log->waiters = &me;
-    log->waiters_tail = &me;
-    pthread_mutex_unlock(&log->mu);
-    uint32_t got;
-    while ((got = atomic_load_explicit(&me.woken, memory_order_acquire)) == 0)
-        syscall(SYS_futex, (uint32_t *)&me.woken, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+    wal_waiter me = {.w_lsn = w_lsn, .d_lsn = d_lsn};
+    uint32_t got = sleep_listed(log, &log->waiters, &log->waiters_tail, &me);
     if (got == WOKEN_DONE && may_return_unlocked) return 1;
     pthread_mutex_lock(&log->mu);
     return 0;
@@ -317,11 +330,7 @@ static int pick_awaiters(wal_log *log, int everyone, wake_list *wl) {
     for (wal_waiter *w = log->awaiters; w; w = next) {
         next = w->next;
         if (!everyone && w->d_lsn > log->archived) continue;
-        if (w->prev) w->prev->next = w->next;
-        else log->awaiters = w->next;
-        if (w->next) w->next->prev = w->prev;
-        else log->awaiters_tail = w->prev;
-        w->prev = w->next = NULL;
+        list_unlink(&log->awaiters, &log->awaiters_tail, w);
         _Atomic uint32_t *word = &w->woken;
         atomic_store_explicit(word, everyone ? WOKEN_RECHECK : WOKEN_DONE, memory_order_release);
         if (wl && wl->n < WAKE_BATCH) wl->words[wl->n++] = word;
@@ -377,15 +386,9 @@ int wal_log_wait_archived(wal_log *log, uint64_t lsn) {
         if (log->failed) { rc = WAL_EFAILED; break; }
         if (log->closing || log->closed) { rc = WAL_ECLOSED; break; }
         if (log->archive_stopped) { rc = WAL_EAGAIN; break; }
-        wal_waiter me = {.d_lsn = lsn, .prev = log->awaiters_tail};
-        if (log->awaiters_tail) log->awaiters_tail->next = &me;
-        else log->awaiters = &me;
-        log->awaiters_tail = &me;
-        pthread_mutex_unlock(&log->mu);
-        uint32_t got;
-        while ((got = atomic_load_explicit(&me.woken, memory_order_acquire)) == 0)
-            syscall(SYS_futex, (uint32_t *)&me.woken, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
-        if (got == WOKEN_DONE) return 0; /* the archive holds lsn: no need to take mu again */
+        wal_waiter me = {.d_lsn = lsn};
+        if (sleep_listed(log, &log->awaiters, &log->awaiters_tail, &me) == WOKEN_DONE)
+            return 0; /* the archive holds lsn: no need to take mu again */
         pthread_mutex_lock(&log->mu);
     }
     pthread_mutex_unlock(&log->mu);

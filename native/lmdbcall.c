@@ -765,6 +765,19 @@ static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, ui
 }
 
 /* put_entry for a value given as the caller's layout: u64 LE version + value. */
+/* A write transaction with a cursor on `dbi`, for the callers that walk or fill one database
+ * (without the GIL). *where names the call that failed; on failure the caller closes what is
+ * not NULL, as after any later error. */
+static int begin_write_cursor(EnvObject *e, MDB_dbi dbi, MDB_txn **txn, MDB_cursor **cur, const char **where) {
+    *where = "mdb_txn_begin";
+    int rc = M.txn_begin(e->env, NULL, 0, txn);
+    if (rc == 0) {
+        rc = M.cursor_open(*txn, dbi, cur);
+        *where = "mdb_cursor_open";
+    }
+    return rc;
+}
+
 static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v, const char **where) {
     return put_entry(e, txn, cur, k, wal_get_u64(v->mv_data), (const char *)v->mv_data + 8, v->mv_size - 8, where);
 }
@@ -1162,11 +1175,7 @@ static PyObject *env_load_snapshot(EnvObject *self, PyObject *const *args, Py_ss
     MDB_cursor *cur = NULL;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = M.txn_begin(self->env, NULL, 0, &txn);
-    if (rc == 0) {
-        rc = M.cursor_open(txn, self->dbs[DB_DATA], &cur);
-        where = "mdb_cursor_open";
-    }
+    rc = begin_write_cursor(self, self->dbs[DB_DATA], &txn, &cur, &where);
     while (rc == 0 && done < count && bytes < max_bytes) {
         uint32_t klen, vlen;
         if (off > size || size - off < 20) {
@@ -1271,11 +1280,7 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
     int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = M.txn_begin(self->env, NULL, 0, &txn);
-    if (rc == 0) {
-        rc = M.cursor_open(txn, dbi, &cur);
-        where = "mdb_cursor_open";
-    }
+    rc = begin_write_cursor(self, dbi, &txn, &cur, &where);
     if (rc == 0) {
         MDB_val k, v;
         where = "mdb_cursor_get";
@@ -1900,11 +1905,7 @@ static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ss
     size_t cap = 0;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = M.txn_begin(self->env, NULL, 0, &txn);
-    if (rc == 0) {
-        rc = M.cursor_open(txn, self->dbs[DB_DATA], &cur);
-        where = "mdb_cursor_open";
-    }
+    rc = begin_write_cursor(self, self->dbs[DB_DATA], &txn, &cur, &where);
     MDB_val k, v;
     if (rc == 0) {
         where = "mdb_cursor_get";
