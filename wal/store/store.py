@@ -416,6 +416,9 @@ class Store:
         self._idem_pending: dict[bytes, int] = {}
         self._applied = state.applied_lsn()
         self._last_checkpoint = time.time()
+        # stats()["last_checkpoint"] of a writer: the last checkpoint finished (its segments
+        # released), not the note a checkpoint under way has already put in the state.
+        self._checkpoint_note: dict[str, Any] | None = _meta_json(state, b"checkpoint")
         # Store-level counters, all present from the start (stats() merges them over the log's own).
         self._counters = collections.Counter[str](dict.fromkeys(
             ("conflicts", "idempotent_hits", "apply_batches", "applied_commits", "checkpoints",
@@ -1190,8 +1193,9 @@ class Store:
         """The checkpoint itself, at applied_lsn; the caller holds the apply lock."""
         assert self._log is not None
         applied = self._applied
+        note = {"unix_ms": _now_ms(), "applied_lsn": applied}
         with contextlib.suppress(NoSpaceError):  # a note for operators, not worth failing for
-            self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(), "applied_lsn": applied}).encode())
+            self._state.meta_put(b"checkpoint", json.dumps(note).encode())
         self._state.checkpoint()  # applied_lsn durable before any segment holding it goes
         with contextlib.suppress(NoSpaceError):  # housekeeping: retried at the next checkpoint
             self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
@@ -1201,6 +1205,7 @@ class Store:
         self._last_checkpoint = time.time()
         self._counters["checkpoints"] += 1
         self._counters["segments_removed"] += len(removed)
+        self._checkpoint_note = note
         _logger.info("checkpoint of %s at applied LSN %d: %d segment(s) %s", self._path, applied, len(removed),
                      "archived" if self._archive else "removed")
         return applied
@@ -1267,7 +1272,8 @@ class Store:
             "unapplied_commits": len(self._core),
             "overlay_keys": self._core.overlay_keys,
             "seconds_since_checkpoint": time.time() - self._last_checkpoint,
-            "last_checkpoint": _meta_json(self._state, b"checkpoint"),
+            "last_checkpoint": self._checkpoint_note if self._log is not None else _meta_json(self._state,
+                                                                                              b"checkpoint"),
             "last_writer": _meta_json(self._state, b"writer"),
             "failed": str(self._failure) if self._failure is not None else out.get("failed"),
             "state_stalled": str(self._stall) if self._stall is not None else None,
