@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -294,6 +295,44 @@ def test_a_checkpoint_never_removes_a_segment_not_yet_archived(tmp_path):
     assert report.lsn == 301
 
 
+def test_a_store_opened_without_its_archive_keeps_the_log_the_archive_has_not_received(tmp_path, caplog):
+    url = f"file://{tmp_path}/a"
+    opts = dict(segment_bytes=4096, checkpoint_bytes=1 << 16)
+    with wal.open(tmp_path / "s", archive=url, **opts) as s:
+        for i in range(20):
+            s.put(f"k{i}", b"a" * 64)
+    # Opened locally (an operator tool, or an application that forgot archive=): its commits
+    # and checkpoints must not cut a hole in the archive's history.
+    with caplog.at_level("WARNING"), wal.open(tmp_path / "s", **opts) as s:
+        for i in range(300):
+            s.put(f"k{i}", b"b" * 64)
+        s.checkpoint()
+        assert s._log.first_lsn <= 21, "segments the archive never received were removed"
+    assert any("opened without it" in r.getMessage() and "LSN 21 on is kept" in r.getMessage()
+               for r in caplog.records)
+    with wal.open(tmp_path / "s", archive=url, **opts) as s:
+        s.put("last", b"c")
+        wait_until(lambda: s.stats()["archived_lsn"] == 321)
+    # Every point of the local session is restorable: the archive has no gap.
+    report = wal.restore(url, tmp_path / "r", lsn=170)
+    assert report.lsn == 170
+    with wal.open(tmp_path / "r") as r:
+        assert r.get("k149") == b"b" * 64 and r.get("k150") is None
+
+
+def test_a_fenced_store_opened_without_its_archive_keeps_no_log_for_it(tmp_path):
+    url = f"file://{tmp_path}/a"
+    opts = dict(segment_bytes=4096, checkpoint_bytes=1 << 16)
+    with wal.open(tmp_path / "s", archive=url, **opts) as s:
+        s.put("first", b"x")
+    status = tmp_path / "s" / "archive.json"
+    data = json.loads(status.read_text())
+    status.write_text(json.dumps({**data, "archive_fenced": True}))
+    with wal.open(tmp_path / "s", **opts) as s:
+        for i in range(300):
+            s.put(f"k{i}", b"b" * 64)
+        s.checkpoint()
+        assert s._log.first_lsn > 2, "a store another writer took the archive from never ships again"
 # ---- the archive_rpo_ms bound ------------------------------------------------------------------
 
 

@@ -66,13 +66,14 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import Piece
 from wal.errors import CorruptionError, FailedError, WalError
+from wal.store.store import ARCHIVE_STATUS_FILE
 
 if TYPE_CHECKING:
     from wal.archive.store import ArchivedStore
 
 _logger = logging.getLogger("wal.archive")
 
-STATUS_FILE = "archive.json"  # in the store's directory: the shipper's state for `agentwal archive status`
+STATUS_FILE = ARCHIVE_STATUS_FILE  # in the store's directory: the shipper's state for `agentwal archive status`
 MAX_OBJECT_BYTES = 16 << 20  # one group object holds at most this much log (more: several PUTs)
 SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)

@@ -117,6 +117,9 @@ STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
 ARCHIVE_DIR = "archive"
+# The object archive's state, kept by its shipper (wal/archive/shipper.py; FORMAT.md): read here
+# so that a local open of a store that ships keeps the log its archive has not received.
+ARCHIVE_STATUS_FILE = "archive.json"
 
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
@@ -374,6 +377,9 @@ class Store:
     slow_fsync_ms: float = 1000.0
     # ---- archive hooks (wal/archive/store.py's ArchivedStore overrides these) ----
     _object_archive = False  # the store ships to an object archive: "replicated" is a level it can keep
+    # A store that ships to an object archive, opened without it: the first LSN its archive has not
+    # received (its archive.json says), kept in the log until an open with the archive ships it.
+    _unshipped_from: int | None = None
     _fsync_ms_seen: float = 0.0
     _fsync_checked_at: float = 0.0
 
@@ -497,6 +503,8 @@ class Store:
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        if not cls._object_archive:
+            store._unshipped_from = _unshipped_from(root)
         if sealing is not None:
             sealing.attach(store)
         store._recovery_mode = recovery
@@ -1212,8 +1220,10 @@ class Store:
 
     def _removable_before(self, applied: int) -> int:
         """Archive hook: segments wholly below this LSN may go at a checkpoint (an object archive
-        keeps every segment it has not shipped yet: wal/archive/store.py)."""
-        return applied + 1
+        keeps every segment it has not shipped yet: wal/archive/store.py; opened without it, a
+        store that ships keeps them too: `_unshipped_from`)."""
+        kept = self._unshipped_from
+        return applied + 1 if kept is None else min(applied + 1, kept)
 
     def _compact_state(self) -> dict[str, int]:
         """Give the state's free and half-empty pages back to the filesystem (`wal.store.state.compact`),
@@ -1361,6 +1371,32 @@ class _Ended:
 
     def abort(self) -> None:
         pass
+
+
+def _unshipped_from(root: str) -> int | None:
+    """For a local open: the first LSN the object archive this store ships to has not received,
+    from its archive.json, or None (it never shipped, or it was fenced: another writer took the
+    archive over, and this store will never ship into it again). Its log from there on is kept,
+    so that the next open with the archive ships it and the archive stays gap-free (a
+    checkpoint would otherwise remove segments the archive never had, and a restore to a point
+    among them would be refused). The file is informational (written about once a second, not
+    synced): an archived LSN it reports behind the real one keeps a little more log; one lost
+    keeps nothing, as before the store first shipped."""
+    try:
+        with open(os.path.join(root, ARCHIVE_STATUS_FILE), encoding="utf-8") as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict) or status.get("archive_fenced"):
+        return None
+    url, archived = status.get("archive_url"), status.get("archived_lsn")
+    if not isinstance(url, str) or not isinstance(archived, int) or isinstance(archived, bool) or archived < 0:
+        return None
+    _logger.warning("the store in %s ships to the object archive %s (its %s) but was opened without it: nothing "
+                    "is shipped, and its log from LSN %d on is kept until it is opened with archive=%r again, "
+                    "which ships it. To stop shipping to that archive for good, delete %s.", root, url,
+                    ARCHIVE_STATUS_FILE, archived + 1, url, os.path.join(root, ARCHIVE_STATUS_FILE))
+    return archived + 1
 
 
 def _meta_json(state: State, key: bytes) -> dict[str, Any] | None:
