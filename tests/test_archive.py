@@ -116,6 +116,9 @@ def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
     assert objects.get("log/00000000000000000002.wal") == b"log/00000000000000000002.wal"
     objects.put("snap/00000000000000000001.snap", b"replaced", create_only=False)
     assert objects.get("snap/00000000000000000001.snap") == b"replaced"
+    assert objects.get_head("snap/00000000000000000001.snap", 3) == b"rep"
+    with pytest.raises(ObjectMissingError):
+        objects.get_head("snap/00000000000000000009.snap", 3)
     assert [n for n, _ in objects.list("log/")] == [f"log/{i:020d}.wal" for i in (1, 2, 3)]
     assert [n for n, _ in objects.list("log/", start_after="log/00000000000000000001.wal")] == \
         [f"log/{i:020d}.wal" for i in (2, 3)]

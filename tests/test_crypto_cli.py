@@ -61,6 +61,58 @@ def test_rekey_rewrites_every_value_and_blob_so_the_old_key_can_be_retired(tmp_p
     assert run("rekey", str(store_dir)).returncode == 2  # no key: a usage error
 
 
+def test_after_rekey_the_archive_ships_a_snapshot_so_a_restore_from_then_on_needs_only_the_new_key(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    old_file, new_file = keys
+    url = (tmp_path / "archive").as_uri()
+    store_dir = tmp_path / "store"
+    with wal.open(store_dir, archive=url, encryption=OLD) as store:
+        for i in range(200):
+            store.put(f"k/{i}", SECRET + b" %d" % i)
+        before_rekey = store.put("k/last-old", b"under the old key")
+    # rekey ships the rewrite and a snapshot of it to the archive the store ships to (archive.json)
+    r = run("rekey", str(store_dir), "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    assert "with a snapshot at LSN" in r.stdout
+    # the old key retired: a writer's open reads the archive's newest objects, under the new key now
+    with wal.open(store_dir, archive=url, encryption=NEW) as store:
+        end = store.put("k/after", b"new")
+    snaps = sorted((tmp_path / "archive" / "snap").iterdir())
+    newest = snaps[-1].read_bytes()
+    assert int(snaps[-1].stem) > before_rekey and newest[1:9] == key_id(NEW)
+    # The newest point needs the new key alone: every value in its snapshot is under it.
+    wal.restore(url, tmp_path / "latest", encryption=NEW)
+    with wal.open(tmp_path / "latest", encryption=NEW) as store:
+        assert store.get("k/7") == SECRET + b" 7" and store.get("k/after") == b"new"
+        assert {env[1:9] for _, env in Store.scan(store)} == {key_id(NEW)}
+        assert store.stats()["applied_lsn"] == end
+    # A point before the rekey is in objects sealed under the old key: it needs that key, and says so.
+    with pytest.raises(wal.MissingKeyError) as exc:
+        wal.restore(url, tmp_path / "before", lsn=100, encryption=NEW)
+    assert key_id(OLD).hex() in str(exc.value) and not (tmp_path / "before").exists()
+    wal.restore(url, tmp_path / "before", lsn=before_rekey, encryption=[NEW, OLD])
+    with wal.open(tmp_path / "before", encryption=[NEW, OLD]) as store:
+        assert store.get("k/last-old") == b"under the old key" and store.get("k/after") is None
+
+
+def test_an_archived_open_after_a_rotation_ships_a_snapshot_under_the_new_key(tmp_path: Path) -> None:
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
+        store.put("a", SECRET)
+    with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD]) as store:
+        store.put("b", b"new")
+        lsn = store.put("c", b"new")
+    snaps = sorted((tmp_path / "archive" / "snap").iterdir())
+    assert [p.read_bytes()[1:9] for p in snaps] == [key_id(OLD), key_id(NEW)]
+    # An open that finds its newest snapshot under the current key ships none: one per rotation.
+    with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD]) as store:
+        store.put("d", b"new")
+    assert len(list((tmp_path / "archive" / "snap").iterdir())) == 2
+    wal.restore(url, tmp_path / "r", lsn=lsn, encryption=[NEW, OLD])
+    with wal.open(tmp_path / "r", encryption=[NEW, OLD]) as store:
+        assert store.get("a") == SECRET and store.get("c") == b"new" and store.get("d") is None
+
+
 def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_imports_with_the_key(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     _, new_file = keys

@@ -1,6 +1,6 @@
 """Object-store backends of the archive: ``file:///dir`` and ``s3://bucket/prefix``.
 
-The archive needs five operations and one guarantee from an object store:
+The archive needs these operations and one guarantee from an object store:
 
 - ``put(name, data, create_only=True)``: store an object only if none has that name, else
   `ObjectExistsError`. This is what fences an old writer (FORMAT.md §"Archive", fencing): S3's
@@ -9,9 +9,10 @@ The archive needs five operations and one guarantee from an object store:
   existing name, never leaves a half-written object under the final name).
 - ``get``, ``get_large`` (the same bytes; a backend may fetch a large object in ranges, in
   parallel: a restore's snapshot is one object, hundreds of MB, where one stream is slower than
-  several), ``list`` (names in order, after a given name: a follower lists only what is new),
-  ``delete`` (merges and retention), and ``delete_many`` (a merge's parts: on S3 one
-  DeleteObjects request instead of one request each; a default loop of ``delete`` otherwise).
+  several), ``get_head`` (an object's first bytes, one ranged GET), ``list`` (names in order,
+  after a given name: a follower lists only what is new), ``delete`` (merges and retention),
+  and ``delete_many`` (a merge's parts: on S3 one DeleteObjects request instead of one request
+  each; a default loop of ``delete`` otherwise).
 
 Client library: obstore (the ``agentwal[s3]`` extra), imported only when an ``s3://`` URL or an
 obstore store is used. One API over S3, GCS, Azure and local folders, written in Rust: a PUT
@@ -97,6 +98,12 @@ class ObjectStore:
 
     def get(self, name: str) -> bytes:
         raise NotImplementedError
+
+    def get_head(self, name: str, n: int) -> bytes:
+        """The first n bytes of an object at least n bytes long (one ranged GET where the store
+        has them): what a writer's open reads of its archive's newest snapshot (its envelope's
+        key id). Here: `get`, cut."""
+        return self.get(name)[:n]
 
     def read_ranged(self, name: str) -> RangedRead:
         """Start fetching an object that may be large (a snapshot), for a reader that uses its
@@ -220,9 +227,15 @@ class FileObjects(ObjectStore):
             raise ArchiveUnavailableError(f"writing {self.url}/{name}: {exc}") from exc
 
     def get(self, name: str) -> bytes:
+        return self._read(name, -1)
+
+    def get_head(self, name: str, n: int) -> bytes:
+        return self._read(name, n)
+
+    def _read(self, name: str, n: int) -> bytes:
         try:
             with open(self._path(name), "rb") as f:
-                return f.read()
+                return f.read(n)
         except FileNotFoundError:
             raise ObjectMissingError(f"{self.url}/{name} does not exist") from None
         except OSError as exc:
@@ -343,6 +356,14 @@ class S3Objects(ObjectStore):
             raise self._err(exc, "reading", name) from exc
         return body
 
+    def get_head(self, name: str, n: int) -> bytes:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
+                                                 Range=f"bytes=0-{n - 1}")["Body"].read()
+        except Exception as exc:
+            raise self._err(exc, "reading", name) from exc
+        return body
+
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
         if start_after is not None:
@@ -454,6 +475,12 @@ class ObstoreObjects(ObjectStore):
     def get(self, name: str) -> bytes:
         try:
             return bytes(self._obstore.get(self.store, name).bytes())
+        except Exception as exc:
+            raise self._err(exc, "reading", name) from exc
+
+    def get_head(self, name: str, n: int) -> bytes:
+        try:
+            return bytes(self._obstore.get_range(self.store, name, start=0, end=n))
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
 

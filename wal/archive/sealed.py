@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore, RangedRead
-from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer, parse
+from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_ARCHIVE, KEY_ID_BYTES, Sealer, parse
 from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
 
 MANIFEST = "sealed.json"
@@ -98,6 +98,20 @@ class SealedObjects(ObjectStore):
         # An object is sealed whole (one AEAD tag over it): opened once all of it is in.
         return RangedRead(self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
                                            lambda: f"the archive object {name} of {self.inner.url}"))
+
+    def stale_key_id(self, name: str) -> bytes | None:
+        """The id of the key `name` is encrypted under if that is not the current key (one ranged
+        GET of its envelope's header), else None: a writer's open asks it of the archive's
+        newest snapshot, and ships a new one under the current key after a rotation, so a
+        restore of the archive from then on needs only that key (wal/archive/store.py)."""
+        keys = self.sealer.keys
+        if keys is None:
+            return None
+        head = self.inner.get_head(name, 1 + KEY_ID_BYTES)
+        if len(head) < 1 + KEY_ID_BYTES or not head[0] & CODEC_ENCRYPTED:
+            return None
+        kid = head[1:1 + KEY_ID_BYTES]
+        return None if kid == keys.current_id else kid
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         return (item for item in self.inner.list(prefix, start_after) if item[0] != MANIFEST)

@@ -1011,13 +1011,35 @@ class Shipper:
             self._need_snapshot = False
             self._bytes_since_snapshot = 0
         if self._pending_snapshot is not None and self._pending_snapshot[0] <= self.archived:
-            lsn, data = self._pending_snapshot
-            # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
-            with contextlib.suppress(ObjectExistsError):
-                self._put(layout.snap_name(lsn), data)
+            self._ship_snapshot(*self._pending_snapshot)
             self._pending_snapshot = None
-            self.last_snapshot = max(self.last_snapshot, lsn)
-            self._count("archive_snapshots")
+
+    def _ship_snapshot(self, lsn: int, data: bytes) -> None:
+        """PUT the snapshot of the state at `lsn` (the archive holds the log up to it)."""
+        # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
+        with contextlib.suppress(ObjectExistsError):
+            self._put(layout.snap_name(lsn), data)
+        self.last_snapshot = max(self.last_snapshot, lsn)
+        self._count("archive_snapshots")
+
+    def ship_snapshot_now(self, lsn: int, data: bytes, timeout_s: float) -> None:
+        """In the caller's thread: once the archive holds the log up to `lsn` (waiting at most
+        timeout_s: `ArchiveUnavailableError` past it), PUT this snapshot of the state at `lsn`.
+        For `agentwal rekey`, whose rewritten state must reach the archive under the new key
+        before the old one is retired; the periodic snapshots are `_snapshot_if_due`'s."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.archived < lsn and self.fenced is None and not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ArchiveUnavailableError(
+                        f"the archive {self.objects.url} did not receive the log up to LSN {lsn} within {timeout_s:g} s"
+                        + (f" ({self.error})" if self.error else ""))
+                self._wake.set()
+                self._cond.wait(min(left, 0.05))
+        if self.fenced is not None:
+            raise FailedError(str(self.fenced)) from self.fenced
+        self._ship_snapshot(lsn, data)
 
     # ---- merging ------------------------------------------------------------------------------
 

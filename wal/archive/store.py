@@ -25,8 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from wal.archive import layout
-from wal.archive.objects import ArchiveUnavailableError, ObjectStore, fencing_refusal, open_objects
+from wal.archive.objects import ArchiveUnavailableError, ObjectMissingError, ObjectStore, fencing_refusal, open_objects
 from wal.archive.plan import find_end, list_archive
+from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Resolved, Shipper
 from wal.errors import ArgumentError, FailedError
@@ -187,6 +188,18 @@ class ArchivedStore(Store):
             snap.close()
         return lsn, data
 
+    def _ship_snapshot_now(self, timeout_s: float = 60.0) -> int:
+        """Ship a snapshot of the state as it is now, once the archive holds the log up to it
+        (`Shipper.ship_snapshot_now`), and return its LSN: `agentwal rekey` after rewriting the
+        values, so the archive's newest snapshot holds them under the new key."""
+        shipper, log = self._shipper, self._log
+        if shipper is None or log is None:
+            raise FailedError(f"the store in {self.path} is closed")
+        log.sync()
+        lsn, data = self._logical_snapshot(shipper.writer_id)
+        shipper.ship_snapshot_now(lsn, data, timeout_s)
+        return lsn
+
     # ---- observing and closing ----------------------------------------------------------------
 
     @property
@@ -264,6 +277,17 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
+    if listing.snapshots and not need_snapshot and isinstance(objects, SealedObjects):
+        try:
+            stale = objects.stale_key_id(layout.snap_name(last_snapshot))
+        except ObjectMissingError:  # removed by retention since the listing: a newer one is there
+            stale = None
+        if stale is not None:
+            # After a rotation (and `agentwal rekey`): a snapshot under the current key now, so a
+            # restore to any point from here on needs that key alone.
+            _logger.info("archive %s: its newest snapshot (LSN %d) is sealed under key id %s, not the current "
+                         "key: a snapshot under the current key is shipped", objects.url, last_snapshot, stale.hex())
+            need_snapshot = True
     return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer)
 
 

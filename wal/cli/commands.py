@@ -773,7 +773,12 @@ and list only the current key in STORE. Give the older keys too (more --key-file
 values can be read. Afterwards the older keys can be retired: the store opens with the
 current key alone, and an open with only an old key is refused.
 
-Objects already in an object archive stay under the keys they were shipped with.
+A store that ships to an object archive (its archive.json names one) is opened with it: the
+rewrite is shipped, then a snapshot of the rewritten state, so a restore to any point from then
+on, and the store's next open with the archive, need the current key alone. Objects shipped
+before stay under the keys they were shipped with (a restore to a point among them needs those
+keys) until retention removes them. The archive's endpoint and credentials come from the
+environment, as for the application.
 
 {_WRITER}
 
@@ -796,6 +801,8 @@ def cmd_rekey(args: argparse.Namespace) -> int:
     retired = ", ".join(result["key_ids_retired"]) or "none"
     print(f"rekeyed under key id {result['key_id']}: {result['values_rewritten']} value(s) and "
           f"{result['blobs_rewritten']} blob file(s) rewritten; key ids no longer needed: {retired}")
+    if result.get("archive_snapshot_lsn") is not None:
+        print(f"shipped to its archive, with a snapshot at LSN {result['archive_snapshot_lsn']} under the current key")
     return EXIT_OK
 
 

@@ -13,13 +13,18 @@ values while their key is given; this finishes it, so that the old keys can be r
    the old keys), and the log segments it releases are removed;
 4. the state is compacted (`agentwal compact`): LMDB's free pages, which still hold the old
    ciphertexts, are returned to the filesystem;
-5. STORE lists only the current key's id: an open with only an old key is then refused as
+5. a store that ships to an object archive (its archive.json names one) is opened with it: the
+   rewrite is shipped, then a snapshot of the rewritten state under the current key, so a
+   restore to any point from then on, and the store's next archived open (which reads the
+   archive's newest objects), need the current key alone;
+6. STORE lists only the current key's id: an open with only an old key is then refused as
    `WrongKeyError`.
 
 What stays under the old keys: the records of the newest log segment written before the
 checkpoint (never read again; the segment goes once it is full and checkpointed), and objects
-an object archive already holds (a restore from them needs the old key; new snapshots are under
-the new one). The store stays open for the whole run; it is the store's writer (needs the lock).
+an object archive already held (immutable: a restore to a point among them needs the old key,
+until retention removes them). The store stays open for the whole run; it is the store's writer
+(needs the lock).
 """
 
 from __future__ import annotations
@@ -28,18 +33,20 @@ import os
 from typing import Any
 
 from wal._fs import replace_durably
+from wal.archive.objects import ArchiveError, ArchiveUnavailableError
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_BLOB, KEY_ID_BYTES
 from wal.errors import ArgumentError
 from wal.ops.target import _writer_target, open_writer
 from wal.store.sealed import STORE_FIELD, dict_file, read_meta, write_dictionary
-from wal.store.store import STORE_FILE, Store, _write_store_file
+from wal.store.store import STORE_FILE, Store, _write_store_file, shipping_archive
 
 
 def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, Any]:
     """Rewrite every value and blob not sealed under the current key (module docstring). The keys
     come from `wal.ops.use_sealing(encryption=[current, old, ...])` (the command's --key-file)."""
     target = _writer_target(path, False)
-    with open_writer(target, "rekey") as store:
+    shipping = shipping_archive(target.path)
+    with open_writer(target, "rekey", object_archive=shipping[0] if shipping else None) as store:
         sealer = getattr(store, "_sealer", None)
         if sealer is None or sealer.keys is None:
             raise ArgumentError(f"the store at {path} is not encrypted: there is nothing to rekey")
@@ -60,6 +67,8 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
                                   "applied_lsn": applied}
         if compact:
             result["compaction"] = store._compact_state()
+        if shipping is not None:
+            result["archive_snapshot_lsn"] = _ship_snapshot(store, shipping[0])
         meta = read_meta(target.path) or {}
         before = list((meta.get(STORE_FIELD) or {}).get("key_ids") or [])
         meta[STORE_FIELD] = {**(meta.get(STORE_FIELD) or {}), "key_ids": [current.hex()]}
@@ -67,6 +76,19 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
         result["key_ids_retired"] = [i for i in before if i != current.hex()]
     assert os.path.exists(os.path.join(target.path, STORE_FILE))
     return result
+
+
+def _ship_snapshot(store: Any, url: str) -> int:
+    """A snapshot of the rewritten state, under the current key, into the object archive the
+    store ships to: a restore from it (or a writer's open, which reads the archive's newest
+    objects) then needs the current key alone. Objects from before stay under the old keys."""
+    try:
+        return int(store._ship_snapshot_now())
+    except ArchiveError as exc:
+        raise ArchiveUnavailableError(
+            f"the values of {store.path} were rewritten under the current key, but its archive {url} did not receive "
+            f"a snapshot of them ({exc}): run `agentwal rekey` again once it answers, and keep the old key until "
+            "then (the archive's newest objects are still sealed under it)") from exc
 
 
 def _rekey_blobs(blob_dir: str, sealer: Any) -> int:

@@ -1373,15 +1373,10 @@ class _Ended:
         pass
 
 
-def _unshipped_from(root: str) -> int | None:
-    """For a local open: the first LSN the object archive this store ships to has not received,
-    from its archive.json, or None (it never shipped, or it was fenced: another writer took the
-    archive over, and this store will never ship into it again). Its log from there on is kept,
-    so that the next open with the archive ships it and the archive stays gap-free (a
-    checkpoint would otherwise remove segments the archive never had, and a restore to a point
-    among them would be refused). The file is informational (written about once a second, not
-    synced): an archived LSN it reports behind the real one keeps a little more log; one lost
-    keeps nothing, as before the store first shipped."""
+def shipping_archive(root: str) -> tuple[str, int] | None:
+    """(URL, archived LSN) of the object archive the store at `root` ships to, from its
+    archive.json, or None: it never shipped, or it was fenced (another writer took the archive
+    over, and this store never ships into it again)."""
     try:
         with open(os.path.join(root, ARCHIVE_STATUS_FILE), encoding="utf-8") as f:
             status = json.load(f)
@@ -1392,6 +1387,22 @@ def _unshipped_from(root: str) -> int | None:
     url, archived = status.get("archive_url"), status.get("archived_lsn")
     if not isinstance(url, str) or not isinstance(archived, int) or isinstance(archived, bool) or archived < 0:
         return None
+    return url, archived
+
+
+def _unshipped_from(root: str) -> int | None:
+    """For a local open: the first LSN the object archive this store ships to has not received,
+    from its archive.json, or None (it never shipped, or it was fenced: another writer took the
+    archive over, and this store will never ship into it again). Its log from there on is kept,
+    so that the next open with the archive ships it and the archive stays gap-free (a
+    checkpoint would otherwise remove segments the archive never had, and a restore to a point
+    among them would be refused). The file is informational (written about once a second, not
+    synced): an archived LSN it reports behind the real one keeps a little more log; one lost
+    keeps nothing, as before the store first shipped."""
+    shipping = shipping_archive(root)
+    if shipping is None:
+        return None
+    url, archived = shipping
     _logger.warning("the store in %s ships to the object archive %s (its %s) but was opened without it: nothing "
                     "is shipped, and its log from LSN %d on is kept until it is opened with archive=%r again, "
                     "which ships it. To stop shipping to that archive for good, delete %s.", root, url,
