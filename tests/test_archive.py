@@ -717,6 +717,37 @@ def test_a_snapshot_is_loaded_piece_by_piece_as_its_ranges_arrive(tmp_path, monk
         assert {k: (v, s.version(k)) for k, v in s.scan()} == expected
 
 
+def test_a_snapshot_larger_than_its_window_is_restored_holding_only_the_window(tmp_path, monkeypatch):
+    """A restore holds about _SNAPSHOT_WINDOW_BYTES of a snapshot at once, however large: ranges
+    are fetched only within the window past what was loaded, and loaded pages are given back
+    (they read as zeros afterwards). An entry larger than the window is still read whole."""
+    window = 8 * 4096
+    monkeypatch.setattr(restore_mod, "_SNAPSHOT_WINDOW_BYTES", window)
+    entries = [(b"k%05d" % i, i + 1, os.urandom(300)) for i in range(1500)]
+    entries += [(b"z-big", 9, os.urandom(5 * window)), (b"z-small", 10, b"after the big one")]
+    objects, store, data = _ranged_snapshot_archive(tmp_path / "a", entries, monkeypatch)
+    assert len(data) > 15 * window
+    reads = []
+    real = type(objects).read_ranged
+
+    def watched(self, name, *, window=None):
+        read = real(self, name, window=window)
+        reads.append(read)
+        return read
+
+    monkeypatch.setattr(type(objects), "read_ranged", watched)
+    r = wal.restore(store, tmp_path / "r")
+    assert (r.lsn, r.bytes) == (5000, len(data))
+    with wal.open(tmp_path / "r") as s:
+        assert {k: v for k, v in s.scan()} == {k: v for k, _, v in entries}
+    read = reads[-1]
+    # Held: the window, a range admitted at its edge, the piece being loaded; and, once, the big
+    # entry, which the load waits for whole.
+    assert read.held_max <= 5 * window + window + 2 * 4096
+    head = bytes(memoryview(read.buffer)[:4096])
+    assert data[:4096] != bytes(4096) and head == bytes(4096), "loaded pages were not given back"
+
+
 @pytest.mark.parametrize("where", ["entry", "trailer"])
 def test_damage_late_in_a_snapshot_loaded_piecemeal_leaves_nothing(tmp_path, monkeypatch, where):
     """A bit flipped in the last entry (under a matching trailer: its CRC finds it) or in the

@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import hashlib
 import itertools
+import mmap
 import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol
@@ -323,12 +324,15 @@ class SnapshotPiece(NamedTuple):
 
 class Arriving(Protocol):
     """An object's bytes arriving into `buffer` (`size` of them): `wait(n)` returns once the
-    first n are in (wal.archive.objects.RangedRead)."""
+    first n are in; `release(n)`: the reader is done with the first n, which may be given back
+    (wal.archive.objects.RangedRead)."""
 
-    buffer: bytes | bytearray
+    buffer: bytes | bytearray | mmap.mmap
     size: int
 
     def wait(self, upto: int) -> None: ...
+
+    def release(self, upto: int) -> None: ...
 
 
 def read_snapshot_header(read: Arriving, name: str) -> SnapshotHeader:
@@ -338,7 +342,7 @@ def read_snapshot_header(read: Arriving, name: str) -> SnapshotHeader:
     if read.size < _SNAP_HEADER.size + DIGEST:
         raise _damaged(name, f"{read.size} bytes is shorter than a header and trailer", _snapshot_hint(name))
     read.wait(_SNAP_HEADER.size)
-    return _snapshot_header(read.buffer, name)
+    return _snapshot_header(memoryview(read.buffer), name)
 
 
 def _snapshot_hint(name: str) -> str:
@@ -389,6 +393,7 @@ def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int
         if n:
             yield SnapshotPiece(body, off, n, bool(in_order[0]))
             off, left = int(end[0]), left - n
+            read.release(min(off, hashed))  # loaded and hashed: a windowed read fetches further
     if left:
         raise _damaged(name, f"it ends inside entry {header.n_entries - left}", hint)
     if off != body_len:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import datetime as _dt
+import mmap
 import os
 import threading
 import uuid
@@ -105,9 +106,10 @@ class ObjectStore:
         key id). Here: `get`, cut."""
         return self.get(name)[:n]
 
-    def read_ranged(self, name: str) -> RangedRead:
+    def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
         """Start fetching an object that may be large (a snapshot), for a reader that uses its
-        bytes as they arrive (`RangedRead`). Here: `get`, whole."""
+        bytes as they arrive (`RangedRead`), holding about `window` bytes of it at a time where
+        the backend fetches in ranges. Here: `get`, whole."""
         return RangedRead(self.get(name))
 
     def get_large(self, name: str) -> bytes | bytearray:
@@ -115,6 +117,7 @@ class ObjectStore:
         read = self.read_ranged(name)
         try:
             read.wait(read.size)
+            assert not isinstance(read.buffer, mmap.mmap), "a windowed read is only made with a window"
             return read.buffer
         finally:
             read.close()
@@ -143,23 +146,76 @@ class ObjectStore:
 class RangedRead:
     """An object being fetched into `buffer` (its whole size), in ranges that may arrive in any
     order: `wait(n)` returns once buffer[:n] is in, or raises what fetching it raised
-    (ArchiveError). A backend that reads an object whole hands over a complete one."""
+    (ArchiveError). A backend that reads an object whole hands over a complete one.
 
-    def __init__(self, buffer: bytes | bytearray,
+    A windowed read (``read_ranged(name, window=W)``: a restore's snapshot, which may be larger
+    than the memory it may take) holds about W bytes fetched and not yet used, however large the
+    object: its buffer is an anonymous mapping of the object's size (address space, not memory);
+    a range is fetched once it starts within W bytes of what the reader has released
+    (`release(n)`: done with buffer[:n], whose pages go back to the kernel) or once the reader
+    waits for it (so an entry larger than W is still read whole)."""
+
+    def __init__(self, buffer: bytes | bytearray | mmap.mmap,
                  ranges: list[tuple[int, concurrent.futures.Future[None]]] | None = None,
-                 pool: concurrent.futures.ThreadPoolExecutor | None = None) -> None:
+                 pool: concurrent.futures.ThreadPoolExecutor | None = None, *, window: int | None = None) -> None:
         self.buffer = buffer
         self.size = len(buffer)
         self._ranges = collections.deque(ranges or ())  # (start, fetch), in offset order
         self._pool = pool
+        self._window = window
+        self._gate = threading.Condition()  # guards what follows; fetching threads wait on it
+        self._released = 0  # the reader is done with buffer[:_released]
+        self._dropped = 0  # pages below this (a page boundary) were given back
+        self._needed = 0  # the reader waits for buffer[:_needed]
+        self._admitted_end = 0
+        self._closed = False
+        self.held_max = 0  # a windowed read: the most bytes admitted for fetching and not released
+
+    def start(self, ranges: list[tuple[int, concurrent.futures.Future[None]]],
+              pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        """The fetches of the ranges (made after this object, whose `admit` they call)."""
+        self._ranges.extend(ranges)
+        self._pool = pool
+
+    def admit(self, start: int, end: int) -> None:
+        """In a fetching thread, before it fetches buffer[start:end]: wait (a windowed read)
+        until the range is within the window or waited for. ArchiveError once closed."""
+        with self._gate:
+            while (not self._closed and self._window is not None and start >= self._released + self._window
+                   and start >= self._needed):
+                self._gate.wait()
+            if self._closed:
+                raise ArchiveError(f"bytes {start}..{end}: the read was stopped")
+            self._admitted_end = max(self._admitted_end, end)
+            self.held_max = max(self.held_max, self._admitted_end - self._released)
 
     def wait(self, upto: int) -> None:
+        if self._window is not None and upto > self._needed:
+            with self._gate:
+                self._needed = upto
+                self._gate.notify_all()
         while self._ranges and self._ranges[0][0] < upto:
             self._ranges[0][1].result()
             self._ranges.popleft()
 
+    def release(self, upto: int) -> None:
+        """The reader is done with buffer[:upto] (never reads it again): a windowed read gives
+        its whole pages back to the kernel and lets the fetches go further."""
+        if self._window is None or upto <= self._released:
+            return
+        with self._gate:
+            self._released = upto
+            self._gate.notify_all()
+        drop = upto // mmap.PAGESIZE * mmap.PAGESIZE
+        if drop > self._dropped and isinstance(self.buffer, mmap.mmap):
+            self.buffer.madvise(mmap.MADV_DONTNEED, self._dropped, drop - self._dropped)
+            self._dropped = drop
+
     def close(self) -> None:
         """Stop fetching (ranges not started are dropped; the buffer stays)."""
+        with self._gate:
+            self._closed = True
+            self._gate.notify_all()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -484,22 +540,27 @@ class ObstoreObjects(ObjectStore):
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
 
-    def read_ranged(self, name: str) -> RangedRead:
+    def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
         """Ranges of RANGE_BYTES fetched RANGE_PARALLEL at a time, once the object is larger
         than one range: one stream from the benchmark's S3 server ran at 160-340 MB/s, the
         ranges at 310-550 MB/s. Archive objects are immutable (create-only names), so the
-        ranges are of one object."""
+        ranges are of one object. With a `window`, into an anonymous mapping, about that many
+        bytes at a time (`RangedRead`)."""
         try:
             size = int(self._obstore.head(self.store, name)["size"])
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
         if size <= RANGE_BYTES:
             return RangedRead(self.get(name))
-        out = bytearray(size)
-        view = memoryview(out)
+        # Private: MADV_DONTNEED frees a private anonymous page (a shared one stays in shmem).
+        buffer: bytearray | mmap.mmap = (bytearray(size) if window is None else
+                                         mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+        read = RangedRead(buffer, window=window)
+        view = memoryview(buffer)
 
         def fetch(start: int) -> None:
             end = min(size, start + RANGE_BYTES)
+            read.admit(start, end)
             try:
                 got = memoryview(self._obstore.get_range(self.store, name, start=start, end=end))
             except Exception as exc:
@@ -510,7 +571,8 @@ class ObstoreObjects(ObjectStore):
             view[start:end] = got
 
         pool = concurrent.futures.ThreadPoolExecutor(RANGE_PARALLEL, thread_name_prefix="agentwal-get")
-        return RangedRead(out, [(start, pool.submit(fetch, start)) for start in range(0, size, RANGE_BYTES)], pool)
+        read.start([(start, pool.submit(fetch, start)) for start in range(0, size, RANGE_BYTES)], pool)
+        return read
 
     def _metas(self, prefix: str, start_after: str | None) -> list[dict[str, Any]]:
         # Sorted here: S3 lists in name order, but not every obstore store does (a local folder).

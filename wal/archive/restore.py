@@ -10,8 +10,8 @@
 3. Meanwhile, write an ordinary store (`StoreBuilder`) beside `dir`: the snapshot's entries
    put into a new state straight from its verified bytes, in bounded transactions while the log
    downloads, and applied_lsn set to its LSN; then each object's records, as it arrives,
-   collapsed in C and applied in batches (memory stays flat however large the log; the snapshot,
-   one object verified by a digest over all of it, is held whole until it is loaded); a
+   collapsed in C and applied in batches (memory stays flat however large the log; the snapshot is
+   held a window at a time, `_SNAPSHOT_WINDOW_BYTES`, or whole when sealed); a
    checkpoint, and a new log whose first LSN continues the archive's. Then it is moved to `dir`
    whole and opened once, as any store.
 
@@ -154,7 +154,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
     for _, name in reversed(candidates):
         if not name:
             return ChosenSnapshot("", layout.EMPTY_SNAPSHOT_HEADER, None)
-        read = objects.read_ranged(name)
+        read = objects.read_ranged(name, window=_SNAPSHOT_WINDOW_BYTES)
         try:
             header = layout.read_snapshot_header(read, name)
         except BaseException:
@@ -163,7 +163,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
         if time_ms is None or header.taken_ms <= time_ms:
             return ChosenSnapshot(name, header, read)
         read.close()  # before the next one comes in
-    read = objects.read_ranged(candidates[0][1])  # never the implicit one
+    read = objects.read_ranged(candidates[0][1], window=_SNAPSHOT_WINDOW_BYTES)  # never the implicit one
     try:
         oldest = layout.read_snapshot_header(read, candidates[0][1])
     finally:
@@ -244,6 +244,10 @@ _OBJECT_BATCH_BYTES = 1 << 20
 _LOAD_ENTRIES = 1_000_000
 # A snapshot's entries are checked and loaded as this many more of its bytes arrive.
 _SNAPSHOT_PIECE_BYTES = 16 << 20
+# At most about this many bytes of a snapshot are held at once while it loads (fetched ahead of
+# the load, and the piece being loaded), however large it is: RangedRead's window. Twice the
+# ranges fetched at a time, so the download does not wait for the load while the load keeps up.
+_SNAPSHOT_WINDOW_BYTES = 256 << 20
 
 
 def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,

@@ -94,8 +94,9 @@ class SealedObjects(ObjectStore):
         return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
                                 lambda: f"the archive object {name} of {self.inner.url}")
 
-    def read_ranged(self, name: str) -> RangedRead:
-        # An object is sealed whole (one AEAD tag over it): opened once all of it is in.
+    def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
+        # An object is sealed whole (one AEAD tag over it): opened once all of it is in, so
+        # held whole (no window).
         return RangedRead(self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
                                            lambda: f"the archive object {name} of {self.inner.url}"))
 
