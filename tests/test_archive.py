@@ -156,6 +156,20 @@ def test_a_large_object_reads_back_whole_through_ranges(tmp_path, request, monke
         objects.get_large("snap/00000000000000000011.snap")
 
 
+def test_an_obstore_store_object_is_an_archive_as_it_is(tmp_path):
+    """archive= takes an obstore store object (here a LocalStore) as README says: the store
+    ships to it, names it by URL, and a restore reads it back."""
+    folder = tmp_path / "objects"
+    folder.mkdir()
+    with wal.open(tmp_path / "s", archive=LocalStore(str(folder))) as s:
+        lsn = s.put("a", b"shipped")
+        assert s.stats()["archive_url"] == f"file://{folder}"
+        wait_until(lambda: s.stats()["archived_lsn"] == lsn)
+    assert wal.restore(LocalStore(str(folder)), tmp_path / "r").lsn == lsn
+    with wal.open(tmp_path / "r") as r:
+        assert r.get("a") == b"shipped"
+
+
 def test_an_unreachable_s3_endpoint_is_an_archive_unavailable_error(tmp_path, monkeypatch):
     """Nothing listens: the shipper's retry-with-backoff error, naming the object, not a hang."""
     with socket.socket() as sock:

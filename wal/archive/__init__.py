@@ -18,10 +18,11 @@ __all__ = ["is_archive_url"]
 
 
 def is_archive_url(archive: object) -> bool:
-    """True for an object-store location (``s3://...``, ``file://...``) or an `ObjectStore`;
-    False for the store's older local-folder archive (``True`` or a plain directory path)."""
-    from wal.archive.objects import ObjectStore  # noqa: PLC0415 -- wal.archive loads only when used
+    """True for an object-store location (``s3://...``, ``file://...``), an `ObjectStore` or an
+    obstore store object; False for the store's older local-folder archive (``True`` or a plain
+    directory path)."""
+    from wal.archive.objects import ObjectStore, is_obstore_store  # noqa: PLC0415 -- loads only when used
 
-    if isinstance(archive, ObjectStore):
+    if isinstance(archive, ObjectStore) or is_obstore_store(archive):
         return True
     return isinstance(archive, str) and "://" in archive

@@ -625,11 +625,12 @@ def _store_url(store: Any) -> str:
         if kind == of and config.get(key):
             return f"{scheme}://{config[key]}/{prefix}".rstrip("/")
     if kind == "LocalStore":
-        return "file://" + prefix
+        return "file:///" + prefix  # its prefix is an absolute path
     return f"{kind}:{prefix}" if prefix else kind
 
 
-def _is_obstore_store(archive: object) -> bool:
+def is_obstore_store(archive: object) -> bool:
+    """An obstore store object (S3Store, GCSStore, AzureStore, LocalStore, ...), by its module."""
     return type(archive).__module__.split(".")[0] == "obstore"
 
 
@@ -637,7 +638,7 @@ def open_objects(archive: str | ObjectStore) -> ObjectStore:
     """The backend for an archive URL (``s3://bucket/prefix``, ``file:///dir``) or an ObjectStore as is."""
     if isinstance(archive, ObjectStore):
         return archive
-    if _is_obstore_store(archive):
+    if is_obstore_store(archive):
         return ObstoreObjects(archive)
     if not isinstance(archive, str):
         raise ArgumentError(f"an archive must be an s3:// or file:// URL, an obstore store or an ObjectStore, "
