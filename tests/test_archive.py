@@ -312,6 +312,22 @@ def test_a_checkpoint_never_removes_a_segment_not_yet_archived(tmp_path):
     assert report.lsn == 301
 
 
+def test_shipping_goes_on_when_a_checkpoint_removes_the_segment_its_reads_kept_mapped(tmp_path):
+    """The shipper keeps the newest segment mapped between its reads; the log rolls on, the
+    segment is shipped whole, and a checkpoint removes it. Its next read, from a later segment,
+    found the kept map's file gone and failed with FileNotFoundError on every retry: shipping
+    stopped for good (and commits waited on the lag). Many small segments and checkpoints."""
+    with wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a", segment_bytes=64 << 10,
+                  checkpoint_bytes=128 << 10) as s:
+        value = os.urandom(1000)
+        for i in range(3000):
+            lsn = s.put(f"key/{i:08d}", value)
+        wait_until(lambda: s.stats()["archived_lsn"] == lsn or s.stats()["archive_error"] is not None)
+        assert s.stats()["archive_error"] is None
+        assert s.stats()["segments_removed"] > 10
+    assert wal.restore(f"file://{tmp_path}/a", tmp_path / "r").lsn == lsn
+
+
 def test_a_store_opened_without_its_archive_keeps_the_log_the_archive_has_not_received(tmp_path, caplog):
     url = f"file://{tmp_path}/a"
     opts = dict(segment_bytes=4096, checkpoint_bytes=1 << 16)

@@ -1039,7 +1039,7 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
                 if not more:
                     break
             if keep and resume is not None and upto is not None and res.last_lsn < upto \
-                    and len(buf) < os.path.getsize(path):
+                    and len(buf) < _size_if_present(path):
                 # The segment grew past the kept map (past its preallocation): map it again and
                 # go on from the next record (the scan resumes where it was validated up to).
                 resume.kept = None
@@ -1053,6 +1053,17 @@ def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, l
             # caller stops iterating early).
             if data != ffi.NULL:
                 ffi.release(data)
+
+
+def _size_if_present(path: str) -> int:
+    """A segment's size; 0 once a checkpoint removed it. The kept map of a segment that was the
+    newest at the last listing may outlive its file: the log rolled, the archive shipped it
+    whole, a checkpoint removed it. It holds all its records then (sealed before it went), and
+    the read goes on past it in the listing."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
 @contextlib.contextmanager
