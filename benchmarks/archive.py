@@ -135,10 +135,10 @@ def sustained(tmp: str, threads: int, seconds: float, value: bytes, url: str) ->
     archive, its lag sampled too, then its time to catch up once the commits stop."""
     import subprocess  # noqa: PLC0415
 
+    store = wal.open(os.path.join(tmp, "sustained"), archive=url, archive_rpo_ms=1000)
+    store.put("first", b"x", durability="replicated")  # the archive holds something to follow
     follower = subprocess.Popen([sys.executable, "-c", FOLLOWER, url, os.path.join(tmp, "follower")],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    store = wal.open(os.path.join(tmp, "sustained"), archive=url, archive_rpo_ms=1000)
-    store.put("first", b"x")  # the archive holds something to follow
     assert follower.stdout is not None and follower.stdin is not None
     follower.stdout.readline()
     stop = threading.Event()
@@ -183,7 +183,8 @@ def sustained(tmp: str, threads: int, seconds: float, value: bytes, url: str) ->
             / elapsed, "puts_per_s": (after["archive_puts"] - before["archive_puts"]) / elapsed,
             "lag_ms": (pct(lags, 0.5), pct(lags, 0.99), lags[-1]),
             "follower_lag_s": (pct(flag, 0.5), pct(flag, 0.99), flag[-1]),
-            "follower_lag_lsns": (pct(flsn, 0.5), pct(flsn, 0.99), flsn[-1]), "catch_up_s": report["catch_up_s"]}
+            "follower_lag_lsns": (pct(flsn, 0.5), pct(flsn, 0.99), flsn[-1]), "catch_up_s": report["catch_up_s"],
+            "overruns": after["archive_rpo_overruns"], "waits": after.get("archive_admit_waits", 0)}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -403,7 +404,7 @@ def main() -> int:
             print(f"  commits: {r['rate']:9.0f}/s with the archive, {base:9.0f}/s without ({r['rate'] / base:.2f}x); "
                   f"shipped {r['mb_per_s']:.1f} MB/s in {r['puts_per_s']:.1f} PUT/s")
             print("  archive lag (ms), p50 / p99 / max: " + " / ".join(f"{x:.0f}" for x in r["lag_ms"])
-                  + " (bound 1000)")
+                  + f" (bound 1000); objects stored past the bound: {r['overruns']}")
             print("  follower lag (s), p50 / p99 / max: " + " / ".join(f"{x:.2f}" for x in r["follower_lag_s"])
                   + "; in LSNs: " + " / ".join(f"{x:.0f}" for x in r["follower_lag_lsns"])
                   + f"; caught up {r['catch_up_s']:.2f} s after the commits stopped")
