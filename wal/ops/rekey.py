@@ -46,7 +46,10 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
     come from `wal.ops.use_sealing(encryption=[current, old, ...])` (the command's --key-file)."""
     target = _writer_target(path, False)
     shipping = shipping_archive(target.path)
-    with open_writer(target, "rekey", object_archive=shipping[0] if shipping else None) as store:
+    # Opened by URL: an archive given to wal.open as a store object of another cloud (gs://,
+    # az://) is not, and its log is then kept for the application's next archived open.
+    url = shipping[0] if shipping is not None and shipping[0].startswith(("s3://", "file://")) else None
+    with open_writer(target, "rekey", object_archive=url) as store:
         sealer = getattr(store, "_sealer", None)
         if sealer is None or sealer.keys is None:
             raise ArgumentError(f"the store at {path} is not encrypted: there is nothing to rekey")
@@ -67,8 +70,8 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
                                   "applied_lsn": applied}
         if compact:
             result["compaction"] = store._compact_state()
-        if shipping is not None:
-            result["archive_snapshot_lsn"] = _ship_snapshot(store, shipping[0])
+        if url is not None:
+            result["archive_snapshot_lsn"] = _ship_snapshot(store, url)
         meta = read_meta(target.path) or {}
         before = list((meta.get(STORE_FIELD) or {}).get("key_ids") or [])
         meta[STORE_FIELD] = {**(meta.get(STORE_FIELD) or {}), "key_ids": [current.hex()]}
