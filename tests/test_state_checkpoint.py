@@ -243,3 +243,14 @@ def test_readers_can_read_beside_a_writer_opened_after_a_restart(
             timeout=60)
         assert reader.returncode == 0, reader.stderr
         assert reader.stdout.split() == ["b'1'", "b'2'"]
+
+
+def test_a_checkpoint_of_a_state_whose_file_was_deleted_under_it_says_so(tmp_path: Path) -> None:
+    """The store's directory removed while it is open (a temporary directory cleaned up before
+    the store was closed): the checkpoint names the missing file, as a storage error, rather
+    than failing on its own bookkeeping (it raised IndexError)."""
+    with wal.open(tmp_path / "s") as store:
+        store.put("k", b"v")
+        os.unlink(tmp_path / "s" / "state" / DATA_FILE)
+        with pytest.raises(wal.WalError, match=r"the state's file is gone.*data\.mdb"):
+            store.checkpoint()

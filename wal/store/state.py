@@ -783,7 +783,10 @@ class State:
             applied = _applied(self.path, pin.get(META, APPLIED_KEY))
             _, psize, last_pgno = self._env.stat()
             self._env.sync(True)  # every page of the pinned snapshot (and any later one) durable
-            page = _meta_pages(self.path, psize)[txnid & 1]  # LMDB writes transaction t's meta in slot t & 1
+            pages = _meta_pages(self.path, psize)
+            if not pages:  # its file deleted under the open store (LMDB keeps writing to the inode)
+                raise FileNotFoundError(errno.ENOENT, "the state's file is gone", os.path.join(self.path, DATA_FILE))
+            page = pages[txnid & 1]  # LMDB writes transaction t's meta in slot t & 1
             if _meta_txnid(page) != txnid:
                 raise InvariantError(f"checkpoint of {self.path}: meta slot {txnid & 1} holds transaction "
                                      f"{_meta_txnid(page)}, not {txnid} (a write ran during the checkpoint)")
