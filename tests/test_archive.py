@@ -406,6 +406,46 @@ def test_a_commit_that_reaches_the_archive_past_the_bound_is_counted_and_logged(
         assert "agentwal_archive_rpo_overruns_total 1" in prometheus_text(s.stats())
 
 
+class SlowObjects(FileObjects):
+    """A file:// archive whose PUTs take their size over `rate` bytes per second, as an object
+    store that is the bottleneck does."""
+
+    def __init__(self, root: str, rate: float) -> None:
+        super().__init__(root)
+        self.rate = rate
+
+    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+        time.sleep(len(data) / self.rate)
+        super().put(name, data, create_only=create_only)
+
+
+def test_commits_faster_than_the_object_store_takes_them_stay_within_the_bound(tmp_path):
+    """Sustained commits the object store cannot keep up with: admission holds them back early
+    enough that what was acknowledged still reaches the archive within archive_rpo_ms (the
+    time to ship what is waiting counts, not only the age of the oldest commit waiting): no
+    overrun, and a restore after the last commit has them all."""
+    objects = SlowObjects(str(tmp_path / "a"), rate=4e6)
+    value = os.urandom(32 << 10)
+    stop = threading.Event()
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=600) as s:
+        def work(t: int) -> None:
+            i = 0
+            while not stop.is_set():
+                s.put(f"t{t}/{i % 50}", value)
+                i += 1
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        time.sleep(4)
+        stop.set()
+        for th in threads:
+            th.join()
+        stats = s.stats()
+        assert stats["archive_puts"] > 5 and stats["archive_put_bytes"] > 8e6, stats  # it was the bottleneck
+        assert stats["archive_rpo_overruns"] == 0, stats
+
+
 def test_lag_over_the_bound_holds_commits_back_with_policy_block(tmp_path):
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:

@@ -76,6 +76,16 @@ _logger = logging.getLogger("wal.archive")
 STATUS_FILE = ARCHIVE_STATUS_FILE  # in the store's directory: the shipper's state for `agentwal archive status`
 MAX_OBJECT_BYTES = 16 << 20  # one group object holds at most this much log (more: several PUTs)
 SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
+# Until the shipper has measured its rate, a group object holds at most this much log; then what
+# one PUT ships in a quarter of archive_rpo_ms (within MAX_OBJECT_BYTES, at least this much).
+FIRST_OBJECT_BYTES = 1 << 20
+# Until measured, the shipper's rate and the log's bytes per record are taken to be these at
+# archive_policy="block": a slow object store and a large record, so that the first commits of a
+# session cannot build a backlog the store takes longer than archive_rpo_ms to receive (they wait
+# for the first objects, which measure both: milliseconds on a store that keeps up). At "error"
+# nothing is assumed: a commit is refused for a lag measured, never for a guess.
+ASSUMED_RATE = 1e6
+ASSUMED_RECORD_BYTES = 32 << 10
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
 
 
@@ -200,6 +210,18 @@ class Shipper:
         # to reach the archive. What reaches it past rpo_ms all the same is an overrun,
         # counted and logged (`_advance`): the window never widens silently.
         self.admit_ms = rpo_ms * 3 / 4
+        # What the commits waiting for the archive will take to reach it: the shipper's rate
+        # (bytes per second of the PUTs of at least FIRST_OBJECT_BYTES / 4, a moving average;
+        # ASSUMED_RATE until one) and the log's bytes per record (from the objects sent) give the time to
+        # ship every commit not archived yet (`_drain_ms`, refreshed with each lag sample). A
+        # commit is admitted while the oldest commit's age plus that time is within admit_ms,
+        # and a group object holds what one PUT ships in a quarter of rpo_ms (`_object_bytes`).
+        # The age alone let a backlog build, and 16 MiB objects, that the object store could not
+        # take within the bound where it was the bottleneck (commits reached it seconds past it).
+        # Estimates, moved by the PUT threads without a lock: an update lost between two is harmless.
+        self._ship_rate = 0.0
+        self._record_bytes = 0.0
+        self._drain_ms = 0.0
         self._overrun_logged_at = -math.inf
         self.policy = policy
         self.snapshot_bytes = snapshot_bytes
@@ -506,6 +528,10 @@ class Shipper:
             # Keep the newest sample whose LSN is archived: every unarchived commit came after it.
             while len(self._samples) > 1 and self._samples[1][0] <= archived:
                 self._samples.popleft()
+            rate, record = self._ship_rate, self._record_bytes
+            if self.policy == "block":
+                rate, record = rate or ASSUMED_RATE, record or ASSUMED_RECORD_BYTES
+            self._drain_ms = (appended - archived) * record / rate * 1000 if rate else 0.0
             if appended <= archived:
                 return 0.0
             lsn, at = self._samples[0]
@@ -522,9 +548,9 @@ class Shipper:
         now = time.monotonic()
         lsn, at = self._samples[0]
         if now - self._sampled_at < _SAMPLE_EVERY_S and lsn <= self.archived \
-                and (now - at) * 1000 <= self.admit_ms:
+                and (now - at) * 1000 + self._drain_ms <= self.admit_ms:
             return True
-        return self.lag_ms() <= self.admit_ms
+        return self.lag_ms() + self._drain_ms <= self.admit_ms
 
     def admit(self) -> None:
         """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
@@ -533,14 +559,16 @@ class Shipper:
         if self.admits_now():
             return
         if self.policy == "error":
+            lag = self.lag_ms()
             raise ArchiveLagError(
-                f"the archive of {self.store.path} lags {self.lag_ms():.0f} ms, past 3/4 of archive_rpo_ms="
-                f"{self.rpo_ms} (the rest is left for what was acknowledged to reach it; "
+                f"the archive of {self.store.path} lags {lag:.0f} ms and needs about {self._drain_ms:.0f} ms more "
+                f"to ship what waits, past 3/4 of archive_rpo_ms={self.rpo_ms} (the rest is left for what was "
+                "acknowledged to reach it; "
                 f"{self.error or 'shipping is behind'}); the commit was not made. Retry later, "
                 "or open with archive_policy='block' to wait instead")
         self._wake.set()
         with self._cond:
-            while self.lag_ms() > self.admit_ms and self.fenced is None and not self._stop:
+            while self.lag_ms() + self._drain_ms > self.admit_ms and self.fenced is None and not self._stop:
                 self._cond.wait(0.05)
         if self.fenced is not None:
             raise FailedError(str(self.fenced)) from self.fenced
@@ -694,7 +722,7 @@ class Shipper:
             for lsn, payload in log._read_upto(self._dispatched + 1, durable):
                 records.append((lsn, payload))
                 size += len(payload) + 16
-                if size >= MAX_OBJECT_BYTES:
+                if size >= self._object_bytes():
                     break
             if not records or records[0][0] != self._dispatched + 1:
                 raise ArchiveUnavailableError(f"the local log of {self.store.path} no longer holds LSN "
@@ -704,6 +732,14 @@ class Shipper:
             behind = len(self._inflight) + len(self._stored)
             self._send(first, last, layout.encode_log(records, self.writer_id, behind))
             self._dispatched = last
+
+    def _object_bytes(self) -> int:
+        """The most log one group object holds: what one PUT ships in a quarter of rpo_ms at the
+        rate measured (FIRST_OBJECT_BYTES until measured), within MAX_OBJECT_BYTES."""
+        rate = self._ship_rate
+        if not rate:
+            return FIRST_OBJECT_BYTES
+        return int(min(MAX_OBJECT_BYTES, max(FIRST_OBJECT_BYTES // 4, rate * self.rpo_ms / 4000)))
 
     def _send(self, first: int, last: int, data: bytes) -> None:
         future = self._pool.submit(self._put_log, first, last, data)
@@ -725,7 +761,13 @@ class Shipper:
         try:
             sent = time.monotonic()
             self._put(name, data)
-            self._put_ewma += (time.monotonic() - sent - self._put_ewma) / 8
+            took = time.monotonic() - sent
+            self._put_ewma += (took - self._put_ewma) / 8
+            per_record = len(data) / (last - first + 1)
+            self._record_bytes += (per_record - self._record_bytes) / (8 if self._record_bytes else 1)
+            if len(data) >= FIRST_OBJECT_BYTES // 4:
+                rate = len(data) / max(took, 1e-6)
+                self._ship_rate += (rate - self._ship_rate) / (4 if self._ship_rate else 1)
             stored = last
         except ObjectExistsError as exc:
             # Ours from an attempt whose answer was lost (a timeout after the store took it)?
@@ -1180,6 +1222,7 @@ class Shipper:
             "archive_url": self.objects.url,
             "archived_lsn": self.archived,
             "archive_lag_ms": self.lag_ms(),
+            "archive_backlog_ms": self._drain_ms,
             "archive_rpo_ms": self.rpo_ms,
             "archive_puts_per_s": self.counters["archive_puts"] / elapsed,
             "archive_last_snapshot_lsn": self.last_snapshot,

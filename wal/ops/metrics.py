@@ -85,6 +85,7 @@ HELP = {
     "checkpoint_space_bound_bytes": "Pages freed or log written since the last checkpoint at which the next is due.",
     "archived_lsn": "Last LSN the object archive holds.",
     "archive_lag_ms": "Upper bound on the age of the oldest commit not yet in the object archive, milliseconds.",
+    "archive_backlog_ms": "Time to ship the commits not in the object archive yet, at its PUTs' rate, ms.",
     "archive_rpo_ms": "The archive's lag bound (archive_rpo_ms), milliseconds.",
     "archive_puts": "PUT requests to the object archive (they cost money).",
     "archive_puts_per_s": "PUT requests to the object archive per second since the store opened.",
