@@ -787,6 +787,34 @@ def test_a_snapshot_is_loaded_piece_by_piece_as_its_ranges_arrive(tmp_path, monk
         assert {k: (v, s.version(k)) for k, v in s.scan()} == expected
 
 
+def test_a_restore_downloads_a_bounded_number_of_bytes_ahead(tmp_path, monkeypatch):
+    """Log objects are fetched ahead of the one applied up to _FETCH_AHEAD_BYTES (and 2 x
+    parallel objects): merged objects are up to 16 MiB each, and 32 of them were 512 MiB."""
+    from wal.archive.plan import Piece  # noqa: PLC0415
+
+    monkeypatch.setattr(restore_mod, "_FETCH_AHEAD_BYTES", 250_000)
+    objects = open_objects(f"file://{tmp_path}/a")
+    names = [layout.log_name(1 + 10 * i) for i in range(20)]
+    for i, name in enumerate(names):
+        objects.put(name, layout.encode_log([(1 + 10 * i + j, os.urandom(10_000)) for j in range(10)], b"w" * 16, 0))
+    asked: list[str] = []
+    real_get = objects.get
+
+    def get(name: str) -> bytes:
+        asked.append(name)
+        return real_get(name)
+
+    monkeypatch.setattr(objects, "get", get)
+    pieces = [Piece(n, 1 + 10 * i, 10 + 10 * i, os.path.getsize(tmp_path / "a" / n)) for i, n in enumerate(names)]
+    seen = 0
+    for i, (piece, _, obj) in enumerate(restore_mod._fetch_all(objects, pieces, 16, None)):
+        assert piece.name == names[i] and not isinstance(obj, Exception)
+        time.sleep(0.02)  # the downloads ahead have time to start
+        assert len(asked) <= i + 4, (i, len(asked))  # the one in hand and ~250 KB after it
+        seen += 1
+    assert seen == 20 and sorted(asked) == names
+
+
 def test_a_snapshot_larger_than_its_window_is_restored_holding_only_the_window(tmp_path, monkeypatch):
     """A restore holds about _SNAPSHOT_WINDOW_BYTES of a snapshot at once, however large: ranges
     are fetched only within the window past what was loaded, and loaded pages are given back

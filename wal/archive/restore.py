@@ -102,21 +102,25 @@ def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
                progress: Progress | None) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
     """Download and verify pieces, `parallel` at a time, yielding each in order as (piece, its
     size in bytes, the decoded object or the CorruptionError it gave) as soon as it and all
-    before it are in."""
+    before it are in. At most 2 x `parallel` pieces and _FETCH_AHEAD_BYTES are downloaded ahead
+    of the one being used (always at least the next): merged objects are up to 16 MiB each."""
     total = sum(p.size for p in pieces)
     done = 0
+    ahead = 0  # bytes of the pieces submitted and not yet yielded
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         futures: list[concurrent.futures.Future[tuple[int, layout.LogObject | CorruptionError]] | None] = []
         nxt = 0
         try:
             for i, piece in enumerate(pieces):
-                while nxt < len(pieces) and nxt < i + parallel * 2:
+                while nxt < len(pieces) and nxt < i + parallel * 2 and (nxt == i or ahead < _FETCH_AHEAD_BYTES):
                     futures.append(pool.submit(_fetch_and_decode, objects, pieces[nxt].name))
+                    ahead += pieces[nxt].size
                     nxt += 1
                 future = futures[i]
                 assert future is not None
                 size, obj = future.result()
                 futures[i] = None
+                ahead -= piece.size
                 done += size
                 if progress is not None:
                     progress(done, total)
@@ -237,6 +241,8 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
 
 
 _REPLANS = 5
+# Log objects downloaded ahead of the one being applied, at most (`_fetch_all`).
+_FETCH_AHEAD_BYTES = 128 << 20
 # A batch of keys mostly written once ends with the object that brings it to this size (StoreBuilder.add).
 _OBJECT_BATCH_BYTES = 1 << 20
 # Snapshot entries per LMDB transaction at most (and BATCH_BYTES of keys and values): bounds a
