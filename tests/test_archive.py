@@ -424,10 +424,12 @@ def test_commits_faster_than_the_object_store_takes_them_stay_within_the_bound(t
     enough that what was acknowledged still reaches the archive within archive_rpo_ms (the
     time to ship what is waiting counts, not only the age of the oldest commit waiting): no
     overrun, and a restore after the last commit has them all."""
-    objects = SlowObjects(str(tmp_path / "a"), rate=4e6)
+    # A bound long enough that its quarter of margin absorbs a loaded machine's hiccups; admitted on
+    # the lag alone, 16 MiB objects reached this store 8 s after they were acknowledged.
+    objects = SlowObjects(str(tmp_path / "a"), rate=2e6)
     value = os.urandom(32 << 10)
     stop = threading.Event()
-    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=600) as s:
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=1500) as s:
         def work(t: int) -> None:
             i = 0
             while not stop.is_set():
@@ -442,7 +444,7 @@ def test_commits_faster_than_the_object_store_takes_them_stay_within_the_bound(t
         for th in threads:
             th.join()
         stats = s.stats()
-        assert stats["archive_puts"] > 5 and stats["archive_put_bytes"] > 8e6, stats  # it was the bottleneck
+        assert stats["archive_puts"] > 5 and stats["archive_put_bytes"] > 4e6, stats  # it was the bottleneck
         assert stats["archive_rpo_overruns"] == 0, stats
 
 
