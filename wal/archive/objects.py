@@ -155,13 +155,11 @@ class RangedRead:
     (`release(n)`: done with buffer[:n], whose pages go back to the kernel) or once the reader
     waits for it (so an entry larger than W is still read whole)."""
 
-    def __init__(self, buffer: bytes | bytearray | mmap.mmap,
-                 ranges: list[tuple[int, concurrent.futures.Future[None]]] | None = None,
-                 pool: concurrent.futures.ThreadPoolExecutor | None = None, *, window: int | None = None) -> None:
+    def __init__(self, buffer: bytes | bytearray | mmap.mmap, *, window: int | None = None) -> None:
         self.buffer = buffer
         self.size = len(buffer)
-        self._ranges = collections.deque(ranges or ())  # (start, fetch), in offset order
-        self._pool = pool
+        self._ranges: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._window = window
         self._gate = threading.Condition()  # guards what follows; fetching threads wait on it
         self._released = 0  # the reader is done with buffer[:_released]
@@ -173,7 +171,8 @@ class RangedRead:
 
     def start(self, ranges: list[tuple[int, concurrent.futures.Future[None]]],
               pool: concurrent.futures.ThreadPoolExecutor) -> None:
-        """The fetches of the ranges (made after this object, whose `admit` they call)."""
+        """The fetches of the ranges, (start, fetch) in offset order: made after this object,
+        whose `admit` they call. A read without them is complete already."""
         self._ranges.extend(ranges)
         self._pool = pool
 

@@ -73,7 +73,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("wal.archive")
 
-STATUS_FILE = ARCHIVE_STATUS_FILE  # in the store's directory: the shipper's state for `agentwal archive status`
 MAX_OBJECT_BYTES = 16 << 20  # one group object holds at most this much log (more: several PUTs)
 SMALL_OBJECT_BYTES = 1 << 20  # group objects below this are merged
 # Until the shipper has measured its rate, a group object holds at most this much log; then what
@@ -320,11 +319,7 @@ class Shipper:
         deadline = time.monotonic() + flush_timeout
         log = self.store._log
         if log is not None and self.fenced is None and self._thread.is_alive():
-            target = log.watermarks.durable
-            with self._cond:
-                while self.archived < target and self.fenced is None and time.monotonic() < deadline:
-                    self._wake.set()
-                    self._cond.wait(0.05)
+            self._await_archived(log.watermarks.durable, deadline)
         self._stop = True
         self._wake.set()
         if self._thread.is_alive():
@@ -581,7 +576,7 @@ class Shipper:
         self._status_at = time.monotonic()
         data = {k: v for k, v in self.stats().items() if k != "archive_puts_per_s"}
         data.update({"pid": os.getpid(), "updated_unix_ms": time.time_ns() // 1_000_000})
-        path = os.path.join(self.store.path, STATUS_FILE)
+        path = os.path.join(self.store.path, ARCHIVE_STATUS_FILE)
         with contextlib.suppress(OSError):
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(data, f)
@@ -718,11 +713,11 @@ class Shipper:
             if durable <= self._dispatched:
                 return
             records: list[tuple[int, bytes]] = []
-            size = 0
+            size, limit = 0, self._object_bytes()
             for lsn, payload in log._read_upto(self._dispatched + 1, durable):
                 records.append((lsn, payload))
                 size += len(payload) + 16
-                if size >= self._object_bytes():
+                if size >= limit:
                     break
             if not records or records[0][0] != self._dispatched + 1:
                 raise ArchiveUnavailableError(f"the local log of {self.store.path} no longer holds LSN "
@@ -1069,19 +1064,25 @@ class Shipper:
         timeout_s: `ArchiveUnavailableError` past it), PUT this snapshot of the state at `lsn`.
         For `agentwal rekey`, whose rewritten state must reach the archive under the new key
         before the old one is retired; the periodic snapshots are `_snapshot_if_due`'s."""
-        deadline = time.monotonic() + timeout_s
+        if not self._await_archived(lsn, time.monotonic() + timeout_s):
+            if self.fenced is not None:
+                raise FailedError(str(self.fenced)) from self.fenced
+            raise ArchiveUnavailableError(
+                f"the archive {self.objects.url} did not receive the log up to LSN {lsn} within {timeout_s:g} s"
+                + (f" ({self.error})" if self.error else ""))
+        self._ship_snapshot(lsn, data)
+
+    def _await_archived(self, lsn: int, deadline: float) -> bool:
+        """Keep the shipper awake until the archive holds `lsn` (True), or it is fenced or
+        stopped, or `deadline` (monotonic) passes (False)."""
         with self._cond:
             while self.archived < lsn and self.fenced is None and not self._stop:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ArchiveUnavailableError(
-                        f"the archive {self.objects.url} did not receive the log up to LSN {lsn} within {timeout_s:g} s"
-                        + (f" ({self.error})" if self.error else ""))
+                    break
                 self._wake.set()
                 self._cond.wait(min(left, 0.05))
-        if self.fenced is not None:
-            raise FailedError(str(self.fenced)) from self.fenced
-        self._ship_snapshot(lsn, data)
+            return self.archived >= lsn
 
     # ---- merging ------------------------------------------------------------------------------
 

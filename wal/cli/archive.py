@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -13,9 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from wal.archive.shipper import STATUS_FILE
 from wal.errors import WalError
 from wal.ops.target import sealing_options  # the command line's --key-file (an encrypted archive)
+from wal.store.store import ARCHIVE_STATUS_FILE, read_archive_status
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -150,21 +149,12 @@ def status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def read_status(store: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(store, STATUS_FILE), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from wal import ops  # noqa: PLC0415
 
-    data = read_status(args.store)
+    data = read_archive_status(args.store)
     if data is None:
-        print(f"agentwal archive: {args.store} has no archive state ({STATUS_FILE}): it was never opened with "
+        print(f"agentwal archive: {args.store} has no archive state ({ARCHIVE_STATUS_FILE}): it was never opened with "
               "archive='s3://...' or 'file:///...'", file=sys.stderr)
         return EXIT_FAILED
     try:

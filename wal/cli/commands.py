@@ -44,6 +44,7 @@ from wal.cli import archive as _archive_cli
 from wal.drill import demo
 from wal.log import durability as dur
 from wal.ops import metrics
+from wal.store.store import read_archive_status
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -238,7 +239,7 @@ def _info_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     """`agentwal info`: see `wal.ops.info`."""
     data = ops.info(args.store)
-    archive = _archive_cli.read_status(args.store)  # STORE/archive.json, written by an archived store
+    archive = read_archive_status(args.store)  # STORE/archive.json, written by an archived store
     if archive is not None:
         data["archive"] = archive
     if args.json:

@@ -1373,16 +1373,24 @@ class _Ended:
         pass
 
 
-def shipping_archive(root: str) -> tuple[str, int] | None:
-    """(URL, archived LSN) of the object archive the store at `root` ships to, from its
-    archive.json, or None: it never shipped, or it was fenced (another writer took the archive
-    over, and this store never ships into it again)."""
+def read_archive_status(root: str) -> dict[str, Any] | None:
+    """The archive.json of the store at `root` as its shipper last wrote it, or None (none, or
+    unreadable): what `agentwal archive status` and `agentwal info` show, and what
+    `shipping_archive` reads."""
     try:
         with open(os.path.join(root, ARCHIVE_STATUS_FILE), encoding="utf-8") as f:
             status = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(status, dict) or status.get("archive_fenced"):
+    return status if isinstance(status, dict) else None
+
+
+def shipping_archive(root: str) -> tuple[str, int] | None:
+    """(URL, archived LSN) of the object archive the store at `root` ships to, from its
+    archive.json, or None: it never shipped, or it was fenced (another writer took the archive
+    over, and this store never ships into it again)."""
+    status = read_archive_status(root)
+    if status is None or status.get("archive_fenced"):
         return None
     url, archived = status.get("archive_url"), status.get("archived_lsn")
     if not isinstance(url, str) or not isinstance(archived, int) or isinstance(archived, bool) or archived < 0:
