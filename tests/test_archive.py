@@ -970,6 +970,53 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
         assert s.get("after") == b"1" and s.get("old") is None and r.lsn == 62
 
 
+def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
+    try:
+        assert replica.lsn == 0 and replica.get("k0") is None and replica.stats()["follower_error"] is None
+        with wal.open(tmp_path / "p", archive=archive_url, durability="replicated") as primary:
+            for i in range(5):
+                primary.put(f"k{i}", b"v")
+            wait_until(lambda: replica.lsn == 5)
+        assert [replica.get(f"k{i}") for i in range(5)] == [b"v"] * 5
+        assert replica.stats()["follower_error"] is None
+    finally:
+        replica.close()
+    # Reopened on its directory it goes on from LSN 5, its writer found from the archive.
+    with wal.open(tmp_path / "p", archive=archive_url, durability="replicated") as primary:
+        primary.put("k5", b"w")
+    again = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
+    try:
+        wait_until(lambda: again.lsn == 6)
+        assert again.get("k5") == b"w" and again.get("k0") == b"v"
+    finally:
+        again.close()
+
+
+def test_a_follower_waiting_on_an_empty_archive_starts_from_its_writers_first_snapshot(tmp_path, archive_url):
+    """A store with a history from before it was archived ships its log from there on and a
+    snapshot of what came before: a follower that was waiting, empty, rebuilds itself from it."""
+    with wal.open(tmp_path / "p") as s:
+        for i in range(20):
+            s.put(f"old{i}", b"o")
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
+    try:
+        assert replica.lsn == 0
+        with wal.open(tmp_path / "p", archive=archive_url, **FAST) as primary:
+            for i in range(3):
+                primary.put(f"new{i}", b"n")
+        wait_until(lambda: replica.lsn == 23)
+        assert replica.get("old0") == b"o" and replica.get("old19") == b"o" and replica.get("new2") == b"n"
+        assert replica.stats()["follower_error"] is None
+        store = replica.promote()
+        assert store.put("after", b"a") == 25  # the fence at 24
+        store.close()
+    finally:
+        replica.close()
+    with wal.open(wal.restore(archive_url, tmp_path / "r").path) as r:
+        assert r.get("old5") == b"o" and r.get("after") == b"a"
+
+
 def test_a_store_reopened_resumes_shipping_where_the_archive_ends(tmp_path, archive_url):
     with wal.open(tmp_path / "s", archive=archive_url, **FAST) as s:
         for i in range(10):

@@ -2,6 +2,7 @@
 take over as its writer.
 
     replica = wal.follow("s3://bucket/agent", "/data/replica")   # restores first if dir is new
+                                                                  # (empty at LSN 0 if the archive is)
     replica.get(key); replica.scan(prefix); replica.lag()         # the Store read API
     store = replica.promote(durability="sync")                    # now the archive's writer
 
@@ -29,6 +30,7 @@ unless given archive_fencing=False.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -43,7 +45,7 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Listing, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
@@ -166,6 +168,8 @@ class Follower:
             store = self._live()
             started = time.monotonic()
             self._polls += 1
+            if self._pos == 0:
+                store = self._start_from_snapshot(store)
             try:
                 applied = self._apply_new(store, strict=True)
             except WriterUnknownError:
@@ -177,6 +181,27 @@ class Follower:
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
+
+    def _start_from_snapshot(self, store: Store) -> Store:
+        """A follower that holds nothing yet (LSN 0) of an archive whose log does not start at
+        LSN 1 (its writer had a history before it was archived): rebuilt from the archive's
+        snapshots once one is there, as `follow` restores a new directory. Until then it waits,
+        empty. Returns the store to apply to."""
+        listing = list_archive(self._objects)
+        if not listing.snapshots or any(p.first == 1 for p in listing.logs):
+            return store
+        self._store = None
+        store.close()
+        shutil.rmtree(self._dir)
+        try:
+            _, self._writer = restore_chain(self._objects, self._dir, parallel=self._parallel, **self._sealing)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)  # whatever the restore left: empty again
+            self._store = open_local(self._dir, **self._sealing)
+            raise
+        self._store = open_local(self._dir, **self._sealing)
+        self._pos = self._end_seen = self._store.watermarks.durable
+        return self._store
 
     def _apply_new(self, store: Store, *, strict: bool) -> int:
         applied = 0
@@ -356,5 +381,19 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
     root = os.fspath(directory)
     writer = None
     if not os.path.exists(os.path.join(root, "STORE")):
-        _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
+        if _has_start(list_archive(objects)):
+            _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
+        else:
+            # Nothing to start from yet (its writer has shipped nothing, or not its first
+            # snapshot): an empty store at LSN 0, the state before an archive's first record. Its
+            # polls apply the first log objects as they arrive, or rebuild it from the first
+            # snapshot (`Follower._start_from_snapshot`).
+            open_local(root, **sealing).close()
+            writer = b""
     return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer)
+
+
+def _has_start(listing: Listing) -> bool:
+    """The archive holds a state to start from: a snapshot, or its log from LSN 1 (whose
+    implicit start is the empty state at LSN 0)."""
+    return bool(listing.snapshots) or any(p.first == 1 for p in listing.logs)
