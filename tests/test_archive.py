@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -116,6 +117,14 @@ def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
     assert objects.get("log/00000000000000000002.wal") == b"log/00000000000000000002.wal"
     objects.put("snap/00000000000000000001.snap", b"replaced", create_only=False)
     assert objects.get("snap/00000000000000000001.snap") == b"replaced"
+    # A view of a mapped file, as a spooled snapshot is shipped (wal/archive/spool.py).
+    mapped = tmp_path / "mapped"
+    mapped.write_bytes(os.urandom(300_000))
+    with open(mapped, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        objects.put("mapped/object", view)  # a prefix of its own: the listings below do not see it
+        view.release()
+    assert objects.get("mapped/object") == mapped.read_bytes()
     assert objects.get_head("snap/00000000000000000001.snap", 3) == b"rep"
     with pytest.raises(ObjectMissingError):
         objects.get_head("snap/00000000000000000009.snap", 3)
@@ -414,7 +423,7 @@ class SlowObjects(FileObjects):
         super().__init__(root)
         self.rate = rate
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         time.sleep(len(data) / self.rate)
         super().put(name, data, create_only=create_only)
 
@@ -657,6 +666,65 @@ def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
     assert r.lsn == obj.first - 1
     report = verify(url)
     assert any(f"{obj.first}..{obj.last}" in p for p in report.problems)
+
+
+def test_a_snapshot_is_spooled_to_a_file_and_shipped_without_the_state_whole_in_memory(tmp_path, archive_url):
+    """The writer's snapshot goes to a file in the store's directory as the read transaction
+    yields it, and is PUT from a mapping of that file: the process holds a few MiB of it, not
+    the state (encoded in memory, 48 MiB of values were held twice over), and no file is left."""
+    values = {f"big{i:03d}": os.urandom(512 << 10) for i in range(96)}
+    with wal.open(tmp_path / "p", archive=archive_url, archive_snapshot_bytes=1 << 40, **FAST) as s:
+        for key, value in values.items():
+            s.put(key, value)
+        s.checkpoint()
+        wait_until(lambda: s.stats()["archived_lsn"] == 96)  # the log's objects are not counted below
+        tracemalloc.start()
+        try:
+            lsn = s._ship_snapshot_now()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert lsn == 96
+        assert peak < 16 << 20, peak
+        assert not [n for n in os.listdir(tmp_path / "p") if n.startswith("archive-snapshot-")]
+    r = wal.restore(archive_url, tmp_path / "r", lsn=96)
+    assert r.snapshot_lsn == 96 and r.records == 0
+    with wal.open(tmp_path / "r") as restored:
+        assert dict(restored.scan()) == {k.encode(): v for k, v in values.items()}
+
+
+def test_an_archived_open_deletes_the_snapshot_files_a_dead_process_left(tmp_path):
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, **FAST) as s:
+        s.put("k", b"v")
+    left = tmp_path / "p" / "archive-snapshot-00000000000000000001-0badf00d.tmp"
+    left.write_bytes(b"half a snapshot")
+    with wal.open(tmp_path / "p", archive=url, **FAST) as s:
+        assert not left.exists() and s.get("k") == b"v"
+
+
+def test_a_snapshot_walk_reads_large_values_a_few_mib_at_a_time(tmp_path):
+    """A state snapshot's walk (an archive snapshot's source) holds one chunk of values at a
+    time, and the chunk is cut by bytes as well as by keys."""
+    with wal.open(tmp_path / "s") as s:
+        for i in range(40):
+            s.put(f"k{i:02d}", bytes([i]) * (1 << 20))
+        for i in range(3000):
+            s.put(f"small{i:04d}", b"x")
+        s.checkpoint()
+        state = s._state
+        snap = state.snapshot()
+        try:
+            tracemalloc.start()
+            try:
+                seen = [(k, len(v)) for k, _, v in snap.items()]
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+        finally:
+            snap.close()
+    assert len(seen) == 3040 and seen[0] == (b"k00", 1 << 20) and seen[-1] == (b"small2999", 1)
+    assert peak < 12 << 20, peak  # 40 MiB of values, at most a few chunks of ~4 MiB
 
 
 def test_restore_applies_objects_as_they_arrive_in_batches_and_never_leaves_half_a_store(tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ class HeldPut(FileObjects):
         self.held: str | None = None
         self.put_names: list[str] = []
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         parsed = layout.parse_name(name)
         if (self.held is None and parsed is not None and parsed.kind == "log"
                 and parsed.first >= self.hold_from):

@@ -230,7 +230,7 @@ class HoldName(FileObjects):
         self.release = threading.Event()
         self.tried: list[str] = []
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         self.tried.append(name)
         if name == self.hold:
             assert self.release.wait(60), "never released"

@@ -43,7 +43,7 @@ class HeldPut(FileObjects):
         self.held: str | None = None
         self.log_puts = 0
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         parsed = layout.parse_name(name)
         if parsed is not None and parsed.kind == "log":
             self.log_puts += 1

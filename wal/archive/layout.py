@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import array
 import hashlib
+import io
 import itertools
 import mmap
 import struct
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple, Protocol
+from typing import BinaryIO, NamedTuple, Protocol
 
 from wal._bindings import ffi, lib, object_records
 from wal.errors import CorruptionError
@@ -237,17 +238,45 @@ class Snapshot(NamedTuple):
 
 
 def encode_snapshot(lsn: int, taken_ms: int, writer_id: bytes, entries: Iterable[tuple[bytes, int, bytes]]) -> bytes:
-    parts = [b""]
+    """A snapshot object, whole in memory (`write_snapshot` writes one to a file)."""
+    listed = list(entries)
+    out = io.BytesIO()
+    write_snapshot(out, SnapshotHeader(lsn, taken_ms, writer_id, len(listed)), listed)
+    return out.getvalue()
+
+
+_WRITE_CHUNK = 1 << 20  # write_snapshot hashes and writes its entries about this many bytes at a time
+
+
+def write_snapshot(out: BinaryIO, header: SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]]) -> int:
+    """Write a snapshot object of `header.n_entries` entries to `out` as they come, holding about
+    _WRITE_CHUNK bytes of it at a time (a state of any size is never whole in memory); returns
+    its size. The header, which counts the entries, comes first and the SHA-256 of everything
+    before it last, so the count is given up front (an LMDB read transaction knows it: its
+    entries are the ones `entries` yields). A count that turns out wrong raises ValueError."""
+    lsn, taken_ms, writer_id, n_entries = header
+    digest = hashlib.sha256()
+    size = 0
+    parts = [_SNAP_HEADER.pack(SNAP_MAGIC, VERSION, 0, 0, lsn, taken_ms, n_entries, writer_id, b"\0" * 8)]
+    held = len(parts[0])
     n = 0
     for key, version, value in entries:
         lengths = struct.pack("<IIQ", len(key), len(value), version)
-        parts.append(_ENTRY.pack(len(key), len(value), version, _crc(lengths, key, value)))
-        parts.append(key)
-        parts.append(value)
+        parts += (_ENTRY.pack(len(key), len(value), version, _crc(lengths, key, value)), key, value)
+        held += _ENTRY.size + len(key) + len(value)
         n += 1
-    parts[0] = _SNAP_HEADER.pack(SNAP_MAGIC, VERSION, 0, 0, lsn, taken_ms, n, writer_id, b"\0" * 8)
-    body = b"".join(parts)
-    return body + hashlib.sha256(body).digest()
+        if held >= _WRITE_CHUNK:
+            chunk = b"".join(parts)
+            digest.update(chunk)
+            out.write(chunk)
+            size += held
+            parts, held = [], 0
+    if n != n_entries:
+        raise ValueError(f"the snapshot at LSN {lsn} was to hold {n_entries} entries and was given {n}")
+    chunk = b"".join(parts)
+    digest.update(chunk)
+    out.write(chunk + digest.digest())
+    return size + held + DIGEST
 
 
 class SnapshotImage(NamedTuple):

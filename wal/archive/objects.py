@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import datetime as _dt
+import io
 import mmap
 import os
 import threading
@@ -94,7 +95,11 @@ class ObjectStore:
             self.create_only_honored = honoured
         return self.create_only_honored
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        """Store `data` as object `name` (create_only: only where no object has that name,
+        else `ObjectExistsError`). `data` may be a view of a mapped file (a spooled snapshot,
+        wal/archive/spool.py), read while the call lasts and not copied where the client can
+        send a buffer as it is."""
         raise NotImplementedError
 
     def get(self, name: str) -> bytes:
@@ -246,7 +251,7 @@ class FileObjects(ObjectStore):
             raise ArgumentError(f"bad object name {name!r}")
         return os.path.join(self.root, *parts)
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         path = self._path(name)
         directory = os.path.dirname(path)
         try:
@@ -365,6 +370,37 @@ def _s3_client() -> Any:
         return client
 
 
+class _ViewReader(io.RawIOBase):
+    """A seekable binary file over a memoryview, without copying it (boto3 reads a body it is
+    given as a file, and seeks it back to send it again)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view.cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self._view[self._pos:self._pos + len(buffer)]
+        n = len(chunk)
+        memoryview(buffer).cast("B")[:n] = chunk
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
 class S3Objects(ObjectStore):
     """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3: the
     backend of ``s3://`` URLs where obstore is not installed.
@@ -395,8 +431,9 @@ class S3Objects(ObjectStore):
                 return ArchiveUnavailableError(f"{doing} {self.url}/{name}: refused ({code}); check credentials")
         return ArchiveUnavailableError(f"{doing} {self.url}/{name}: {code or type(exc).__name__}: {exc}")
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + name, "Body": data}
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        body = data if isinstance(data, bytes) else _ViewReader(data)  # boto3 takes bytes or a file
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.prefix + name, "Body": body}
         if create_only:
             kwargs["IfNoneMatch"] = "*"
         try:
@@ -520,7 +557,7 @@ class ObstoreObjects(ObjectStore):
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return ArchiveUnavailableError(f"{doing} {self.url}/{name}: {type(exc).__name__}: {first_line}")
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         try:
             self._obstore.put(self.store, name, data, mode="create" if create_only else "overwrite",
                               use_multipart=False)

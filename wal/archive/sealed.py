@@ -86,7 +86,7 @@ class SealedObjects(ObjectStore):
             raise SealDamagedError(f"{where} holds another zstd dictionary ({did:08x}); it is not used",
                                    reason="sealed value damaged")
 
-    def put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         self._ensure_manifest()
         self.inner.put(name, self.sealer.seal(data, CONTEXT_ARCHIVE + name.encode()), create_only=create_only)
 

@@ -65,6 +65,7 @@ from wal.archive.objects import (
     ObjectStore,
 )
 from wal.archive.plan import Piece
+from wal.archive.spool import SpooledSnapshot
 from wal.errors import CorruptionError, FailedError, WalError
 from wal.store.store import ARCHIVE_STATUS_FILE
 
@@ -235,7 +236,7 @@ class Shipper:
         self.error: str | None = None  # the current outage, if any
         self.last_snapshot = last_snapshot
         self._need_snapshot = need_snapshot
-        self._pending_snapshot: tuple[int, bytes] | None = None  # (lsn, encoded) waiting for the log
+        self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
         self._bytes_since_snapshot = 0
         self._first_of_session: int | None = None  # never merged away: it fences older writers
         # (first, last, size, bytes or None) of small group objects stored since this writer
@@ -336,6 +337,8 @@ class Shipper:
                 self._snapshot_if_due()
             except Exception as exc:  # reported; the next writer ships a snapshot
                 _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
+        if job is None or job.done():  # else its file is the next archived open's to delete
+            self._discard_pending_snapshot()
         # PUTs still in flight may finish after this (harmless: durable records, create-only
         # names); nothing waits for them.
         self._pool.shutdown()
@@ -983,7 +986,7 @@ class Shipper:
                          self.objects.url, self.archived)
             self.error = None
 
-    def _put(self, name: str, data: bytes, *, create_only: bool = True) -> None:
+    def _put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         """In any shipper thread (the outage state is the shipper thread's: `_harvest`)."""
         try:
             self.objects.put(name, data, create_only=create_only)
@@ -1047,30 +1050,41 @@ class Shipper:
             self._pending_snapshot = self.store._logical_snapshot(self.writer_id)
             self._need_snapshot = False
             self._bytes_since_snapshot = 0
-        if self._pending_snapshot is not None and self._pending_snapshot[0] <= self.archived:
-            self._ship_snapshot(*self._pending_snapshot)
+        pending = self._pending_snapshot
+        if pending is not None and pending.lsn <= self.archived:
+            self._ship_snapshot(pending)  # a failed PUT leaves it pending, for the next job
             self._pending_snapshot = None
+            pending.discard()
 
-    def _ship_snapshot(self, lsn: int, data: bytes) -> None:
-        """PUT the snapshot of the state at `lsn` (the archive holds the log up to it)."""
+    def _discard_pending_snapshot(self) -> None:
+        pending, self._pending_snapshot = self._pending_snapshot, None
+        if pending is not None:
+            pending.discard()
+
+    def _ship_snapshot(self, snap: SpooledSnapshot) -> None:
+        """PUT the snapshot of the state at its LSN (the archive holds the log up to it)."""
         # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
-        with contextlib.suppress(ObjectExistsError):
-            self._put(layout.snap_name(lsn), data)
-        self.last_snapshot = max(self.last_snapshot, lsn)
+        with contextlib.suppress(ObjectExistsError), snap.mapped() as data:
+            self._put(layout.snap_name(snap.lsn), data)
+        self.last_snapshot = max(self.last_snapshot, snap.lsn)
         self._count("archive_snapshots")
 
-    def ship_snapshot_now(self, lsn: int, data: bytes, timeout_s: float) -> None:
-        """In the caller's thread: once the archive holds the log up to `lsn` (waiting at most
-        timeout_s: `ArchiveUnavailableError` past it), PUT this snapshot of the state at `lsn`.
-        For `agentwal rekey`, whose rewritten state must reach the archive under the new key
-        before the old one is retired; the periodic snapshots are `_snapshot_if_due`'s."""
-        if not self._await_archived(lsn, time.monotonic() + timeout_s):
-            if self.fenced is not None:
-                raise FailedError(str(self.fenced)) from self.fenced
-            raise ArchiveUnavailableError(
-                f"the archive {self.objects.url} did not receive the log up to LSN {lsn} within {timeout_s:g} s"
-                + (f" ({self.error})" if self.error else ""))
-        self._ship_snapshot(lsn, data)
+    def ship_snapshot_now(self, snap: SpooledSnapshot, timeout_s: float) -> None:
+        """In the caller's thread: once the archive holds the log up to the snapshot's LSN
+        (waiting at most timeout_s: `ArchiveUnavailableError` past it), PUT it; its file is
+        deleted either way. For `agentwal rekey`, whose rewritten state must reach the archive
+        under the new key before the old one is retired; the periodic snapshots are
+        `_snapshot_if_due`'s."""
+        try:
+            if not self._await_archived(snap.lsn, time.monotonic() + timeout_s):
+                if self.fenced is not None:
+                    raise FailedError(str(self.fenced)) from self.fenced
+                raise ArchiveUnavailableError(
+                    f"the archive {self.objects.url} did not receive the log up to LSN {snap.lsn} within "
+                    f"{timeout_s:g} s" + (f" ({self.error})" if self.error else ""))
+            self._ship_snapshot(snap)
+        finally:
+            snap.discard()
 
     def _await_archived(self, lsn: int, deadline: float) -> bool:
         """Keep the shipper awake until the archive holds `lsn` (True), or it is fenced or

@@ -30,6 +30,7 @@ from wal.archive.plan import find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Resolved, Shipper
+from wal.archive.spool import SpooledSnapshot, remove_leftovers
 from wal.errors import ArgumentError, FailedError
 from wal.log import record
 from wal.store.sealed import plan as plan_sealing
@@ -178,15 +179,15 @@ class ArchivedStore(Store):
     def _archived_moved(self, lsn: int) -> None:
         """Called by the shipper after each object (hook for observers; nothing to do here)."""
 
-    def _logical_snapshot(self, writer_id: bytes) -> tuple[int, bytes]:
-        """(applied LSN, encoded snapshot) from one LMDB read transaction (FORMAT.md, archive snapshots)."""
+    def _logical_snapshot(self, writer_id: bytes) -> SpooledSnapshot:
+        """A snapshot object of the state at its applied LSN, from one LMDB read transaction
+        (FORMAT.md, archive snapshots), spooled to a file in the store's directory."""
         snap = self._state.snapshot()
         try:
-            lsn = snap.applied_lsn()
-            data = layout.encode_snapshot(lsn, time.time_ns() // 1_000_000, writer_id, snap.items())
+            header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, snap.entries())
+            return SpooledSnapshot(self.path, header, snap.items())
         finally:
             snap.close()
-        return lsn, data
 
     def _ship_snapshot_now(self, timeout_s: float = 60.0) -> int:
         """Ship a snapshot of the state as it is now, once the archive holds the log up to it
@@ -196,9 +197,9 @@ class ArchivedStore(Store):
         if shipper is None or log is None:
             raise FailedError(f"the store in {self.path} is closed")
         log.sync()
-        lsn, data = self._logical_snapshot(shipper.writer_id)
-        shipper.ship_snapshot_now(lsn, data, timeout_s)
-        return lsn
+        spooled = self._logical_snapshot(shipper.writer_id)
+        shipper.ship_snapshot_now(spooled, timeout_s)
+        return spooled.lsn
 
     # ---- observing and closing ----------------------------------------------------------------
 
@@ -372,6 +373,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if store._replicated:
         store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
     try:
+        remove_leftovers(store.path)  # snapshots a process that died had not shipped
         _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                 merge_objects=merge_objects, retention_s=retention_s, puts_in_flight=puts_in_flight)
     except BaseException:

@@ -440,7 +440,7 @@ class Sealer:
 
     # ---- sealing ---------------------------------------------------------------------------
 
-    def seal(self, data: bytes, context: bytes, *, compress: bool = True) -> bytes:
+    def seal(self, data: bytes | memoryview, context: bytes, *, compress: bool = True) -> bytes:
         """The envelope of `data`: compressed if that pays (and `compress`), encrypted if there
         are keys. (A stored dictionary is sealed with ``compress=False``: it cannot need itself.)
 

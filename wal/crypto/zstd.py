@@ -28,7 +28,7 @@ class FrameError(Exception):
 
 
 class Compressor(Protocol):
-    def compress(self, data: bytes) -> bytes: ...
+    def compress(self, data: bytes | memoryview) -> bytes: ...
 
 
 class Decompressor(Protocol):
@@ -162,7 +162,7 @@ class _StdlibCompressor:
         self._c = c
         self._mode = mode
 
-    def compress(self, data: bytes) -> bytes:
+    def compress(self, data: bytes | memoryview) -> bytes:
         out: bytes = self._c.compress(data, mode=self._mode)  # one whole frame; the context is reused
         return out
 

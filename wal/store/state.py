@@ -119,7 +119,8 @@ DURABLE_SEEN_KEY = b"durable_seen"
 MIN_MAP_SIZE = 64 << 20
 MAX_MAP_SIZE = 1 << 40
 DEFAULT_MAP_SIZE = MAX_MAP_SIZE
-_SCAN_CHUNK = 1024  # keys per call of a snapshot's walk
+_SCAN_CHUNK = 1024  # keys per call of a snapshot's walk, at most
+_SCAN_CHUNK_BYTES = 4 << 20  # and about this much of their values
 # A state file up to this size is verified entry by entry by every open (State._small_enough_to_verify).
 VERIFY_ON_OPEN_BYTES = 8 << 20
 _UPGRADE_BATCH = 20_000  # entries given a checksum per LMDB transaction at the upgrade to store format 4
@@ -962,19 +963,27 @@ class StateSnapshot:
         return found
 
     def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, int, bytes]]:
-        """(key, version, value) with `prefix`, in key order, each entry's checksum verified."""
+        """(key, version, value) with `prefix`, in key order, each entry's checksum verified.
+
+        Read in chunks of up to _SCAN_CHUNK keys and about _SCAN_CHUNK_BYTES of values: a walk
+        of a whole state (an archive snapshot) holds one chunk at a time, whatever its values'
+        sizes (1,024 values of 1 MiB would be a GiB)."""
         after: bytes | None = None
+        limit = 4  # doubled while the chunks stay small
         while True:
             try:
-                chunk: list[tuple[bytes, int, bytes]] = self._txn.scan(DATA, prefix, after, _SCAN_CHUNK)
+                chunk: list[tuple[bytes, int, bytes]] = self._txn.scan(DATA, prefix, after, limit)
             except LmdbError as exc:
                 raise_lmdb(exc, self.path, "scanning keys")
             if chunk and not chunk[0][0]:
                 _empty_key(self.path)
             yield from chunk
-            if len(chunk) < _SCAN_CHUNK:
+            if len(chunk) < limit:
                 return
             after = chunk[-1][0]
+            held = sum(len(value) for _, _, value in chunk)
+            limit = max(1, min(_SCAN_CHUNK, limit * 2 if held * 2 <= _SCAN_CHUNK_BYTES
+                               else limit * _SCAN_CHUNK_BYTES // held))
 
     def close(self) -> None:
         """Idempotent."""

@@ -1,0 +1,65 @@
+"""A snapshot object on its way to the archive, spooled to a file in the store's directory.
+
+A writer ships a snapshot of its state (FORMAT.md §18) once the archive holds the log up to it,
+which may be a while after it was taken. Encoded in memory, a state of several GB was held whole
+(and twice, its parts and their join) for all that time. Spooled, it is written to
+``archive-snapshot-<lsn>-<random>.tmp`` in the store's directory as the LMDB read transaction
+yields it (`layout.write_snapshot`), then PUT from a read-only mapping of that file: the object
+store's client reads the pages (obstore sends a buffer without copying it), which the kernel
+may drop and read back at will, so the process holds no copy of its own. A sealed archive seals
+the object whole (one AEAD tag), so it holds the ciphertext once.
+
+The file is the writer's alone (the store's lock); deleted once shipped or given up, and any left
+by a process that died is deleted by the next archived open (`remove_leftovers`). It costs as
+much free disk as the snapshot is large, on the store's own disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+
+from wal.archive import layout
+
+_PREFIX = "archive-snapshot-"
+_SUFFIX = ".tmp"
+
+
+class SpooledSnapshot:
+    """A snapshot object of the state at `lsn` (its header's), in a file of `size` bytes."""
+
+    def __init__(self, directory: str, header: layout.SnapshotHeader,
+                 entries: Iterable[tuple[bytes, int, bytes]]) -> None:
+        self.lsn = header.lsn
+        self.path = os.path.join(directory, f"{_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{_SUFFIX}")
+        try:
+            with open(self.path, "xb") as out:
+                self.size = layout.write_snapshot(out, header, entries)
+        except BaseException:
+            self.discard()
+            raise
+
+    @contextlib.contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """The object's bytes: a read-only mapping of the file, for one PUT."""
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                yield view
+            finally:
+                view.release()
+
+    def discard(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def remove_leftovers(directory: str) -> None:
+    """Delete the spool files a process that died left in a store's directory (the caller holds
+    the store's lock: no other process is writing one)."""
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*{_SUFFIX}")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
