@@ -2,7 +2,7 @@
 
     python benchmarks/archive.py                 # about a minute
     python benchmarks/archive.py --seconds 10 --restore-mb 256
-    python benchmarks/archive.py --only restore      # one part (commits, server, sustained, restore)
+    python benchmarks/archive.py --only restore      # one part (commits, server, sustained, snapshot, restore)
 
 Measures, in one run:
 1. commits/s from N threads (default 64) and from M asyncio tasks (default 1,000), side by side:
@@ -20,7 +20,11 @@ Measures, in one run:
    the same store without one; the MB/s and PUT/s shipped, the archive lag sampled every 100 ms,
    and a follower in another process (as on another machine): its lag in seconds and LSNs, and
    how long it takes to catch up once the commits stop.
-4. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
+4. snapshot shipping (`snapshot`): a writer ships a snapshot of a state of --restore-mb MB, against
+   a plain PUT of the state's LMDB file read into memory: time, MB/s and the anonymous memory the
+   process held beyond what it held before (the snapshot is spooled to a file and PUT from a
+   mapping of it, so it is never whole in memory).
+5. restore of an archive of --restore-mb MB in MB/s (the whole restore: download, verify, write
    the store, fsync), against a plain parallel download of the same objects with the same client
    and parallelism, into memory and into files (the goal: >= 0.8x), and into files each fsynced
    (the disk's share: a restore makes every byte it writes durable). Two shapes: the state all in
@@ -50,6 +54,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from archive_server import BUCKET, WeedServer, weed_binary
 
 import wal
+from wal.archive.layout import snap_name as layout_snap_name
 from wal.archive.objects import open_objects
 from wal.archive.plan import list_archive
 from wal.archive.restore import verify
@@ -337,6 +342,70 @@ def restore_shape(tmp: str, shape: str, restore_mb: int, parallel: int) -> None:
               f"{', '.join(f'{r:.1f}' for r in verified)}): {best / memory:.2f}x the download into memory")
 
 
+def _anon_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _peak_anon_during(fn: object) -> tuple[float, float]:
+    """(seconds fn() took, MB of anonymous memory the process held at most beyond before it),
+    sampled every 5 ms."""
+    import gc  # noqa: PLC0415
+    gc.collect()
+    base = _anon_mb()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _anon_mb())
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        fn()  # type: ignore[operator]
+    finally:
+        took = time.perf_counter() - t0
+        done.set()
+        sampler.join()
+    return took, max(peak[0], _anon_mb()) - base
+
+
+def snapshot_shipping(tmp: str, mb: int) -> None:
+    """A writer ships a snapshot of a state of `mb` MB (1 MiB values), against a plain PUT of
+    the state's LMDB file read into memory (what a backup script would send): time and the
+    anonymous memory the process held beyond what it held before, for each."""
+    url = f"s3://{BUCKET}/snapshot-{os.urandom(4).hex()}"
+    value = os.urandom(1 << 20)
+    with wal.open(os.path.join(tmp, "snapshot-src"), archive=url, archive_snapshot_bytes=1 << 40) as s:
+        for i in range(mb):
+            s.put(f"k{i:06d}", value[i % 4096:] + value[:i % 4096])
+        s.checkpoint()
+        while s.stats()["archived_lsn"] < mb:
+            time.sleep(0.05)
+        ours, ours_mb = _peak_anon_during(s._ship_snapshot_now)
+        size = dict(open_objects(url).list("snap/")).get(layout_snap_name(s.watermarks.durable), 0)
+    objects = open_objects(url)
+    lmdb_file = os.path.join(tmp, "snapshot-src", "state", "data.mdb")
+
+    def plain_put() -> None:
+        with open(lmdb_file, "rb") as f:
+            objects.put("plain/data.mdb", f.read())
+
+    plain, plain_mb = _peak_anon_during(plain_put)
+    plain_size = os.path.getsize(lmdb_file)
+    print(f"snapshot shipping: a state of {mb} x 1 MiB values")
+    print(f"  the writer's snapshot ({size / 1e6:.0f} MB): {ours:.2f} s, {size / 1e6 / ours:.0f} MB/s, "
+          f"anonymous memory +{ours_mb:.0f} MB")
+    print(f"  a plain PUT of the LMDB file read into memory ({plain_size / 1e6:.0f} MB): {plain:.2f} s, "
+          f"{plain_size / 1e6 / plain:.0f} MB/s, anonymous memory +{plain_mb:.0f} MB "
+          f"(the snapshot: {size / ours / (plain_size / plain):.2f}x its MB/s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=64)
@@ -345,7 +414,7 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=128)
     ap.add_argument("--restore-mb", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=16)
-    ap.add_argument("--only", choices=("commits", "server", "sustained", "restore"), action="append",
+    ap.add_argument("--only", choices=("commits", "server", "sustained", "snapshot", "restore"), action="append",
                     help="run only these parts (repeatable; default: all)")
     args = ap.parse_args()
     binary = weed_binary()
@@ -362,7 +431,7 @@ def main() -> int:
                       AWS_REGION="us-east-1")
     try:
         value = os.urandom(args.value_bytes)
-        parts = set(args.only or ("commits", "server", "sustained", "restore"))
+        parts = set(args.only or ("commits", "server", "sustained", "snapshot", "restore"))
         rows = () if "commits" not in parts else ((f"{args.threads} threads", args.threads, commits),
                                              (f"{args.tasks} asyncio tasks", args.tasks, acommits))
         for label, n, run in rows:
@@ -408,6 +477,9 @@ def main() -> int:
             print("  follower lag (s), p50 / p99 / max: " + " / ".join(f"{x:.2f}" for x in r["follower_lag_s"])
                   + "; in LSNs: " + " / ".join(f"{x:.0f}" for x in r["follower_lag_lsns"])
                   + f"; caught up {r['catch_up_s']:.2f} s after the commits stopped")
+
+        if "snapshot" in parts:
+            snapshot_shipping(tmp, args.restore_mb)
 
         if "restore" not in parts:
             return 0
