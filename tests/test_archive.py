@@ -647,6 +647,22 @@ def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archiv
     assert wal.restore(archive_url, tmp_path / "empty", time="2000-01-01T00:00:00Z").lsn == 0
 
 
+def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog):
+    """A writer killed before its first object leaves an archive with nothing in it: what it
+    holds is the state at LSN 0, as for an archive whose log starts at LSN 1 (said in a WARNING,
+    since a mistyped prefix looks the same). A target past it is refused, naming its end."""
+    with caplog.at_level("WARNING", logger="wal.archive"):
+        report = wal.restore(archive_url, tmp_path / "r")
+    assert report.lsn == 0 and report.snapshot_lsn == 0 and report.records == 0
+    assert "holds nothing" in caplog.text
+    with wal.open(tmp_path / "r") as s:
+        assert list(s.scan()) == [] and s.watermarks.durable == 0
+        s.put("k", b"v")  # an ordinary store
+    with pytest.raises(wal.ArgumentError, match="ends at LSN 0"):
+        wal.restore(archive_url, tmp_path / "r2", lsn=3)
+    assert verify(archive_url).ok
+
+
 def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "p", durability="replicated", archive=url, archive_merge_objects=1000) as s:

@@ -145,7 +145,9 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                      time_ms: int | None) -> ChosenSnapshot:
     """The newest snapshot at or before the target, its header read and checked, its bytes on
     their way. An archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
-    if any(p.first == 1 for p in listing.logs):
+    if any(p.first == 1 for p in listing.logs) or (not listing.logs and not listing.snapshots):
+        # Its log from LSN 1 on, or nothing at all (a writer that shipped nothing yet): the state
+        # at LSN 0 is the empty one.
         listing = Listing(listing.logs, [(0, ""), *[s for s in listing.snapshots if s[0] > 0]])
     if not listing.snapshots:
         raise CorruptionError(f"the archive {objects.url} holds no snapshot: nothing to restore from "
@@ -286,6 +288,9 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         raise ArgumentError(f"{root} exists and is not an empty directory; restore into a new one")
     objects, sealed = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
+    if not listing.logs and not listing.snapshots:
+        _logger.warning("archive %s holds nothing (its writer shipped nothing yet, or the URL names no archive): "
+                        "restoring the empty state at LSN 0", objects.url)
     t0 = _time.monotonic()
     snap = _choose_snapshot(objects, listing, lsn, time_ms)
     snap_lsn, snap_writer = snap.header.lsn, snap.header.writer_id
@@ -502,7 +507,8 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             writers[name] = layout.open_snapshot(data, name).writer_id
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
-    from_start = any(p.first == 1 for p in listing.logs)  # an implicit empty snapshot at LSN 0
+    # An implicit empty snapshot at LSN 0: the log from LSN 1 on, or an archive that holds nothing.
+    from_start = any(p.first == 1 for p in listing.logs) or not listing.logs
     if not listing.snapshots and not from_start:
         problems.append(f"{objects.url} holds no snapshot: a restore has nothing to start from")
     base = 0 if from_start or not listing.snapshots else listing.snapshots[0][0]

@@ -56,14 +56,9 @@ def _delete_archive(url: str) -> None:
 def _restore_and_read(url: str, directory: str) -> Recovered:
     """Restore the archive into `directory` and read it whole; an empty archive gives an empty
     state (nothing was shipped before the loss)."""
-    from wal.archive.objects import open_objects  # noqa: PLC0415
-    from wal.archive.plan import list_archive  # noqa: PLC0415
     from wal.archive.restore import restore  # noqa: PLC0415
 
     started = time.monotonic()
-    listing = list_archive(open_objects(url))
-    if not listing.logs and not listing.snapshots:
-        return Recovered({}, 0, time.monotonic() - started, None)
     try:
         restore(url, directory)
     except Exception as exc:
