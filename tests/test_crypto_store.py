@@ -451,6 +451,59 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+@pytest.mark.parametrize("damage", [None, "middle", "tag"])
+def test_an_encrypted_snapshot_is_restored_a_window_at_a_time_and_authenticated_at_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str | None) -> None:
+    """An encrypted archive's snapshot is decrypted as its ranges arrive, the ciphertext and the
+    plaintext each released once used (it was downloaded whole, copied, and decrypted whole: three
+    times its size). Its tag is checked once the last byte is in: a flipped byte in the middle or
+    in the tag is refused, naming the object, and no directory is left."""
+    from wal.archive import restore as restore_mod  # noqa: PLC0415
+    from wal.archive import sealed as sealed_mod  # noqa: PLC0415
+
+    window = 1 << 20
+    monkeypatch.setattr(restore_mod, "_SNAPSHOT_WINDOW_BYTES", window)
+    monkeypatch.setattr(sealed_mod, "_DECRYPT_STEP", 256 << 10)
+    url = f"file://{tmp_path}/archive"
+    values = {f"k{i:04d}": os.urandom(64 << 10) for i in range(160)}  # 10 MiB
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url, archive_snapshot_bytes=1 << 40) as store:
+        for k, v in values.items():
+            store.put(k, v)
+        store.checkpoint()
+        lsn = store._ship_snapshot_now()
+    snap = tmp_path / "archive" / "snap" / f"{lsn:020d}.snap"
+    for log_object in (tmp_path / "archive" / "log").glob("*.wal"):
+        log_object.unlink()  # the restore has the snapshot alone to go by
+    if damage is not None:
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 2 if damage == "middle" else -1] ^= 1
+        snap.write_bytes(bytes(data))
+    reads: list[object] = []
+    real = sealed_mod.SealedObjects.read_ranged
+
+    def watched(self: sealed_mod.SealedObjects, name: str, *, window: int | None = None) -> object:
+        read = real(self, name, window=window)
+        reads.append(read)
+        return read
+
+    monkeypatch.setattr(sealed_mod.SealedObjects, "read_ranged", watched)
+    if damage is not None:
+        with pytest.raises(wal.CorruptionError, match=rf"snap/0*{lsn}\.snap"):
+            wal.restore(url, tmp_path / "r", encryption=KEY)
+        assert sorted(os.listdir(tmp_path)) == ["archive", "store"]
+        return
+    r = wal.restore(url, tmp_path / "r", encryption=KEY)
+    assert r.snapshot_lsn == lsn == r.lsn
+    with wal.open(tmp_path / "r", encryption=KEY) as restored:
+        assert {k.decode(): v for k, v in restored.scan()} == values
+    decrypting = [read for read in reads if isinstance(read, sealed_mod.DecryptingRead)]
+    assert len(decrypting) == 1, reads
+    read = decrypting[0]
+    assert read.size > 10 * window
+    assert read.held_max <= 2 * window + (1 << 20)  # the ciphertext: a window ahead and a range at its edge
+    assert bytes(memoryview(read.buffer)[:4096]) == bytes(4096), "decrypted pages loaded were not given back"
+
+
 def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:
     """FORMAT.md §19's worked example, decrypted from the spec alone (HKDF, AES-GCM, nonce, AAD)."""
     from cryptography.hazmat.primitives import hashes  # noqa: PLC0415

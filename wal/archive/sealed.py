@@ -22,16 +22,88 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+import mmap
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore, RangedRead
-from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_ARCHIVE, KEY_ID_BYTES, Sealer, parse
+from wal.crypto.sealing import (
+    CODEC_ENCRYPTED,
+    CONTEXT_ARCHIVE,
+    HEADER_BYTES,
+    KEY_ID_BYTES,
+    OVERHEAD,
+    TAG_BYTES,
+    Opening,
+    Sealer,
+    parse,
+)
 from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
 
 MANIFEST = "sealed.json"
 MANIFEST_FORMAT = "agentwal-archive-sealing"
 DICT_PREFIX = "dict/"
+
+
+class DecryptingRead(RangedRead):
+    """A windowed read of an encrypted (not compressed) object: its ciphertext arrives through
+    `inner` (`RangedRead`, a window at a time) and is decrypted into `buffer`, a private
+    anonymous mapping of the plaintext's size, _DECRYPT_STEP bytes at a time as the reader waits
+    for them; the ciphertext decrypted is released at once, and the plaintext as the reader
+    releases it (its pages given back). So a restore of an encrypted archive holds about two
+    windows of its snapshot, not the snapshot two or three times over.
+
+    The plaintext handed out before the end is not authenticated: `wait(size)` checks the tag
+    (SealDamagedError if it fails), and until then the reader must treat what it loaded as
+    disposable. The snapshot loader does (layout.snapshot_pieces, whose last wait is for the
+    whole object: the restore builds its store aside and moves it into place only once whole).
+    A flipped ciphertext byte flips the same plaintext byte (GCM is a stream cipher), so a
+    damaged entry may also fail its CRC-32C first: refused either way."""
+
+    def __init__(self, inner: RangedRead, opening: Opening, where: Callable[[], str]) -> None:
+        self._inner = inner
+        self._opening = opening
+        self._where = where
+        if inner.size < OVERHEAD:
+            raise SealDamagedError(f"{where()}: an encrypted envelope of {inner.size} bytes (at least {OVERHEAD})",
+                                   reason="sealed value damaged")
+        size = inner.size - OVERHEAD
+        super().__init__(mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+        self.size = size
+        self._done = 0  # buffer[:_done] is decrypted
+        self._authenticated = False
+
+    def wait(self, upto: int) -> None:
+        upto = min(upto, self.size)
+        inner = self._inner
+        while self._done < upto:
+            step = min(self.size, max(upto, self._done + _DECRYPT_STEP))
+            inner.wait(HEADER_BYTES + step)
+            cipher = memoryview(inner.buffer)[HEADER_BYTES + self._done:HEADER_BYTES + step]
+            assert isinstance(self.buffer, mmap.mmap)
+            self.buffer[self._done:step] = self._opening.update(cipher)
+            cipher.release()
+            self._done = step
+            inner.release(HEADER_BYTES + step)
+            self.held_max = inner.held_max
+        if upto == self.size and not self._authenticated:
+            inner.wait(inner.size)
+            self._opening.finish(bytes(memoryview(inner.buffer)[inner.size - TAG_BYTES:inner.size]))
+            self._authenticated = True
+
+    def release(self, upto: int) -> None:
+        drop = min(upto, self._done) // mmap.PAGESIZE * mmap.PAGESIZE
+        if drop > self._dropped:
+            assert isinstance(self.buffer, mmap.mmap)
+            self.buffer.madvise(mmap.MADV_DONTNEED, self._dropped, drop - self._dropped)
+            self._dropped = drop
+
+    def close(self) -> None:
+        """Stop fetching (the buffer stays: the reader may hold views of it)."""
+        self._inner.close()
+
+
+_DECRYPT_STEP = 4 << 20  # a DecryptingRead decrypts this much at a time, at least
 
 
 def dict_object(dict_id: int, key_id: bytes | None) -> str:
@@ -95,10 +167,17 @@ class SealedObjects(ObjectStore):
                                 lambda: f"the archive object {name} of {self.inner.url}")
 
     def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
-        # An object is sealed whole (one AEAD tag over it): opened once all of it is in, so
-        # held whole (no window).
-        return RangedRead(self.sealer.open(bytes(self.inner.get_large(name)), CONTEXT_ARCHIVE + name.encode(),
-                                           lambda: f"the archive object {name} of {self.inner.url}"))
+        # An object is sealed whole (one AEAD tag over it). A windowed read (a restore's
+        # snapshot) of one encrypted and not compressed is decrypted as its ranges arrive,
+        # authenticated once the last is in (`DecryptingRead`); any other is opened whole.
+        context = CONTEXT_ARCHIVE + name.encode()
+        where = lambda: f"the archive object {name} of {self.inner.url}"  # noqa: E731
+        if window is not None:
+            head = self.inner.get_head(name, HEADER_BYTES)
+            if len(head) == HEADER_BYTES and head[0] == CODEC_ENCRYPTED:
+                opening = self.sealer.opening(head, context, where)
+                return DecryptingRead(self.inner.read_ranged(name, window=window), opening, where)
+        return RangedRead(self.sealer.open(self.inner.get_large(name), context, where))
 
     def stale_key_id(self, name: str) -> bytes | None:
         """The id of the key `name` is encrypted under if that is not the current key (one ranged

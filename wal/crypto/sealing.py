@@ -485,30 +485,30 @@ class Sealer:
 
     # ---- opening ---------------------------------------------------------------------------
 
-    def open(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> bytes:
+    def open(self, envelope: bytes | bytearray, context: bytes, where: Callable[[], str]) -> bytes:
         """The value sealed in `envelope`; `where()` names it for errors (MissingKeyError when its
         key was not given, SealDamagedError when its bytes were changed)."""
         if not envelope:
             raise _damaged(where(), "empty (no codec byte)")
         codec = envelope[0]
         if codec == CODEC_PLAIN and not self.require_encrypted:
-            return envelope[1:]
+            return bytes(envelope[1:])  # a bytes slice as it is; a bytearray's copied to bytes
         if codec not in _CODECS:
             raise _damaged(where(), f"unknown codec 0x{codec:02x}")
         if self.require_encrypted and not codec & CODEC_ENCRYPTED:
             raise _damaged(where(), "not encrypted, in an encrypted store (a value put in place of a ciphertext)")
-        body: bytes = envelope[1:]
+        body = bytes(envelope[1:]) if not codec & CODEC_ENCRYPTED else b""
         if codec & CODEC_ENCRYPTED:
             body = self._decrypt(envelope, context, where)
         if codec & CODEC_ZSTD:
             body = self._decompress(body, where)
         return body
 
-    def _decrypt(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> bytes:
+    def _decrypt(self, envelope: bytes | bytearray, context: bytes, where: Callable[[], str]) -> bytes:
         if len(envelope) < OVERHEAD:
             raise _damaged(where(), f"an encrypted envelope of {len(envelope)} bytes (at least {OVERHEAD})")
         view = memoryview(envelope)  # the ciphertext is read in place, not copied out first
-        sid = envelope[1:HEADER_BYTES - COUNTER_BYTES]  # key id + session id
+        sid = bytes(envelope[1:HEADER_BYTES - COUNTER_BYTES])  # key id + session id (a bytearray's too)
         aead = self._opened.get(sid)
         if aead is None:
             aead = self._aead_for(sid[:KEY_ID_BYTES], sid, where)
@@ -520,7 +520,22 @@ class Sealer:
                                     "changed, or it was moved from elsewhere") from None
         return plain
 
-    def _aead_for(self, kid: bytes, sid: bytes, where: Callable[[], str]) -> Any:
+    def opening(self, header: bytes, context: bytes, where: Callable[[], str]) -> Opening:
+        """The decryption of an encrypted, uncompressed envelope whose first HEADER_BYTES are
+        `header`, fed its ciphertext piece by piece (`Opening`): for an envelope too large to
+        hold twice (an archive snapshot). MissingKeyError now if its key was not given."""
+        if len(header) != HEADER_BYTES or header[0] != CODEC_ENCRYPTED:
+            raise _damaged(where(), "not an encrypted, uncompressed envelope")
+        _need_cryptography()
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: PLC0415 -- optional
+
+        kid, sid = header[1:1 + KEY_ID_BYTES], header[1 + KEY_ID_BYTES:HEADER_BYTES - COUNTER_BYTES]
+        nonce = header[HEADER_BYTES - COUNTER_BYTES:] + _NONCE_TAIL
+        decryptor = Cipher(algorithms.AES(_derive(self._master(kid, where), sid)), modes.GCM(nonce)).decryptor()
+        decryptor.authenticate_additional_data(header + context)
+        return Opening(decryptor, kid, where)
+
+    def _master(self, kid: bytes, where: Callable[[], str]) -> bytes:
         keys = self.keys
         master = keys.lookup(kid) if keys is not None else None
         if master is None:
@@ -529,7 +544,10 @@ class Sealer:
                 f"{where()} is encrypted under key id {kid.hex()}, which none of the keys given has (key ids: "
                 f"{given}): open with that key too (encryption=[current, old...] or a provider that knows it)",
                 key_id=kid.hex(), where=where())
-        aead = _aead(master, sid[KEY_ID_BYTES:])
+        return master
+
+    def _aead_for(self, kid: bytes, sid: bytes, where: Callable[[], str]) -> Any:
+        aead = _aead(self._master(kid, where), sid[KEY_ID_BYTES:])
         with self._opened_lock:
             self._opened[sid] = aead
             if len(self._opened) > 4096:
@@ -566,6 +584,29 @@ class Sealer:
                                       where=where())
             d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
+
+
+class Opening:
+    """An envelope's ciphertext decrypted piece by piece (`Sealer.opening`). What `update`
+    returns is NOT authenticated until `finish` accepts the tag: the caller must be able to throw
+    it all away (a restore builds its store aside and moves it into place only once whole)."""
+
+    def __init__(self, decryptor: Any, kid: bytes, where: Callable[[], str]) -> None:
+        self._decryptor = decryptor
+        self._kid = kid
+        self._where = where
+
+    def update(self, ciphertext: bytes | memoryview) -> bytes:
+        out: bytes = self._decryptor.update(ciphertext)
+        return out
+
+    def finish(self, tag: bytes) -> None:
+        """SealDamagedError unless the tag authenticates every byte fed to `update`."""
+        try:
+            self._decryptor.finalize_with_tag(tag)
+        except _invalid_tag():
+            raise _damaged(self._where(), f"authentication failed (key id {self._kid.hex()}): its bytes were "
+                                          "changed, or it was moved from elsewhere") from None
 
 
 def _checked_dictionary(binding: zstd.Binding, data: bytes) -> int:
