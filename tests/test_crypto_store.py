@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -502,6 +503,69 @@ def test_an_encrypted_snapshot_is_restored_a_window_at_a_time_and_authenticated_
     assert read.size > 10 * window
     assert read.held_max <= 2 * window + (1 << 20)  # the ciphertext: a window ahead and a range at its edge
     assert bytes(memoryview(read.buffer)[:4096]) == bytes(4096), "decrypted pages loaded were not given back"
+
+
+def test_a_streamed_seal_is_an_envelope_as_seal_makes_it_under_a_session_of_its_own() -> None:
+    """`Sealer.sealing` (an archive snapshot encrypted as it is written) gives the envelope
+    FORMAT.md §19 describes: it opens whole and piece by piece, with counter 0 under a fresh
+    session each time; a compressing sealer has none (its frame is made whole)."""
+    import io  # noqa: PLC0415
+
+    sealer = Sealer(sealing.Keyring(KEY))
+    plain = os.urandom(300_000)
+    context = sealing.CONTEXT_ARCHIVE + b"snap/x"
+    envelopes = []
+    for _ in range(2):
+        out = io.BytesIO()
+        stream = sealer.sealing(out, context)
+        for i in range(0, len(plain), 70_000):
+            stream.write(memoryview(plain)[i:i + 70_000])
+        stream.finish()
+        envelopes.append(out.getvalue())
+    one, two = envelopes
+    assert len(one) == len(plain) + sealing.OVERHEAD and one[0] == CODEC_ENCRYPTED
+    assert sealing.parse(one)[1:] == (key_id(KEY), one[9:25], 0) and one[9:25] != two[9:25]
+    assert sealer.open(one, context, lambda: "x") == plain == sealer.open(two, context, lambda: "x")
+    opening = sealer.opening(one[:sealing.HEADER_BYTES], context, lambda: "x")
+    pieces = [opening.update(memoryview(one)[i:min(i + 50_000, len(one) - 16)])
+              for i in range(sealing.HEADER_BYTES, len(one) - 16, 50_000)]
+    opening.finish(one[-16:])
+    assert b"".join(pieces) == plain
+    bad = sealer.opening(one[:sealing.HEADER_BYTES], context, lambda: "the object x")
+    bad.update(one[sealing.HEADER_BYTES:-16])
+    with pytest.raises(SealDamagedError, match=r"the object x.*authentication failed"):
+        bad.finish(bytes(16))
+    assert not Sealer(sealing.Keyring(KEY), compression="zstd").seals_streams
+    assert not Sealer(None, compression="zstd").seals_streams
+
+
+def test_an_encrypted_archive_snapshot_is_encrypted_as_it_is_spooled_never_whole_in_memory(tmp_path: Path) -> None:
+    import tracemalloc  # noqa: PLC0415
+
+    url = f"file://{tmp_path}/archive"
+    values = {f"k{i:03d}": os.urandom(512 << 10) for i in range(64)}  # 32 MiB
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url, archive_snapshot_bytes=1 << 40) as store:
+        for k, v in values.items():
+            store.put(k, v)
+        store.checkpoint()
+        deadline = time.monotonic() + 30
+        while store.stats()["archived_lsn"] < 64:  # the log's objects are not counted below
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        tracemalloc.start()
+        try:
+            lsn = store._ship_snapshot_now()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 16 << 20, peak  # sealed whole, the ciphertext alone was 32 MiB
+    snap = (tmp_path / "archive" / "snap" / f"{lsn:020d}.snap").read_bytes()
+    assert snap[0] == CODEC_ENCRYPTED and sealing.parse(snap)[3] == 0  # a session of its own, counter 0
+    assert not any(v[:64] in snap for v in values.values())
+    r = wal.restore(url, tmp_path / "r", encryption=KEY, lsn=lsn)
+    assert r.snapshot_lsn == lsn
+    with wal.open(tmp_path / "r", encryption=KEY) as restored:
+        assert {k.decode(): v for k, v in restored.scan()} == values
 
 
 def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:

@@ -42,11 +42,14 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from wal._fs import fsync_dir, makedirs_durable
 from wal.errors import ArgumentError, WalError
+
+if TYPE_CHECKING:
+    from wal.crypto.sealing import Sealer
 
 PROBE_PREFIX = "probe/"  # objects of `ObjectStore.check_create_only`, deleted right after
 RANGE_BYTES = 16 << 20  # `get_large`: a large object is fetched in ranges of this size,
@@ -101,6 +104,15 @@ class ObjectStore:
         wal/archive/spool.py), read while the call lasts and not copied where the client can
         send a buffer as it is."""
         raise NotImplementedError
+
+    def stream_sealer(self) -> Sealer | None:
+        """The sealer that writes this archive's envelopes as a stream (a large object spooled to
+        a file, then `put_envelope`), or None: objects go to `put` as they are."""
+        return None
+
+    def put_envelope(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        """`put` of an object sealed already by `stream_sealer()`'s `Sealer.sealing`."""
+        raise NotImplementedError(f"{self.url} does not seal its objects")
 
     def get(self, name: str) -> bytes:
         raise NotImplementedError

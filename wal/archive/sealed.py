@@ -162,6 +162,13 @@ class SealedObjects(ObjectStore):
         self._ensure_manifest()
         self.inner.put(name, self.sealer.seal(data, CONTEXT_ARCHIVE + name.encode()), create_only=create_only)
 
+    def stream_sealer(self) -> Sealer | None:
+        return self.sealer if self.sealer.seals_streams else None
+
+    def put_envelope(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        self._ensure_manifest()
+        self.inner.put(name, data, create_only=create_only)
+
     def get(self, name: str) -> bytes:
         return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
                                 lambda: f"the archive object {name} of {self.inner.url}")

@@ -986,10 +986,11 @@ class Shipper:
                          self.objects.url, self.archived)
             self.error = None
 
-    def _put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
-        """In any shipper thread (the outage state is the shipper thread's: `_harvest`)."""
+    def _put(self, name: str, data: bytes | memoryview, *, create_only: bool = True, sealed: bool = False) -> None:
+        """In any shipper thread (the outage state is the shipper thread's: `_harvest`).
+        sealed: `data` is an envelope of the archive's `stream_sealer()` already."""
         try:
-            self.objects.put(name, data, create_only=create_only)
+            (self.objects.put_envelope if sealed else self.objects.put)(name, data, create_only=create_only)
         finally:
             self._count("archive_puts")
         self._count("archive_put_bytes", len(data))
@@ -1065,7 +1066,7 @@ class Shipper:
         """PUT the snapshot of the state at its LSN (the archive holds the log up to it)."""
         # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
         with contextlib.suppress(ObjectExistsError), snap.mapped() as data:
-            self._put(layout.snap_name(snap.lsn), data)
+            self._put(layout.snap_name(snap.lsn), data, sealed=snap.sealed)
         self.last_snapshot = max(self.last_snapshot, snap.lsn)
         self._count("archive_snapshots")
 

@@ -6,8 +6,10 @@ which may be a while after it was taken. Encoded in memory, a state of several G
 ``archive-snapshot-<lsn>-<random>.tmp`` in the store's directory as the LMDB read transaction
 yields it (`layout.write_snapshot`), then PUT from a read-only mapping of that file: the object
 store's client reads the pages (obstore sends a buffer without copying it), which the kernel
-may drop and read back at will, so the process holds no copy of its own. A sealed archive seals
-the object whole (one AEAD tag), so it holds the ciphertext once.
+may drop and read back at will, so the process holds no copy of its own. An encrypted archive's
+snapshot is encrypted as it is written (`Sealer.sealing`: the envelope, byte for byte, that
+sealing it whole would give, under a session of its own); a compressed archive's is compressed
+whole (one zstd frame), so the process holds that frame and its ciphertext once.
 
 The file is the writer's alone (the store's lock); deleted once shipped or given up, and any left
 by a process that died is deleted by the next archived open (`remove_leftovers`). It costs as
@@ -21,8 +23,10 @@ import glob
 import mmap
 import os
 from collections.abc import Iterable, Iterator
+from typing import BinaryIO, cast
 
 from wal.archive import layout
+from wal.crypto.sealing import CONTEXT_ARCHIVE, OVERHEAD, Sealer
 
 _PREFIX = "archive-snapshot-"
 _SUFFIX = ".tmp"
@@ -31,13 +35,21 @@ _SUFFIX = ".tmp"
 class SpooledSnapshot:
     """A snapshot object of the state at `lsn` (its header's), in a file of `size` bytes."""
 
-    def __init__(self, directory: str, header: layout.SnapshotHeader,
-                 entries: Iterable[tuple[bytes, int, bytes]]) -> None:
+    def __init__(self, directory: str, header: layout.SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]],
+                 sealer: Sealer | None = None) -> None:
+        """sealer: an archive's that encrypts and does not compress (`Sealer.seals_streams`):
+        the file then holds the object's envelope, encrypted as it is written (`sealed`)."""
         self.lsn = header.lsn
+        self.sealed = sealer is not None
         self.path = os.path.join(directory, f"{_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{_SUFFIX}")
         try:
             with open(self.path, "xb") as out:
-                self.size = layout.write_snapshot(out, header, entries)
+                if sealer is None:
+                    self.size = layout.write_snapshot(out, header, entries)
+                else:
+                    sealing = sealer.sealing(out, CONTEXT_ARCHIVE + layout.snap_name(self.lsn).encode())
+                    self.size = layout.write_snapshot(cast(BinaryIO, sealing), header, entries) + OVERHEAD
+                    sealing.finish()
         except BaseException:
             self.discard()
             raise

@@ -185,7 +185,9 @@ class ArchivedStore(Store):
         snap = self._state.snapshot()
         try:
             header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, snap.entries())
-            return SpooledSnapshot(self.path, header, snap.items())
+            shipper = self._shipper
+            sealer = shipper.objects.stream_sealer() if shipper is not None else None
+            return SpooledSnapshot(self.path, header, snap.items(), sealer)
         finally:
             snap.close()
 

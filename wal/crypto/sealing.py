@@ -40,7 +40,9 @@ of them -- no nonce is derived from an LSN, a position or anything read from dis
 1. Every *sealing session* draws a fresh 16-byte id S from ``os.urandom`` and encrypts under its
    own key K_S = HKDF-SHA256(master key, salt=S, info="agentwal seal v1"). A session lives in
    one process's memory and dies with it: each `Sealer` starts one (every open of a store, every
-   export, every archive upload, every rekey), and a forked child starts new ones for all of its
+   export, every archive upload, every rekey), each streamed seal is one of its own (`sealing`:
+   an archive snapshot encrypted as it is written, its one envelope at counter 0, traced as
+   every session's counters are), and a forked child starts new ones for all of its
    Sealers before it can seal anything (``os.register_at_fork``). A C session (below) also
    refuses to seal in any process forked after it was made (native/sealcore.c counts forks with
    ``pthread_atfork``), so not even a child that skipped Python's fork hooks continues one.
@@ -93,7 +95,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 from wal.crypto import zstd
 from wal.errors import ArgumentError, ArgumentTypeError, MissingKeyError, SealDamagedError
@@ -520,6 +522,34 @@ class Sealer:
                                     "changed, or it was moved from elsewhere") from None
         return plain
 
+    @property
+    def seals_streams(self) -> bool:
+        """`sealing` applies: this handle encrypts and does not compress (a compressed envelope is
+        one zstd frame, compressed whole)."""
+        return self.keys is not None and self.compression is None
+
+    def sealing(self, out: BinaryIO, context: bytes) -> Sealing:
+        """An encrypted envelope written to `out` as its plaintext is fed to it (`Sealing`), for a
+        value too large to hold (an archive snapshot): the same bytes `seal` makes, under a
+        session of its own (a fresh random id, counter 0: module docstring, "Nonces"), traced
+        as every session's counters are. Only where `seals_streams`."""
+        if not self.seals_streams:
+            raise ArgumentError("a streamed seal needs an encrypting, non-compressing sealer")
+        _need_cryptography()
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: PLC0415 -- optional
+
+        assert self.keys is not None
+        kid, sid = self.keys.current_id, os.urandom(SESSION_BYTES)
+        if _trace_fd >= 0:
+            os.write(_trace_fd, b"%s %s %d\n" % (kid.hex().encode(), sid.hex().encode(), 0))
+        counter = _pack_counter(0)
+        header = bytes((CODEC_ENCRYPTED,)) + kid + sid + counter
+        aes = algorithms.AES(_derive(self.keys.current, sid))
+        encryptor = Cipher(aes, modes.GCM(counter + _NONCE_TAIL)).encryptor()
+        encryptor.authenticate_additional_data(header + context)
+        out.write(header)
+        return Sealing(encryptor, out)
+
     def opening(self, header: bytes, context: bytes, where: Callable[[], str]) -> Opening:
         """The decryption of an encrypted, uncompressed envelope whose first HEADER_BYTES are
         `header`, fed its ciphertext piece by piece (`Opening`): for an envelope too large to
@@ -584,6 +614,23 @@ class Sealer:
                                       where=where())
             d = cache[dict_id] = self._binding().decompressor(self._dicts.get(dict_id))
         return d
+
+
+class Sealing:
+    """An envelope being written (`Sealer.sealing`): `write` encrypts and writes each piece of
+    plaintext, `finish` writes the tag. An envelope whose `finish` was not called is not one:
+    the caller deletes what it wrote."""
+
+    def __init__(self, encryptor: Any, out: BinaryIO) -> None:
+        self._encryptor = encryptor
+        self._out = out
+
+    def write(self, plaintext: bytes | memoryview) -> int:
+        self._out.write(self._encryptor.update(plaintext))
+        return len(plaintext)
+
+    def finish(self) -> None:
+        self._out.write(self._encryptor.finalize() + self._encryptor.tag)
 
 
 class Opening:
