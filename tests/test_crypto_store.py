@@ -508,7 +508,7 @@ def test_an_encrypted_snapshot_is_restored_a_window_at_a_time_and_authenticated_
 def test_a_streamed_seal_is_an_envelope_as_seal_makes_it_under_a_session_of_its_own() -> None:
     """`Sealer.sealing` (an archive snapshot encrypted as it is written) gives the envelope
     FORMAT.md §19 describes: it opens whole and piece by piece, with counter 0 under a fresh
-    session each time; a compressing sealer has none (its frame is made whole)."""
+    session each time."""
     import io  # noqa: PLC0415
 
     sealer = Sealer(sealing.Keyring(KEY))
@@ -535,16 +535,21 @@ def test_a_streamed_seal_is_an_envelope_as_seal_makes_it_under_a_session_of_its_
     bad.update(one[sealing.HEADER_BYTES:-16])
     with pytest.raises(SealDamagedError, match=r"the object x.*authentication failed"):
         bad.finish(bytes(16))
-    assert not Sealer(sealing.Keyring(KEY), compression="zstd").seals_streams
+    # Encrypted, not compressed, even by a compressing sealer (what it streams holds envelopes
+    # already); a sealer that only compresses makes its frames whole.
+    assert Sealer(sealing.Keyring(KEY), compression="zstd").seals_streams
     assert not Sealer(None, compression="zstd").seals_streams
 
 
-def test_an_encrypted_archive_snapshot_is_encrypted_as_it_is_spooled_never_whole_in_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_an_encrypted_archive_snapshot_is_encrypted_as_it_is_spooled_never_whole_in_memory(
+        tmp_path: Path, compression: str | None) -> None:
     import tracemalloc  # noqa: PLC0415
 
     url = f"file://{tmp_path}/archive"
     values = {f"k{i:03d}": os.urandom(512 << 10) for i in range(64)}  # 32 MiB
-    with wal.open(tmp_path / "store", encryption=KEY, archive=url, archive_snapshot_bytes=1 << 40) as store:
+    with wal.open(tmp_path / "store", encryption=KEY, compression=compression, archive=url,
+                  archive_snapshot_bytes=1 << 40) as store:
         for k, v in values.items():
             store.put(k, v)
         store.checkpoint()
@@ -564,7 +569,7 @@ def test_an_encrypted_archive_snapshot_is_encrypted_as_it_is_spooled_never_whole
     assert not any(v[:64] in snap for v in values.values())
     r = wal.restore(url, tmp_path / "r", encryption=KEY, lsn=lsn)
     assert r.snapshot_lsn == lsn
-    with wal.open(tmp_path / "r", encryption=KEY) as restored:
+    with wal.open(tmp_path / "r", encryption=KEY, compression=compression) as restored:
         assert {k.decode(): v for k, v in restored.scan()} == values
 
 

@@ -4,10 +4,12 @@ An archive of a sealed store holds ``sealed.json`` (plain JSON, ``{"format":
 "agentwal-archive-sealing", "version": 1, "encrypted": bool}``), written create-only before its
 first other object, and every other object (log and merged objects, snapshots) is the
 envelope of the object FORMAT.md §18 describes, sealed with the context ``b"agentwal
-archive\\0" + name``: compressed when the store compresses, AES-256-GCM-encrypted when it
-encrypts. So the object store sees no key, no value and no record header of an encrypted store:
-only object names (LSNs), sizes and times. A snapshot's values are envelopes already; sealing
-the object again costs one AEAD pass over bytes already ciphertext and hides the keys too.
+archive\\0" + name``: compressed when the store compresses (except an encrypted store's
+snapshots, encrypted as they are spooled: their values are envelopes already), AES-256-GCM-
+encrypted when it encrypts. So the object store sees no key, no value and no record header of
+an encrypted store: only object names (LSNs), sizes and times. A snapshot's values are
+envelopes already; sealing the object again costs one AEAD pass over bytes already ciphertext
+and hides the keys too.
 
 Restores and followers read ``sealed.json`` first: an encrypted archive needs the key
 (`MissingKeyError` otherwise), and the store they make is sealed like the one that shipped.

@@ -7,9 +7,9 @@ which may be a while after it was taken. Encoded in memory, a state of several G
 yields it (`layout.write_snapshot`), then PUT from a read-only mapping of that file: the object
 store's client reads the pages (obstore sends a buffer without copying it), which the kernel
 may drop and read back at will, so the process holds no copy of its own. An encrypted archive's
-snapshot is encrypted as it is written (`Sealer.sealing`: the envelope, byte for byte, that
-sealing it whole would give, under a session of its own); a compressed archive's is compressed
-whole (one zstd frame), so the process holds that frame and its ciphertext once.
+snapshot is encrypted as it is written (`Sealer.sealing`, under a session of its own; not
+compressed: its values are envelopes already); that of an archive that compresses without
+encrypting is compressed whole (one zstd frame), so the process holds that frame once.
 
 The file is the writer's alone (the store's lock); deleted once shipped or given up, and any left
 by a process that died is deleted by the next archived open (`remove_leftovers`). It costs as
@@ -37,8 +37,8 @@ class SpooledSnapshot:
 
     def __init__(self, directory: str, header: layout.SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]],
                  sealer: Sealer | None = None) -> None:
-        """sealer: an archive's that encrypts and does not compress (`Sealer.seals_streams`):
-        the file then holds the object's envelope, encrypted as it is written (`sealed`)."""
+        """sealer: an encrypting archive's (`Sealer.seals_streams`): the file then holds the
+        object's envelope, encrypted as it is written (`sealed`)."""
         self.lsn = header.lsn
         self.sealed = sealer is not None
         self.path = os.path.join(directory, f"{_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{_SUFFIX}")

@@ -524,9 +524,11 @@ class Sealer:
 
     @property
     def seals_streams(self) -> bool:
-        """`sealing` applies: this handle encrypts and does not compress (a compressed envelope is
-        one zstd frame, compressed whole)."""
-        return self.keys is not None and self.compression is None
+        """`sealing` applies: this handle encrypts. Its envelopes are then encrypted, not
+        compressed, even where it compresses: what it streams is an encrypted store's archive
+        snapshot, whose values are envelopes already (ciphertext does not compress; a compressed
+        envelope would be one zstd frame, made whole)."""
+        return self.keys is not None
 
     def sealing(self, out: BinaryIO, context: bytes) -> Sealing:
         """An encrypted envelope written to `out` as its plaintext is fed to it (`Sealing`), for a
@@ -534,7 +536,7 @@ class Sealer:
         session of its own (a fresh random id, counter 0: module docstring, "Nonces"), traced
         as every session's counters are. Only where `seals_streams`."""
         if not self.seals_streams:
-            raise ArgumentError("a streamed seal needs an encrypting, non-compressing sealer")
+            raise ArgumentError("a streamed seal needs an encrypting sealer")
         _need_cryptography()
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: PLC0415 -- optional
 
