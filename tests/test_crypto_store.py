@@ -535,10 +535,18 @@ def test_a_streamed_seal_is_an_envelope_as_seal_makes_it_under_a_session_of_its_
     bad.update(one[sealing.HEADER_BYTES:-16])
     with pytest.raises(SealDamagedError, match=r"the object x.*authentication failed"):
         bad.finish(bytes(16))
-    # Encrypted, not compressed, even by a compressing sealer (what it streams holds envelopes
-    # already); a sealer that only compresses makes its frames whole.
-    assert Sealer(sealing.Keyring(KEY), compression="zstd").seals_streams
-    assert not Sealer(None, compression="zstd").seals_streams
+    # Never compressed (what is streamed holds envelopes already): encrypted by a compressing
+    # sealer too, and by one that only compresses written as a plain envelope.
+    out = io.BytesIO()
+    stream = Sealer(sealing.Keyring(KEY), compression="zstd").sealing(out, context)
+    stream.write(b"x" * 10_000)
+    stream.finish()
+    assert out.getvalue()[0] == CODEC_ENCRYPTED and len(out.getvalue()) == 10_000 + sealing.OVERHEAD
+    out = io.BytesIO()
+    stream = Sealer(None, compression="zstd").sealing(out, context)
+    stream.write(b"x" * 10_000)
+    stream.finish()
+    assert out.getvalue() == bytes((CODEC_PLAIN,)) + b"x" * 10_000 and stream.overhead == 1
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
@@ -571,6 +579,42 @@ def test_an_encrypted_archive_snapshot_is_encrypted_as_it_is_spooled_never_whole
     assert r.snapshot_lsn == lsn
     with wal.open(tmp_path / "r", encryption=KEY, compression=compression) as restored:
         assert {k.decode(): v for k, v in restored.scan()} == values
+
+
+def test_a_compressing_archive_snapshot_is_a_plain_envelope_spooled_and_restored_a_window_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that compresses without encrypting: its snapshot's values are compressed
+    envelopes already, so the object is a plain envelope (codec 0x00), written as it is spooled
+    and read through the restore's window past its codec byte."""
+    from wal.archive import restore as restore_mod  # noqa: PLC0415
+    from wal.archive import sealed as sealed_mod  # noqa: PLC0415
+
+    window = 1 << 20
+    monkeypatch.setattr(restore_mod, "_SNAPSHOT_WINDOW_BYTES", window)
+    url = f"file://{tmp_path}/archive"
+    values = {f"k{i:04d}": (b"%06d conversation turn text " % i) * 2000 for i in range(200)}
+    with wal.open(tmp_path / "store", compression="zstd", archive=url, archive_snapshot_bytes=1 << 40) as store:
+        for k, v in values.items():
+            store.put(k, v)
+        store.checkpoint()
+        lsn = store._ship_snapshot_now()
+    snap = (tmp_path / "archive" / "snap" / f"{lsn:020d}.snap").read_bytes()
+    assert snap[0] == CODEC_PLAIN and snap[1:9] == b"AGWALSNP"
+    assert len(snap) < sum(map(len, values.values())) // 5  # its values compressed, each on its own
+    reads: list[object] = []
+    real = sealed_mod.SealedObjects.read_ranged
+
+    def watched(self: sealed_mod.SealedObjects, name: str, *, window: int | None = None) -> object:
+        read = real(self, name, window=window)
+        reads.append(read)
+        return read
+
+    monkeypatch.setattr(sealed_mod.SealedObjects, "read_ranged", watched)
+    r = wal.restore(url, tmp_path / "r", lsn=lsn)
+    assert r.snapshot_lsn == lsn
+    with wal.open(tmp_path / "r", compression="zstd") as restored:
+        assert {k.decode(): v for k, v in restored.scan()} == values
+    assert [type(read).__name__ for read in reads] == ["EnvelopedRead"]
 
 
 def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:

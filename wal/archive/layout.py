@@ -356,7 +356,7 @@ class Arriving(Protocol):
     first n are in; `release(n)`: the reader is done with the first n, which may be given back
     (wal.archive.objects.RangedRead)."""
 
-    buffer: bytes | bytearray | mmap.mmap
+    buffer: bytes | bytearray | mmap.mmap | memoryview
     size: int
 
     def wait(self, upto: int) -> None: ...

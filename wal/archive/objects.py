@@ -134,7 +134,7 @@ class ObjectStore:
         read = self.read_ranged(name)
         try:
             read.wait(read.size)
-            assert not isinstance(read.buffer, mmap.mmap), "a windowed read is only made with a window"
+            assert isinstance(read.buffer, bytes | bytearray), "a windowed read is only made with a window"
             return read.buffer
         finally:
             read.close()
@@ -172,7 +172,7 @@ class RangedRead:
     (`release(n)`: done with buffer[:n], whose pages go back to the kernel) or once the reader
     waits for it (so an entry larger than W is still read whole)."""
 
-    def __init__(self, buffer: bytes | bytearray | mmap.mmap, *, window: int | None = None) -> None:
+    def __init__(self, buffer: bytes | bytearray | mmap.mmap | memoryview, *, window: int | None = None) -> None:
         self.buffer = buffer
         self.size = len(buffer)
         self._ranges: collections.deque[tuple[int, concurrent.futures.Future[None]]] = collections.deque()

@@ -4,8 +4,8 @@ An archive of a sealed store holds ``sealed.json`` (plain JSON, ``{"format":
 "agentwal-archive-sealing", "version": 1, "encrypted": bool}``), written create-only before its
 first other object, and every other object (log and merged objects, snapshots) is the
 envelope of the object FORMAT.md §18 describes, sealed with the context ``b"agentwal
-archive\\0" + name``: compressed when the store compresses (except an encrypted store's
-snapshots, encrypted as they are spooled: their values are envelopes already), AES-256-GCM-
+archive\\0" + name``: compressed when the store compresses (except snapshots, spooled as
+they are written and never compressed: their values are envelopes already), AES-256-GCM-
 encrypted when it encrypts. So the object store sees no key, no value and no record header of
 an encrypted store: only object names (LSNs), sizes and times. A snapshot's values are
 envelopes already; sealing the object again costs one AEAD pass over bytes already ciphertext
@@ -31,6 +31,7 @@ from typing import Any
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore, RangedRead
 from wal.crypto.sealing import (
     CODEC_ENCRYPTED,
+    CODEC_PLAIN,
     CONTEXT_ARCHIVE,
     HEADER_BYTES,
     KEY_ID_BYTES,
@@ -108,6 +109,28 @@ class DecryptingRead(RangedRead):
 _DECRYPT_STEP = 4 << 20  # a DecryptingRead decrypts this much at a time, at least
 
 
+class EnvelopedRead(RangedRead):
+    """A windowed read of a plain envelope (codec 0x00, then the object): `inner`'s bytes past
+    the codec byte, in place."""
+
+    def __init__(self, inner: RangedRead) -> None:
+        if inner.size < 1:
+            raise SealDamagedError("an empty envelope (no codec byte)", reason="sealed value damaged")
+        super().__init__(memoryview(inner.buffer)[1:])
+        self._inner = inner
+        self.size = inner.size - 1
+
+    def wait(self, upto: int) -> None:
+        self._inner.wait(upto + 1)
+        self.held_max = self._inner.held_max
+
+    def release(self, upto: int) -> None:
+        self._inner.release(upto + 1)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 def dict_object(dict_id: int, key_id: bytes | None) -> str:
     """The name of a dictionary's object: with the id of the key it is sealed under, if any, so
     that a writer session under a new key (after rotation) ships it again under that key, and a
@@ -165,7 +188,7 @@ class SealedObjects(ObjectStore):
         self.inner.put(name, self.sealer.seal(data, CONTEXT_ARCHIVE + name.encode()), create_only=create_only)
 
     def stream_sealer(self) -> Sealer | None:
-        return self.sealer if self.sealer.seals_streams else None
+        return self.sealer
 
     def put_envelope(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         self._ensure_manifest()
@@ -186,6 +209,8 @@ class SealedObjects(ObjectStore):
             if len(head) == HEADER_BYTES and head[0] == CODEC_ENCRYPTED:
                 opening = self.sealer.opening(head, context, where)
                 return DecryptingRead(self.inner.read_ranged(name, window=window), opening, where)
+            if head[:1] == bytes((CODEC_PLAIN,)) and not self.sealer.require_encrypted:
+                return EnvelopedRead(self.inner.read_ranged(name, window=window))
         return RangedRead(self.sealer.open(self.inner.get_large(name), context, where))
 
     def stale_key_id(self, name: str) -> bytes | None:

@@ -6,10 +6,10 @@ which may be a while after it was taken. Encoded in memory, a state of several G
 ``archive-snapshot-<lsn>-<random>.tmp`` in the store's directory as the LMDB read transaction
 yields it (`layout.write_snapshot`), then PUT from a read-only mapping of that file: the object
 store's client reads the pages (obstore sends a buffer without copying it), which the kernel
-may drop and read back at will, so the process holds no copy of its own. An encrypted archive's
-snapshot is encrypted as it is written (`Sealer.sealing`, under a session of its own; not
-compressed: its values are envelopes already); that of an archive that compresses without
-encrypting is compressed whole (one zstd frame), so the process holds that frame once.
+may drop and read back at will, so the process holds no copy of its own. A sealed archive's
+snapshot is written as its envelope (`Sealer.sealing`): encrypted as it is written where the
+archive encrypts (under a session of its own), and never compressed, since its values are
+envelopes already (compressed where that paid; ciphertext does not compress).
 
 The file is the writer's alone (the store's lock); deleted once shipped or given up, and any left
 by a process that died is deleted by the next archived open (`remove_leftovers`). It costs as
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import BinaryIO, cast
 
 from wal.archive import layout
-from wal.crypto.sealing import CONTEXT_ARCHIVE, OVERHEAD, Sealer
+from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer
 
 _PREFIX = "archive-snapshot-"
 _SUFFIX = ".tmp"
@@ -37,8 +37,8 @@ class SpooledSnapshot:
 
     def __init__(self, directory: str, header: layout.SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]],
                  sealer: Sealer | None = None) -> None:
-        """sealer: an encrypting archive's (`Sealer.seals_streams`): the file then holds the
-        object's envelope, encrypted as it is written (`sealed`)."""
+        """sealer: a sealed archive's: the file then holds the object's envelope, encrypted as
+        it is written if the archive encrypts (`sealed`)."""
         self.lsn = header.lsn
         self.sealed = sealer is not None
         self.path = os.path.join(directory, f"{_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{_SUFFIX}")
@@ -48,7 +48,7 @@ class SpooledSnapshot:
                     self.size = layout.write_snapshot(out, header, entries)
                 else:
                     sealing = sealer.sealing(out, CONTEXT_ARCHIVE + layout.snap_name(self.lsn).encode())
-                    self.size = layout.write_snapshot(cast(BinaryIO, sealing), header, entries) + OVERHEAD
+                    self.size = layout.write_snapshot(cast(BinaryIO, sealing), header, entries) + sealing.overhead
                     sealing.finish()
         except BaseException:
             self.discard()

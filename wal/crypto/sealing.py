@@ -522,25 +522,20 @@ class Sealer:
                                     "changed, or it was moved from elsewhere") from None
         return plain
 
-    @property
-    def seals_streams(self) -> bool:
-        """`sealing` applies: this handle encrypts. Its envelopes are then encrypted, not
-        compressed, even where it compresses: what it streams is an encrypted store's archive
-        snapshot, whose values are envelopes already (ciphertext does not compress; a compressed
-        envelope would be one zstd frame, made whole)."""
-        return self.keys is not None
-
     def sealing(self, out: BinaryIO, context: bytes) -> Sealing:
-        """An encrypted envelope written to `out` as its plaintext is fed to it (`Sealing`), for a
-        value too large to hold (an archive snapshot): the same bytes `seal` makes, under a
-        session of its own (a fresh random id, counter 0: module docstring, "Nonces"), traced
-        as every session's counters are. Only where `seals_streams`."""
-        if not self.seals_streams:
-            raise ArgumentError("a streamed seal needs an encrypting sealer")
+        """An envelope written to `out` as its contents are fed to it (`Sealing`), for a value
+        too large to hold (an archive snapshot). Never compressed: what is streamed is a sealed
+        store's snapshot, whose values are envelopes already (compressed where that paid;
+        ciphertext does not compress), and a compressed envelope is one zstd frame, made whole.
+        Encrypted if this handle encrypts: the bytes `seal` would make of it uncompressed, under
+        a session of its own (a fresh random id, counter 0: module docstring, "Nonces"), traced
+        as every session's counters are; else codec 0x00 and the contents as they are."""
+        if self.keys is None:
+            out.write(_CODEC_BYTE[CODEC_PLAIN])
+            return Sealing(None, out, 1)
         _need_cryptography()
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: PLC0415 -- optional
 
-        assert self.keys is not None
         kid, sid = self.keys.current_id, os.urandom(SESSION_BYTES)
         if _trace_fd >= 0:
             os.write(_trace_fd, b"%s %s %d\n" % (kid.hex().encode(), sid.hex().encode(), 0))
@@ -550,7 +545,7 @@ class Sealer:
         encryptor = Cipher(aes, modes.GCM(counter + _NONCE_TAIL)).encryptor()
         encryptor.authenticate_additional_data(header + context)
         out.write(header)
-        return Sealing(encryptor, out)
+        return Sealing(encryptor, out, OVERHEAD)
 
     def opening(self, header: bytes, context: bytes, where: Callable[[], str]) -> Opening:
         """The decryption of an encrypted, uncompressed envelope whose first HEADER_BYTES are
@@ -619,20 +614,22 @@ class Sealer:
 
 
 class Sealing:
-    """An envelope being written (`Sealer.sealing`): `write` encrypts and writes each piece of
-    plaintext, `finish` writes the tag. An envelope whose `finish` was not called is not one:
-    the caller deletes what it wrote."""
+    """An envelope being written (`Sealer.sealing`): `write` writes each piece of its contents
+    (encrypted, if it is), `finish` ends it (the tag). An envelope whose `finish` was not called
+    is not one: the caller deletes what it wrote. `overhead`: the bytes the envelope adds."""
 
-    def __init__(self, encryptor: Any, out: BinaryIO) -> None:
+    def __init__(self, encryptor: Any, out: BinaryIO, overhead: int) -> None:
         self._encryptor = encryptor
         self._out = out
+        self.overhead = overhead
 
-    def write(self, plaintext: bytes | memoryview) -> int:
-        self._out.write(self._encryptor.update(plaintext))
-        return len(plaintext)
+    def write(self, contents: bytes | memoryview) -> int:
+        self._out.write(contents if self._encryptor is None else self._encryptor.update(contents))
+        return len(contents)
 
     def finish(self) -> None:
-        self._out.write(self._encryptor.finalize() + self._encryptor.tag)
+        if self._encryptor is not None:
+            self._out.write(self._encryptor.finalize() + self._encryptor.tag)
 
 
 class Opening:
