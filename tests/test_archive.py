@@ -46,6 +46,7 @@ from wal.archive.objects import (
 )
 from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError
+from wal.archive.spool import SpooledSnapshot
 from wal.cli import main
 from wal.ops.metrics import prometheus_text
 from wal.store.state import State, StateError
@@ -660,7 +661,18 @@ def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_
         s.put("k", b"v")  # an ordinary store
     with pytest.raises(wal.ArgumentError, match="ends at LSN 0"):
         wal.restore(archive_url, tmp_path / "r2", lsn=3)
-    assert verify(archive_url).ok
+    checked = verify(archive_url)
+    assert checked.ok and (checked.first_lsn, checked.last_lsn) == (1, 0)
+    # Not to be confused with an archive holding snapshots and no log object: it starts there.
+    with wal.open(tmp_path / "old") as s:
+        for i in range(20):
+            s.put(f"old{i}", b"o")
+    with wal.open(tmp_path / "old", archive=f"file://{tmp_path}/snaps-only"):
+        pass
+    for name in names(f"file://{tmp_path}/snaps-only", layout.LOG_PREFIX):
+        os.unlink(tmp_path / "snaps-only" / name)
+    checked = verify(f"file://{tmp_path}/snaps-only")
+    assert checked.ok and (checked.first_lsn, checked.last_lsn, checked.snapshots) == (21, 20, 1)
 
 
 def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
@@ -707,6 +719,34 @@ def test_a_snapshot_is_spooled_to_a_file_and_shipped_without_the_state_whole_in_
     assert r.snapshot_lsn == 96 and r.records == 0
     with wal.open(tmp_path / "r") as restored:
         assert dict(restored.scan()) == {k.encode(): v for k, v in values.items()}
+
+
+def test_a_snapshot_whose_name_is_taken_or_whose_put_fails_is_reported_as_such(tmp_path, archive_url, request):
+    """A snapshot PUT that raises (its name taken: the same LSN shipped before; an outage) is
+    the object store's error, handled as one, not a BufferError from unmapping the spooled file
+    while the error's traceback still views it; and its file is gone either way."""
+    with wal.open(tmp_path / "p", archive=archive_url, **FAST) as s:
+        s.put("k", b"v")
+        s.checkpoint()
+        first = s._ship_snapshot_now()
+        assert s._ship_snapshot_now() == first  # exists: the same LSN's state, shipped before
+        assert not [n for n in os.listdir(tmp_path / "p") if n.startswith("archive-snapshot-")]
+    # The boto3 backend reads a spooled file as a body it is given; a refused PUT says why.
+    server = request.getfixturevalue("s3_server")
+    server.use_env(request.getfixturevalue("monkeypatch"))
+    objects = S3Objects(BUCKET, f"boto3-{os.urandom(4).hex()}")
+    spooled = SpooledSnapshot(str(tmp_path), layout.SnapshotHeader(7, 0, b"w" * 16, 1), [(b"k", 1, b"v")])
+    try:
+        for attempt in range(2):
+            with spooled.mapped() as data:
+                if attempt == 0:
+                    objects.put(layout.snap_name(7), data)
+                else:
+                    with pytest.raises(ObjectExistsError):
+                        objects.put(layout.snap_name(7), data)
+        assert layout.open_snapshot(objects.get(layout.snap_name(7)), layout.snap_name(7)).lsn == 7
+    finally:
+        spooled.discard()
 
 
 def test_an_archived_open_deletes_the_snapshot_files_a_dead_process_left(tmp_path):

@@ -272,12 +272,13 @@ class FileObjects(ObjectStore):
                 self._made.add(directory)
             tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            view = memoryview(data)
             try:
-                view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
+                view.release()  # not left to a traceback: the caller may unmap what it views
                 os.close(fd)
             try:
                 if create_only:
@@ -412,6 +413,10 @@ class _ViewReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def close(self) -> None:
+        self._view.release()
+        super().close()
+
 
 class S3Objects(ObjectStore):
     """Objects in an S3 bucket under a prefix (``s3://bucket/prefix``), through boto3: the
@@ -452,6 +457,9 @@ class S3Objects(ObjectStore):
             self.client.put_object(**kwargs)
         except Exception as exc:
             raise self._err(exc, "writing", name) from exc
+        finally:
+            if isinstance(body, _ViewReader):
+                body.close()  # its view released, not left to a traceback
 
     def get(self, name: str) -> bytes:
         try:

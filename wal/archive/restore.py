@@ -508,7 +508,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
         except (CorruptionError, ObjectMissingError) as exc:
             problems.append(str(exc))
     # An implicit empty snapshot at LSN 0: the log from LSN 1 on, or an archive that holds nothing.
-    from_start = any(p.first == 1 for p in listing.logs) or not listing.logs
+    from_start = any(p.first == 1 for p in listing.logs) or (not listing.logs and not listing.snapshots)
     if not listing.snapshots and not from_start:
         problems.append(f"{objects.url} holds no snapshot: a restore has nothing to start from")
     base = 0 if from_start or not listing.snapshots else listing.snapshots[0][0]

@@ -57,12 +57,18 @@ class SpooledSnapshot:
     @contextlib.contextmanager
     def mapped(self) -> Iterator[memoryview]:
         """The object's bytes: a read-only mapping of the file, for one PUT."""
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        with open(self.path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             view = memoryview(m)
             try:
                 yield view
             finally:
                 view.release()
+                # A PUT that raised may leave views of the mapping alive in its traceback (the
+                # exception the caller handles): closing it then would raise BufferError in
+                # place of that exception. The mapping then goes with the last view.
+                with contextlib.suppress(BufferError):
+                    m.close()
 
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError):
