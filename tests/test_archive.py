@@ -1117,28 +1117,91 @@ def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_obj
         again.close()
 
 
-def test_a_follower_waiting_on_an_empty_archive_starts_from_its_writers_first_snapshot(tmp_path, archive_url):
-    """A store with a history from before it was archived ships its log from there on and a
-    snapshot of what came before: a follower that was waiting, empty, rebuilds itself from it."""
+def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_past_a_gap(tmp_path, archive_url,
+                                                                                            monkeypatch):
+    """A follower started on an empty archive, whose writer then ships a snapshot and a log
+    that does not start at LSN 1 (its history from before it was archived, here removed from
+    the archive as retention would): it rebuilds itself once from the snapshot (restored aside,
+    swapped in; reads meanwhile never fail), goes on with the log, and promotes."""
+    from wal.archive import follow as follow_mod  # noqa: PLC0415
+
+    restores = []
+    real_restore = follow_mod.restore_chain
+
+    def counted(*args, **kwargs):
+        restores.append(args[1])
+        return real_restore(*args, **kwargs)
+
+    monkeypatch.setattr(follow_mod, "restore_chain", counted)
     with wal.open(tmp_path / "p") as s:
         for i in range(20):
             s.put(f"old{i}", b"o")
-    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=3_600_000)  # polled by hand below
+    failures = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                replica.get("old0")
+            except Exception as exc:  # noqa: BLE001 -- any failure of a read is the finding
+                failures.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
     try:
-        assert replica.lsn == 0
+        assert replica.lsn == 0 and len(restores) == 1
         with wal.open(tmp_path / "p", archive=archive_url, **FAST) as primary:
+            wait_until(lambda: primary.stats()["archived_lsn"] == 20
+                       and primary.stats()["archive_last_snapshot_lsn"] == 20)
             for i in range(3):
                 primary.put(f"new{i}", b"n")
-        wait_until(lambda: replica.lsn == 23)
+            wait_until(lambda: primary.stats()["archived_lsn"] == 23)
+        first_logs = [n for n in names(archive_url, layout.LOG_PREFIX) if n.endswith(f"{1:020d}.wal")]
+        assert first_logs  # the session's first object: LSNs 1..20, shipped alone
+        objects = open_objects(archive_url)
+        for name in first_logs:
+            objects.delete(name)
+        replica.poll()  # the gap at LSN 1: rebuilt from the snapshot, and the log after it
+        assert replica.lsn == 23 and len(restores) == 2
         assert replica.get("old0") == b"o" and replica.get("old19") == b"o" and replica.get("new2") == b"n"
-        assert replica.stats()["follower_error"] is None
-        store = replica.promote()
-        assert store.put("after", b"a") == 25  # the fence at 24
-        store.close()
+        assert replica.poll() == 0 and len(restores) == 2  # once
     finally:
-        replica.close()
+        stop.set()
+        thread.join()
+    assert not failures, failures[:3]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".f.")]  # nothing left beside it
+    store = replica.promote()
+    try:
+        assert store.put("after", b"a") == 25  # the fence at 24
+    finally:
+        store.close()
     with wal.open(wal.restore(archive_url, tmp_path / "r").path) as r:
         assert r.get("old5") == b"o" and r.get("after") == b"a"
+
+
+def test_a_follower_holding_nothing_does_not_rebuild_itself_from_a_snapshot_at_lsn_0(tmp_path, archive_url,
+                                                                                     monkeypatch):
+    """A writer that shipped its first snapshot (the empty state, LSN 0) and nothing else: the
+    follower waits, empty, without restoring itself again and again, and promotes at LSN 1."""
+    from wal.archive import follow as follow_mod  # noqa: PLC0415
+
+    restores = []
+    real_restore = follow_mod.restore_chain
+    monkeypatch.setattr(follow_mod, "restore_chain", lambda *a, **k: restores.append(a) or real_restore(*a, **k))
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=5)
+    try:
+        with wal.open(tmp_path / "p", archive=archive_url, **FAST) as primary:
+            wait_until(lambda: names(archive_url, layout.SNAP_PREFIX) != [])
+            polls = replica.stats()["follower_polls"]
+            wait_until(lambda: replica.stats()["follower_polls"] >= polls + 20)
+            assert len(restores) == 1 and replica.lsn == 0 and replica.get("k") is None
+            assert replica.stats()["follower_error"] is None
+            primary.put("k", b"v")
+            wait_until(lambda: replica.lsn == 1)
+        assert replica.get("k") == b"v" and len(restores) == 1
+    finally:
+        replica.close()
 
 
 def test_a_store_reopened_resumes_shipping_where_the_archive_ends(tmp_path, archive_url):

@@ -29,13 +29,15 @@ unless given archive_fencing=False.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+from wal._fs import fsync_dir
 from wal.archive import layout
 from wal.archive.objects import (
     ArchiveError,
@@ -45,7 +47,7 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Chain, Listing, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
@@ -54,6 +56,8 @@ from wal.log import record
 from wal.store.store import Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
+_logger = logging.getLogger("wal.archive")
+_T = TypeVar("_T")
 
 
 class Follower:
@@ -87,11 +91,23 @@ class Follower:
             raise ClosedError(f"the follower of {self._objects.url} in {self._dir} is closed or was promoted")
         return self._store
 
+    def _read(self, read: Callable[[Store], _T]) -> _T:
+        """`read` of the store; made again on the new one if the store was swapped under it (a
+        follower that held nothing, rebuilt from a snapshot: `_rebuild_from_snapshot`)."""
+        store = self._live()
+        try:
+            return read(store)
+        except ClosedError:
+            with self._lock:  # a swap under way (polls hold the lock) ends first
+                if self._store is None or self._store is store:
+                    raise
+                return read(self._store)
+
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        return self._live().get(key, default)
+        return self._read(lambda store: store.get(key, default))
 
     def version(self, key: bytes | str) -> int | None:
-        return self._live().version(key)
+        return self._read(lambda store: store.version(key))
 
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
         return self._live().scan(prefix)
@@ -168,40 +184,53 @@ class Follower:
             store = self._live()
             started = time.monotonic()
             self._polls += 1
-            if self._pos == 0:
-                store = self._start_from_snapshot(store)
             try:
-                applied = self._apply_new(store, strict=True)
-            except WriterUnknownError:
-                # Reopened on its directory, it does not know which writer's object it stopped
-                # after, and the next object continues only after its own writer's (nothing was
-                # applied: the writer is known once an object is).
-                self._writer = self._anchor()
-                applied = self._apply_new(store, strict=False)
+                applied = self._apply(store)
+            except CorruptionError:
+                if self._pos != 0 or not self._rebuild_from_snapshot():
+                    raise
+                applied = self._apply(self._live())
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
 
-    def _start_from_snapshot(self, store: Store) -> Store:
-        """A follower that holds nothing yet (LSN 0) of an archive whose log does not start at
-        LSN 1 (its writer had a history before it was archived): rebuilt from the archive's
-        snapshots once one is there, as `follow` restores a new directory. Until then it waits,
-        empty. Returns the store to apply to."""
-        listing = list_archive(self._objects)
-        if not listing.snapshots or any(p.first == 1 for p in listing.logs):
-            return store
-        self._store = None
-        store.close()
-        shutil.rmtree(self._dir)
+    def _apply(self, store: Store) -> int:
         try:
-            _, self._writer = restore_chain(self._objects, self._dir, parallel=self._parallel, **self._sealing)
-        except BaseException:
-            shutil.rmtree(self._dir, ignore_errors=True)  # whatever the restore left: empty again
-            self._store = open_local(self._dir, **self._sealing)
-            raise
+            return self._apply_new(store, strict=True)
+        except WriterUnknownError:
+            # Reopened on its directory, it does not know which writer's object it stopped
+            # after, and the next object continues only after its own writer's (nothing was
+            # applied: the writer is known once an object is).
+            self._writer = self._anchor()
+            return self._apply_new(store, strict=False)
+
+    def _rebuild_from_snapshot(self) -> bool:
+        """A follower that holds nothing yet (LSN 0), of an archive whose log does not start at
+        LSN 1 (its writer had a history before it was archived, or retention removed the start):
+        rebuilt from the archive's newest snapshot past LSN 0, as `follow` restores a new
+        directory. True if it was. The new store is restored beside the follower's directory and
+        swapped in (a crash in between leaves the directory missing: `follow` restores it
+        again); a read of the old, empty store at that moment is made again on the new one
+        (`_read`). Called with `_lock` held."""
+        newest = max((parsed.first for name, _ in self._objects.list(layout.SNAP_PREFIX)
+                      if (parsed := layout.parse_name(name)) is not None and parsed.kind == "snap"), default=0)
+        if newest == 0:
+            return False
+        parent, base = os.path.split(os.path.abspath(self._dir))
+        building = os.path.join(parent, f".{base}.rebuilt-{os.urandom(4).hex()}")
+        _, writer = restore_chain(self._objects, building, parallel=self._parallel, **self._sealing)
+        old, retired = self._store, os.path.join(parent, f".{base}.retired-{os.urandom(4).hex()}")
+        if old is not None:
+            old.close()
+        os.rename(self._dir, retired)
+        os.rename(building, self._dir)
+        fsync_dir(parent)
         self._store = open_local(self._dir, **self._sealing)
+        shutil.rmtree(retired, ignore_errors=True)
         self._pos = self._end_seen = self._store.watermarks.durable
-        return self._store
+        self._writer = writer
+        _logger.info("follower %s: rebuilt from the snapshot at LSN %d of %s", self._dir, self._pos, self._objects.url)
+        return True
 
     def _apply_new(self, store: Store, *, strict: bool) -> int:
         applied = 0
@@ -265,9 +294,9 @@ class Follower:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
-        store = self._live()
         for _ in range(_PROMOTE_ATTEMPTS):
             self.poll()
+            store = self._live()  # the poll may have rebuilt it (`_rebuild_from_snapshot`)
             nxt = self._pos + 1
             payload = record.encode((), time.time_ns() // 1_000_000, None)
             try:
@@ -381,19 +410,8 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
     root = os.fspath(directory)
     writer = None
     if not os.path.exists(os.path.join(root, "STORE")):
-        if _has_start(list_archive(objects)):
-            _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
-        else:
-            # Nothing to start from yet (its writer has shipped nothing, or not its first
-            # snapshot): an empty store at LSN 0, the state before an archive's first record. Its
-            # polls apply the first log objects as they arrive, or rebuild it from the first
-            # snapshot (`Follower._start_from_snapshot`).
-            open_local(root, **sealing).close()
-            writer = b""
+        # An archive that holds nothing yet restores to the empty state at LSN 0 (with a
+        # WARNING): the follower then applies the first objects as they arrive, or rebuilds
+        # itself from the first snapshot (`Follower._rebuild_from_snapshot`).
+        _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
     return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer)
-
-
-def _has_start(listing: Listing) -> bool:
-    """The archive holds a state to start from: a snapshot, or its log from LSN 1 (whose
-    implicit start is the empty state at LSN 0)."""
-    return bool(listing.snapshots) or any(p.first == 1 for p in listing.logs)
