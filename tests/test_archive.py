@@ -1144,7 +1144,7 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
         while not stop.is_set():
             try:
                 replica.get("old0")
-            except Exception as exc:  # noqa: BLE001 -- any failure of a read is the finding
+            except Exception as exc:
                 failures.append(exc)
 
     thread = threading.Thread(target=reader)
