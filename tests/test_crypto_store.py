@@ -617,6 +617,23 @@ def test_a_compressing_archive_snapshot_is_a_plain_envelope_spooled_and_restored
     assert [type(read).__name__ for read in reads] == ["EnvelopedRead"]
 
 
+def test_a_restore_from_the_empty_states_snapshot_checks_it_whole_though_it_loads_nothing(tmp_path: Path) -> None:
+    """An archive whose writer shipped its first snapshot (the empty state, LSN 0) and nothing
+    else restores from that snapshot: nothing to load, but its tag is checked before its header
+    starts the chain, so a changed byte is refused, as in any other snapshot."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url):
+        pass
+    snap = tmp_path / "archive" / "snap" / f"{0:020d}.snap"
+    assert snap.exists() and not list((tmp_path / "archive").glob("log/*"))
+    assert wal.restore(url, tmp_path / "r", encryption=KEY).lsn == 0
+    data = bytearray(snap.read_bytes())
+    data[sealing.HEADER_BYTES + 45] ^= 1  # inside the snapshot's header: its writer_id
+    snap.write_bytes(bytes(data))
+    with pytest.raises(SealDamagedError, match=r"snap/0+\.snap.*authentication failed"):
+        wal.restore(url, tmp_path / "r2", encryption=KEY)
+
+
 def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead_directly() -> None:
     """FORMAT.md §19's worked example, decrypted from the spec alone (HKDF, AES-GCM, nonce, AAD)."""
     from cryptography.hazmat.primitives import hashes  # noqa: PLC0415

@@ -359,6 +359,12 @@ class StoreBuilder:
                 # In the writer thread, while the snapshot's later bytes and the first log
                 # objects download.
                 self._writing = self._writer.submit(self._load, snap)
+            elif snap.read is not None:
+                # A snapshot of the empty state (a writer's first): nothing to load, but it is
+                # checked whole all the same (its trailer; an encrypted one's tag) before its
+                # writer_id starts the chain.
+                for _ in layout.snapshot_pieces(snap.read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
+                    pass
         except BaseException:
             self.close()
             raise

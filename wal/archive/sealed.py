@@ -61,7 +61,10 @@ class DecryptingRead(RangedRead):
     disposable. The snapshot loader does (layout.snapshot_pieces, whose last wait is for the
     whole object: the restore builds its store aside and moves it into place only once whole).
     A flipped ciphertext byte flips the same plaintext byte (GCM is a stream cipher), so a
-    damaged entry may also fail its CRC-32C first: refused either way."""
+    damaged entry may also fail its CRC-32C first: refused either way. The header's fields are
+    read before the tag is checked, to choose which snapshot a restore starts from: a forged
+    one can make it pass over a snapshot (it then starts from an older one, its own checked) or
+    choose one that is then refused when its tag fails, never load bytes that were changed."""
 
     def __init__(self, inner: RangedRead, opening: Opening, where: Callable[[], str]) -> None:
         self._inner = inner
