@@ -305,6 +305,22 @@ class FileObjects(ObjectStore):
     def get_head(self, name: str, n: int) -> bytes:
         return self._read(name, n)
 
+    def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
+        """A windowed read maps the file read-only: its bytes are the page cache's, read as they
+        are used and dropped from the process as they are released, none copied into its memory
+        (objects are never rewritten in place: a put renames a new file in, a delete unlinks)."""
+        if window is None:
+            return super().read_ranged(name)
+        try:
+            with open(self._path(name), "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return RangedRead(b"")
+                return RangedRead(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), window=window)
+        except FileNotFoundError:
+            raise ObjectMissingError(f"{self.url}/{name} does not exist") from None
+        except OSError as exc:
+            raise ArchiveUnavailableError(f"reading {self.url}/{name}: {exc}") from exc
+
     def _read(self, name: str, n: int) -> bytes:
         try:
             with open(self._path(name), "rb") as f:

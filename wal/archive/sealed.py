@@ -83,7 +83,7 @@ class DecryptingRead(RangedRead):
         upto = min(upto, self.size)
         inner = self._inner
         while self._done < upto:
-            step = min(self.size, max(upto, self._done + _DECRYPT_STEP))
+            step = min(self.size, self._done + _DECRYPT_STEP)  # a step at a time: no larger buffers
             inner.wait(HEADER_BYTES + step)
             cipher = memoryview(inner.buffer)[HEADER_BYTES + self._done:HEADER_BYTES + step]
             assert isinstance(self.buffer, mmap.mmap)
@@ -109,7 +109,7 @@ class DecryptingRead(RangedRead):
         self._inner.close()
 
 
-_DECRYPT_STEP = 4 << 20  # a DecryptingRead decrypts this much at a time, at least
+_DECRYPT_STEP = 4 << 20  # a DecryptingRead decrypts this much at a time
 
 
 class EnvelopedRead(RangedRead):
