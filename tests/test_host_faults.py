@@ -700,3 +700,26 @@ def test_a_restore_into_a_full_disk_raises_no_space_and_leaves_nothing(small_fs:
     assert not (small_fs / "restored").exists()
     _give_back(small_fs)
     assert wal.restore(url, small_fs / "restored").lsn == 300
+
+
+def test_an_archive_snapshot_is_not_spooled_onto_a_disk_without_room_for_it_and_the_store_goes_on(
+        small_fs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A writer's archive snapshot is spooled in the store's directory, on the disk the log
+    needs: with less room than the state and a margin for the log, it is not taken (NoSpaceError
+    before a byte is written; the shipper says so in a WARNING and tries again later), and the
+    store commits and ships its log all the same."""
+    url = f"file://{tmp_path}/archive"
+    with caplog.at_level(logging.WARNING, logger="wal.archive"), \
+            wal.open(small_fs / "s", archive=url, archive_rpo_ms=200) as store:
+        for i in range(20):
+            store.put(f"k{i}", _value("a", i))
+        store.checkpoint()
+        with pytest.raises(wal.NoSpaceError, match=r"needs about \d+ MiB of free disk"):
+            store._ship_snapshot_now()
+        assert not [n for n in os.listdir(small_fs / "s") if n.startswith("archive-snapshot-")]
+        assert _wait(lambda: "needs about" in caplog.text)  # the shipper's own snapshot, deferred
+        store.put("after", b"v")
+        assert _wait(lambda: store.stats()["archived_lsn"] == 21)
+        assert store.stats()["archive_snapshots"] == 0
+    report = wal.restore(url, tmp_path / "restored")  # from the log alone
+    assert report.lsn == 21 and report.snapshot_lsn == 0

@@ -66,7 +66,7 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import Piece
 from wal.archive.spool import SpooledSnapshot
-from wal.errors import CorruptionError, FailedError, WalError
+from wal.errors import CorruptionError, FailedError, NoSpaceError, WalError
 from wal.store.store import ARCHIVE_STATUS_FILE
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ FIRST_OBJECT_BYTES = 1 << 20
 ASSUMED_RATE = 1e6
 ASSUMED_RECORD_BYTES = 32 << 10
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
+_SNAPSHOT_SPACE_RETRY_S = 60.0  # a snapshot the disk had no room for is tried again after this
 
 
 def _resolve_futures(done: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
@@ -237,6 +238,8 @@ class Shipper:
         self.last_snapshot = last_snapshot
         self._need_snapshot = need_snapshot
         self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
+        self._snapshot_retry_at = 0.0  # no snapshot is spooled before this (monotonic): a full disk
+        self._space_logged_at = -math.inf
         self._bytes_since_snapshot = 0
         self._first_of_session: int | None = None  # never merged away: it fences older writers
         # (first, last, size, bytes or None) of small group objects stored since this writer
@@ -1047,8 +1050,19 @@ class Shipper:
 
     def _snapshot_if_due(self) -> None:
         if self._pending_snapshot is None and (self._need_snapshot
-                                               or self._bytes_since_snapshot >= self.snapshot_bytes):
-            self._pending_snapshot = self.store._logical_snapshot(self.writer_id)
+                                               or self._bytes_since_snapshot >= self.snapshot_bytes) \
+                and time.monotonic() >= self._snapshot_retry_at:
+            try:
+                self._pending_snapshot = self.store._logical_snapshot(self.writer_id)
+            except NoSpaceError as exc:
+                # The disk is the log's first: no snapshot is taken while it lacks room for one,
+                # and the next try waits a minute (a restore needs more log meanwhile).
+                self._snapshot_retry_at = time.monotonic() + _SNAPSHOT_SPACE_RETRY_S
+                now = time.monotonic()
+                if now - self._space_logged_at >= 600:
+                    self._space_logged_at = now
+                    _logger.warning("archive %s: %s", self.objects.url, exc)
+                return
             self._need_snapshot = False
             self._bytes_since_snapshot = 0
         pending = self._pending_snapshot

@@ -12,14 +12,14 @@ archive encrypts (under a session of its own), and never compressed, since its v
 envelopes already (compressed where that paid; ciphertext does not compress).
 
 The file is the writer's alone (the store's lock); deleted once shipped or given up, and any left
-by a process that died is deleted by the next archived open (`remove_leftovers`). It costs as
-much free disk as the snapshot is large, on the store's own disk.
+by a process that died is deleted by the store's next writer open. It costs as much free disk
+as the snapshot is large, on the store's own disk, which the log needs too: a snapshot is not
+spooled while the disk lacks room for it and a margin (the shipper's `_snapshot_if_due`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import mmap
 import os
 from collections.abc import Iterable, Iterator
@@ -27,9 +27,7 @@ from typing import BinaryIO, cast
 
 from wal.archive import layout
 from wal.crypto.sealing import CONTEXT_ARCHIVE, Sealer
-
-_PREFIX = "archive-snapshot-"
-_SUFFIX = ".tmp"
+from wal.store.store import ARCHIVE_SPOOL_PREFIX, ARCHIVE_SPOOL_SUFFIX
 
 
 class SpooledSnapshot:
@@ -41,7 +39,8 @@ class SpooledSnapshot:
         it is written if the archive encrypts (`sealed`)."""
         self.lsn = header.lsn
         self.sealed = sealer is not None
-        self.path = os.path.join(directory, f"{_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{_SUFFIX}")
+        name = f"{ARCHIVE_SPOOL_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{ARCHIVE_SPOOL_SUFFIX}"
+        self.path = os.path.join(directory, name)
         try:
             with open(self.path, "xb") as out:
                 if sealer is None:
@@ -73,11 +72,3 @@ class SpooledSnapshot:
     def discard(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-
-def remove_leftovers(directory: str) -> None:
-    """Delete the spool files a process that died left in a store's directory (the caller holds
-    the store's lock: no other process is writing one)."""
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*{_SUFFIX}")):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

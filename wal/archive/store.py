@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,8 +31,8 @@ from wal.archive.plan import find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Resolved, Shipper
-from wal.archive.spool import SpooledSnapshot, remove_leftovers
-from wal.errors import ArgumentError, FailedError
+from wal.archive.spool import SpooledSnapshot
+from wal.errors import ArgumentError, FailedError, NoSpaceError, storage_error
 from wal.log import record
 from wal.store.sealed import plan as plan_sealing
 from wal.store.store import Store
@@ -42,6 +43,10 @@ _STORE_PUT = Store.put  # the C fast path (storecore.FastCommit) wrapping the Py
 _STORE_DELETE = Store.delete
 
 POLICIES = ("block", "error")
+# An archive snapshot is spooled only with room for the state's file, this much per entry (a
+# snapshot entry's header), and this margin left for the log (ArchivedStore._logical_snapshot).
+_SPOOL_ENTRY_BYTES = 24
+_SPOOL_MARGIN_BYTES = 256 << 20
 
 
 def _decline(*_args: object) -> int:
@@ -181,13 +186,27 @@ class ArchivedStore(Store):
 
     def _logical_snapshot(self, writer_id: bytes) -> SpooledSnapshot:
         """A snapshot object of the state at its applied LSN, from one LMDB read transaction
-        (FORMAT.md, archive snapshots), spooled to a file in the store's directory."""
+        (FORMAT.md, archive snapshots), spooled to a file in the store's directory.
+
+        NoSpaceError, before anything is written, when the disk lacks room for it and
+        _SPOOL_MARGIN_BYTES more (the log shares the disk: a snapshot must never be what fills
+        it), or when it fills the disk all the same (the file is deleted)."""
         snap = self._state.snapshot()
         try:
-            header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, snap.entries())
+            entries = snap.entries()
+            need = self._state.allocated_bytes() + entries * _SPOOL_ENTRY_BYTES + _SPOOL_MARGIN_BYTES
+            free = shutil.disk_usage(self.path).free
+            if free < need:
+                raise NoSpaceError(f"an archive snapshot of the store in {self.path} needs about {need >> 20} MiB of "
+                                   f"free disk there (the state, and a margin for the log), and {free >> 20} MiB are "
+                                   "free: not taken now (the shipper tries again later)", filename=self.path)
+            header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, entries)
             shipper = self._shipper
             sealer = shipper.objects.stream_sealer() if shipper is not None else None
-            return SpooledSnapshot(self.path, header, snap.items(), sealer)
+            try:
+                return SpooledSnapshot(self.path, header, snap.items(), sealer)
+            except OSError as exc:
+                raise storage_error(exc, f"spooling an archive snapshot of the store in {self.path}") from exc
         finally:
             snap.close()
 
@@ -375,7 +394,6 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if store._replicated:
         store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
     try:
-        remove_leftovers(store.path)  # snapshots a process that died had not shipped
         _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                 merge_objects=merge_objects, retention_s=retention_s, puts_in_flight=puts_in_flight)
     except BaseException:

@@ -120,6 +120,8 @@ ARCHIVE_DIR = "archive"
 # The object archive's state, kept by its shipper (wal/archive/shipper.py; FORMAT.md): read here
 # so that a local open of a store that ships keeps the log its archive has not received.
 ARCHIVE_STATUS_FILE = "archive.json"
+# An archive snapshot waiting for its PUT (wal/archive/spool.py): <prefix><lsn, 20 digits>-<8 hex><suffix>.
+ARCHIVE_SPOOL_PREFIX, ARCHIVE_SPOOL_SUFFIX = "archive-snapshot-", ".tmp"
 
 MAX_KEY_BYTES = record.MAX_KEY_BYTES
 MAX_VALUE_BYTES = MAX_PAYLOAD - 4096  # one transaction is one log record
@@ -503,6 +505,7 @@ class Store:
             log.close()
             raise
         store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        _remove_archive_spools(root)  # under the log's lock: no other process is writing one
         if not cls._object_archive:
             store._unshipped_from = _unshipped_from(root)
         if sealing is not None:
@@ -1396,6 +1399,15 @@ def shipping_archive(root: str) -> tuple[str, int] | None:
     if not isinstance(url, str) or not isinstance(archived, int) or isinstance(archived, bool) or archived < 0:
         return None
     return url, archived
+
+
+def _remove_archive_spools(root: str) -> None:
+    """Delete the archive snapshots a process that died left waiting for their PUT (by any
+    writer's open: the next one may never ship to that archive again)."""
+    for name in os.listdir(root):
+        if name.startswith(ARCHIVE_SPOOL_PREFIX) and name.endswith(ARCHIVE_SPOOL_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(root, name))
 
 
 def _unshipped_from(root: str) -> int | None:
