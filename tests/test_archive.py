@@ -9,6 +9,7 @@ replaced by a file (every write to it fails), the S3 server killed (tests/test_a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import hashlib
 import itertools
@@ -785,6 +786,23 @@ def test_a_snapshot_walk_reads_large_values_a_few_mib_at_a_time(tmp_path):
     assert peak < 12 << 20, peak  # 40 MiB of values, at most a few chunks of ~4 MiB
 
 
+def test_a_file_archive_maps_its_objects_only_on_a_local_disk(tmp_path, monkeypatch):
+    """A windowed read of a file:// object maps the file on a local disk; on a network or FUSE
+    filesystem (a page another host deleted would be a SIGBUS) it reads it whole."""
+    import wal.archive.objects as objects_module  # noqa: PLC0415
+
+    objects = open_objects(f"file://{tmp_path}/a")
+    objects.put("snap/x", b"0123456789" * 1000)
+    read = objects.read_ranged("snap/x", window=4096)
+    assert isinstance(read.buffer, mmap.mmap) and bytes(read.buffer[:10]) == b"0123456789"
+    real = objects_module.mount_of
+    monkeypatch.setattr(objects_module, "mount_of",
+                        lambda path, all_mounts: dataclasses.replace(real(path, all_mounts), fstype="nfs4"))
+    remote = open_objects(f"file://{tmp_path}/a")
+    read = remote.read_ranged("snap/x", window=4096)
+    assert isinstance(read.buffer, bytes) and read.buffer == b"0123456789" * 1000
+
+
 def test_restore_applies_objects_as_they_arrive_in_batches_and_never_leaves_half_a_store(tmp_path, monkeypatch):
     url = f"file://{tmp_path}/a"
     big = os.urandom(1 << 20)
@@ -1180,6 +1198,76 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
         store.close()
     with wal.open(wal.restore(archive_url, tmp_path / "r").path) as r:
         assert r.get("old5") == b"o" and r.get("after") == b"a"
+
+
+def test_a_follower_of_an_archive_without_a_start_yet_waits_at_lsn_0_saying_why(tmp_path, caplog):
+    """Log objects from past LSN 1 and no snapshot yet (a writer with a history from before it
+    was archived ships its first snapshot once its log is in; later, on a full disk): the
+    follower starts empty with a WARNING, reports the gap as its error, and rebuilds itself
+    once the snapshot is there."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p") as s:
+        for i in range(20):
+            s.put(f"old{i}", b"o")
+    with wal.open(tmp_path / "p", archive=url, **FAST) as primary:
+        wait_until(lambda: primary.stats()["archive_last_snapshot_lsn"] == 20)
+        primary.put("new", b"n")
+        wait_until(lambda: primary.stats()["archived_lsn"] == 21)
+    (tmp_path / "a" / "log" / f"{1:020d}.wal").unlink()  # the history before the archive's start
+    snap = tmp_path / "a" / "snap" / f"{20:020d}.snap"
+    held = snap.read_bytes()
+    snap.unlink()  # not shipped yet
+    with caplog.at_level("WARNING", logger="wal.archive"):
+        replica = wal.follow(url, tmp_path / "f", poll_ms=10)
+    try:
+        assert "holds no snapshot" in caplog.text and "follows it from LSN 0" in caplog.text
+        wait_until(lambda: "missing LSNs 1..20" in (replica.stats()["follower_error"] or ""))
+        assert replica.lsn == 0
+        snap.write_bytes(held)  # the snapshot arrives
+        wait_until(lambda: replica.lsn == 21)
+        assert replica.get("old3") == b"o" and replica.get("new") == b"n"
+        wait_until(lambda: replica.stats()["follower_error"] is None)
+    finally:
+        replica.close()
+
+
+def test_a_rebuild_that_fails_leaves_the_follower_as_it_was_and_is_tried_again_later(tmp_path, monkeypatch):
+    """A follower's rebuild from a snapshot that fails (here the disk is full as the snapshot
+    is restored) leaves its empty store serving reads and nothing beside its directory, and is
+    tried again only after a while (each try downloads the snapshot); then it succeeds."""
+    from wal.archive import follow as follow_mod  # noqa: PLC0415
+
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p") as s:
+        for i in range(20):
+            s.put(f"old{i}", b"o")
+    replica = wal.follow(url, tmp_path / "f", poll_ms=3_600_000)  # on an empty archive; polled by hand
+    try:
+        with wal.open(tmp_path / "p", archive=url, **FAST) as primary:
+            wait_until(lambda: primary.stats()["archive_last_snapshot_lsn"] == 20)
+        (tmp_path / "a" / "log" / f"{1:020d}.wal").unlink()  # the gap the snapshot covers
+        attempts = []
+        real_restore = follow_mod.restore_chain
+
+        def full_disk(*args, **kwargs):
+            attempts.append(time.monotonic())
+            if len(attempts) == 1:
+                raise wal.NoSpaceError("no space left on the follower's disk (test)")
+            return real_restore(*args, **kwargs)
+
+        monkeypatch.setattr(follow_mod, "restore_chain", full_disk)
+        monkeypatch.setattr(follow_mod, "_REBUILD_RETRY_S", 0.5)
+        with pytest.raises(wal.NoSpaceError):
+            replica.poll()
+        assert replica.lsn == 0 and replica.get("old0") is None  # the empty store, still serving
+        assert not [n for n in os.listdir(tmp_path) if n.startswith((".f.", "..f."))]
+        assert replica.poll() == 0 and len(attempts) == 1  # within the wait: no second download
+        time.sleep(0.5)
+        replica.poll()
+        assert replica.lsn == 20 and replica.get("old0") == b"o" and len(attempts) == 2
+        assert not [n for n in os.listdir(tmp_path) if n.startswith((".f.", "..f."))]
+    finally:
+        replica.close()
 
 
 def test_a_follower_holding_nothing_does_not_rebuild_itself_from_a_snapshot_at_lsn_0(tmp_path, archive_url,

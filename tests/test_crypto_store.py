@@ -635,6 +635,12 @@ def test_a_restore_from_the_empty_states_snapshot_checks_it_whole_though_it_load
     snap = tmp_path / "archive" / "snap" / f"{0:020d}.snap"
     assert snap.exists() and not list((tmp_path / "archive").glob("log/*"))
     assert wal.restore(url, tmp_path / "r", encryption=KEY).lsn == 0
+    plain_envelope = snap.read_bytes()
+    # A plain envelope in its place (codec 0x00): refused from its first byte, not downloaded.
+    snap.write_bytes(bytes((CODEC_PLAIN,)) + b"AGWALSNP" + bytes(200))
+    with pytest.raises(SealDamagedError, match=r"snap/0+\.snap of .* is not encrypted, in an encrypted archive"):
+        wal.restore(url, tmp_path / "r3", encryption=KEY)
+    snap.write_bytes(plain_envelope)
     data = bytearray(snap.read_bytes())
     data[sealing.HEADER_BYTES + 45] ^= 1  # inside the snapshot's header: its writer_id
     snap.write_bytes(bytes(data))

@@ -29,6 +29,7 @@ unless given archive_fencing=False.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -51,11 +52,12 @@ from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, list_arch
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
-from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError
+from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError, WalError
 from wal.log import record
 from wal.store.store import Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
+_REBUILD_RETRY_S = 60.0  # a rebuild that failed is tried again after this
 _logger = logging.getLogger("wal.archive")
 _T = TypeVar("_T")
 
@@ -80,6 +82,7 @@ class Follower:
         self._error: str | None = None
         self._polls = 0
         self._lock = threading.Lock()  # one poll at a time (the thread, or promote)
+        self._rebuild_retry_at = 0.0  # no rebuild (`_rebuild_from_snapshot`) is tried before this
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"agentwal-follow:{directory}", daemon=True)
         self._thread.start()
@@ -154,10 +157,10 @@ class Follower:
             try:
                 self.poll()
                 self._error = None
-            except (ArchiveError, CorruptionError) as exc:
-                self._error = str(exc)
             except ClosedError:
                 return
+            except WalError as exc:  # an outage, a gap, a full disk, a missing key: said, tried again
+                self._error = f"{type(exc).__name__}: {exc}"
 
     def _list_new(self, *, full_merged: bool) -> list[Piece]:
         pos = self._pos
@@ -184,12 +187,29 @@ class Follower:
             store = self._live()
             started = time.monotonic()
             self._polls += 1
+            gap: CorruptionError | None = None
+            applied = 0
             try:
                 applied = self._apply(store)
-            except CorruptionError:
-                if self._pos != 0 or not self._rebuild_from_snapshot():
+            except CorruptionError as exc:
+                if self._pos != 0:
                     raise
-                applied = self._apply(self._live())
+                gap = exc
+            # Holding nothing, with nothing to apply: the archive may start at a snapshot (its
+            # writer's history from before it was archived).
+            if self._pos == 0 and applied == 0 and time.monotonic() >= self._rebuild_retry_at:
+                try:
+                    rebuilt = self._rebuild_from_snapshot()
+                except BaseException:
+                    # Whatever failed it (a full disk, a missing key, a damaged snapshot) is
+                    # said in follower_error; the next try, a snapshot download, waits a while.
+                    self._rebuild_retry_at = time.monotonic() + _REBUILD_RETRY_S
+                    raise
+                if rebuilt:
+                    gap = None
+                    applied = self._apply(self._live())
+            if gap is not None:
+                raise gap
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
@@ -205,27 +225,41 @@ class Follower:
             return self._apply_new(store, strict=False)
 
     def _rebuild_from_snapshot(self) -> bool:
-        """A follower that holds nothing yet (LSN 0), of an archive whose log does not start at
-        LSN 1 (its writer had a history before it was archived, or retention removed the start):
-        rebuilt from the archive's newest snapshot past LSN 0, as `follow` restores a new
-        directory. True if it was. The new store is restored beside the follower's directory and
-        swapped in (a crash in between leaves the directory missing: `follow` restores it
-        again); a read of the old, empty store at that moment is made again on the new one
-        (`_read`). Called with `_lock` held."""
+        """A follower that holds nothing yet (LSN 0), of an archive that holds a snapshot past
+        LSN 0 (its writer had a history before it was archived, or retention removed the log's
+        start): rebuilt from the newest one, as `follow` restores a new directory (one listing
+        of ``snap/`` per poll while it holds nothing). True if it was. The new store is restored
+        beside the follower's directory and swapped in; if the swap fails, the old one is put
+        back and goes on (a crash in between leaves the directory missing, and `follow`
+        restores it again and deletes what was left beside it). A read of the old, empty store
+        at that moment is made again on the new one (`_read`). Called with `_lock` held."""
         newest = max((parsed.first for name, _ in self._objects.list(layout.SNAP_PREFIX)
                       if (parsed := layout.parse_name(name)) is not None and parsed.kind == "snap"), default=0)
         if newest == 0:
             return False
         parent, base = os.path.split(os.path.abspath(self._dir))
-        building = os.path.join(parent, f".{base}.rebuilt-{os.urandom(4).hex()}")
+        building = os.path.join(parent, f".{base}{_REBUILT}{os.urandom(4).hex()}")
         _, writer = restore_chain(self._objects, building, parallel=self._parallel, **self._sealing)
-        old, retired = self._store, os.path.join(parent, f".{base}.retired-{os.urandom(4).hex()}")
+        retired = os.path.join(parent, f".{base}{_RETIRED}{os.urandom(4).hex()}")
+        old = self._store
         if old is not None:
             old.close()
-        os.rename(self._dir, retired)
-        os.rename(building, self._dir)
-        fsync_dir(parent)
-        self._store = open_local(self._dir, **self._sealing)
+        try:
+            os.rename(self._dir, retired)
+            try:
+                os.rename(building, self._dir)
+                fsync_dir(parent)
+                self._store = open_local(self._dir, **self._sealing)
+            except BaseException:
+                # Back as it was: the old, empty store goes on (the error is said; tried again later).
+                with contextlib.suppress(OSError):
+                    os.rename(self._dir, building)
+                os.rename(retired, self._dir)
+                raise
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            self._store = open_local(self._dir, **self._sealing)
+            raise
         shutil.rmtree(retired, ignore_errors=True)
         self._pos = self._end_seen = self._store.watermarks.durable
         self._writer = writer
@@ -408,10 +442,34 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
     `sealing`: a sealed store's `wal.open` options (encryption=, compression=, ...)."""
     objects, _ = for_reading(open_objects(url), sealing)
     root = os.fspath(directory)
+    _remove_rebuild_leftovers(root)
     writer = None
     if not os.path.exists(os.path.join(root, "STORE")):
         # An archive that holds nothing yet restores to the empty state at LSN 0 (with a
         # WARNING): the follower then applies the first objects as they arrive, or rebuilds
         # itself from the first snapshot (`Follower._rebuild_from_snapshot`).
-        _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
+        try:
+            _, writer = restore_chain(objects, root, parallel=parallel, **sealing)
+        except CorruptionError as exc:
+            if exc.reason != "no snapshot":
+                raise
+            # Log objects, none from LSN 1, and no snapshot yet: a writer with a history from
+            # before it was archived ships its first snapshot once its log is in (later, on a
+            # full disk). Followed from LSN 0 meanwhile; the gap is its follower_error until then.
+            _logger.warning("%s; %s follows it from LSN 0 and rebuilds itself from its first snapshot", exc, root)
+            open_local(root, **sealing).close()
+            writer = b""
     return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer)
+
+
+_REBUILT, _RETIRED = ".rebuilt-", ".retired-"  # beside a follower's directory while it is rebuilt
+
+
+def _remove_rebuild_leftovers(root: str) -> None:
+    """What a process that died while rebuilding a follower left beside its directory."""
+    parent, base = os.path.split(os.path.abspath(root))
+    with contextlib.suppress(OSError):
+        for name in os.listdir(parent):
+            # ..<base>.rebuilt-*: the restore's own building directory beside the rebuilt one
+            if name.startswith((f".{base}{_REBUILT}", f".{base}{_RETIRED}", f"..{base}{_REBUILT}")):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from wal._fs import fsync_dir, makedirs_durable
+from wal._mounts import NETWORK_FS, mount_of, mounts
 from wal.errors import ArgumentError, WalError
 
 if TYPE_CHECKING:
@@ -256,6 +257,7 @@ class FileObjects(ObjectStore):
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
         self._made: set[str] = set()  # directories known to exist durably (makedirs_durable fsyncs)
+        self._local: bool | None = None  # on a local disk (not a network or FUSE filesystem): see read_ranged
 
     def _path(self, name: str) -> str:
         parts = name.split("/")
@@ -308,8 +310,10 @@ class FileObjects(ObjectStore):
     def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
         """A windowed read maps the file read-only: its bytes are the page cache's, read as they
         are used and dropped from the process as they are released, none copied into its memory
-        (objects are never rewritten in place: a put renames a new file in, a delete unlinks)."""
-        if window is None:
+        (objects are never rewritten in place: a put renames a new file in, a delete unlinks).
+        Not on a network or FUSE filesystem, where a page that cannot be read in (a file another
+        host deleted, a lost server) would be a SIGBUS rather than an error: read whole there."""
+        if window is None or not self._local_disk():
             return super().read_ranged(name)
         try:
             with open(self._path(name), "rb") as f:
@@ -320,6 +324,15 @@ class FileObjects(ObjectStore):
             raise ObjectMissingError(f"{self.url}/{name} does not exist") from None
         except OSError as exc:
             raise ArchiveUnavailableError(f"reading {self.url}/{name}: {exc}") from exc
+
+    def _local_disk(self) -> bool:
+        if self._local is None:
+            try:
+                mount = mount_of(self.root, mounts())
+            except OSError:
+                mount = None
+            self._local = mount is not None and mount.fstype not in NETWORK_FS and not mount.fstype.startswith("fuse")
+        return self._local
 
     def _read(self, name: str, n: int) -> bytes:
         try:

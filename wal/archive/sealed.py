@@ -206,13 +206,16 @@ class SealedObjects(ObjectStore):
         # snapshot) of one encrypted and not compressed is decrypted as its ranges arrive,
         # authenticated once the last is in (`DecryptingRead`); any other is opened whole.
         context = CONTEXT_ARCHIVE + name.encode()
-        where = lambda: f"the archive object {name} of {self.inner.url}"  # noqa: E731
+        where: Callable[[], str] = lambda: f"the archive object {name} of {self.inner.url}"  # noqa: E731
         if window is not None:
             head = self.inner.get_head(name, HEADER_BYTES)
             if len(head) == HEADER_BYTES and head[0] == CODEC_ENCRYPTED:
                 opening = self.sealer.opening(head, context, where)
                 return DecryptingRead(self.inner.read_ranged(name, window=window), opening, where)
-            if head[:1] == bytes((CODEC_PLAIN,)) and not self.sealer.require_encrypted:
+            if head[:1] == bytes((CODEC_PLAIN,)):
+                if self.sealer.require_encrypted:  # refused before it is downloaded, not after
+                    raise SealDamagedError(f"{where()} is not encrypted, in an encrypted archive (a value put in "
+                                           "place of a ciphertext)", reason="sealed value damaged")
                 return EnvelopedRead(self.inner.read_ranged(name, window=window))
         return RangedRead(self.sealer.open(self.inner.get_large(name), context, where))
 

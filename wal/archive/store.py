@@ -43,8 +43,9 @@ _STORE_PUT = Store.put  # the C fast path (storecore.FastCommit) wrapping the Py
 _STORE_DELETE = Store.delete
 
 POLICIES = ("block", "error")
-# An archive snapshot is spooled only with room for the state's file, this much per entry (a
-# snapshot entry's header), and this margin left for the log (ArchivedStore._logical_snapshot).
+# An archive snapshot is spooled only with room for the state's live pages (not its file, which
+# keeps its free pages), this much per entry (a snapshot entry's header), and this margin left
+# for the log (ArchivedStore._logical_snapshot).
 _SPOOL_ENTRY_BYTES = 24
 _SPOOL_MARGIN_BYTES = 256 << 20
 
@@ -194,7 +195,7 @@ class ArchivedStore(Store):
         snap = self._state.snapshot()
         try:
             entries = snap.entries()
-            need = self._state.allocated_bytes() + entries * _SPOOL_ENTRY_BYTES + _SPOOL_MARGIN_BYTES
+            need = self._state.space()["state_used_bytes"] + entries * _SPOOL_ENTRY_BYTES + _SPOOL_MARGIN_BYTES
             free = shutil.disk_usage(self.path).free
             if free < need:
                 raise NoSpaceError(f"an archive snapshot of the store in {self.path} needs about {need >> 20} MiB of "

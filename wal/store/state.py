@@ -702,13 +702,6 @@ class State:
         """One read transaction over the whole state (a consistent view at its applied LSN)."""
         return StateSnapshot(self)
 
-    def allocated_bytes(self) -> int:
-        """The disk space its data file takes (allocated blocks: the map is sparse)."""
-        try:
-            return os.stat(os.path.join(self.path, DATA_FILE)).st_blocks * 512
-        except OSError as exc:
-            raise storage_error(exc, f"reading the size of {os.path.join(self.path, DATA_FILE)}") from exc
-
     # ---- the one writer ----
 
     def apply(self, batch: record.Collapsed, durable_lsn: Callable[[], int], *, background: bool = False) -> int:

@@ -1404,10 +1404,11 @@ def shipping_archive(root: str) -> tuple[str, int] | None:
 def _remove_archive_spools(root: str) -> None:
     """Delete the archive snapshots a process that died left waiting for their PUT (by any
     writer's open: the next one may never ship to that archive again)."""
-    for name in os.listdir(root):
-        if name.startswith(ARCHIVE_SPOOL_PREFIX) and name.endswith(ARCHIVE_SPOOL_SUFFIX):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(root, name))
+    with contextlib.suppress(OSError):  # best effort: a file left over never stops an open
+        for name in os.listdir(root):
+            if name.startswith(ARCHIVE_SPOOL_PREFIX) and name.endswith(ARCHIVE_SPOOL_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(root, name))
 
 
 def _unshipped_from(root: str) -> int | None:
