@@ -127,6 +127,19 @@ def test_every_backend_keeps_the_object_store_contract(tmp_path, request, kind):
         objects.put("mapped/object", view)  # a prefix of its own: the listings below do not see it
         view.release()
     assert objects.get("mapped/object") == mapped.read_bytes()
+    # A large object read in ranges (a restore's snapshot): whole, or a window at a time.
+    import wal.archive.objects as objects_module  # noqa: PLC0415
+
+    request.getfixturevalue("monkeypatch").setattr(objects_module, "RANGE_BYTES", 64 << 10)
+    for window in (None, 128 << 10):
+        read = objects.read_ranged("mapped/object", window=window)
+        read.wait(read.size)
+        assert read.size == 300_000 and bytes(memoryview(read.buffer)[:read.size]) == mapped.read_bytes()
+        if window is not None and kind != "file":  # fetched in ranges, each admitted (file:// maps it)
+            assert read.held_max > 0
+        read.close()
+    with pytest.raises(ObjectMissingError):
+        objects.read_ranged("mapped/missing", window=128 << 10)
     assert objects.get_head("snap/00000000000000000001.snap", 3) == b"rep"
     with pytest.raises(ObjectMissingError):
         objects.get_head("snap/00000000000000000009.snap", 3)

@@ -41,7 +41,7 @@ import mmap
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -236,6 +236,30 @@ class RangedRead:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _in_ranges(where: str, size: int, window: int | None,
+               get_range: Callable[[int, int], bytes | memoryview]) -> RangedRead:
+    """A `RangedRead` of an object of `size` bytes fetched by `get_range(start, end)`, RANGE_BYTES
+    at a time and RANGE_PARALLEL at once; with a `window`, into an anonymous mapping, about that
+    many bytes at a time."""
+    # Private: MADV_DONTNEED frees a private anonymous page (a shared one stays in shmem).
+    buffer: bytearray | mmap.mmap = (bytearray(size) if window is None else
+                                     mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    read = RangedRead(buffer, window=window)
+    view = memoryview(buffer)
+
+    def fetch(start: int) -> None:
+        end = min(size, start + RANGE_BYTES)
+        read.admit(start, end)
+        got = get_range(start, end)
+        if len(got) != end - start:
+            raise ArchiveUnavailableError(f"reading {where}: bytes {start}..{end} came back {len(got)} long")
+        view[start:end] = got
+
+    pool = concurrent.futures.ThreadPoolExecutor(RANGE_PARALLEL, thread_name_prefix="agentwal-get")
+    read.start([(start, pool.submit(fetch, start)) for start in range(0, size, RANGE_BYTES)], pool)
+    return read
 
 
 def fencing_refusal(objects: ObjectStore) -> str:
@@ -497,6 +521,26 @@ class S3Objects(ObjectStore):
             raise self._err(exc, "reading", name) from exc
         return body
 
+    def read_ranged(self, name: str, *, window: int | None = None) -> RangedRead:
+        """As obstore's: ranged GETs of RANGE_BYTES, RANGE_PARALLEL at once, once the object is
+        larger than one range; with a `window`, about that many bytes held at a time."""
+        try:
+            size = int(self.client.head_object(Bucket=self.bucket, Key=self.prefix + name)["ContentLength"])
+        except Exception as exc:
+            raise self._err(exc, "reading", name) from exc
+        if size <= RANGE_BYTES:
+            return RangedRead(self.get(name))
+
+        def get_range(start: int, end: int) -> bytes:
+            try:
+                got: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
+                                                    Range=f"bytes={start}-{end - 1}")["Body"].read()
+            except Exception as exc:
+                raise self._err(exc, "reading", name) from exc
+            return got
+
+        return _in_ranges(f"{self.url}/{name}", size, window, get_range)
+
     def get_head(self, name: str, n: int) -> bytes:
         try:
             body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
@@ -637,27 +681,14 @@ class ObstoreObjects(ObjectStore):
             raise self._err(exc, "reading", name) from exc
         if size <= RANGE_BYTES:
             return RangedRead(self.get(name))
-        # Private: MADV_DONTNEED frees a private anonymous page (a shared one stays in shmem).
-        buffer: bytearray | mmap.mmap = (bytearray(size) if window is None else
-                                         mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-        read = RangedRead(buffer, window=window)
-        view = memoryview(buffer)
 
-        def fetch(start: int) -> None:
-            end = min(size, start + RANGE_BYTES)
-            read.admit(start, end)
+        def get_range(start: int, end: int) -> memoryview:
             try:
-                got = memoryview(self._obstore.get_range(self.store, name, start=start, end=end))
+                return memoryview(self._obstore.get_range(self.store, name, start=start, end=end))
             except Exception as exc:
                 raise self._err(exc, "reading", name) from exc
-            if len(got) != end - start:
-                raise ArchiveUnavailableError(f"reading {self.url}/{name}: bytes {start}..{end} came back "
-                                              f"{len(got)} long")
-            view[start:end] = got
 
-        pool = concurrent.futures.ThreadPoolExecutor(RANGE_PARALLEL, thread_name_prefix="agentwal-get")
-        read.start([(start, pool.submit(fetch, start)) for start in range(0, size, RANGE_BYTES)], pool)
-        return read
+        return _in_ranges(f"{self.url}/{name}", size, window, get_range)
 
     def _metas(self, prefix: str, start_after: str | None) -> list[dict[str, Any]]:
         # Sorted here: S3 lists in name order, but not every obstore store does (a local folder).
