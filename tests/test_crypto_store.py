@@ -452,6 +452,22 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+def _watch_sealed_reads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every read a sealed archive makes for `read_ranged` from now on, in a list."""
+    from wal.archive import sealed as sealed_mod  # noqa: PLC0415
+
+    reads: list[object] = []
+    real = sealed_mod.SealedObjects.read_ranged
+
+    def watched(self: sealed_mod.SealedObjects, name: str, *, window: int | None = None) -> object:
+        read = real(self, name, window=window)
+        reads.append(read)
+        return read
+
+    monkeypatch.setattr(sealed_mod.SealedObjects, "read_ranged", watched)
+    return reads
+
+
 @pytest.mark.parametrize("damage", [None, "middle", "tag"])
 def test_an_encrypted_snapshot_is_restored_a_window_at_a_time_and_authenticated_at_its_end(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str | None) -> None:
@@ -485,15 +501,7 @@ def test_an_encrypted_snapshot_is_restored_a_window_at_a_time_and_authenticated_
         data = bytearray(snap.read_bytes())
         data[len(data) // 2 if damage == "middle" else -1] ^= 1
         snap.write_bytes(bytes(data))
-    reads: list[object] = []
-    real = sealed_mod.SealedObjects.read_ranged
-
-    def watched(self: sealed_mod.SealedObjects, name: str, *, window: int | None = None) -> object:
-        read = real(self, name, window=window)
-        reads.append(read)
-        return read
-
-    monkeypatch.setattr(sealed_mod.SealedObjects, "read_ranged", watched)
+    reads = _watch_sealed_reads(monkeypatch)
     if damage is not None:
         with pytest.raises(wal.CorruptionError, match=rf"snap/0*{lsn}\.snap"):
             wal.restore(url, tmp_path / "r", encryption=KEY)
@@ -595,7 +603,6 @@ def test_a_compressing_archive_snapshot_is_a_plain_envelope_spooled_and_restored
     envelopes already, so the object is a plain envelope (codec 0x00), written as it is spooled
     and read through the restore's window past its codec byte."""
     from wal.archive import restore as restore_mod  # noqa: PLC0415
-    from wal.archive import sealed as sealed_mod  # noqa: PLC0415
 
     window = 1 << 20
     monkeypatch.setattr(restore_mod, "_SNAPSHOT_WINDOW_BYTES", window)
@@ -609,15 +616,7 @@ def test_a_compressing_archive_snapshot_is_a_plain_envelope_spooled_and_restored
     snap = (tmp_path / "archive" / "snap" / f"{lsn:020d}.snap").read_bytes()
     assert snap[0] == CODEC_PLAIN and snap[1:9] == b"AGWALSNP"
     assert len(snap) < sum(map(len, values.values())) // 5  # its values compressed, each on its own
-    reads: list[object] = []
-    real = sealed_mod.SealedObjects.read_ranged
-
-    def watched(self: sealed_mod.SealedObjects, name: str, *, window: int | None = None) -> object:
-        read = real(self, name, window=window)
-        reads.append(read)
-        return read
-
-    monkeypatch.setattr(sealed_mod.SealedObjects, "read_ranged", watched)
+    reads = _watch_sealed_reads(monkeypatch)
     r = wal.restore(url, tmp_path / "r", lsn=lsn)
     assert r.snapshot_lsn == lsn
     with wal.open(tmp_path / "r", compression="zstd") as restored:

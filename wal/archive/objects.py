@@ -238,11 +238,14 @@ class RangedRead:
             self._pool = None
 
 
-def _in_ranges(where: str, size: int, window: int | None,
+def _in_ranges(objects: ObjectStore, name: str, size: int, window: int | None,
                get_range: Callable[[int, int], bytes | memoryview]) -> RangedRead:
-    """A `RangedRead` of an object of `size` bytes fetched by `get_range(start, end)`, RANGE_BYTES
-    at a time and RANGE_PARALLEL at once; with a `window`, into an anonymous mapping, about that
-    many bytes at a time."""
+    """A `RangedRead` of object `name` of `size` bytes: one `get` if it fits one range, else
+    fetched by `get_range(start, end)`, RANGE_BYTES at a time and RANGE_PARALLEL at once; with a
+    `window`, into an anonymous mapping, about that many bytes at a time."""
+    if size <= RANGE_BYTES:
+        return RangedRead(objects.get(name))
+    where = f"{objects.url}/{name}"
     # Private: MADV_DONTNEED frees a private anonymous page (a shared one stays in shmem).
     buffer: bytearray | mmap.mmap = (bytearray(size) if window is None else
                                      mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
@@ -528,8 +531,6 @@ class S3Objects(ObjectStore):
             size = int(self.client.head_object(Bucket=self.bucket, Key=self.prefix + name)["ContentLength"])
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
-        if size <= RANGE_BYTES:
-            return RangedRead(self.get(name))
 
         def get_range(start: int, end: int) -> bytes:
             try:
@@ -539,7 +540,7 @@ class S3Objects(ObjectStore):
                 raise self._err(exc, "reading", name) from exc
             return got
 
-        return _in_ranges(f"{self.url}/{name}", size, window, get_range)
+        return _in_ranges(self, name, size, window, get_range)
 
     def get_head(self, name: str, n: int) -> bytes:
         try:
@@ -679,8 +680,6 @@ class ObstoreObjects(ObjectStore):
             size = int(self._obstore.head(self.store, name)["size"])
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
-        if size <= RANGE_BYTES:
-            return RangedRead(self.get(name))
 
         def get_range(start: int, end: int) -> memoryview:
             try:
@@ -688,7 +687,7 @@ class ObstoreObjects(ObjectStore):
             except Exception as exc:
                 raise self._err(exc, "reading", name) from exc
 
-        return _in_ranges(f"{self.url}/{name}", size, window, get_range)
+        return _in_ranges(self, name, size, window, get_range)
 
     def _metas(self, prefix: str, start_after: str | None) -> list[dict[str, Any]]:
         # Sorted here: S3 lists in name order, but not every obstore store does (a local folder).
