@@ -34,12 +34,15 @@ def cdef_text() -> str:
 # durable (it waits for that first, as wal_log_wait at sync) and the archive holds it; else a
 # WAL_E* code from the log (WAL_EFAILED, WAL_ECLOSED, WAL_ENOSPC), WAL_EINVAL for an LSN not
 # appended, WAL_EAGAIN once the shipper stopped (wal_log_stop_archived).
-# wal_log_set_archived returns the waiters woken.
+# wal_log_set_archived returns the waiters woken (and, as wal_log_stop_archived, writes the
+# eventfd for asyncio's waiters); wal_log_archive_marks: out[0] = the archive's watermark,
+# out[1] = 1 once the shipper stopped.
 # wal_log_settled: 1 when every record appended is durable (read without the log's mutex).
 ARCHIVE_CDEF = """
 int wal_log_settled(wal_log *log);
 int wal_log_set_archived(wal_log *log, uint64_t lsn);
 void wal_log_stop_archived(wal_log *log);
+void wal_log_archive_marks(wal_log *log, uint64_t *out);
 int wal_log_wait_archived(wal_log *log, uint64_t lsn);
 """
 

@@ -319,7 +319,8 @@ static void fail(wal_log *log, int neg_errno, const char *what, uint64_t segment
  * does.
  * wal_log_set_archived makes the futex wakes after mu is released. On failure, close, or once
  * the shipper stopped (fenced, closed: wal_log_stop_archived), every waiter is woken and
- * looks again under mu. */
+ * looks again under mu. Coroutines wait for the same watermark on their loop (wal/log/log.py,
+ * _AsyncWaiters): both calls write the eventfd, and wal_log_archive_marks reads it. */
 
 /* Unlink every archive waiter whose LSN the archive holds (all of them when `everyone`) and
  * mark it woken; their words go to `wl` (up to WAKE_BATCH) or are woken at once. Returns how
@@ -347,6 +348,7 @@ int wal_log_set_archived(wal_log *log, uint64_t lsn) {
     if (lsn > log->archived) {
         log->archived = lsn;
         n = pick_awaiters(log, 0, &wl);
+        notify(log); /* asyncio's archive waiters (wal/log/log.py, _AsyncWaiters) */
     }
     pthread_mutex_unlock(&log->mu);
     wake_listed(&wl);
@@ -357,6 +359,14 @@ void wal_log_stop_archived(wal_log *log) {
     pthread_mutex_lock(&log->mu);
     log->archive_stopped = 1;
     pick_awaiters(log, 1, NULL);
+    notify(log);
+    pthread_mutex_unlock(&log->mu);
+}
+
+void wal_log_archive_marks(wal_log *log, uint64_t *out) {
+    pthread_mutex_lock(&log->mu);
+    out[0] = log->archived;
+    out[1] = (uint64_t)log->archive_stopped;
     pthread_mutex_unlock(&log->mu);
 }
 

@@ -8,6 +8,7 @@ PUT by `HeldPut` (a fault injector in front of it, as the failpoints are for the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -21,6 +22,7 @@ import wal.drill.failpoints
 from wal.archive import layout
 from wal.archive.objects import FileObjects
 from wal.archive.restore import verify
+from wal.log import record
 
 ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
 
@@ -298,3 +300,150 @@ def test_a_replicated_put_whose_fdatasync_fails_is_not_acknowledged_and_the_stor
         assert again.get("before") == b"1"
         lsn = again.put("later", b"4")
         assert again.archived_lsn >= lsn
+
+
+# ---- coroutines at `replicated` (the log's eventfd: wal/log/log.py, `until_archived`) ----------
+
+
+def test_coroutines_at_replicated_are_acknowledged_only_once_the_archive_holds_their_commits(tmp_path) -> None:
+    """50 tasks aput at a `replicated` store whose PUT from LSN 2 on is held: none is
+    acknowledged while it is held, each once its object (and every one before it) is stored, on
+    one future each (no second wait for the fdatasync); a restore holds every commit."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+    acked: list[tuple[str, int]] = []
+    early: list[int] = []
+
+    async def work(t: int) -> None:
+        for i in range(4):
+            lsn = await store.aput(f"t{t}/{i}", b"v%d" % i)
+            if store.archived_lsn < lsn:
+                early.append(lsn)
+            acked.append((f"t{t}/{i}", lsn))
+
+    async def main() -> None:
+        assert await store.aput("first", b"1") == 1
+        tasks = [asyncio.ensure_future(work(t)) for t in range(50)]
+        while objects.held is None:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert acked == [] and store.archived_lsn == 1, "acknowledged before the archive held it"
+        objects.release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    try:
+        asyncio.run(main())
+        assert len(acked) == 200 and early == []
+        assert store.stats()["archive_objects"] < 200, "every commit had an object of its own: no group"
+    finally:
+        objects.release.set()
+        store.close()
+    restored = wal.open(wal.restore(f"file://{tmp_path}/a", tmp_path / "r").path)
+    try:
+        for key, lsn in acked:
+            assert restored.version(key) == lsn
+    finally:
+        restored.close()
+
+
+def test_a_cancelled_replicated_aput_waits_for_the_archive_then_raises(tmp_path) -> None:
+    """aput's cancellation contract at `replicated`: the commit is in the log, so a task
+    cancelled while the archive holds its PUT back goes on waiting, and its CancelledError comes
+    once the archive holds the commit."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+
+    async def main() -> None:
+        await store.aput("one", b"1")
+        task = asyncio.ensure_future(store.aput("two", b"2"))
+        while objects.held is None:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0.2)
+        assert not task.done(), "the cancellation abandoned a commit already in the log"
+        objects.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        assert store.archived_lsn >= 2
+
+    try:
+        asyncio.run(main())
+    finally:
+        objects.release.set()
+        store.close()
+    assert wal.restore(f"file://{tmp_path}/a", tmp_path / "r").lsn == 2
+
+
+def test_a_coroutine_waiting_for_an_archive_that_never_answers_fails_when_the_store_closes(tmp_path) -> None:
+    """As for a thread: closing the store (its flush bounded) fails the waiting aput with
+    FailedError naming the LSN; reopened, the store ships it."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+    store._close_flush_s = 0.2
+
+    async def main() -> None:
+        await store.aput("one", b"1")
+        task = asyncio.ensure_future(store.aput("two", b"2"))
+        while objects.held is None:
+            await asyncio.sleep(0.01)
+        closing = threading.Thread(target=store.close)
+        closing.start()
+        with pytest.raises(wal.FailedError, match="stopped before LSN 2"):
+            await asyncio.wait_for(task, 30)
+        closing.join(30)
+
+    asyncio.run(main())
+    objects.release.set()
+    with wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER) as again:
+        assert again.get("two") == b"2"
+        again.put("three", b"3")
+        assert again.archived_lsn >= 3
+
+
+def test_a_replicated_aput_whose_fdatasync_fails_is_not_acknowledged_and_the_store_stops(tmp_path) -> None:
+    """The log's failure reaches a coroutine waiting for the archive (I5: FailedError), and the
+    store refuses every commit after it."""
+    store = wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER)
+
+    async def main() -> None:
+        assert await store.aput("before", b"1") == 1
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError):
+            await asyncio.wait_for(store.aput("lost", b"2"), 30)
+        with pytest.raises(wal.FailedError):
+            await store.aput("after", b"3")
+
+    try:
+        asyncio.run(main())
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.WalError):
+            store.close()
+
+
+def test_a_coroutine_waiting_at_replicated_learns_that_its_store_was_fenced(tmp_path) -> None:
+    """Another writer's object takes the name of the PUT a coroutine waits for (a follower was
+    promoted meanwhile): the aput fails with FailedError saying the store was fenced, and the
+    store refuses every commit after it."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+
+    async def main() -> None:
+        await store.aput("one", b"1")
+        task = asyncio.ensure_future(store.aput("two", b"2"))
+        while objects.held is None:
+            await asyncio.sleep(0.01)
+        now = time.time_ns() // 1_000_000
+        taken = layout.encode_log([(2, record.encode([(record.OP_PUT, b"theirs", b"2")], now, None))], os.urandom(16))
+        FileObjects(str(tmp_path / "a")).put(layout.log_name(2), taken)
+        objects.release.set()
+        with pytest.raises(wal.FailedError, match="fenced"):
+            await asyncio.wait_for(task, 30)
+        with pytest.raises(wal.FailedError, match="fenced"):
+            await store.aput("three", b"3")
+
+    try:
+        asyncio.run(main())
+    finally:
+        objects.release.set()
+        with contextlib.suppress(wal.WalError):
+            store.close()

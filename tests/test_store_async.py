@@ -10,6 +10,7 @@ behind does not let async commits queue without bound (max_unapplied holds for `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -339,3 +340,28 @@ def test_event_loops_in_several_threads_each_see_their_commits_acknowledged(tmp_
         store.close()
     assert not errors, errors
     assert len(done) == 200 and done == sorted(done)
+
+
+def test_an_aput_waiting_when_its_fdatasync_fails_gets_failed_error_and_the_store_stops(tmp_path: Path) -> None:
+    """I5 reaches a coroutine that waits on its loop: the fdatasync of its group fails, and the
+    aput raises FailedError (not ClosedError: the log failed, it was not closed); every commit
+    after it is refused."""
+    import errno  # noqa: PLC0415
+
+    import wal.drill.failpoints  # noqa: PLC0415
+
+    store = wal.open(tmp_path / "s", durability="sync")
+
+    async def main() -> None:
+        await store.aput("before", b"1")
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError, match="fdatasync"):
+            await asyncio.wait_for(store.aput("lost", b"2"), 30)
+        with pytest.raises(wal.FailedError):
+            await store.aput("after", b"3")
+
+    try:
+        asyncio.run(main())
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.WalError):
+            store.close()

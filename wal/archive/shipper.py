@@ -10,7 +10,7 @@ next object). PUTs are answered in any order; the archived LSN only moves over a
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
 and every object before it are stored. Threads wait for that in C, on the log's archive
 watermark (native/commit.c: a put at a `replicated` store waits there for its fdatasync too,
-in the same call); coroutines on a future of their loop. A PUT's thread takes its
+in the same call); coroutines on a future of their loop, woken through the log too. A PUT's thread takes its
 answer in itself (`_put_log`); at a store whose level is `replicated` it wakes the commits it
 acknowledged and gathers the next group (`_gather`: the next PUT waits, at most half a PUT's
 latency, for them to be committed again), elsewhere it sends the next PUT first. A PUT that failed is
@@ -41,11 +41,9 @@ Contracts:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import heapq
 import json
 import logging
 import math
@@ -88,16 +86,6 @@ ASSUMED_RATE = 1e6
 ASSUMED_RECORD_BYTES = 32 << 10
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
 _SNAPSHOT_SPACE_RETRY_S = 60.0  # a snapshot the disk had no room for is tried again after this
-
-
-def _resolve_futures(done: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    """In a loop's thread: resolve the futures of its coroutines that waited at `replicated`."""
-    for future, exc in done:
-        if not future.done():
-            if exc is None:
-                future.set_result(None)
-            else:
-                future.set_exception(exc)
 
 
 # How often a commit takes a lag sample (Shipper.admit): often enough that the bound it gives is
@@ -284,9 +272,6 @@ class Shipper:
         self._maint_job: concurrent.futures.Future[bool] | None = None
         self._maint_epoch = 0
         self._cond = threading.Condition()
-        # (lsn, seq, loop, future) of coroutines waiting at `replicated`, a heap by LSN.
-        self._async_waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._wait_seq = 0
         self._wake = threading.Event()
         # Gathering (`_gather`): commits released by a stored object and not yet back in a wait
         # (a hint: only ever delays a PUT, never decides what it holds), whether a PUT thread is
@@ -329,7 +314,6 @@ class Shipper:
         if self._thread.is_alive():
             self._thread.join()
         self._stop_waiters()
-        self._release_async()
         # The maintenance job under way ends (within the deadline), and a snapshot waiting for
         # the log it needs goes out now that the log is in.
         job = self._maint_job
@@ -472,43 +456,22 @@ class Shipper:
                 self._ship_lock.release()
         self._wake.set()
 
-    async def wait_archived_async(self, lsn: int) -> None:
-        """`wait_archived` for a coroutine: a future of its loop, resolved by `_publish` (no
-        thread per waiting commit, so 1,000 tasks waiting cost no threads)."""
-        if self.archived >= lsn:
-            return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        with self._cond:
-            self._wait_seq += 1
-            heapq.heappush(self._async_waiters, (lsn, self._wait_seq, loop, future))
-        self._release_async()  # published, fenced or stopped meanwhile
-        self._try_dispatch(gather=False)
-        await future
+    def kick_for(self, lsn: int, *, appended: bool = False) -> None:
+        """A coroutine's commit is about to wait for the archive to hold lsn (on its loop, through
+        the log: `Log.wait_archived_async`): have it shipped. `appended`: appended without
+        waiting, so not durable yet: a PUT thread gathers its group (`_try_dispatch`), as for a
+        thread; else (durable) the PUT is sent now if a slot is free."""
+        if self.archived < lsn or appended:
+            self._try_dispatch(gather=appended)
 
-    def _release_async(self) -> None:
-        """Resolve the futures of coroutines waiting for LSNs now archived (or fail them all once
-        fenced or stopped)."""
-        done: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        with self._cond:
-            end = self.fenced is not None or self._stop
-            while self._async_waiters and (end or self._async_waiters[0][0] <= self.archived):
-                lsn, _, loop, future = heapq.heappop(self._async_waiters)
-                done.append((lsn, loop, future))
-        # One call into each loop for all its futures: call_soon_threadsafe writes to the loop's
-        # self-pipe every time, and a PUT acknowledging 500 commits of 1,000 tasks would make
-        # 500 writes and 500 callbacks.
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
-        for lsn, loop, future in done:
-            exc: BaseException | None = None
-            if self.fenced is not None:
-                exc = FailedError(str(self.fenced))
-            elif self._stop and self.archived < lsn:
-                exc = FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
-            by_loop.setdefault(loop, []).append((future, exc))
-        for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(_resolve_futures, futures)
+    def failure_for(self, lsn: int) -> FailedError | None:
+        """Why a commit waiting for lsn will never be archived by this shipper, if it will not:
+        fenced, or stopped (closed) first."""
+        if self.fenced is not None:
+            return FailedError(str(self.fenced))
+        if self._stop and self.archived < lsn:
+            return FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+        return None
 
     def lag_ms(self) -> float:
         """Upper bound on the age of the oldest commit not yet in the archive (0 if none).
@@ -661,10 +624,10 @@ class Shipper:
         self._stop_waiters()
         with self._cond:
             self._cond.notify_all()
-        self._release_async()
 
     def _stop_waiters(self) -> None:
-        """Every thread waiting for the archive returns (fenced or stopped: `wait_archived`)."""
+        """Every thread and coroutine waiting for the archive returns (fenced or stopped:
+        `wait_archived`, `failure_for`)."""
         log = self.store._log
         if log is not None:
             log._archive_stop()
@@ -687,11 +650,10 @@ class Shipper:
         return woken
 
     def _wake_rest(self) -> None:
-        """`_wake_archived` after `_wake_threads`: coroutines, admit() and stop()."""
+        """`_wake_archived` after `_wake_threads`: admit() and stop() (coroutines are woken by
+        the same `_archive_set`, through the log's eventfd)."""
         with self._cond:
             self._cond.notify_all()
-        if self._async_waiters:
-            self._release_async()
         self.store._archived_moved(self.archived)
 
     def _dispatch(self) -> None:

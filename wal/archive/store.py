@@ -113,8 +113,7 @@ class ArchivedStore(Store):
             await self._admit_async()
             lsn = int(self._core.commit(kind, key, value, True))
             if lsn > 0:
-                await self._acknowledged_async(lsn, None)
-                await self._wait_archived_async(lsn)
+                await self._wait_archived_async(lsn, appended=True)
                 return lsn
         return await super()._commit_one_async(kind, key, value, durability)
 
@@ -151,14 +150,31 @@ class ArchivedStore(Store):
         if shipper is not None and not shipper.admits_now():
             await asyncio.to_thread(shipper.admit)  # waits (policy "block") or raises
 
-    async def _wait_archived_async(self, lsn: int) -> None:
-        shipper = self._shipper
-        assert shipper is not None
-        try:
-            await shipper.wait_archived_async(lsn)  # sends the PUT or wakes the shipper
-        except FailedError as exc:
-            self._failed(exc)
-            raise
+    async def _wait_archived_async(self, lsn: int, *, appended: bool = False) -> None:
+        """`_wait_archived` for a coroutine: one future of its loop, resolved once the commit is
+        durable and the archive holds it (`Log.wait_archived_async`; the archive only ever holds
+        durable records). `appended`: a commit appended without waiting, whose group a PUT
+        thread gathers (`Shipper.kick_for`). Cancellation as for `_acknowledged_async`: the
+        commit is in the log, so the wait goes on, shielded, and the CancelledError is raised
+        once the commit is acknowledged."""
+        shipper, log = self._shipper, self._log
+        assert shipper is not None and log is not None
+        shipper.kick_for(lsn, appended=appended)
+        cancelled: asyncio.CancelledError | None = None
+        while True:
+            try:
+                await log.wait_archived_async(lsn)
+                break
+            except asyncio.CancelledError as exc:
+                cancelled = cancelled or exc
+            except FailedError as exc:
+                failure = shipper.failure_for(lsn) or exc  # fenced or stopped: say so
+                self._failed(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
+        if cancelled is not None:
+            raise cancelled
 
     def _wait_archived(self, lsn: int, *, appended: bool = False) -> None:
         """Until the archive holds lsn; `appended`: a commit appended without waiting, whose

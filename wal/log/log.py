@@ -38,6 +38,7 @@ from wal.errors import (
     NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    WalError,
     no_descriptor_error,
     storage_error,
 )
@@ -442,6 +443,14 @@ class Log:
         """Await, without blocking the loop, until `durability` holds for `lsn`."""
         self._live()
         await self._waiters().until(lsn, self._durability.allows(durability))
+
+    async def wait_archived_async(self, lsn: int) -> None:
+        """Await, without blocking the loop, until `lsn` is durable and the archive holds it
+        (`_archive_set`): `_archive_wait` for a coroutine, one future of its loop woken through
+        the log's eventfd. FailedError once the archive's shipper stopped first
+        (`_archive_stop`), or the log's own failure."""
+        self._live()
+        await self._waiters().until_archived(lsn)
 
     def progress_async(self) -> asyncio.Future[None]:
         """A future resolved at the log's next progress (a write, an fdatasync, a failure)."""
@@ -1081,6 +1090,10 @@ class _AsyncWaiters:
         self._handle = log._handle
         self._fd = int(lib.wal_log_notify_fd(self._handle))
         self._heap: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        # (lsn, seq, future) of coroutines waiting for the archive's watermark (`until_archived`),
+        # a heap of its own: ready in LSN order, whatever the levels waited for in `_heap`.
+        self._archived_heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._archive_marks = ffi.new("uint64_t[2]")
         self._progress: list[asyncio.Future[None]] = []
         self._seq = itertools.count()
         self._marks = ffi.new("uint64_t[3]")
@@ -1097,10 +1110,11 @@ class _AsyncWaiters:
             self._loop.remove_reader(self._fd)
             self._attached = False
         err = ClosedError(f"the log in {self._log.directory} was closed while a commit awaited durability")
-        for *_, fut in self._heap:
+        for *_, fut in self._heap + self._archived_heap:
             if not fut.done():
                 fut.set_exception(err)
         self._heap.clear()
+        self._archived_heap.clear()
         self._wake_progress()
 
     def _wake_progress(self) -> None:
@@ -1133,6 +1147,14 @@ class _AsyncWaiters:
         self._attach()
         await fut
 
+    async def until_archived(self, lsn: int) -> None:
+        """Resolve once `lsn` is durable and the archive holds it (`Log.wait_archived_async`).
+        Nothing is missed, as in `until`: the archive's progress writes the eventfd too."""
+        self._attach()
+        fut: asyncio.Future[None] = self._loop.create_future()
+        heapq.heappush(self._archived_heap, (lsn, next(self._seq), fut))
+        await fut
+
     def _on_ready(self) -> None:
         try:
             os.read(self._fd, 8)  # drain the eventfd
@@ -1163,15 +1185,11 @@ class _AsyncWaiters:
             if mark >= lsn:
                 fut.set_result(None)
             elif written < lsn <= no_space_through:
-                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-                doing = f"append to the log in {self._log.directory}"
-                fut.set_exception(no_descriptor_error(doing, detail, refused_errno)
-                                  if refused_errno in (errno.EMFILE, errno.ENFILE)
-                                  else NoSpaceError(f"{doing}: {detail}"))
+                fut.set_exception(self._refused(refused_errno))
             elif failed:
                 detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
                 fut.set_exception(FailedError(f"append to the log in {self._log.directory} failed: {detail}")
-                                  if failed == lib.WAL_EFAILED else ClosedError("the log was closed"))
+                                  if failed != lib.WAL_ECLOSED else ClosedError("the log was closed"))
             else:
                 pending.append((lsn, level, seq, fut))
                 if level == lib.WAL_LEVEL_SYNC and lsn > durable:
@@ -1179,4 +1197,42 @@ class _AsyncWaiters:
                     break
         for item in pending:
             heapq.heappush(self._heap, item)
+        if self._archived_heap:
+            self._check_archived(written, durable, failed, no_space_through, refused_errno)
+
+    def _refused(self, refused_errno: int) -> WalError:
+        """What a commit the log could not write for lack of space (or of a file) gets."""
+        detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+        doing = f"append to the log in {self._log.directory}"
+        return (no_descriptor_error(doing, detail, refused_errno) if refused_errno in (errno.EMFILE, errno.ENFILE)
+                else NoSpaceError(f"{doing}: {detail}"))
+
+    def _check_archived(self, written: int, durable: int, failed: int, no_space_through: int,
+                        refused_errno: int) -> None:
+        lib.wal_log_archive_marks(self._handle, self._archive_marks)
+        archived, stopped = min(int(self._archive_marks[0]), durable), bool(self._archive_marks[1])
+        heap = self._archived_heap
+        while heap:
+            lsn, _, fut = heap[0]
+            if fut.done() or lsn <= archived:
+                heapq.heappop(heap)
+                if not fut.done():
+                    fut.set_result(None)
+            elif written < lsn <= no_space_through:  # never written, so never archived
+                heapq.heappop(heap)
+                fut.set_exception(self._refused(refused_errno))
+            else:
+                break
+        if heap and (failed or stopped):
+            if failed:
+                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+                err: WalError = (FailedError(f"append to the log in {self._log.directory} failed: {detail}")
+                                 if failed != lib.WAL_ECLOSED else ClosedError("the log was closed"))
+            else:
+                err = FailedError(f"the archive of the log in {self._log.directory} stopped before "
+                                  f"LSN {heap[0][0]} reached it")
+            for _, _, fut in heap:
+                if not fut.done():
+                    fut.set_exception(err)
+            heap.clear()
 
