@@ -98,6 +98,47 @@ def test_threads_waiting_for_the_archive_watermark_wake_once_it_holds_their_lsn(
             log._archive_wait(11)  # not appended
 
 
+def test_coroutines_waiting_for_the_archive_watermark_wake_in_lsn_order_whatever_order_they_came_in(
+        tmp_path) -> None:
+    """`Log.wait_archived_async`: a coroutine resolves once the watermark (and the log's
+    durable LSN) reaches its LSN, not before, however the waits were registered (LSN 9 before
+    2..8: a wait is placed by its LSN); stopping the watermark fails the rest with FailedError."""
+    with wal.Log.open(tmp_path, durability="sync") as log:
+        log.append_many([b"r%d" % i for i in range(1, 11)])
+        done: list[int] = []
+        failed: dict[int, BaseException] = {}
+
+        async def wait(lsn: int) -> None:
+            try:
+                await log.wait_archived_async(lsn)
+                done.append(lsn)
+            except wal.WalError as exc:
+                failed[lsn] = exc
+
+        async def until_done(n: int) -> None:
+            while len(done) < n:
+                await asyncio.sleep(0.005)
+
+        async def main() -> None:
+            tasks = [asyncio.ensure_future(wait(lsn)) for lsn in (1, 9, *range(2, 9), 10)]
+            await asyncio.sleep(0.05)
+            assert done == []
+            await asyncio.to_thread(log._archive_set, 4)
+            await asyncio.wait_for(until_done(4), 10)
+            await asyncio.sleep(0.05)
+            assert sorted(done) == [1, 2, 3, 4]
+            await asyncio.to_thread(log._archive_set, 8)
+            await asyncio.wait_for(until_done(8), 10)
+            await asyncio.sleep(0.05)
+            assert sorted(done) == list(range(1, 9)), "9 was registered second and must not go early"
+            await asyncio.to_thread(log._archive_stop)
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+        asyncio.run(main())
+        assert sorted(failed) == [9, 10]
+        assert all(isinstance(e, wal.FailedError) and "stopped before" in str(e) for e in failed.values())
+
+
 def test_archive_waiters_get_the_logs_failure_and_its_close(tmp_path) -> None:
     """A waiter learns of an fdatasync failure (I5: FailedError) or of the log closing
     (ClosedError) while it waits, rather than waiting on."""

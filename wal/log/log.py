@@ -12,6 +12,8 @@ The log knows nothing about what its payloads mean.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import contextlib
 import errno
 import fcntl
@@ -1090,9 +1092,13 @@ class _AsyncWaiters:
         self._handle = log._handle
         self._fd = int(lib.wal_log_notify_fd(self._handle))
         self._heap: list[tuple[int, int, int, asyncio.Future[None]]] = []
-        # (lsn, seq, future) of coroutines waiting for the archive's watermark (`until_archived`),
-        # a heap of its own: ready in LSN order, whatever the levels waited for in `_heap`.
-        self._archived_heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        # (lsn, future) of coroutines waiting for the archive's watermark (`until_archived`), in
+        # LSN order, apart from `_heap`: they are ready in LSN order whatever the levels waited
+        # for there. A deque, not a heap: a loop's commits register in the order they were
+        # appended (a task waits right after its append), so a wait is an append and a wake a
+        # popleft; an LSN out of order (a commit that waited for its fdatasync first) is
+        # inserted in its place.
+        self._archived: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._archive_marks = ffi.new("uint64_t[2]")
         self._progress: list[asyncio.Future[None]] = []
         self._seq = itertools.count()
@@ -1110,11 +1116,11 @@ class _AsyncWaiters:
             self._loop.remove_reader(self._fd)
             self._attached = False
         err = ClosedError(f"the log in {self._log.directory} was closed while a commit awaited durability")
-        for *_, fut in self._heap + self._archived_heap:
+        for fut in [item[-1] for item in self._heap] + [fut for _, fut in self._archived]:
             if not fut.done():
                 fut.set_exception(err)
         self._heap.clear()
-        self._archived_heap.clear()
+        self._archived.clear()
         self._wake_progress()
 
     def _wake_progress(self) -> None:
@@ -1152,7 +1158,11 @@ class _AsyncWaiters:
         Nothing is missed, as in `until`: the archive's progress writes the eventfd too."""
         self._attach()
         fut: asyncio.Future[None] = self._loop.create_future()
-        heapq.heappush(self._archived_heap, (lsn, next(self._seq), fut))
+        waiting = self._archived
+        if not waiting or waiting[-1][0] <= lsn:
+            waiting.append((lsn, fut))
+        else:
+            waiting.insert(bisect.bisect_right([w[0] for w in waiting], lsn), (lsn, fut))
         await fut
 
     def _on_ready(self) -> None:
@@ -1197,7 +1207,7 @@ class _AsyncWaiters:
                     break
         for item in pending:
             heapq.heappush(self._heap, item)
-        if self._archived_heap:
+        if self._archived:
             self._check_archived(written, durable, failed, no_space_through, refused_errno)
 
     def _refused(self, refused_errno: int) -> WalError:
@@ -1211,28 +1221,28 @@ class _AsyncWaiters:
                         refused_errno: int) -> None:
         lib.wal_log_archive_marks(self._handle, self._archive_marks)
         archived, stopped = min(int(self._archive_marks[0]), durable), bool(self._archive_marks[1])
-        heap = self._archived_heap
-        while heap:
-            lsn, _, fut = heap[0]
+        waiting = self._archived
+        while waiting:
+            lsn, fut = waiting[0]
             if fut.done() or lsn <= archived:
-                heapq.heappop(heap)
+                waiting.popleft()
                 if not fut.done():
                     fut.set_result(None)
             elif written < lsn <= no_space_through:  # never written, so never archived
-                heapq.heappop(heap)
+                waiting.popleft()
                 fut.set_exception(self._refused(refused_errno))
             else:
                 break
-        if heap and (failed or stopped):
+        if waiting and (failed or stopped):
             if failed:
                 detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
                 err: WalError = (FailedError(f"append to the log in {self._log.directory} failed: {detail}")
                                  if failed != lib.WAL_ECLOSED else ClosedError("the log was closed"))
             else:
                 err = FailedError(f"the archive of the log in {self._log.directory} stopped before "
-                                  f"LSN {heap[0][0]} reached it")
-            for _, _, fut in heap:
+                                  f"LSN {waiting[0][0]} reached it")
+            for _, fut in waiting:
                 if not fut.done():
                     fut.set_exception(err)
-            heap.clear()
+            waiting.clear()
 
