@@ -139,6 +139,51 @@ def test_coroutines_waiting_for_the_archive_watermark_wake_in_lsn_order_whatever
         assert all(isinstance(e, wal.FailedError) and "stopped before" in str(e) for e in failed.values())
 
 
+def test_a_coroutine_that_waits_after_the_event_announcing_its_lsn_was_drained_returns_at_once(tmp_path) -> None:
+    """The loop drains the log's eventfd when the watermark moves, whoever waits: a coroutine
+    that registers after that (the Python commit path waits for its fdatasync first) is
+    answered from what the loop read then, as is one that waits after the shipper stopped or
+    the log failed, rather than waiting for an event that will never come."""
+
+    async def main(log: wal.Log) -> None:
+        first = asyncio.ensure_future(log.wait_archived_async(1))
+        await asyncio.sleep(0.02)
+        await asyncio.to_thread(log._archive_set, 1)
+        await asyncio.wait_for(first, 5)
+        await asyncio.to_thread(log._archive_set, 2)
+        await asyncio.sleep(0.05)  # the loop drains that event, with nobody waiting
+        await asyncio.wait_for(log.wait_archived_async(2), 5)
+        await asyncio.to_thread(log._archive_stop)
+        await asyncio.sleep(0.05)
+        with pytest.raises(wal.FailedError, match="stopped before LSN 3"):
+            await asyncio.wait_for(log.wait_archived_async(3), 5)
+        await asyncio.wait_for(log.wait_archived_async(2), 5)  # held before it stopped
+
+    with wal.Log.open(tmp_path / "stopped", durability="sync") as log:
+        log.append_many([b"a", b"b", b"c"])
+        asyncio.run(main(log))
+
+    async def failing(log: wal.Log) -> None:
+        first = asyncio.ensure_future(log.wait_archived_async(1))
+        await asyncio.sleep(0.02)
+        await asyncio.to_thread(log._archive_set, 1)
+        await asyncio.wait_for(first, 5)
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError):
+            await asyncio.to_thread(log.append, b"b")
+        await asyncio.sleep(0.05)  # the loop drains the failure's event, with nobody waiting
+        with pytest.raises(wal.FailedError, match="failed"):
+            await asyncio.wait_for(log.wait_archived_async(2), 5)
+
+    log = wal.Log.open(tmp_path / "failed", durability="sync")
+    try:
+        log.append(b"a")
+        asyncio.run(failing(log))
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.FailedError):
+            log.close()
+
+
 def test_archive_waiters_get_the_logs_failure_and_its_close(tmp_path) -> None:
     """A waiter learns of an fdatasync failure (I5: FailedError) or of the log closing
     (ClosedError) while it waits, rather than waiting on."""

@@ -1100,6 +1100,14 @@ class _AsyncWaiters:
         # inserted in its place.
         self._archived: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._archive_marks = ffi.new("uint64_t[2]")
+        # The archive's watermark (capped at the durable LSN), whether its shipper stopped and
+        # the log's failure code, as of the last `_check`, once a coroutine of this loop has
+        # waited for the archive (`_archiving`): from then on every `_check` reads them, so a
+        # wait registered after the event that announced them (drained) is answered at once.
+        self._archiving = False
+        self._archived_mark = 0
+        self._archive_stopped = False
+        self._archive_failed = 0
         self._progress: list[asyncio.Future[None]] = []
         self._seq = itertools.count()
         self._marks = ffi.new("uint64_t[3]")
@@ -1157,6 +1165,14 @@ class _AsyncWaiters:
         """Resolve once `lsn` is durable and the archive holds it (`Log.wait_archived_async`).
         Nothing is missed, as in `until`: the archive's progress writes the eventfd too."""
         self._attach()
+        if not self._archiving:
+            self._archiving = True
+            failed = lib.wal_log_watermarks(self._handle, self._marks)  # fresher marks: harmless to `until`
+            self._read_archive_marks(int(self._marks[2]), failed)
+        if self._archived_mark >= lsn:
+            return
+        if self._archive_failed or self._archive_stopped:
+            raise self._archive_error(lsn)
         fut: asyncio.Future[None] = self._loop.create_future()
         waiting = self._archived
         if not waiting or waiting[-1][0] <= lsn:
@@ -1197,9 +1213,7 @@ class _AsyncWaiters:
             elif written < lsn <= no_space_through:
                 fut.set_exception(self._refused(refused_errno))
             elif failed:
-                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-                fut.set_exception(FailedError(f"append to the log in {self._log.directory} failed: {detail}")
-                                  if failed != lib.WAL_ECLOSED else ClosedError("the log was closed"))
+                fut.set_exception(self._failure(failed))
             else:
                 pending.append((lsn, level, seq, fut))
                 if level == lib.WAL_LEVEL_SYNC and lsn > durable:
@@ -1207,8 +1221,15 @@ class _AsyncWaiters:
                     break
         for item in pending:
             heapq.heappush(self._heap, item)
-        if self._archived:
+        if self._archiving:
             self._check_archived(written, durable, failed, no_space_through, refused_errno)
+
+    def _failure(self, failed: int) -> WalError:
+        """What a waiting commit gets from a log that failed (I5) or closed (`failed`: its code)."""
+        if failed == lib.WAL_ECLOSED:
+            return ClosedError("the log was closed")
+        detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+        return FailedError(f"append to the log in {self._log.directory} failed: {detail}")
 
     def _refused(self, refused_errno: int) -> WalError:
         """What a commit the log could not write for lack of space (or of a file) gets."""
@@ -1217,10 +1238,22 @@ class _AsyncWaiters:
         return (no_descriptor_error(doing, detail, refused_errno) if refused_errno in (errno.EMFILE, errno.ENFILE)
                 else NoSpaceError(f"{doing}: {detail}"))
 
+    def _read_archive_marks(self, durable: int, failed: int) -> None:
+        lib.wal_log_archive_marks(self._handle, self._archive_marks)
+        self._archived_mark = min(int(self._archive_marks[0]), durable)
+        self._archive_stopped = bool(self._archive_marks[1])
+        self._archive_failed = failed
+
+    def _archive_error(self, lsn: int) -> WalError:
+        """What a coroutine waiting for the archive to hold `lsn` gets once it never will."""
+        if self._archive_failed:
+            return self._failure(self._archive_failed)
+        return FailedError(f"the archive of the log in {self._log.directory} stopped before LSN {lsn} reached it")
+
     def _check_archived(self, written: int, durable: int, failed: int, no_space_through: int,
                         refused_errno: int) -> None:
-        lib.wal_log_archive_marks(self._handle, self._archive_marks)
-        archived, stopped = min(int(self._archive_marks[0]), durable), bool(self._archive_marks[1])
+        self._read_archive_marks(durable, failed)
+        archived = self._archived_mark
         waiting = self._archived
         while waiting:
             lsn, fut = waiting[0]
@@ -1233,16 +1266,9 @@ class _AsyncWaiters:
                 fut.set_exception(self._refused(refused_errno))
             else:
                 break
-        if waiting and (failed or stopped):
-            if failed:
-                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-                err: WalError = (FailedError(f"append to the log in {self._log.directory} failed: {detail}")
-                                 if failed != lib.WAL_ECLOSED else ClosedError("the log was closed"))
-            else:
-                err = FailedError(f"the archive of the log in {self._log.directory} stopped before "
-                                  f"LSN {waiting[0][0]} reached it")
-            for _, fut in waiting:
+        if waiting and (failed or self._archive_stopped):
+            for lsn, fut in waiting:
                 if not fut.done():
-                    fut.set_exception(err)
+                    fut.set_exception(self._archive_error(lsn))
             waiting.clear()
 
