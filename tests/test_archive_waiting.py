@@ -300,6 +300,41 @@ def test_a_held_put_holds_back_every_commit_it_carries_and_those_behind_it_share
     assert verify(f"file://{tmp_path}/a").ok
 
 
+def test_a_gather_ends_once_the_commits_it_released_are_appended_again_and_durable(tmp_path) -> None:
+    """The next group's PUT waits for the commits the last stored object released to be
+    committed again (`Shipper._gather`): the last of them to append wakes the gathering
+    thread, which waits for their fdatasync and sends them, one object for all of them. With
+    the gather's own bound made 60 s, 8 threads x 6 commits finish long before one bound could
+    pass, and each group object after the first carries the 8 commits of a round."""
+    store = wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER)
+    shipper = store._shipper
+    assert shipper is not None
+    shipper._gather_s = lambda: 60.0  # type: ignore[method-assign]
+    go = threading.Barrier(8)
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        go.wait()
+        for i in range(6):
+            lsn = store.put(f"t{t}/{i}", b"v")
+            with lock:
+                done.append(lsn)
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(50)
+        assert sorted(done) == list(range(1, 49)), "a gather waited for its bound"
+        # One round's 8 commits per object once the threads run in step (the first objects may
+        # split a round: the threads start one by one).
+        assert shipper.counters["archive_objects"] <= 16
+    finally:
+        store.close()
+
+
 def test_threads_waiting_for_an_archive_that_never_answers_fail_when_the_store_closes(tmp_path) -> None:
     """The object store never answers the PUT a thread waits for: closing the store (its flush
     bounded) wakes the thread with FailedError, the commit durable locally but not acknowledged

@@ -273,10 +273,11 @@ class Shipper:
         self._maint_epoch = 0
         self._cond = threading.Condition()
         self._wake = threading.Event()
-        # Gathering (`_gather`): commits released by a stored object and not yet back in a wait
-        # (a hint: only ever delays a PUT, never decides what it holds), whether a PUT thread is
-        # gathering the next group, and the event that tells it the group is complete.
-        self._returning = 0
+        # Gathering (`_gather`): the appended LSN at which every thread the last stored object
+        # released has committed again (the appended LSN before the wake plus the threads woken:
+        # a hint, it only ever delays a PUT, never decides what it holds), whether a PUT thread
+        # is gathering the next group, and the event the commit that reaches the target sets.
+        self._gather_target = 0
         self._gathering = False
         self._gathered = threading.Event()
         self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather)
@@ -346,6 +347,8 @@ class Shipper:
         a Condition, a heap push, a lock and two wakes of other threads, all with the GIL."""
         if self.archived >= lsn and not appended:
             return
+        if self._gathering and lsn >= self._gather_target:
+            self._gathered.set()  # the last of the commits the gather waits for
         self._try_dispatch()
         log = self.store._log
         if log is None:
@@ -356,36 +359,28 @@ class Shipper:
             if self.fenced is not None:  # the store stopped because it was fenced: say so
                 raise FailedError(str(self.fenced)) from self.fenced
             raise
-        finally:
-            self._returned()
         if held:
             return
         if self.fenced is not None:
             raise FailedError(str(self.fenced)) from self.fenced
         raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
 
-    def _returned(self) -> None:
-        """A commit released by a stored object runs again (its waiter came back). The last of
-        them completes a gather that waited only for them."""
-        self._returning = max(0, self._returning - 1)
-        if self._returning == 0 and self._gathering and self._group_complete():
-            self._gathered.set()
-
     def _group_complete(self) -> bool:
-        """Nothing is on its way into the next group: every commit the last stored object
-        released is back (or gone), and every record appended is durable (no commit is between
-        its append and its fdatasync)."""
-        if self._returning > 0:
-            return False
+        """Every commit the last stored object released is appended again (`_gather_target`);
+        the gather then waits for their fdatasync."""
         log = self.store._log
-        return log is None or log._settled()
+        return log is None or log.watermarks.appended >= self._gather_target
 
     def _gather_s(self) -> float:
         return max(_GATHER_MIN_S, min(_GATHER_MAX_S, _GATHER_PART * self._put_ewma))
 
     def _gather(self) -> None:
         """In a PUT thread with a slot free: wait until the next group is complete
-        (`_group_complete`), at most a fraction of a PUT's latency, then send it.
+        (`_group_complete`: the commit that completes it sets `_gathered`), at most a fraction
+        of a PUT's latency, then for its fdatasync (`Log.wait`: the one its commits lead or
+        follow), then send it. The fdatasync's end is waited for here because nothing in Python
+        sees it (it ends in C, in a committer or the flusher): a gather that waited for the log
+        to settle had nobody to wake it then, and mostly ran to its bound.
 
         Why: with one PUT in flight, sending the next PUT the moment one is answered splits the
         committers in two halves that alternate (one half in the PUT, the other committing
@@ -406,7 +401,10 @@ class Shipper:
                     if left <= 0:
                         break
                     self._gathered.wait(left)
-                self._returning = 0
+                log = self.store._log
+                if log is not None and self.store._failure is None:
+                    # The group's records durable: the fdatasync its commits lead or follow.
+                    log.wait(min(self._gather_target, log.watermarks.appended))
                 with self._ship_lock:
                     sent = self._dispatched
                     self._dispatch()
@@ -424,7 +422,6 @@ class Shipper:
             self._wake.set()
         finally:
             self._gathering = False
-            self._returning = 0
 
     def _try_dispatch(self, *, gather: bool = True) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
@@ -437,10 +434,9 @@ class Shipper:
         if len(self._inflight) + len(self._stored) >= self.puts_in_flight:
             return
         if self._gathering:
-            if self._group_complete():
-                self._gathered.set()
             return
-        if gather and self.store._replicated and self._resolve is None and not self._group_complete():
+        log = self.store._log
+        if gather and self.store._replicated and self._resolve is None and log is not None and not log._settled():
             # Commits are on their way into this group: a PUT thread gathers them, then sends.
             self._gathering = True
             self._pool.submit(self._gather)
@@ -645,8 +641,11 @@ class Shipper:
     def _wake_threads(self) -> int:
         """Wake the threads whose commits the archived LSN now covers; how many."""
         log = self.store._log
-        woken = log._archive_set(self.archived) if log is not None else 0
-        self._returning += woken
+        if log is None:
+            return 0
+        before = log.watermarks.appended
+        woken = log._archive_set(self.archived)
+        self._gather_target = before + woken
         return woken
 
     def _wake_rest(self) -> None:
