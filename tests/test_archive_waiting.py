@@ -467,6 +467,41 @@ def test_coroutines_at_replicated_are_acknowledged_only_once_the_archive_holds_t
         restored.close()
 
 
+def test_no_replicated_commit_is_left_for_the_shipper_threads_round(tmp_path, monkeypatch) -> None:
+    """Every `replicated` commit's group is sent by a PUT thread or by the commit itself, never
+    left to the shipper thread's periodic round: with that round made 60 s, 300 awaited aputs
+    one after another (each kicks a gather that may be ending as it appends) and 8 threads'
+    puts beside them all return, each well within the 20 s it is given."""
+    from wal.archive.shipper import Shipper  # noqa: PLC0415
+
+    monkeypatch.setattr(Shipper, "period", property(lambda self: 60.0))
+    store = wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(40):
+                store.put(f"t{t}/{i}", b"v")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    async def main() -> None:
+        for i in range(300):
+            await asyncio.wait_for(store.aput(f"a{i}", b"v"), 20)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    try:
+        for th in threads:
+            th.start()
+        asyncio.run(main())
+        for th in threads:
+            th.join(60)
+        assert errors == [] and not any(th.is_alive() for th in threads)
+        assert store.archived_lsn == 300 + 8 * 40
+    finally:
+        store.close()
+
+
 def test_a_cancelled_replicated_aput_waits_for_the_archive_then_raises(tmp_path) -> None:
     """aput's cancellation contract at `replicated`: the commit is in the log, so a task
     cancelled while the archive holds its PUT back goes on waiting, and its CancelledError comes

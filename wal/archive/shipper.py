@@ -403,8 +403,10 @@ class Shipper:
                     self._gathered.wait(left)
                 log = self.store._log
                 if log is not None and self.store._failure is None:
-                    # The group's records durable: the fdatasync its commits lead or follow.
-                    log.wait(min(self._gather_target, log.watermarks.appended))
+                    # The group is what is appended now: its records durable (the fdatasync its
+                    # commits lead or follow), then sent. Coroutines' commits, which no target
+                    # counts, too: else a gather that found them not durable yet sent nothing.
+                    log.wait(log.watermarks.appended)
                 with self._ship_lock:
                     sent = self._dispatched
                     self._dispatch()
@@ -419,9 +421,24 @@ class Shipper:
                         or log.watermarks.appended <= self._dispatched:
                     break
         except Exception:  # the shipper thread meets it again and handles it
-            self._wake.set()
-        finally:
             self._gathering = False
+            self._wake.set()
+        else:
+            self._end_gathering()
+
+    def _end_gathering(self) -> None:
+        """`_gathering` off, then one more look. A commit appended while it was on found a gather
+        under way and left its group to it (`_try_dispatch`); if the gather ended without it,
+        the commit would wait for the shipper thread's next round (a quarter of archive_rpo_ms).
+        The commit reads `_gathering` after its append and this reads the appended LSN after
+        clearing it, so one of the two sees the other."""
+        self._gathering = False
+        log = self.store._log
+        if log is None or self._stop or self.fenced is not None or self.store._failure is not None \
+                or time.monotonic() < self._retry_at:
+            return
+        if log.watermarks.appended > self._dispatched:
+            self._try_dispatch()
 
     def _try_dispatch(self, *, gather: bool = True) -> None:
         """Send the PUTs due now from this thread if no other is at it, else wake the shipper.
@@ -776,7 +793,7 @@ class Shipper:
                     if idle and log is not None and log.watermarks.appended > self._dispatched:
                         self._gather()  # commits appended without waiting are on their way
                     else:
-                        self._gathering = False
+                        self._end_gathering()
                 if self._tail:  # the shipper thread deletes an earlier writer's unfinished tail
                     self._wake.set()
                 return None
