@@ -10,10 +10,11 @@ next object). PUTs are answered in any order; the archived LSN only moves over a
 of stored objects (`_harvest`), so a `replicated` commit is acknowledged only once its object
 and every object before it are stored. Threads wait for that in C, on the log's archive
 watermark (native/commit.c: a put at a `replicated` store waits there for its fdatasync too,
-in the same call); coroutines on a future of their loop, woken through the log too. A PUT's thread takes its
-answer in itself (`_put_log`); at a store whose level is `replicated` it wakes the commits it
-acknowledged and gathers the next group (`_gather`: the next PUT waits, at most half a PUT's
-latency, for them to be committed again), elsewhere it sends the next PUT first. A PUT that failed is
+in the same call); coroutines on a future of their loop that the same watermark resolves
+(`Log.wait_archived_async`). A PUT's thread takes its answer in itself (`_put_log`); at a store
+whose level is `replicated` it wakes the commits it acknowledged and gathers the next group
+(`_gather`: the next PUT waits, at most half a PUT's latency, for them to be committed again
+and durable), elsewhere it sends the next PUT first. A PUT that failed is
 retried with the same name and bytes (names stay immutable). Beside it, one maintenance job
 at a time in its own thread: a logical snapshot of the state (one LMDB read transaction,
 shipped once the log objects reach its LSN, so a snapshot never holds what the archive's log
