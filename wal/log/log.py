@@ -450,8 +450,7 @@ class Log:
         """Await, without blocking the loop, until `lsn` is durable and the archive holds it
         (`_archive_set`): `_archive_wait` for a coroutine, one future of its loop woken through
         the log's eventfd. FailedError once the archive's shipper stopped first
-        (`_archive_stop`); the log's own failure (FailedError), close (ClosedError) or lack of
-        space for the record (NoSpaceError)."""
+        (`_archive_stop`), or the log's own failure."""
         self._live()
         await self._waiters().until_archived(lsn)
 
@@ -1125,40 +1124,11 @@ class _AsyncWaiters:
             self._loop.remove_reader(self._fd)
             self._attached = False
         err = ClosedError(f"the log in {self._log.directory} was closed while a commit awaited durability")
-        heap, self._heap = self._heap, []
-        archived, self._archived = list(self._archived), collections.deque()
-        answers: list[tuple[asyncio.Future[None], BaseException | None]] = [(item[-1], err) for item in heap]
-        if archived:
-            # The archive's waiters get what the archive's final marks say (the store's shipper
-            # stopped before its log closes): a commit it holds is acknowledged, one it never
-            # will hold gets why. A blanket ClosedError told a caller that the commit failed
-            # (and a retry would make it twice) when the archive held it.
-            failed = lib.wal_log_watermarks(self._handle, self._marks)
-            lib.wal_log_archive_marks(self._handle, self._archive_marks)
-            held = min(int(self._archive_marks[0]), int(self._marks[2]))
-            self._archived_mark, self._archive_stopped = held, bool(self._archive_marks[1])
-            self._archive_failed = failed
-            answers += [(fut, None if lsn <= held else self._archive_error(lsn) if self._archive_stopped or failed
-                         else err) for lsn, fut in archived]
-        # On the loop's own thread: a future is the loop's to resolve (set from another thread,
-        # it neither wakes the loop nor is safe against the loop resolving it at the same time).
-        try:
-            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is not self._loop and self._loop.is_running():
-            with contextlib.suppress(RuntimeError):  # closed meanwhile: nobody runs it any more
-                self._loop.call_soon_threadsafe(self._settle, answers)
-                return
-        self._settle(answers)
-
-    def _settle(self, answers: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-        for fut, exc in answers:
+        for fut in [item[-1] for item in self._heap] + [fut for _, fut in self._archived]:
             if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
+                fut.set_exception(err)
+        self._heap.clear()
+        self._archived.clear()
         self._wake_progress()
 
     def _wake_progress(self) -> None:
