@@ -502,6 +502,16 @@ def test_no_replicated_commit_is_left_for_the_shipper_threads_round(tmp_path, mo
         store.close()
 
 
+async def _second_aput_held(store: wal.Store, objects: HeldPut) -> asyncio.Future[int]:
+    """aput "one" (LSN 1, archived), then start aput "two" and return its task once `objects`
+    holds its PUT (`HeldPut(..., hold_from=2)`)."""
+    await store.aput("one", b"1")
+    task = asyncio.ensure_future(store.aput("two", b"2"))
+    while objects.held is None:
+        await asyncio.sleep(0.01)
+    return task
+
+
 def test_a_cancelled_replicated_aput_waits_for_the_archive_then_raises(tmp_path) -> None:
     """aput's cancellation contract at `replicated`: the commit is in the log, so a task
     cancelled while the archive holds its PUT back goes on waiting, and its CancelledError comes
@@ -510,10 +520,7 @@ def test_a_cancelled_replicated_aput_waits_for_the_archive_then_raises(tmp_path)
     store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
 
     async def main() -> None:
-        await store.aput("one", b"1")
-        task = asyncio.ensure_future(store.aput("two", b"2"))
-        while objects.held is None:
-            await asyncio.sleep(0.01)
+        task = await _second_aput_held(store, objects)
         task.cancel()
         await asyncio.sleep(0.2)
         assert not task.done(), "the cancellation abandoned a commit already in the log"
@@ -538,10 +545,7 @@ def test_a_coroutine_waiting_for_an_archive_that_never_answers_fails_when_the_st
     store._close_flush_s = 0.2
 
     async def main() -> None:
-        await store.aput("one", b"1")
-        task = asyncio.ensure_future(store.aput("two", b"2"))
-        while objects.held is None:
-            await asyncio.sleep(0.01)
+        task = await _second_aput_held(store, objects)
         closing = threading.Thread(target=store.close)
         closing.start()
         with pytest.raises(wal.FailedError, match="stopped before LSN 2"):
@@ -584,10 +588,7 @@ def test_a_coroutine_waiting_at_replicated_learns_that_its_store_was_fenced(tmp_
     store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
 
     async def main() -> None:
-        await store.aput("one", b"1")
-        task = asyncio.ensure_future(store.aput("two", b"2"))
-        while objects.held is None:
-            await asyncio.sleep(0.01)
+        task = await _second_aput_held(store, objects)
         now = time.time_ns() // 1_000_000
         taken = layout.encode_log([(2, record.encode([(record.OP_PUT, b"theirs", b"2")], now, None))], os.urandom(16))
         FileObjects(str(tmp_path / "a")).put(layout.log_name(2), taken)

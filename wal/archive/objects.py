@@ -532,23 +532,19 @@ class S3Objects(ObjectStore):
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
 
-        def get_range(start: int, end: int) -> bytes:
-            try:
-                got: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
-                                                    Range=f"bytes={start}-{end - 1}")["Body"].read()
-            except Exception as exc:
-                raise self._err(exc, "reading", name) from exc
-            return got
-
-        return _in_ranges(self, name, size, window, get_range)
+        return _in_ranges(self, name, size, window, lambda start, end: self._get_range(name, start, end))
 
     def get_head(self, name: str, n: int) -> bytes:
+        return self._get_range(name, 0, n)
+
+    def _get_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of object `name`: one ranged GET."""
         try:
-            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
-                                                 Range=f"bytes=0-{n - 1}")["Body"].read()
+            got: bytes = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name,
+                                                Range=f"bytes={start}-{end - 1}")["Body"].read()
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
-        return body
+        return got
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[tuple[str, int]]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix}
