@@ -488,6 +488,44 @@ def test_lag_over_the_bound_holds_commits_back_with_policy_block(tmp_path):
         assert done.is_set() and s.stats()["archive_lag_ms"] <= 150
 
 
+class UnansweredLogPuts(FileObjects):
+    """A file:// archive whose log objects' PUTs wait for `answer`: an object store down from
+    the store's open on, as far as the log is concerned."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.answer = threading.Event()
+
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        if name.startswith(layout.LOG_PREFIX):
+            assert self.answer.wait(60), "never answered"
+        super().put(name, data, create_only=create_only)
+
+
+def test_small_commits_made_before_the_first_object_is_stored_are_admitted_for_their_own_bytes(tmp_path):
+    """Before any object is stored nothing about the object store is measured, and policy
+    "block" assumes a slow one; the records waiting are counted at the log's own size. Assumed
+    32 KiB each, 1,400 small `sync` commits were taken for 45 s of shipping, and every commit
+    after them waited for an object store that was down from the start."""
+    objects = UnansweredLogPuts(str(tmp_path / "a"))
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=60_000) as s:
+        done: list[int] = []
+
+        def commit() -> None:
+            for i in range(4000):
+                done.append(s.put(f"k{i}", b"v" * 20))
+
+        t = threading.Thread(target=commit, daemon=True)
+        t.start()
+        t.join(60)
+        try:
+            assert len(done) == 4000, f"commits were held back after {len(done)}"
+            assert s.stats()["archived_lsn"] == 0  # none of it shipped: the object store never answered
+        finally:
+            objects.answer.set()
+        wait_until(lambda: s.stats()["archived_lsn"] == 4000, 30)
+
+
 # ---- replicated ----------------------------------------------------------------------------
 
 

@@ -286,6 +286,17 @@ class Log:
         lib.wal_log_watermarks(h, out)
         return LogWatermarks(int(out[0]), int(out[1]), int(out[2]))
 
+    def bytes_per_record(self) -> float | None:
+        """The mean size in the log of the records this process has written to the OS (framing
+        included), None before its first write: what the records not yet written will likely
+        take, known locally, without waiting for anything else to measure it."""
+        if self._handle is None or self._forked:
+            return None
+        s = ffi.new("wal_log_stats *")
+        lib.wal_log_get_stats(self._live(), s)
+        records = int(s.written_lsn) - self._report.last_lsn
+        return s.bytes_written / records if records > 0 and s.bytes_written else None
+
     @property
     def native_address(self) -> int:
         """The address of the C handle while this log takes appends (0 when read-only, closed or
