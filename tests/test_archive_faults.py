@@ -82,6 +82,8 @@ def test_object_store_killed_and_restarted_during_commits(tmp_path, s3_server: W
         time.sleep(0.5)
     finally:
         stop.set()
+        if s3_server.proc is None:  # a failed assertion above: the tests after this one need it
+            s3_server.start()
         t.join(60)
     assert not t.is_alive()
     last = lsns[-1]

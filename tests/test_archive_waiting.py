@@ -310,6 +310,7 @@ def test_a_gather_ends_once_the_commits_it_released_are_appended_again_and_durab
     shipper = store._shipper
     assert shipper is not None
     shipper._gather_s = lambda: 60.0  # type: ignore[method-assign]
+    started = time.monotonic()
     go = threading.Barrier(8)
     done: list[int] = []
     lock = threading.Lock()
@@ -327,7 +328,8 @@ def test_a_gather_ends_once_the_commits_it_released_are_appended_again_and_durab
             th.start()
         for th in threads:
             th.join(50)
-        assert sorted(done) == list(range(1, 49)), "a gather waited for its bound"
+        assert sorted(done) == list(range(1, 49))
+        assert time.monotonic() - started < 45, "a gather waited for its 60 s bound"
         # One round's 8 commits per object once the threads run in step (the first objects may
         # split a round: the threads start one by one).
         assert shipper.counters["archive_objects"] <= 16
@@ -558,6 +560,65 @@ def test_a_coroutine_waiting_for_an_archive_that_never_answers_fails_when_the_st
         assert again.get("two") == b"2"
         again.put("three", b"3")
         assert again.archived_lsn >= 3
+
+
+def test_a_store_closed_from_a_coroutine_acknowledges_the_commits_its_archive_took_meanwhile(tmp_path) -> None:
+    """`store.close()` called on the loop's own thread (as in a `finally`) while a coroutine's
+    PUT is held: the PUT is stored during close's flush, so the waiting aput returns its LSN
+    (not ClosedError, which would tell its caller to commit again)."""
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
+
+    async def main() -> int:
+        await store.aput("one", b"1")
+        task = asyncio.ensure_future(store.aput("two", b"2"))
+        while objects.held is None:
+            await asyncio.sleep(0.01)
+        threading.Timer(0.3, objects.release.set).start()
+        store.close()  # blocks the loop: its flush waits for the PUT
+        assert store.archived_lsn == 2
+        return await asyncio.wait_for(task, 10)
+
+    try:
+        assert asyncio.run(main()) == 2
+    finally:
+        objects.release.set()
+        store.close()
+
+
+def test_a_store_closed_from_another_thread_acknowledges_every_waiting_coroutine_its_archive_took(tmp_path) -> None:
+    """Closed from another thread while 200 coroutines wait at `replicated`, the archive taking
+    their group during close's flush: each aput returns its LSN, whether the loop runs during
+    the close or is held until the log has closed. The loop's waiters are answered
+    on the loop's thread; answered from the closing thread, they raced the loop (a deque
+    mutated while iterated, a future resolved twice) and could leave the log locked."""
+    for round_no in range(6):
+        objects = HeldPut(str(tmp_path / f"a{round_no}"), hold_from=2)
+        store = wal.open(tmp_path / f"s{round_no}", durability="replicated", archive=objects, **ONE_WRITER)
+
+        async def main(store: wal.Store = store, objects: HeldPut = objects, round_no: int = round_no) -> list[int]:
+            await store.aput("first", b"1")
+            tasks = [asyncio.ensure_future(store.aput(f"k{i}", b"v")) for i in range(200)]
+            while objects.held is None:
+                await asyncio.sleep(0.005)
+            closing = threading.Thread(target=store.close)
+            closing.start()
+            threading.Timer(0.05, objects.release.set).start()
+            if round_no % 2:
+                closing.join(30)  # the loop held until the log has closed: its waiters wait for detach
+                assert not closing.is_alive()
+            lsns = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            closing.join(30)
+            assert not closing.is_alive()
+            return lsns
+
+        try:
+            assert sorted(asyncio.run(main())) == list(range(2, 202))
+        finally:
+            objects.release.set()
+            store.close()
+        with wal.open(tmp_path / f"s{round_no}") as again:  # closed whole: its lock released
+            assert again.get("k199") == b"v"
 
 
 def test_a_replicated_aput_whose_fdatasync_fails_is_not_acknowledged_and_the_store_stops(tmp_path) -> None:

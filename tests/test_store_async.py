@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import wal
+from wal.log.log import _AsyncWaiters
 
 TASKS = 1000
 LEVELS = [("sync", None), ("interval", 50), ("buffered", 50)]
@@ -340,6 +341,61 @@ def test_event_loops_in_several_threads_each_see_their_commits_acknowledged(tmp_
         store.close()
     assert not errors, errors
     assert len(done) == 200 and done == sorted(done)
+
+
+def test_a_loop_whose_first_wait_comes_after_another_loop_drained_its_commits_progress_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop's first wait reads the log's marks when its waiters are made and attaches its
+    reader after; another loop may drain, in between, the eventfd write announcing that the
+    commit is durable, and it wakes only loops attached by then. Forced here: the new loop's
+    marks say nothing is durable, and the idle loop has drained the event, before it attaches."""
+    store = wal.open(tmp_path)
+    log = store._log
+    assert log is not None
+    idle_loop: list[asyncio.AbstractEventLoop] = []
+    idle_attached = threading.Event()
+    release = threading.Event()
+
+    async def idle() -> None:
+        await store.aput("idle", b"x")
+        idle_loop.append(asyncio.get_running_loop())
+        idle_attached.set()
+        while not release.is_set():
+            await asyncio.sleep(0.001)
+
+    attach = _AsyncWaiters._attach
+
+    def late_attach(self: _AsyncWaiters) -> None:
+        if not self._attached and self._loop not in idle_loop:
+            self._marks[1] = self._marks[2] = 0  # read before the commit was durable
+            idle_waiters = log._async[idle_loop[0]]
+            deadline = time.monotonic() + 10
+            while idle_waiters._marks[2] < log.watermarks.appended:  # it drained the event, then read
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        attach(self)
+
+    done: list[int] = []
+
+    def commit() -> None:
+        async def one() -> None:
+            done.append(await store.aput("k", b"v"))
+        asyncio.run(one())
+
+    idler = threading.Thread(target=asyncio.run, args=(idle(),))
+    idler.start()
+    committer = threading.Thread(target=commit, daemon=True)  # a lost wake-up leaves it asleep
+    try:
+        assert idle_attached.wait(10)
+        monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
+        committer.start()
+        committer.join(10)
+        assert done == [2], "the commit's waiter slept through progress another loop drained"
+    finally:
+        release.set()
+        idler.join()
+        store.close()
+        committer.join(10)
 
 
 def test_an_aput_waiting_when_its_fdatasync_fails_gets_failed_error_and_the_store_stops(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ watermark (native/commit.c: a put at a `replicated` store waits there for its fd
 in the same call); coroutines on a future of their loop that the same watermark resolves
 (`Log.wait_archived_async`). A PUT's thread takes its answer in itself (`_put_log`); at a store
 whose level is `replicated` it wakes the commits it acknowledged and gathers the next group
-(`_gather`: the next PUT waits, at most half a PUT's latency, for them to be committed again
-and durable), elsewhere it sends the next PUT first. A PUT that failed is
+(`_gather`: the next PUT waits, at most half a PUT's latency, for them to be committed again,
+then for their fdatasync), elsewhere it sends the next PUT first. A PUT that failed is
 retried with the same name and bytes (names stay immutable). Beside it, one maintenance job
 at a time in its own thread: a logical snapshot of the state (one LMDB read transaction,
 shipped once the log objects reach its LSN, so a snapshot never holds what the archive's log
@@ -380,7 +380,7 @@ class Shipper:
 
     def _gather(self) -> None:
         """In a PUT thread with a slot free: wait until the next group is complete
-        (`_group_complete`: the commit that completes it sets `_gathered`), at most a fraction
+        (`_group_complete`: the thread's commit that completes it sets `_gathered`), at most a fraction
         of a PUT's latency, then for its fdatasync (`Log.wait`: the one its commits lead or
         follow), then send it. The fdatasync's end is waited for here because nothing in Python
         sees it (it ends in C, in a committer or the flusher): a gather that waited for the log
@@ -433,7 +433,7 @@ class Shipper:
     def _end_gathering(self) -> None:
         """`_gathering` off, then one more look. A commit appended while it was on found a gather
         under way and left its group to it (`_try_dispatch`); if the gather ended without it,
-        the commit would wait for the shipper thread's next round (a quarter of archive_rpo_ms).
+        the commit would wait for the shipper thread's next round (`period`: up to 250 ms).
         The commit reads `_gathering` after its append and this reads the appended LSN after
         clearing it, so one of the two sees the other."""
         self._gathering = False

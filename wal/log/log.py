@@ -461,7 +461,8 @@ class Log:
         """Await, without blocking the loop, until `lsn` is durable and the archive holds it
         (`_archive_set`): `_archive_wait` for a coroutine, one future of its loop woken through
         the log's eventfd. FailedError once the archive's shipper stopped first
-        (`_archive_stop`), or the log's own failure."""
+        (`_archive_stop`); the log's own failure (FailedError), close (ClosedError) or lack of
+        space for the record (NoSpaceError)."""
         self._live()
         await self._waiters().until_archived(lsn)
 
@@ -607,10 +608,10 @@ class Log:
         self._closed = True
         self._writer = None
         self._scan_resume.kept = None  # the newest segment's map (its fd) goes with the last reader
-        for waiters in self._async.values():
-            waiters.detach()
-        self._async.clear()
+        waiting, self._async = list(self._async.values()), {}
         if self._forked or self._pid != os.getpid():
+            for waiters in waiting:
+                waiters.detach(closed=False)  # the C state is the parent's: not read here
             # The parent still owns the lock and the C state: only drop our copy of the fd.
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -619,6 +620,9 @@ class Log:
         if self._handle is not None:
             rc = lib.wal_log_close(self._handle)
             detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+        for waiters in waiting:
+            waiters.detach(closed=self._handle is not None)
+        if self._handle is not None:
             # Not freed here: another thread may be inside a call with this handle right now
             # (the closed log answers it with WAL_ECLOSED). Freed with the Log object, in __del__,
             # when no method of it can be running.
@@ -1128,16 +1132,65 @@ class _AsyncWaiters:
     def _attach(self) -> None:
         if not self._attached:
             self._loop.add_reader(self._fd, self._on_ready)
+            # Attached, then the marks read again: another loop that drains the eventfd wakes
+            # only loops attached by then (`_on_ready`), so progress it drained before this
+            # line is in these marks, and progress after it wakes this loop. The marks read at
+            # construction alone missed progress drained in between: a commit's first wait on
+            # this loop then slept for good.
             self._attached = True
+            lib.wal_log_watermarks(self._handle, self._marks)
 
-    def detach(self) -> None:
+    def detach(self, closed: bool) -> None:
+        """The log closed (`closed`: its handle is closed, so its watermarks are final) or this
+        process is a fork of the one that owns it: answer every waiter of this loop, on the
+        loop's own thread. A future is the loop's to resolve: set from another thread it neither
+        wakes the loop nor is safe against the loop resolving it at the same moment, and the
+        waiters' lists are the loop's too.
+
+        A commit the final marks cover is acknowledged: close writes and fdatasyncs everything
+        appended, and the store's shipper stopped before its log closed (the archive's marks are
+        final as well). One they do not cover gets why (the log's failure, the archive stopped
+        before it) or ClosedError. A blanket ClosedError told a caller whose commit close made
+        durable, or the archive took during the store's close, to commit it again."""
+        marks, archive_marks = ffi.new("uint64_t[3]"), ffi.new("uint64_t[2]")
+        failed = int(lib.WAL_ECLOSED)
+        if closed:  # read here: the log's handle is never freed while this object lives
+            failed = lib.wal_log_watermarks(self._handle, marks)
+            lib.wal_log_archive_marks(self._handle, archive_marks)
+        final = (int(marks[1]), int(marks[2]), min(int(archive_marks[0]), int(marks[2])), bool(archive_marks[1]),
+                 failed)
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is not self._loop and self._loop.is_running():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: nobody awaits its futures
+                self._loop.call_soon_threadsafe(self._close_out, *final)
+            return
+        self._close_out(*final)
+
+    def _close_out(self, written: int, durable: int, archived: int, archive_stopped: bool, failed: int) -> None:
+        """`detach`'s answers, on the loop's thread, from the log's final marks."""
         if self._attached:
             self._loop.remove_reader(self._fd)
             self._attached = False
-        err = ClosedError(f"the log in {self._log.directory} was closed while a commit awaited durability")
-        for fut in [item[-1] for item in self._heap] + [fut for _, fut in self._archived]:
+        self._marks[1], self._marks[2] = written, durable
+        self._archived_mark, self._archive_stopped = archived, archive_stopped
+        self._archive_failed = 0 if failed == lib.WAL_ECLOSED else failed
+        for lsn, level, _, fut in self._heap:
             if not fut.done():
-                fut.set_exception(err)
+                if (durable if level == lib.WAL_LEVEL_SYNC else written) >= lsn:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(self._failure(failed))
+        for lsn, fut in self._archived:
+            if not fut.done():
+                if lsn <= archived:
+                    fut.set_result(None)
+                elif self._archive_failed or archive_stopped:
+                    fut.set_exception(self._archive_error(lsn))
+                else:
+                    fut.set_exception(self._failure(failed))
         self._heap.clear()
         self._archived.clear()
         self._wake_progress()
