@@ -621,6 +621,30 @@ def test_a_store_closed_from_another_thread_acknowledges_every_waiting_coroutine
             assert again.get("k199") == b"v"
 
 
+def test_a_commit_the_archive_took_after_the_durable_lsn_was_read_is_acknowledged_not_failed(tmp_path) -> None:
+    """A loop reads the log's watermarks, then the archive's marks. Between the two the archive
+    may take a commit past the durable LSN read (made durable and shipped meanwhile), and its
+    shipper may then stop (the store closing): that commit is held, not one it never will."""
+    log = wal.Log.open(tmp_path / "log", durability="sync")
+    try:
+        async def main() -> None:
+            await log.append_async(b"one")
+            waiters = log._waiters()
+            lsn = log.append(b"two")
+            log.wait(lsn)
+            log._archive_set(lsn)
+            log._archive_stop()
+            fut = asyncio.get_running_loop().create_future()
+            waiters._archived.append((lsn, fut))
+            waiters._check_archived(written=lsn - 1, durable=lsn - 1, failed=0, no_space_through=0,
+                                    refused_errno=0)  # the watermarks as read before the archive took it
+            assert fut.done() and fut.exception() is None, fut
+
+        asyncio.run(main())
+    finally:
+        log.close()
+
+
 def test_a_replicated_aput_whose_fdatasync_fails_is_not_acknowledged_and_the_store_stops(tmp_path) -> None:
     """The log's failure reaches a coroutine waiting for the archive (I5: FailedError), and the
     store refuses every commit after it."""

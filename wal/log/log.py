@@ -1303,7 +1303,15 @@ class _AsyncWaiters:
                 else NoSpaceError(f"{doing}: {detail}"))
 
     def _read_archive_marks(self, durable: int, failed: int) -> None:
+        """The archive's marks, after the watermarks (`durable`, `failed`) were read."""
         lib.wal_log_archive_marks(self._handle, self._archive_marks)
+        if int(self._archive_marks[0]) > durable:
+            # The archive only ever holds durable records: the watermarks, read first, are older
+            # than what it took since. Read them again, or a commit it took in between, past the
+            # stale durable LSN, would be failed as one it never will take once its shipper
+            # stopped (and its caller, told so, would commit it twice).
+            failed = lib.wal_log_watermarks(self._handle, self._marks)
+            durable = int(self._marks[2])
         self._archived_mark = min(int(self._archive_marks[0]), durable)
         self._archive_stopped = bool(self._archive_marks[1])
         self._archive_failed = failed
