@@ -728,7 +728,10 @@ class Store:
         CancelledError reaches the caller -- a cancellation that arrives once the commit has
         its LSN waits, shielded, for the commit's level and is raised after it -- or, when the
         cancellation came before that (while waiting for back-pressure to ease), never will.
-        Either way the store holds what the caller can learn by reading after the error."""
+        Either way the store holds what the caller can learn by reading after the error.
+        At `replicated` the level is the archive's too: while the object store is down, a
+        cancelled aput waits for it to hold the commit, for the store to close (FailedError,
+        naming the LSN not shipped) or to be fenced, as a thread's put does."""
         return await self._commit_one_async(record.OP_PUT, key, value, durability)
 
     async def adelete(self, key: bytes | str, *, durability: str | None = None) -> int:
