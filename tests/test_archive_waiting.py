@@ -589,9 +589,10 @@ def test_a_store_closed_from_a_coroutine_acknowledges_the_commits_its_archive_to
 def test_a_store_closed_from_another_thread_acknowledges_every_waiting_coroutine_its_archive_took(tmp_path) -> None:
     """Closed from another thread while 200 coroutines wait at `replicated`, the archive taking
     their group during close's flush: each aput returns its LSN, whether the loop runs during
-    the close or is held until the log has closed. The loop's waiters are answered
-    on the loop's thread; answered from the closing thread, they raced the loop (a deque
-    mutated while iterated, a future resolved twice) and could leave the log locked."""
+    the close or is held until the log has closed (then only the close's answers, from the
+    final marks, can tell it; they told it ClosedError), and the log's lock is released. The
+    answers are given on the loop's thread; that they no longer race the loop is by
+    construction, which this test does not force."""
     for round_no in range(6):
         objects = HeldPut(str(tmp_path / f"a{round_no}"), hold_from=2)
         store = wal.open(tmp_path / f"s{round_no}", durability="replicated", archive=objects, **ONE_WRITER)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 import wal
+import wal.drill.failpoints
 from wal.log.log import _AsyncWaiters
 
 TASKS = 1000
@@ -421,3 +423,133 @@ def test_an_aput_waiting_when_its_fdatasync_fails_gets_failed_error_and_the_stor
         wal.drill.failpoints.clear()
         with contextlib.suppress(wal.WalError):
             store.close()
+
+
+def test_a_wait_after_the_loop_saw_the_log_fail_raises_at_once_rather_than_wait_for_good(tmp_path: Path) -> None:
+    """A cancelled aput waits again, shielded (`Store._acknowledged_async`); when the cancellation
+    landed in the loop iteration in which its future got the log's failure, that second wait
+    comes after the only event the failure makes. It must fail at once, not register and sleep."""
+    store = wal.open(tmp_path / "s", durability="sync")
+    log = store._log
+    assert log is not None
+
+    async def main() -> None:
+        await store.aput("warm", b"0")
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO), pytest.raises(wal.FailedError, match="fdatasync"):
+            await asyncio.wait_for(store.aput("k", b"v"), 30)
+        with pytest.raises(wal.FailedError, match="fdatasync"):
+            await asyncio.wait_for(log.wait_async(log.watermarks.appended), 10)
+
+    try:
+        asyncio.run(main())
+    finally:
+        wal.drill.failpoints.clear()
+        with contextlib.suppress(wal.WalError):
+            store.close()
+
+
+def test_a_cancelled_aput_that_waits_again_after_the_store_closed_gets_its_commits_outcome(tmp_path: Path) -> None:
+    """Closed from another thread while the loop is busy, then the aput cancelled before the
+    loop ran the close's answers: its shielded wait starts again on a closed log, and the final
+    marks answer it (the commit is durable: CancelledError, the contract's "it took effect"),
+    not ClosedError, which tells the caller to commit again."""
+    store = wal.open(tmp_path, durability="sync")
+
+    async def main() -> None:
+        await store.aput("warm", b"0")
+        task = asyncio.ensure_future(store.aput("k", b"v"))
+        for _ in range(3):
+            await asyncio.sleep(0)  # waiting on its future
+        closing = threading.Thread(target=store.close)
+        closing.start()
+        closing.join(30)  # the loop held meanwhile
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    with wal.open(tmp_path) as again:
+        assert again.get("k") == b"v"
+
+
+def test_a_loop_whose_first_wait_comes_after_another_loop_drained_the_logs_failure_gets_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for progress, so for a failure: the idle loop drains the eventfd write announcing that
+    the log failed before the committer's loop attaches; the committer's aput still gets
+    FailedError instead of sleeping for good."""
+    store = wal.open(tmp_path, durability="sync")
+    log = store._log
+    assert log is not None
+    idle_loop: list[asyncio.AbstractEventLoop] = []
+    idle_attached, release, drained = threading.Event(), threading.Event(), threading.Event()
+
+    async def idle() -> None:
+        await store.aput("idle", b"x")
+        idle_loop.append(asyncio.get_running_loop())
+        idle_attached.set()
+        while not release.is_set():
+            await asyncio.sleep(0.001)
+
+    on_ready, attach = _AsyncWaiters._on_ready, _AsyncWaiters._attach
+
+    def watching_on_ready(self: _AsyncWaiters) -> None:
+        on_ready(self)
+        if self._loop in idle_loop and self._failed:
+            drained.set()  # the idle loop drained the failure's event
+
+    def late_attach(self: _AsyncWaiters) -> None:
+        if not self._attached and self._loop not in idle_loop:
+            assert drained.wait(10)
+        attach(self)
+
+    outcome: list[object] = []
+
+    def commit() -> None:
+        async def one() -> None:
+            try:
+                outcome.append(await store.aput("k", b"v"))
+            except wal.WalError as exc:
+                outcome.append(exc)
+        asyncio.run(one())
+
+    monkeypatch.setattr(_AsyncWaiters, "_on_ready", watching_on_ready)  # before the idle loop attaches it
+    idler = threading.Thread(target=asyncio.run, args=(idle(),))
+    idler.start()
+    committer = threading.Thread(target=commit, daemon=True)  # a lost wake-up leaves it asleep
+    try:
+        assert idle_attached.wait(10)
+        monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
+        with wal.drill.failpoints.failpoint("fsync", errno.EIO):
+            committer.start()
+            committer.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
+    finally:
+        wal.drill.failpoints.clear()
+        release.set()
+        idler.join()
+        with contextlib.suppress(wal.WalError):
+            store.close()
+        committer.join(10)
+
+
+def test_a_log_closed_after_the_loop_waiting_on_it_closes_releases_its_lock(tmp_path: Path) -> None:
+    """A loop closed while one of its tasks waits on the log (its futures can no longer be
+    resolved): closing the log neither raises nor keeps the directory locked."""
+    log = wal.Log.open(tmp_path, durability="sync")
+    loop = asyncio.new_event_loop()
+
+    async def waiter() -> None:
+        while True:
+            await log.progress_async()
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def start() -> None:
+        tasks.append(asyncio.ensure_future(waiter()))
+        await asyncio.sleep(0.05)
+
+    loop.run_until_complete(start())
+    loop.close()
+    log.close()
+    with wal.Log.open(tmp_path, durability="sync") as again:
+        assert again.watermarks.appended == 0

@@ -503,6 +503,9 @@ class Shipper:
         now = time.monotonic()
         appended = log.watermarks.appended
         archived = self.archived
+        # Until the first object is stored, the log's own bytes per record (outside the lock: a
+        # call into C that takes the log's mutex).
+        local_record = log.bytes_per_record() if self.policy == "block" and not self._record_bytes else None
         with self._cond:
             self._samples.append((appended, now))
             self._sampled_at = now
@@ -511,7 +514,7 @@ class Shipper:
                 self._samples.popleft()
             rate, record = self._ship_rate, self._record_bytes
             if self.policy == "block":
-                rate, record = rate or ASSUMED_RATE, record or log.bytes_per_record() or ASSUMED_RECORD_BYTES
+                rate, record = rate or ASSUMED_RATE, record or local_record or ASSUMED_RECORD_BYTES
             self._drain_ms = (appended - archived) * record / rate * 1000 if rate else 0.0
             if appended <= archived:
                 return 0.0

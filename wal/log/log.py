@@ -61,6 +61,17 @@ _open_logs: weakref.WeakSet[Log] = weakref.WeakSet()
 _logger = logging.getLogger("wal.log.log")  # under the "wal" logger: recovery summaries, torn tails, lost LSNs
 
 
+class _FinalMarks(NamedTuple):
+    """A closed log's watermarks, read once its close is done (`Log._after_close`)."""
+
+    written: int
+    durable: int
+    archived: int  # the archive's watermark, capped at durable
+    archive_stopped: bool
+    failed: int  # the log's failure code, WAL_ECLOSED if none
+    detail: str
+
+
 class LogWatermarks(NamedTuple):
     appended: int  # last LSN handed out
     written: int  # last LSN written to the OS (survives a process kill)
@@ -132,6 +143,8 @@ class Log:
         self._writer: Any = handle
         self._writer_address = handle_address(handle) if handle is not None else 0
         self._async: dict[asyncio.AbstractEventLoop, _AsyncWaiters] = {}
+        self._closing = False  # close under way or done (`_closed_waits`)
+        self._final: _FinalMarks | None = None  # set by close, once its handle is closed
         # This log's own reads (_ReadCache): the archive's shipper reads the newest records
         # again and again, and must not re-validate, nor map again, the whole segment each time.
         self._scan_resume = _ReadCache()
@@ -290,10 +303,11 @@ class Log:
         """The mean size in the log of the records this process has written to the OS (framing
         included), None before its first write: what the records not yet written will likely
         take, known locally, without waiting for anything else to measure it."""
-        if self._handle is None or self._forked:
+        h = self._handle
+        if h is None or self._forked or self._closed:
             return None
         s = ffi.new("wal_log_stats *")
-        lib.wal_log_get_stats(self._live(), s)
+        lib.wal_log_get_stats(h, s)  # the handle outlives close (freed with this object)
         records = int(s.written_lsn) - self._report.last_lsn
         return s.bytes_written / records if records > 0 and s.bytes_written else None
 
@@ -453,18 +467,58 @@ class Log:
         return False  # not reached: check raised
 
     async def wait_async(self, lsn: int, *, durability: str | None = None) -> None:
-        """Await, without blocking the loop, until `durability` holds for `lsn`."""
-        self._live()
-        await self._waiters().until(lsn, self._durability.allows(durability))
+        """Await, without blocking the loop, until `durability` holds for `lsn`. On a closed
+        log, answered from its final marks (`_after_close`)."""
+        level = self._durability.allows(durability)
+        if self._closed_waits(lsn, level):
+            return
+        await self._waiters().until(lsn, level)
 
     async def wait_archived_async(self, lsn: int) -> None:
         """Await, without blocking the loop, until `lsn` is durable and the archive holds it
         (`_archive_set`): `_archive_wait` for a coroutine, one future of its loop woken through
         the log's eventfd. FailedError once the archive's shipper stopped first
         (`_archive_stop`); the log's own failure (FailedError), close (ClosedError) or lack of
-        space for the record (NoSpaceError)."""
-        self._live()
+        space for the record (NoSpaceError). On a closed log, answered from its final marks."""
+        if self._closed_waits(lsn, None):
+            return
         await self._waiters().until_archived(lsn)
+
+    def _closed_waits(self, lsn: int, level: int | None) -> bool:
+        """Before a coroutine's wait for `lsn` (`level`; None: the archive): True if this closed
+        log's final marks cover it, its failure if they do not. A wait while close is under way
+        goes on (False): its loop's waiters are answered once the close is done. Otherwise the
+        log's state as `_live` reports it. A cancelled commit waits again
+        (`Store._acknowledged_async`): with a ClosedError here, a commit that close made durable
+        was reported as not made."""
+        if self._final is not None:
+            outcome = self._after_close(lsn, level)
+            if outcome is not None:
+                raise outcome
+            return True
+        if not (self._closed and self._closing):
+            self._live()
+        return False
+
+    def _after_close(self, lsn: int, level: int | None) -> WalError | None:
+        """What a wait for `lsn` (`level`; None: the archive) gets from this closed log's final
+        marks: None if they cover it (close writes and fdatasyncs everything appended, and the
+        store's shipper stopped before its log closed), else why not."""
+        final = self._final
+        if final is None:  # a forked child's copy: nothing of the parent's is read
+            return ClosedError(f"the log in {self._dir} was closed while a commit awaited durability")
+        if level is None:
+            covered = lsn <= final.archived
+        else:
+            covered = level == lib.WAL_LEVEL_BUFFERED or lsn <= (
+                final.durable if level == lib.WAL_LEVEL_SYNC else final.written)
+        if covered:
+            return None
+        if final.failed and final.failed != lib.WAL_ECLOSED:
+            return FailedError(f"append to the log in {self._dir} failed: {final.detail}")
+        if level is None and final.archive_stopped:
+            return FailedError(f"the archive of the log in {self._dir} stopped before LSN {lsn} reached it")
+        return ClosedError(f"the log in {self._dir} was closed while a commit awaited durability")
 
     def progress_async(self) -> asyncio.Future[None]:
         """A future resolved at the log's next progress (a write, an fdatasync, a failure)."""
@@ -472,6 +526,8 @@ class Log:
         return self._waiters().progress()
 
     def _waiters(self) -> _AsyncWaiters:
+        if self._handle is None:
+            self._live()  # raises: closed, forked or read-only
         loop = asyncio.get_running_loop()
         w = self._async.get(loop)
         if w is None:
@@ -608,29 +664,42 @@ class Log:
         self._closed = True
         self._writer = None
         self._scan_resume.kept = None  # the newest segment's map (its fd) goes with the last reader
-        waiting, self._async = list(self._async.values()), {}
         if self._forked or self._pid != os.getpid():
-            for waiters in waiting:
-                waiters.detach(closed=False)  # the C state is the parent's: not read here
-            # The parent still owns the lock and the C state: only drop our copy of the fd.
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
+            waiting, self._async = list(self._async.values()), {}
+            try:
+                for waiters in waiting:
+                    waiters.detach()  # ClosedError: the C state is the parent's, not read here
+            finally:
+                # The parent still owns the lock and the C state: only drop our copy of the fd.
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)
             return
         rc = 0
-        if self._handle is not None:
-            rc = lib.wal_log_close(self._handle)
-            detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-        for waiters in waiting:
-            waiters.detach(closed=self._handle is not None)
-        if self._handle is not None:
-            # Not freed here: another thread may be inside a call with this handle right now
-            # (the closed log answers it with WAL_ECLOSED). Freed with the Log object, in __del__,
-            # when no method of it can be running.
-            self._closed_handle = self._handle
-            self._handle = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        try:
+            if self._handle is not None:
+                self._closing = True  # coroutines' waits go on until the final marks are read
+                rc = lib.wal_log_close(self._handle)
+                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+                marks, archive_marks = ffi.new("uint64_t[3]"), ffi.new("uint64_t[2]")
+                failed = lib.wal_log_watermarks(self._handle, marks)
+                lib.wal_log_archive_marks(self._handle, archive_marks)
+                self._final = _FinalMarks(int(marks[1]), int(marks[2]), min(int(archive_marks[0]), int(marks[2])),
+                                          bool(archive_marks[1]), failed, detail)
+            # After the final marks: a loop's waiters made during the close are answered too,
+            # and a wait after this line is answered from the marks (`_closed_waits`).
+            waiting, self._async = list(self._async.values()), {}
+            for waiters in waiting:
+                waiters.detach()
+        finally:
+            if self._handle is not None:
+                # Not freed here: another thread may be inside a call with this handle right now
+                # (the closed log answers it with WAL_ECLOSED). Freed with the Log object, in
+                # __del__, when no method of it can be running.
+                self._closed_handle = self._handle
+                self._handle = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
         if rc != 0:
             raise FailedError(f"closing the log in {self._dir}: it had stopped after a failure ({detail}); "
                               "reopen it to recover every acknowledged commit")
@@ -1124,6 +1193,8 @@ class _AsyncWaiters:
         self._archive_stopped = False
         self._archive_failed = 0
         self._progress: list[asyncio.Future[None]] = []
+        self._failed = 0  # the log's failure code as of the last `_check` (a wait after it fails at once)
+        self._closed_out = False  # `_close_out` ran: every later wait is answered from the final marks
         self._seq = itertools.count()
         self._marks = ffi.new("uint64_t[3]")
         lib.wal_log_watermarks(self._handle, self._marks)  # after notify_fd: later progress is an event
@@ -1132,68 +1203,61 @@ class _AsyncWaiters:
     def _attach(self) -> None:
         if not self._attached:
             self._loop.add_reader(self._fd, self._on_ready)
-            # Attached, then the marks read again: another loop that drains the eventfd wakes
-            # only loops attached by then (`_on_ready`), so progress it drained before this
-            # line is in these marks, and progress after it wakes this loop. The marks read at
-            # construction alone missed progress drained in between: a commit's first wait on
-            # this loop then slept for good.
+            # Attached, then the marks read again, and a check once this callback is done:
+            # another loop that drains the eventfd wakes only loops attached by then
+            # (`_on_ready`), so an event it drained before this line (progress, a failure, a
+            # refusal for lack of space) is in these marks or found by that check, and one after
+            # it wakes this loop. Without them, a first wait on this loop slept through such an
+            # event for good.
             self._attached = True
             lib.wal_log_watermarks(self._handle, self._marks)
+            self._loop.call_soon(self._check)
 
-    def detach(self, closed: bool) -> None:
-        """The log closed (`closed`: its handle is closed, so its watermarks are final) or this
-        process is a fork of the one that owns it: answer every waiter of this loop, on the
-        loop's own thread. A future is the loop's to resolve: set from another thread it neither
-        wakes the loop nor is safe against the loop resolving it at the same moment, and the
-        waiters' lists are the loop's too.
-
-        A commit the final marks cover is acknowledged: close writes and fdatasyncs everything
-        appended, and the store's shipper stopped before its log closed (the archive's marks are
-        final as well). One they do not cover gets why (the log's failure, the archive stopped
-        before it) or ClosedError. A blanket ClosedError told a caller whose commit close made
-        durable, or the archive took during the store's close, to commit it again."""
-        marks, archive_marks = ffi.new("uint64_t[3]"), ffi.new("uint64_t[2]")
-        failed = int(lib.WAL_ECLOSED)
-        if closed:  # read here: the log's handle is never freed while this object lives
-            failed = lib.wal_log_watermarks(self._handle, marks)
-            lib.wal_log_archive_marks(self._handle, archive_marks)
-        final = (int(marks[1]), int(marks[2]), min(int(archive_marks[0]), int(marks[2])), bool(archive_marks[1]),
-                 failed)
+    def detach(self) -> None:
+        """The log closed (`Log.close`, its final marks read) or this process is a fork of the one
+        that owns it: answer every waiter of this loop, on the loop's own thread. A future is
+        the loop's to resolve: set from another thread it neither wakes the loop nor is safe
+        against the loop resolving it at the same moment, and the waiters' lists are the loop's
+        too. Each gets what `Log._after_close` says: a commit the final marks cover is
+        acknowledged (a blanket ClosedError told a caller whose commit close made durable, or the
+        archive took during the store's close, to commit it again)."""
+        if self._loop.is_closed():
+            return  # nobody awaits its futures any more
         try:
             here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         if here is not self._loop and self._loop.is_running():
             with contextlib.suppress(RuntimeError):  # closed meanwhile: nobody awaits its futures
-                self._loop.call_soon_threadsafe(self._close_out, *final)
+                self._loop.call_soon_threadsafe(self._close_out)
             return
-        self._close_out(*final)
+        self._close_out()
 
-    def _close_out(self, written: int, durable: int, archived: int, archive_stopped: bool, failed: int) -> None:
-        """`detach`'s answers, on the loop's thread, from the log's final marks."""
+    def _close_out(self) -> None:
+        """`detach`'s answers, on the loop's thread. A wait registered later (a coroutine between
+        its check of the log and its registration, on this object or on one made during the
+        close) is answered as it registers (`until`, `until_archived`)."""
+        self._closed_out = True
         if self._attached:
             self._loop.remove_reader(self._fd)
             self._attached = False
-        self._marks[1], self._marks[2] = written, durable
-        self._archived_mark, self._archive_stopped = archived, archive_stopped
-        self._archive_failed = 0 if failed == lib.WAL_ECLOSED else failed
+        after_close = self._log._after_close
         for lsn, level, _, fut in self._heap:
             if not fut.done():
-                if (durable if level == lib.WAL_LEVEL_SYNC else written) >= lsn:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(self._failure(failed))
+                self._answer(fut, after_close(lsn, level))
         for lsn, fut in self._archived:
             if not fut.done():
-                if lsn <= archived:
-                    fut.set_result(None)
-                elif self._archive_failed or archive_stopped:
-                    fut.set_exception(self._archive_error(lsn))
-                else:
-                    fut.set_exception(self._failure(failed))
+                self._answer(fut, after_close(lsn, None))
         self._heap.clear()
         self._archived.clear()
         self._wake_progress()
+
+    @staticmethod
+    def _answer(fut: asyncio.Future[None], outcome: BaseException | None) -> None:
+        if outcome is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(outcome)
 
     def _wake_progress(self) -> None:
         for fut in self._progress:
@@ -1208,21 +1272,27 @@ class _AsyncWaiters:
         return fut
 
     async def until(self, lsn: int, level: int) -> None:
-        """Resolve once `level` holds for `lsn`, an LSN this loop has just enqueued.
+        """Resolve once `level` holds for `lsn` (mostly an LSN this loop has just enqueued; also
+        one waited for again after a cancellation, or another commit's).
 
-        No C call here (each would release the GIL): the watermarks cached by the last
-        `_on_ready` answer the rare early case; otherwise register. Nothing is missed: any
-        progress past `lsn` happens after its enqueue, and its eventfd write stays readable
-        until `_on_ready` drains it -- which runs on this loop, so after the registration.
+        No C call here (each would release the GIL): the marks and failure cached by the last
+        check answer the early cases; otherwise register. Nothing is missed: progress or a
+        failure after that check writes the eventfd, which stays readable until an
+        `_on_ready` drains it -- this loop's, after the registration, or another attached
+        loop's, which then schedules this loop's check (`_attach` covers a loop not yet
+        attached).
         """
         if level == lib.WAL_LEVEL_BUFFERED:
             return
         self._attach()
         if (self._marks[2] if level == lib.WAL_LEVEL_SYNC else self._marks[1]) >= lsn:
             return
+        if self._failed:  # seen by an earlier check: no event will come again for it
+            raise self._failure(self._failed)
         fut: asyncio.Future[None] = self._loop.create_future()
         heapq.heappush(self._heap, (lsn, level, next(self._seq), fut))
-        self._attach()
+        if self._closed_out or self._log._final is not None:
+            self._answer(fut, self._log._after_close(lsn, level))
         await fut
 
     async def until_archived(self, lsn: int) -> None:
@@ -1243,6 +1313,8 @@ class _AsyncWaiters:
             waiting.append((lsn, fut))
         else:
             waiting.insert(bisect.bisect_right([w[0] for w in waiting], lsn), (lsn, fut))
+        if self._closed_out or self._log._final is not None:
+            self._answer(fut, self._log._after_close(lsn, None))
         await fut
 
     def _on_ready(self) -> None:
@@ -1263,6 +1335,9 @@ class _AsyncWaiters:
         """Resolve what the watermarks now allow (on this loop)."""
         self._wake_progress()
         failed = lib.wal_log_watermarks(self._handle, self._marks)
+        if failed == lib.WAL_ECLOSED:
+            failed = 0  # closed whole (everything appended durable): `detach` answers from the final marks
+        self._failed = failed
         written, durable = int(self._marks[1]), int(self._marks[2])
         no_space_through = int(lib.wal_log_write_failed_through(self._handle))
         refused_errno = int(lib.wal_log_write_failed_errno(self._handle)) if no_space_through else 0
@@ -1314,7 +1389,7 @@ class _AsyncWaiters:
             durable = int(self._marks[2])
         self._archived_mark = min(int(self._archive_marks[0]), durable)
         self._archive_stopped = bool(self._archive_marks[1])
-        self._archive_failed = failed
+        self._archive_failed = 0 if failed == lib.WAL_ECLOSED else failed  # closed: `detach` answers
 
     def _archive_error(self, lsn: int) -> WalError:
         """What a coroutine waiting for the archive to hold `lsn` gets once it never will."""
@@ -1338,7 +1413,7 @@ class _AsyncWaiters:
                 fut.set_exception(self._refused(refused_errno))
             else:
                 break
-        if waiting and (failed or self._archive_stopped):
+        if waiting and (self._archive_failed or self._archive_stopped):
             for lsn, fut in waiting:
                 if not fut.done():
                     fut.set_exception(self._archive_error(lsn))
