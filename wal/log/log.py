@@ -470,7 +470,7 @@ class Log:
         """Await, without blocking the loop, until `durability` holds for `lsn`. On a closed
         log, answered from its final marks (`_after_close`)."""
         level = self._durability.allows(durability)
-        if self._closed_waits(lsn, level):
+        if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, level):
             return
         await self._waiters().until(lsn, level)
 
@@ -480,15 +480,16 @@ class Log:
         the log's eventfd. FailedError once the archive's shipper stopped first
         (`_archive_stop`); the log's own failure (FailedError), close (ClosedError) or lack of
         space for the record (NoSpaceError). On a closed log, answered from its final marks."""
-        if self._closed_waits(lsn, None):
+        if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, None):
             return
         await self._waiters().until_archived(lsn)
 
     def _closed_waits(self, lsn: int, level: int | None) -> bool:
-        """Before a coroutine's wait for `lsn` (`level`; None: the archive): True if this closed
-        log's final marks cover it, its failure if they do not. A wait while close is under way
-        goes on (False): its loop's waiters are answered once the close is done. Otherwise the
-        log's state as `_live` reports it. A cancelled commit waits again
+        """Before a coroutine's wait for `lsn` (`level`; None: the archive), on a log that is
+        closed, read-only or forked: True if this closed log's final marks cover it, its failure
+        if they do not. A wait while close is under way goes on (False): its loop's waiters are
+        answered once the close is done. Otherwise the log's state as `_live` reports it
+        (ClosedError, ReadOnlyError, LockedError in a fork). A cancelled commit waits again
         (`Store._acknowledged_async`): with a ClosedError here, a commit that close made durable
         was reported as not made."""
         if self._final is not None:
