@@ -454,12 +454,17 @@ def test_a_cancelled_aput_that_waits_again_after_the_store_closed_gets_its_commi
     marks answer it (the commit is durable: CancelledError, the contract's "it took effect"),
     not ClosedError, which tells the caller to commit again."""
     store = wal.open(tmp_path, durability="sync")
+    log = store._log
+    assert log is not None
 
     async def main() -> None:
         await store.aput("warm", b"0")
+        wal.drill.failpoints.slow("fsync", 0.3)  # the aput still waits when it is cancelled
         task = asyncio.ensure_future(store.aput("k", b"v"))
-        for _ in range(3):
-            await asyncio.sleep(0)  # waiting on its future
+        waiters = log._async[asyncio.get_running_loop()]
+        while not waiters._heap:  # its future registered
+            await asyncio.sleep(0)
+        assert not task.done()
         closing = threading.Thread(target=store.close)
         closing.start()
         closing.join(30)  # the loop held meanwhile
@@ -467,7 +472,10 @@ def test_a_cancelled_aput_that_waits_again_after_the_store_closed_gets_its_commi
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        wal.drill.failpoints.clear()
     with wal.open(tmp_path) as again:
         assert again.get("k") == b"v"
 

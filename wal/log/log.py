@@ -472,7 +472,13 @@ class Log:
         level = self._durability.allows(durability)
         if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, level):
             return
-        await self._waiters().until(lsn, level)
+        try:
+            waiters = self._waiters()
+        except ClosedError:  # closed since the check above: answered from the final marks
+            if self._final is None or not self._closed_waits(lsn, level):
+                raise
+            return
+        await waiters.until(lsn, level)
 
     async def wait_archived_async(self, lsn: int) -> None:
         """Await, without blocking the loop, until `lsn` is durable and the archive holds it
@@ -482,16 +488,25 @@ class Log:
         space for the record (NoSpaceError). On a closed log, answered from its final marks."""
         if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, None):
             return
-        await self._waiters().until_archived(lsn)
+        try:
+            waiters = self._waiters()
+        except ClosedError:  # closed since the check above: answered from the final marks
+            if self._final is None or not self._closed_waits(lsn, None):
+                raise
+            return
+        await waiters.until_archived(lsn)
 
     def _closed_waits(self, lsn: int, level: int | None) -> bool:
         """Before a coroutine's wait for `lsn` (`level`; None: the archive), on a log that is
-        closed, read-only or forked: True if this closed log's final marks cover it, its failure
-        if they do not. A wait while close is under way goes on (False): its loop's waiters are
-        answered once the close is done. Otherwise the log's state as `_live` reports it
-        (ClosedError, ReadOnlyError, LockedError in a fork). A cancelled commit waits again
+        closed, read-only or forked: LockedError in a fork (the C state is the parent's); True if
+        this closed log's final marks cover it, its failure if they do not. A wait while close is
+        under way (`_closing` is set before `_closed`) goes on (False): its loop's waiters are
+        answered once the final marks are read. Otherwise the log's state as `_live` reports it
+        (ClosedError, ReadOnlyError). A cancelled commit waits again
         (`Store._acknowledged_async`): with a ClosedError here, a commit that close made durable
         was reported as not made."""
+        if self._forked:
+            self._live()  # LockedError: the C state is the parent's
         if self._final is not None:
             outcome = self._after_close(lsn, level)
             if outcome is not None:
@@ -527,15 +542,16 @@ class Log:
         return self._waiters().progress()
 
     def _waiters(self) -> _AsyncWaiters:
-        if self._handle is None:
-            self._live()  # raises: closed, forked or read-only
         loop = asyncio.get_running_loop()
         w = self._async.get(loop)
         if w is None:
+            handle = self._handle  # read once: close may set it to None meanwhile
+            if handle is None:
+                self._live()  # raises: closed, forked or read-only
             # Loops that have closed since (each asyncio.run makes one) are forgotten here.
             for old in [old for old in self._async if old.is_closed()]:
                 del self._async[old]
-            w = self._async[loop] = _AsyncWaiters(self, loop)
+            w = self._async[loop] = _AsyncWaiters(self, loop, handle)
         return w
 
     def sync(self) -> None:
@@ -662,6 +678,8 @@ class Log:
         """Write and fdatasync everything acknowledged, stop the flusher, release the lock. Idempotent."""
         if self._closed:
             return
+        if self._handle is not None and not self._forked and self._pid == os.getpid():
+            self._closing = True  # first: a wait that sees `_closed` set goes on (`_closed_waits`)
         self._closed = True
         self._writer = None
         self._scan_resume.kept = None  # the newest segment's map (its fd) goes with the last reader
@@ -678,14 +696,16 @@ class Log:
         rc = 0
         try:
             if self._handle is not None:
-                self._closing = True  # coroutines' waits go on until the final marks are read
-                rc = lib.wal_log_close(self._handle)
-                detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
-                marks, archive_marks = ffi.new("uint64_t[3]"), ffi.new("uint64_t[2]")
-                failed = lib.wal_log_watermarks(self._handle, marks)
-                lib.wal_log_archive_marks(self._handle, archive_marks)
-                self._final = _FinalMarks(int(marks[1]), int(marks[2]), min(int(archive_marks[0]), int(marks[2])),
-                                          bool(archive_marks[1]), failed, detail)
+                try:
+                    rc = lib.wal_log_close(self._handle)
+                finally:  # even if interrupted: the waits registered meanwhile are answered from these
+                    detail = ffi.string(lib.wal_log_error_detail(self._handle)).decode()
+                    marks, archive_marks = ffi.new("uint64_t[3]"), ffi.new("uint64_t[2]")
+                    failed = lib.wal_log_watermarks(self._handle, marks)
+                    lib.wal_log_archive_marks(self._handle, archive_marks)
+                    self._final = _FinalMarks(int(marks[1]), int(marks[2]),
+                                              min(int(archive_marks[0]), int(marks[2])), bool(archive_marks[1]),
+                                              failed, detail)
             # After the final marks: a loop's waiters made during the close are answered too,
             # and a wait after this line is answered from the marks (`_closed_waits`).
             waiting, self._async = list(self._async.values()), {}
@@ -1171,10 +1191,10 @@ def _fresh_map(path: str) -> Iterator[tuple[Any, list[int]]]:
 class _AsyncWaiters:
     """Futures of one event loop waiting for watermarks, woken through the log's eventfd."""
 
-    def __init__(self, log: Log, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, log: Log, loop: asyncio.AbstractEventLoop, handle: Any) -> None:
         self._log = log
         self._loop = loop
-        self._handle = log._handle
+        self._handle = handle
         self._fd = int(lib.wal_log_notify_fd(self._handle))
         self._heap: list[tuple[int, int, int, asyncio.Future[None]]] = []
         # (lsn, future) of coroutines waiting for the archive's watermark (`until_archived`), in
@@ -1202,7 +1222,7 @@ class _AsyncWaiters:
         self._attached = False
 
     def _attach(self) -> None:
-        if not self._attached:
+        if not self._attached and not self._closed_out and self._log._final is None:
             self._loop.add_reader(self._fd, self._on_ready)
             # Attached, then the marks read again, and a check once this callback is done:
             # another loop that drains the eventfd wakes only loops attached by then
@@ -1269,7 +1289,10 @@ class _AsyncWaiters:
     def progress(self) -> asyncio.Future[None]:
         self._attach()
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._progress.append(fut)
+        if self._closed_out or self._log._final is not None:
+            fut.set_result(None)  # closed: no progress will come; the caller finds the log closed
+        else:
+            self._progress.append(fut)
         return fut
 
     async def until(self, lsn: int, level: int) -> None:
@@ -1337,7 +1360,10 @@ class _AsyncWaiters:
         self._wake_progress()
         failed = lib.wal_log_watermarks(self._handle, self._marks)
         if failed == lib.WAL_ECLOSED:
-            failed = 0  # closed whole (everything appended durable): `detach` answers from the final marks
+            if self._log._final is not None:  # as `detach` would (and does, unless its close was interrupted)
+                self._close_out()
+                return
+            failed = 0  # closing: `detach` answers from the final marks once they are read
         self._failed = failed
         written, durable = int(self._marks[1]), int(self._marks[2])
         no_space_through = int(lib.wal_log_write_failed_through(self._handle))
