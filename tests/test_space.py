@@ -92,8 +92,10 @@ def test_sustained_overwrites_keep_the_state_file_bounded_by_the_live_data(
     assert stats["space_checkpoints"] >= PASSES - 1, stats  # the policy, not luck, kept it bounded
     assert len(sizes) == PASSES
     assert max(sizes) <= 3 * LIVE, f"state file {sizes} for {LIVE} bytes of live data"
-    # Stops growing: the later passes write as much as the second, in pages LMDB reuses.
-    assert max(sizes[2:]) <= sizes[1] * 1.25 + (4 << 20), sizes
+    # Stops growing: the later passes write as much as the first three, in pages LMDB reuses. (Not
+    # measured against one early pass alone: at `buffered` on a loaded machine the first passes
+    # may still be waiting for the materializer when their size is read.)
+    assert max(sizes[3:]) <= max(sizes[:3]) * 1.25 + (4 << 20), sizes
     total = allocated(tmp_path)
     assert total <= 4 * LIVE, f"{total} bytes allocated for {LIVE} bytes of live data"
 
