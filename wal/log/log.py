@@ -470,15 +470,9 @@ class Log:
         """Await, without blocking the loop, until `durability` holds for `lsn`. On a closed
         log, answered from its final marks (`_after_close`)."""
         level = self._durability.allows(durability)
-        if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, level):
-            return
-        try:
-            waiters = self._waiters()
-        except ClosedError:  # closed since the check above: answered from the final marks
-            if self._final is None or not self._closed_waits(lsn, level):
-                raise
-            return
-        await waiters.until(lsn, level)
+        waiters = self._waiters_unless_answered(lsn, level)
+        if waiters is not None:
+            await waiters.until(lsn, level)
 
     async def wait_archived_async(self, lsn: int) -> None:
         """Await, without blocking the loop, until `lsn` is durable and the archive holds it
@@ -486,15 +480,21 @@ class Log:
         the log's eventfd. FailedError once the archive's shipper stopped first
         (`_archive_stop`); the log's own failure (FailedError), close (ClosedError) or lack of
         space for the record (NoSpaceError). On a closed log, answered from its final marks."""
-        if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, None):
-            return
+        waiters = self._waiters_unless_answered(lsn, None)
+        if waiters is not None:
+            await waiters.until_archived(lsn)
+
+    def _waiters_unless_answered(self, lsn: int, level: int | None) -> _AsyncWaiters | None:
+        """The running loop's waiters, for a coroutine's wait for `lsn` (`level`; None: the
+        archive); None when a closed log's final marks already answer it (`_closed_waits`)."""
+        if (self._closed or self._handle is None or self._forked) and self._closed_waits(lsn, level):
+            return None
         try:
-            waiters = self._waiters()
+            return self._waiters()
         except ClosedError:  # closed since the check above: answered from the final marks
-            if self._final is None or not self._closed_waits(lsn, None):
+            if self._final is None or not self._closed_waits(lsn, level):
                 raise
-            return
-        await waiters.until_archived(lsn)
+            return None
 
     def _closed_waits(self, lsn: int, level: int | None) -> bool:
         """Before a coroutine's wait for `lsn` (`level`; None: the archive), on a log that is
