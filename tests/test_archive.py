@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 import crcmod.predefined
 import pytest
+from archive_helpers import wait_until
 from archive_server import BUCKET, archive_url, s3_server  # noqa: F401 -- fixtures
 from obstore.store import LocalStore
 
@@ -54,12 +55,6 @@ from wal.store.state import State, StateError
 
 FAST = {"archive_rpo_ms": 200}
 
-
-def wait_until(cond: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def names(url: str, prefix: str) -> list[str]:

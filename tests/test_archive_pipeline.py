@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from archive_helpers import HeldPut, wait_until
 
 import wal
 from wal.archive import layout
@@ -21,33 +22,6 @@ from wal.archive.restore import verify
 
 ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
 
-
-class HeldPut(FileObjects):
-    """file:// objects; the PUT of the first log object at or past `hold_from` waits for `release`."""
-
-    def __init__(self, root: str, hold_from: int) -> None:
-        super().__init__(root)
-        self.hold_from = hold_from
-        self.release = threading.Event()
-        self.held: str | None = None
-        self.put_names: list[str] = []
-
-    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
-        parsed = layout.parse_name(name)
-        if (self.held is None and parsed is not None and parsed.kind == "log"
-                and parsed.first >= self.hold_from):
-            self.held = name
-        if name == self.held:
-            assert self.release.wait(60), "never released"
-        super().put(name, data, create_only=create_only)
-        self.put_names.append(name)
-
-
-def wait_until(cond: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _commit_in_threads(store: wal.Store, n_threads: int, per_thread: int, acked: list[int],

@@ -20,6 +20,7 @@ import time
 import uuid
 
 import pytest
+from archive_helpers import wait_until
 from archive_server import ACCESS_KEY, BUCKET, SECRET_KEY, WeedServer, archive_url, s3_server  # noqa: F401
 from s3_proxy import HoldingProxy
 
@@ -32,12 +33,6 @@ from wal.log import record
 
 A_LOT = {"archive_rpo_ms": 60_000}
 
-
-def wait_until(cond: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def stray(first: int, last: int, *, behind: int = 1, writer: bytes | None = None) -> bytes:

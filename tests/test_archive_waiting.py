@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from archive_helpers import HeldPut, wait_until
 
 import wal
 import wal.drill.failpoints
@@ -26,34 +27,6 @@ from wal.log import record
 
 ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
 
-
-def wait_until(cond: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-class HeldPut(FileObjects):
-    """file:// objects; the PUT of the first log object at or past `hold_from` waits for
-    `release` (never released: it waits until the test ends)."""
-
-    def __init__(self, root: str, hold_from: int) -> None:
-        super().__init__(root)
-        self.hold_from = hold_from
-        self.release = threading.Event()
-        self.held: str | None = None
-        self.log_puts = 0
-
-    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
-        parsed = layout.parse_name(name)
-        if parsed is not None and parsed.kind == "log":
-            self.log_puts += 1
-            if self.held is None and parsed.first >= self.hold_from:
-                self.held = name
-        if name == self.held:
-            self.release.wait(60)
-        super().put(name, data, create_only=create_only)
 
 
 # ---- the log's archive watermark ---------------------------------------------------------------
@@ -362,7 +335,7 @@ def test_threads_waiting_for_an_archive_that_never_answers_fail_when_the_store_c
     th.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
     assert "stopped before LSN 2" in str(outcome[0])
-    objects.release.set()
+    objects.abandon()
     with wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER) as again:
         assert again.get("two") == b"2"
         again.put("three", b"3")
@@ -555,7 +528,7 @@ def test_a_coroutine_waiting_for_an_archive_that_never_answers_fails_when_the_st
         closing.join(30)
 
     asyncio.run(main())
-    objects.release.set()
+    objects.abandon()
     with wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER) as again:
         assert again.get("two") == b"2"
         again.put("three", b"3")
