@@ -14,7 +14,7 @@ import contextlib
 import errno
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -306,42 +306,71 @@ def test_cancelled_atransaction_took_effect_before_the_error_or_never(tmp_path: 
     _cancel_mid_commit(tmp_path, txn)
 
 
+@contextlib.contextmanager
+def idle_loop(store: wal.Store) -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop in a thread of its own that committed once and now just runs, its eventfd
+    reader attached, so it drains the log's events as any loop does; stopped and joined on
+    exit (an error of its own then fails the test)."""
+    loops: list[asyncio.AbstractEventLoop] = []
+    attached, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    async def idle() -> None:
+        await store.aput("idle", b"x")
+        loops.append(asyncio.get_running_loop())
+        attached.set()
+        while not release.is_set():
+            await asyncio.sleep(0.001)
+
+    def run() -> None:
+        try:
+            asyncio.run(idle())
+        except BaseException as exc:
+            errors.append(exc)
+            attached.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert attached.wait(10) and not errors, errors
+        yield loops[0]
+    finally:
+        release.set()
+        thread.join()
+    assert not errors, errors
+
+
+def commit_in_a_loop_of_its_own(store: wal.Store, outcome: list[object]) -> threading.Thread:
+    """A thread (not started) whose own event loop commits `k` once: the LSN, or the WalError,
+    is appended to `outcome`. A daemon: a lost wake-up leaves it asleep."""
+    def commit() -> None:
+        async def one() -> None:
+            try:
+                outcome.append(await store.aput("k", b"v"))
+            except wal.WalError as exc:
+                outcome.append(exc)
+        asyncio.run(one())
+
+    return threading.Thread(target=commit, daemon=True)
+
+
+
 @pytest.mark.timeout(60)  # a waiter left asleep never wakes: the commit waits, shielded, for its level
 def test_event_loops_in_several_threads_each_see_their_commits_acknowledged(tmp_path: Path) -> None:
     """The log wakes asyncio waiters through one eventfd; a loop that drains it must not leave
     another loop's waiters asleep (nothing else would wake them once the commits stop)."""
     store = wal.open(tmp_path)
-    idle_attached = threading.Event()
-    release = threading.Event()
     done: list[int] = []
-    errors: list[BaseException] = []
-
-    async def idle() -> None:  # a loop that committed once and now just runs, its reader attached
-        await store.aput("idle", b"x")
-        idle_attached.set()
-        while not release.is_set():
-            await asyncio.sleep(0.001)
 
     async def committer() -> None:
         for i in range(200):
             done.append(await asyncio.wait_for(store.aput(f"k{i}", b"v"), timeout=10))
 
-    def run(coro: Callable[[], Any]) -> None:
-        try:
-            asyncio.run(coro())
-        except BaseException as exc:
-            errors.append(exc)
-
-    idler = threading.Thread(target=run, args=(idle,))
-    idler.start()
-    assert idle_attached.wait(10)
     try:
-        run(committer)
+        with idle_loop(store):
+            asyncio.run(committer())
     finally:
-        release.set()
-        idler.join()
         store.close()
-    assert not errors, errors
     assert len(done) == 200 and done == sorted(done)
 
 
@@ -354,48 +383,27 @@ def test_a_loop_whose_first_wait_comes_after_another_loop_drained_its_commits_pr
     store = wal.open(tmp_path)
     log = store._log
     assert log is not None
-    idle_loop: list[asyncio.AbstractEventLoop] = []
-    idle_attached = threading.Event()
-    release = threading.Event()
-
-    async def idle() -> None:
-        await store.aput("idle", b"x")
-        idle_loop.append(asyncio.get_running_loop())
-        idle_attached.set()
-        while not release.is_set():
-            await asyncio.sleep(0.001)
-
-    attach = _AsyncWaiters._attach
-
-    def late_attach(self: _AsyncWaiters) -> None:
-        if not self._attached and self._loop not in idle_loop:
-            self._marks[1] = self._marks[2] = 0  # read before the commit was durable
-            idle_waiters = log._async[idle_loop[0]]
-            deadline = time.monotonic() + 10
-            while idle_waiters._marks[2] < log.watermarks.appended:  # it drained the event, then read
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
-        attach(self)
-
-    done: list[int] = []
-
-    def commit() -> None:
-        async def one() -> None:
-            done.append(await store.aput("k", b"v"))
-        asyncio.run(one())
-
-    idler = threading.Thread(target=asyncio.run, args=(idle(),))
-    idler.start()
-    committer = threading.Thread(target=commit, daemon=True)  # a lost wake-up leaves it asleep
+    outcome: list[object] = []
+    committer = commit_in_a_loop_of_its_own(store, outcome)
     try:
-        assert idle_attached.wait(10)
-        monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
-        committer.start()
-        committer.join(10)
-        assert done == [2], "the commit's waiter slept through progress another loop drained"
+        with idle_loop(store) as idle:
+            attach = _AsyncWaiters._attach
+
+            def late_attach(self: _AsyncWaiters) -> None:
+                if not self._attached and self._loop is not idle:
+                    self._marks[1] = self._marks[2] = 0  # read before the commit was durable
+                    idle_waiters = log._async[idle]
+                    deadline = time.monotonic() + 10
+                    while idle_waiters._marks[2] < log.watermarks.appended:  # it drained the event, then read
+                        assert time.monotonic() < deadline
+                        time.sleep(0.001)
+                attach(self)
+
+            monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
+            committer.start()
+            committer.join(10)
+            assert outcome == [2], "the commit's waiter slept through progress another loop drained"
     finally:
-        release.set()
-        idler.join()
         store.close()
         committer.join(10)
 
@@ -486,55 +494,33 @@ def test_a_loop_whose_first_wait_comes_after_another_loop_drained_the_logs_failu
     the log failed before the committer's loop attaches; the committer's aput still gets
     FailedError instead of sleeping for good."""
     store = wal.open(tmp_path, durability="sync")
-    log = store._log
-    assert log is not None
-    idle_loop: list[asyncio.AbstractEventLoop] = []
-    idle_attached, release, drained = threading.Event(), threading.Event(), threading.Event()
-
-    async def idle() -> None:
-        await store.aput("idle", b"x")
-        idle_loop.append(asyncio.get_running_loop())
-        idle_attached.set()
-        while not release.is_set():
-            await asyncio.sleep(0.001)
-
+    drained = threading.Event()
+    idle: list[asyncio.AbstractEventLoop] = []
     on_ready, attach = _AsyncWaiters._on_ready, _AsyncWaiters._attach
 
     def watching_on_ready(self: _AsyncWaiters) -> None:
         on_ready(self)
-        if self._loop in idle_loop and self._failed:
+        if self._loop in idle and self._failed:
             drained.set()  # the idle loop drained the failure's event
 
     def late_attach(self: _AsyncWaiters) -> None:
-        if not self._attached and self._loop not in idle_loop:
+        if not self._attached and self._loop not in idle:
             assert drained.wait(10)
         attach(self)
 
     outcome: list[object] = []
-
-    def commit() -> None:
-        async def one() -> None:
-            try:
-                outcome.append(await store.aput("k", b"v"))
-            except wal.WalError as exc:
-                outcome.append(exc)
-        asyncio.run(one())
-
+    committer = commit_in_a_loop_of_its_own(store, outcome)
     monkeypatch.setattr(_AsyncWaiters, "_on_ready", watching_on_ready)  # before the idle loop attaches it
-    idler = threading.Thread(target=asyncio.run, args=(idle(),))
-    idler.start()
-    committer = threading.Thread(target=commit, daemon=True)  # a lost wake-up leaves it asleep
     try:
-        assert idle_attached.wait(10)
-        monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
-        with wal.drill.failpoints.failpoint("fsync", errno.EIO):
-            committer.start()
-            committer.join(10)
-        assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
+        with idle_loop(store) as loop:
+            idle.append(loop)
+            monkeypatch.setattr(_AsyncWaiters, "_attach", late_attach)
+            with wal.drill.failpoints.failpoint("fsync", errno.EIO):
+                committer.start()
+                committer.join(10)
+            assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
     finally:
         wal.drill.failpoints.clear()
-        release.set()
-        idler.join()
         with contextlib.suppress(wal.WalError):
             store.close()
         committer.join(10)
