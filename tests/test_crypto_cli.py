@@ -61,6 +61,47 @@ def test_rekey_rewrites_every_value_and_blob_so_the_old_key_can_be_retired(tmp_p
     assert run("rekey", str(store_dir)).returncode == 2  # no key: a usage error
 
 
+def test_rekey_of_values_larger_than_one_record_together_commits_them_in_several_transactions(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """A transaction is one log record (16 MiB at most): 20 values of 1 MiB are rewritten in
+    transactions bounded by their bytes, not 1,000 keys at a time (which was over the limit)."""
+    store_dir = tmp_path / "store"
+    with wal.open(store_dir, encryption=OLD) as store:
+        for i in range(20):
+            store.put(f"big/{i}", bytes([i]) * (1 << 20))
+    old_file, new_file = keys
+    r = run("rekey", str(store_dir), "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    assert "20 value(s)" in r.stdout
+    with wal.open(store_dir, encryption=NEW) as store:
+        assert all(store.get(f"big/{i}") == bytes([i]) * (1 << 20) for i in range(20))
+
+
+def test_rekey_of_a_compressed_store_keeps_its_values_compressed(tmp_path: Path, keys: tuple[str, str]) -> None:
+    """The command line has no compression option: a store holding compressed values is
+    rewritten compressed (codec 0x81), not whole (0x80, many times the bytes)."""
+    store_dir = tmp_path / "store"
+    value = json.dumps([{"role": "user", "content": f"summarise the quarterly report {i}"} for i in range(200)]).encode()
+    with wal.open(store_dir, encryption=OLD, compression="zstd") as store:
+        for i in range(50):
+            store.put(f"conv/{i}", value)
+
+    def codecs_and_bytes() -> tuple[set[int], int]:
+        with wal.open(store_dir, encryption=[NEW, OLD]) as store:
+            envelopes = [env for _, env in Store.scan(store)]
+            return {env[0] for env in envelopes}, sum(map(len, envelopes))
+
+    codecs, before = codecs_and_bytes()
+    assert codecs == {0x81}
+    old_file, new_file = keys
+    r = run("rekey", str(store_dir), "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    codecs, after = codecs_and_bytes()
+    assert codecs == {0x81} and after == before
+    with wal.open(store_dir, encryption=NEW) as store:
+        assert store.get("conv/7") == value
+
+
 def test_after_rekey_the_archive_ships_a_snapshot_so_a_restore_from_then_on_needs_only_the_new_key(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     old_file, new_file = keys

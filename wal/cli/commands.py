@@ -772,7 +772,8 @@ Finish a key rotation of an encrypted store: rewrite every value and blob file s
 under an older key with the current one (the first --key-file), checkpoint, compact the state,
 and list only the current key in STORE. Give the older keys too (more --key-file), so the old
 values can be read. Afterwards the older keys can be retired: the store opens with the
-current key alone, and an open with only an old key is refused.
+current key alone, and an open with only an old key is refused. A store that holds compressed
+values is rewritten compressed.
 
 A store that ships to an object archive (its archive.json names one) is opened with it: the
 rewrite is shipped, then a snapshot of the rewritten state, so a restore to any point from then
@@ -790,7 +791,8 @@ example:
 
 def _rekey_arguments(p: argparse.ArgumentParser) -> None:
     _store_argument(p)
-    p.add_argument("--batch", type=int, default=1000, help="keys per transaction (default 1000)")
+    p.add_argument("--batch", type=int, default=1000,
+                   help="keys per transaction at most (default 1000; fewer when their values pass 8 MiB)")
     p.add_argument("--no-compact", action="store_true", help="skip compacting the state afterwards")
 
 

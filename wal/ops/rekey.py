@@ -4,8 +4,10 @@ Rotation (wal/crypto/sealing.py, "Keys") puts new writes under the new key at on
 values while their key is given; this finishes it, so that the old keys can be retired:
 
 1. every value whose envelope names another key id is rewritten: read and opened with the keys
-   given, committed again (a transaction per `batch` keys, through the log like any commit) and
-   so sealed under the current key, in a new session;
+   given, committed again (transactions of at most `batch` keys and `batch_bytes` of values,
+   through the log like any commit) and so sealed under the current key, in a new session; a
+   store that holds compressed values is opened with compression, so they are compressed again
+   rather than rewritten whole;
 2. every blob file and stored dictionary (``dicts/``) sealed under another key is sealed again
    under the current one (written to a temporary file, fsynced, renamed over the old, the
    directory fsynced), its name kept;
@@ -34,34 +36,46 @@ from typing import Any
 
 from wal._fs import replace_durably
 from wal.archive.objects import ArchiveError, ArchiveUnavailableError
-from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_BLOB, KEY_ID_BYTES
+from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_ZSTD, CONTEXT_BLOB, KEY_ID_BYTES
 from wal.errors import ArgumentError
+from wal.ops.inspect import scan
 from wal.ops.target import _writer_target, open_writer
 from wal.store.sealed import STORE_FIELD, dict_file, read_meta, write_dictionary
 from wal.store.store import STORE_FILE, Store, _write_store_file, shipping_archive
 
 
-def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, Any]:
+def rekey(path: str, *, batch: int = 1000, batch_bytes: int = 8 << 20, compact: bool = True) -> dict[str, Any]:
     """Rewrite every value and blob not sealed under the current key (module docstring). The keys
     come from `wal.ops.use_sealing(encryption=[current, old, ...])` (the command's --key-file)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ArgumentError(f"batch must be an int >= 1, got {batch!r}")
     target = _writer_target(path, False)
     shipping = shipping_archive(target.path)
     # Opened by URL: an archive given to wal.open as a store object of another cloud (gs://,
     # az://) is not, and its log is then kept for the application's next archived open.
     url = shipping[0] if shipping is not None and shipping[0].startswith(("s3://", "file://")) else None
-    with open_writer(target, "rekey", object_archive=url) as store:
+    compression = "zstd" if _holds_compressed_values(target.path) else None
+    with open_writer(target, "rekey", object_archive=url, compression=compression) as store:
         sealer = getattr(store, "_sealer", None)
         if sealer is None or sealer.keys is None:
             raise ArgumentError(f"the store at {path} is not encrypted: there is nothing to rekey")
         current = sealer.keys.current_id
         stale = [k for k, env in Store.scan(store) if env[0] & CODEC_ENCRYPTED and env[1:1 + KEY_ID_BYTES] != current]
         rewritten = 0
-        for i in range(0, len(stale), batch):
+        i = 0
+        while i < len(stale):
+            size = 0
             with store.transaction() as tx:
+                # One key at least; then up to `batch` keys while the values stay under
+                # `batch_bytes` (a transaction is one log record, of at most 16 MiB).
                 for key in stale[i:i + batch]:
                     value = store.get(key)  # opened with the key its envelope names
+                    if value is not None and size and size + len(key) + len(value) >= batch_bytes:
+                        break
+                    i += 1
                     if value is not None:
                         tx.put(key, value)
+                        size += len(key) + len(value)
                         rewritten += 1
         blobs = _rekey_blobs(os.path.join(target.path, "blobs"), sealer)
         _rekey_dictionaries(target.path, sealer)
@@ -79,6 +93,12 @@ def rekey(path: str, *, batch: int = 1000, compact: bool = True) -> dict[str, An
         result["key_ids_retired"] = [i for i in before if i != current.hex()]
     assert os.path.exists(os.path.join(target.path, STORE_FILE))
     return result
+
+
+def _holds_compressed_values(path: str) -> bool:
+    """Whether any value of the store is stored compressed (its envelope's codec says so). The
+    command line has no compression option: the rewrite is compressed when the store was."""
+    return any(env[:1] and env[0] & CODEC_ZSTD for _key, _version, env in scan(path, opened=False))
 
 
 def _ship_snapshot(store: Any, url: str) -> int:

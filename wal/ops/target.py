@@ -138,17 +138,20 @@ def open_reader(target: Target) -> wal.Store:
         raise storage_error(exc, f"opening the store in {target.path} read-only") from exc
 
 
-def open_writer(target: Target, command: str, *, object_archive: str | None = None) -> wal.Store:
+def open_writer(target: Target, command: str, *, object_archive: str | None = None,
+                compression: str | None = None) -> wal.Store:
     """Open the store as its writer, translating LockedError into a message that says who and what to do.
 
     A store whose application archives released segments (``archive=True``: an ``archive/``
     directory exists) is opened the same way, so a checkpoint from here archives them too.
     `object_archive`: the URL of the object archive it ships to, to open it with (else a store
     that ships is opened without it and keeps the log its archive has not received).
+    `compression`: the compression to open it with where the command line gave none.
     """
     archive: bool | str = object_archive or os.path.isdir(os.path.join(target.path, ARCHIVE_DIR))
     try:
-        return wal.open(target.path, archive=archive, **_sealing)
+        options = {"compression": compression, **_sealing} if compression is not None else _sealing
+        return wal.open(target.path, archive=archive, **options)
     except LockedError as exc:
         raise LockedError(locked_message(target, command)) from exc
 
