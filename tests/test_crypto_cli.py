@@ -186,6 +186,50 @@ def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_import
         assert dst.get("k/49") == SECRET * 5 + b" 49" and Store.get(dst, b"k/49")[1:9] == key_id(OLD)
 
 
+def test_a_compressed_stores_export_imports_into_an_encrypted_store_and_a_mixed_export_is_refused(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """The README's way to encrypt an existing store, from a compressed one: its export's
+    envelopes are not encrypted, and are opened without the target's key (a sealer with keys
+    refused them as a downgrade). An export mixing encrypted and unencrypted values (changed
+    after it was made) is refused before anything is written."""
+    _, new_file = keys
+    long_value = b'{"role": "user", "content": "' + SECRET * 20 + b'"}'
+    with wal.open(tmp_path / "src", compression="zstd") as store:
+        store.put("long", long_value)  # compressed: codec 0x01
+        store.put("short", b"tiny")  # under the threshold: codec 0x00
+    assert run("export", str(tmp_path / "src"), "-o", str(tmp_path / "plain.jsonl")).returncode == 0
+    r = run("import", str(tmp_path / "enc"), str(tmp_path / "plain.jsonl"), "--create", "--key-file", new_file)
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "enc", encryption=NEW) as store:
+        assert store.get("long") == long_value and store.get("short") == b"tiny"
+        assert {env[0] & 0x80 for _, env in Store.scan(store)} == {0x80}  # sealed again, encrypted
+
+    with wal.open(tmp_path / "sealed", encryption=NEW) as store:
+        store.put("secret", SECRET)
+    assert run("export", str(tmp_path / "sealed"), "-o", str(tmp_path / "enc.jsonl")).returncode == 0
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text((tmp_path / "plain.jsonl").read_text() + (tmp_path / "enc.jsonl").read_text())
+    r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file)
+    assert r.returncode == 2 and "mixes encrypted and unencrypted values" in r.stderr, r.stderr
+    assert not (tmp_path / "other").exists()
+
+
+def test_export_of_a_store_with_blob_files_is_refused_rather_than_carry_references_to_missing_files(
+        tmp_path: Path) -> None:
+    """An AgentStore's large values are blob files its keys reference: an export carried the
+    references without the files, and its import reported success with the values missing."""
+    from wal.agents import AgentStore  # noqa: PLC0415
+
+    with wal.open(tmp_path / "src") as store:
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)
+    r = run("export", str(tmp_path / "src"), "-o", str(tmp_path / "backup.jsonl"))
+    assert r.returncode == 2 and "blob file(s)" in r.stderr and "does not carry" in r.stderr, r.stderr
+    assert not (tmp_path / "backup.jsonl").exists() and not (tmp_path / "backup.jsonl.tmp").exists()
+    with wal.open(tmp_path / "small") as store:
+        AgentStore(store, "a").append("t", SECRET)  # under the threshold: inline, no blob file
+    assert run("export", str(tmp_path / "small"), "-o", str(tmp_path / "small.jsonl")).returncode == 0
+
+
 def test_get_and_scan_show_a_compressed_stores_values_without_a_key(tmp_path: Path) -> None:
     value = b'{"role": "assistant", "content": "' + b"the tool returned forty rows " * 40 + b'"}'
     with wal.open(tmp_path / "s", compression="zstd") as store:

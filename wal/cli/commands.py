@@ -29,6 +29,7 @@ usage (argparse's convention; also a refused confirmation); 130 interrupted (Ctr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -650,17 +651,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`agentwal export`: see `wal.ops.export_lines`."""
     prefix = args.prefix.encode("utf-8", errors="surrogateescape")
     count = 0
+    lines = ops.export_lines(args.store, prefix)  # a store it refuses is refused before any output
     if args.output is None:
-        for line in ops.export_lines(args.store, prefix):
+        for line in lines:
             sys.stdout.write(line + "\n")
             count += 1
         return EXIT_OK
     tmp = args.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for line in ops.export_lines(args.store, prefix):
-            f.write(line + "\n")
-            count += 1
-    os.replace(tmp, args.output)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line + "\n")
+                count += 1
+        os.replace(tmp, args.output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # never left beside the output as if it were an export
+        raise
     _err("export", f"{count} key(s) written to {args.output}")
     return EXIT_OK
 

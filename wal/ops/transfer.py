@@ -15,16 +15,19 @@ them before the values compressed with them, and needs nothing but the export an
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from wal.crypto.sealing import CONTEXT_VALUE
+from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_VALUE
 from wal.errors import ArgumentError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
 from wal.store.sealed import dict_context, dictionary_files, read_meta, sealer_for
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES
+
+BLOB_DIR = "blobs"  # wal.agents.store.BLOB_DIR (a floor beside this one, not below it)
 
 # ---- export / import ---------------------------------------------------------------------------------
 
@@ -48,7 +51,29 @@ class Imported(NamedTuple):
 def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
     """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
     sealed store's lines carry {"sealed": envelope} instead of "value", after a line for each
-    dictionary it keeps (module docstring)."""
+    dictionary it keeps (module docstring). Refused, before any line is made, for a store that
+    keeps blob files (`_refuse_blobs`)."""
+    _refuse_blobs(path)
+    return _export_lines(path, prefix)
+
+
+def _refuse_blobs(path: str) -> None:
+    """An AgentStore keeps values of `blob_threshold` bytes or more as files in the store's
+    ``blobs/`` and commits only a reference to each: an export of its keys and values would
+    carry the references without the files (and a store that seals names them by a keyed hash
+    of its own), and the import would report success with those values missing. So a store
+    with blob files is not exported."""
+    blob_dir = os.path.join(path, BLOB_DIR)
+    files = sum(len(names) for _root, _dirs, names in os.walk(blob_dir))
+    if files:
+        raise ArgumentError(
+            f"the store at {path} keeps {files} blob file(s) in {blob_dir} (values of an AgentStore's blob_threshold "
+            "bytes or more, committed as references to them), which an export does not carry: its import would "
+            "reference files the new store lacks. Copy the store's directory instead (with the store closed), "
+            "or delete unreferenced blobs first (AgentStore.gc_blobs) if none is still referenced")
+
+
+def _export_lines(path: str, prefix: bytes) -> Iterator[str]:
     sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
     field = "sealed" if sealed else "value"
     if sealed:
@@ -104,8 +129,14 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
     target = _writer_target(path, create)
     commits = 0
     last = 0
-    if any(isinstance(v, Sealed) for _, v in pairs):  # opened before anything is created or written
-        opener = _opener(path, dictionaries)
+    sealed = [v for _, v in pairs if isinstance(v, Sealed)]
+    if sealed:  # opened before anything is created or written
+        encrypted = {bool(v[:1]) and bool(v[0] & CODEC_ENCRYPTED) for v in sealed}
+        if len(encrypted) > 1:
+            raise ArgumentError("the export mixes encrypted and unencrypted values, which no store exports "
+                                "(an export is of one store, every value of an encrypted one encrypted): "
+                                "it was changed, nothing was imported")
+        opener = _opener(path, dictionaries, encrypted.pop())
         pairs = [(k, opener(k, v) if isinstance(v, Sealed) else v) for k, v in pairs]
     with open_writer(target, "import") as store:
         i = 0
@@ -123,11 +154,16 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
     return {"keys": len(pairs), "commits": commits, "last_lsn": last}
 
 
-def _opener(path: str, dictionaries: Sequence[SealedDictionary]) -> Callable[[bytes, bytes], bytes]:
+def _opener(path: str, dictionaries: Sequence[SealedDictionary], encrypted: bool) -> Callable[[bytes, bytes], bytes]:
     """Opens an exported envelope with the command's keys (--key-file: the keys the target store
     is opened with too, so a store it creates is encrypted under the first) and the export's
-    dictionaries (each checked: its SHA-256, and the id its line gives)."""
-    sealer = sealer_for({}, sealing_options(), f"the import into {path}")
+    dictionaries (each checked: its SHA-256, and the id its line gives). An export of a store
+    that was not `encrypted` (compressed only) is opened without keys: its envelopes are not
+    encrypted, and a sealer with keys refuses those as a downgrade."""
+    options = sealing_options()
+    if not encrypted:
+        options.pop("encryption", None)
+    sealer = sealer_for({}, options, f"the import into {path}")
     for d in dictionaries:
         what = f"the exported zstd dictionary {d.dict_id:08x}"
         if sealer.open_dictionary(d.envelope, dict_context(d.dict_id), what.__str__) != d.dict_id:
