@@ -1160,6 +1160,37 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
         assert s.get("after") == b"1" and s.get("old") is None and r.lsn == 62
 
 
+def test_a_fenced_primarys_directory_is_not_followed_as_if_its_unshipped_commits_were_the_archives(tmp_path):
+    """The fence's advice is "restore or follow the archive": followed in its own directory, an
+    old primary with commits it never shipped served a state that never existed (its own commits
+    where the archive has others), and promoted, diverged from the archive. Its commits are
+    compared with the archive's first, as a writer's open compares them."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as primary:
+        for i in range(5):
+            primary.put(f"k{i}", b"old")
+    with wal.open(tmp_path / "p") as primary:  # no archive given: LSNs 6..10 stay local
+        for i in range(5):
+            primary.put("only-on-old", b"x%d" % i)
+    with pytest.raises(wal.FailedError, match=r"holds LSNs up to 10 but the archive .* ends at 5"):
+        wal.follow(url, tmp_path / "p", poll_ms=20)  # nothing past LSN 5 in the archive yet
+    replica = wal.follow(url, tmp_path / "f", poll_ms=20)
+    new = replica.promote()  # the fence at LSN 6, then LSNs 7..16
+    for i in range(10):
+        new.put(f"n{i}", b"new")
+    wait_until(lambda: new.stats()["archived_lsn"] == 16)
+    new.close()
+    with pytest.raises(wal.FailedError, match="differ at LSN 10"):
+        wal.follow(url, tmp_path / "p", poll_ms=20)
+    with wal.open(tmp_path / "p") as primary:  # refused before anything changed
+        assert primary.get("only-on-old") == b"x4" and primary.watermarks.durable == 10
+    again = wal.follow(url, tmp_path / "f2", poll_ms=20)  # a new directory: restored, then followed
+    try:
+        assert again.lsn == 16 and again.get("only-on-old") is None and again.get("n9") == b"new"
+    finally:
+        again.close()
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

@@ -102,6 +102,19 @@ def test_rekey_of_a_compressed_store_keeps_its_values_compressed(tmp_path: Path,
         assert store.get("conv/7") == value
 
 
+def test_verify_of_an_encrypted_archive_uses_the_key_file(tmp_path: Path, keys: tuple[str, str]) -> None:
+    """`agentwal verify URL --key-file K` reads the archive with the key, as `restore` does (it
+    was refused as needing a key), and without one it is refused as encrypted."""
+    old_file, _ = keys
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
+        store.put("k", SECRET)
+    r = run("verify", url, "--key-file", old_file)
+    assert r.returncode == 0 and "sound" in r.stdout, r.stderr
+    r = run("verify", url)
+    assert r.returncode == 1 and "is encrypted" in r.stderr, r.stderr
+
+
 def test_after_rekey_the_archive_ships_a_snapshot_so_a_restore_from_then_on_needs_only_the_new_key(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     old_file, new_file = keys

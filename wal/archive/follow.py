@@ -48,7 +48,7 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, list_archive, unfinished_tail
+from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, find_end, list_archive, unfinished_tail
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import open_archived
@@ -83,6 +83,12 @@ class Follower:
         self._polls = 0
         self._lock = threading.Lock()  # one poll at a time (the thread, or promote)
         self._rebuild_retry_at = 0.0  # no rebuild (`_rebuild_from_snapshot`) is tried before this
+        if writer is None and self._pos > 0:  # reopened on a directory that holds commits
+            try:
+                self._check_history(self._store)
+            except BaseException:
+                self._store.close()
+                raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"agentwal-follow:{directory}", daemon=True)
         self._thread.start()
@@ -302,6 +308,11 @@ class Follower:
         """The writer_id of the archive object ending at this follower's LSN (after a restart):
         the chain from the newest snapshot at or before it (whose writer it goes on with), read
         up to it. None if the archive no longer reaches back there (nothing is passed over then)."""
+        return self._archive_at()[0]
+
+    def _archive_at(self) -> tuple[bytes | None, bytes | None]:
+        """(`_anchor`'s writer_id, the archive's record at this follower's LSN): the record is
+        None where the archive holds none there (the LSN is a snapshot's, or out of its reach)."""
         listing = list_archive(self._objects)
         snaps = [s for s in listing.snapshots if s[0] <= self._pos]
         if snaps:
@@ -310,14 +321,38 @@ class Follower:
         elif any(p.first == 1 for p in listing.logs):
             lsn, writer = 0, b""
         else:
-            return None
+            return None, None
         if lsn == self._pos:
-            return writer
+            return writer, None
         chain = Chain(self._objects, listing.logs, lsn, writer, upto=self._pos)
         for obj in chain:
             if obj.last >= self._pos:
-                return obj.writer_id
-        return None
+                return obj.writer_id, next((p for n, p in obj.records if n == self._pos), None)
+        return None, None
+
+    def _check_history(self, store: Store) -> None:
+        """A follower opened on a directory that holds commits: they must be the archive's. An
+        old primary fenced with commits it never shipped, followed in its own directory, would
+        otherwise serve a state that never existed, and, promoted, diverge from the archive.
+        FailedError if the archive ends before this store's LSN, or holds another record there
+        (compared where both still hold one: a checkpointed log may no longer)."""
+        listing = list_archive(self._objects)
+        last_object = find_end(self._objects, listing).last_object
+        archive_end = max(last_object.last if last_object is not None else 0,
+                          listing.snapshots[-1][0] if listing.snapshots else 0)
+        advice = ("; it is not a follower of this archive (an old primary fenced with commits it never shipped?): "
+                  "follow the archive into a new directory (wal.follow restores it), or wal.restore it")
+        if archive_end < self._pos:
+            raise FailedError(f"the store in {self._dir} holds LSNs up to {self._pos} but the archive "
+                              f"{self._objects.url} ends at {archive_end}{advice}")
+        writer, payload = self._archive_at()
+        log = store._log
+        held = log is not None and payload is not None and log.first_lsn <= self._pos
+        mine = next(iter(log.read(self._pos)), None) if held and log is not None else None
+        if mine is not None and mine[0] == self._pos and mine[1] != payload:
+            raise FailedError(f"the store in {self._dir} and the archive {self._objects.url} differ at LSN "
+                              f"{self._pos}{advice}")
+        self._writer = writer
 
     def promote(self, **open_kwargs: Any) -> Store:
         """Make this follower the archive's writer: catch up, fence the old primary (create-only

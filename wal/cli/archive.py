@@ -95,7 +95,7 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
     from wal.archive.restore import verify  # noqa: PLC0415
 
     try:
-        report = verify(url, progress=lambda done, total: bar("reading objects", done, total))
+        report = verify(url, progress=lambda done, total: bar("reading objects", done, total), **sealing_options())
     finally:
         bar.close()
     if as_json:
