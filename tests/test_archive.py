@@ -1191,6 +1191,50 @@ def test_a_fenced_primarys_directory_is_not_followed_as_if_its_unshipped_commits
         again.close()
 
 
+@pytest.mark.parametrize("bad", [{"archive_rpo_ms": 0}, {"durability": "bogus"}, {"archive_typo": 1},
+                                 {"checkpoint_bytes": 1}])
+def test_promote_with_a_bad_option_is_refused_before_it_fences_anything(tmp_path, bad):
+    """The options were checked only by the open after the fence: the old primary was stopped,
+    the follower closed, and then ArgumentError, leaving no writer at all."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as primary:
+        primary.put("k", b"1")
+        wait_until(lambda: primary.stats()["archived_lsn"] == 1)
+        replica = wal.follow(url, tmp_path / "f", poll_ms=20)
+        try:
+            with pytest.raises(wal.ArgumentError):
+                replica.promote(**bad)
+            assert sorted(os.listdir(tmp_path / "a" / "log")) == [layout.log_name(1).split("/")[-1]]
+            primary.put("k", b"2")  # not fenced: it ships on, and the follower still follows
+            wait_until(lambda: replica.get("k") == b"2")
+        finally:
+            replica.close()
+
+
+def test_a_promote_that_fails_before_its_fence_leaves_the_follower_following(tmp_path):
+    """A promote stops the follower's polling first; one that failed (here: a gap, an object
+    missing for a moment) left it stopped for good, serving the state of that moment."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
+        for i in range(6):
+            primary.put(f"k{i}", b"v")
+        replica = wal.follow(url, tmp_path / "f", poll_ms=20)
+        try:
+            wait_until(lambda: replica.lsn == 6)
+            seventh = tmp_path / "a" / layout.log_name(7)
+            primary.put("k6", b"v")
+            os.rename(seventh, f"{seventh}.aside")  # LSN 7's object missing for a moment
+            for i in range(7, 10):
+                primary.put(f"k{i}", b"v")  # LSNs 8..10
+            with pytest.raises(wal.CorruptionError, match=r"missing LSNs 7\.\.7"):
+                replica.promote()
+            os.rename(f"{seventh}.aside", seventh)
+            wait_until(lambda: replica.lsn == 10)
+            assert replica.get("k9") == b"v" and replica.stats()["follower_error"] is None
+        finally:
+            replica.close()
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

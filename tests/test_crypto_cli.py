@@ -81,7 +81,8 @@ def test_rekey_of_a_compressed_store_keeps_its_values_compressed(tmp_path: Path,
     """The command line has no compression option: a store holding compressed values is
     rewritten compressed (codec 0x81), not whole (0x80, many times the bytes)."""
     store_dir = tmp_path / "store"
-    value = json.dumps([{"role": "user", "content": f"summarise the quarterly report {i}"} for i in range(200)]).encode()
+    turns = [{"role": "user", "content": f"summarise the quarterly report {i}"} for i in range(200)]
+    value = json.dumps(turns).encode()
     with wal.open(store_dir, encryption=OLD, compression="zstd") as store:
         for i in range(50):
             store.put(f"conv/{i}", value)

@@ -51,7 +51,7 @@ from wal.archive.objects import (
 from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, find_end, list_archive, unfinished_tail
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
-from wal.archive.store import open_archived
+from wal.archive.store import check_open_options, open_archived
 from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError, WalError
 from wal.log import record
 from wal.store.store import Store, open_local
@@ -357,12 +357,32 @@ class Follower:
     def promote(self, **open_kwargs: Any) -> Store:
         """Make this follower the archive's writer: catch up, fence the old primary (create-only
         ``log/<n+1>.wal``), and return a writable store shipping to the archive, continuing the
-        LSN sequence. open_kwargs go to `wal.open` (durability, archive_rpo_ms, ...)."""
+        LSN sequence. open_kwargs go to `wal.open` (durability, archive_rpo_ms, ...), and are
+        checked before the fence is written: a fence cannot be undone."""
+        check_open_options(open_kwargs)
         if open_kwargs.get("archive_fencing", True) and not self._objects.check_create_only():
             raise FailedError(fencing_refusal(self._objects) + " (and promote with archive_fencing=False)")
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+        try:
+            store = self._fence()
+        except BaseException:
+            # Follow on, as before the attempt, rather than stop where the archive was then. A
+            # fence stored before the failure is applied as any object (it is the archive's),
+            # and a promote tried again goes on from there.
+            if self._store is not None and threading.current_thread() is not self._thread:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, name=self._thread.name, daemon=True)
+                self._thread.start()
+            raise
+        store.close()
+        self._store = None
+        options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
+        return open_archived(self._dir, self._objects, options, **{**self._sealing, **open_kwargs})
+
+    def _fence(self) -> Store:
+        """Catch up and write the fence (`promote`); the local store, which holds it too."""
         for _ in range(_PROMOTE_ATTEMPTS):
             self.poll()
             store = self._live()  # the poll may have rebuilt it (`_rebuild_from_snapshot`)
@@ -385,14 +405,9 @@ class Follower:
                 _append(store, [(nxt, payload)])
                 self._pos = nxt
             self._delete_tail(nxt)
-            break
-        else:
-            raise ArchiveError(f"could not promote the follower in {self._dir}: the archive kept growing "
-                               f"({_PROMOTE_ATTEMPTS} attempts); stop the old primary first")
-        store.close()
-        self._store = None
-        options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
-        return open_archived(self._dir, self._objects, options, **{**self._sealing, **open_kwargs})
+            return store
+        raise ArchiveError(f"could not promote the follower in {self._dir}: the archive kept growing "
+                           f"({_PROMOTE_ATTEMPTS} attempts); stop the old primary first")
 
     def _delete_stray(self, lsn: int) -> None:
         """``log/<lsn>.wal``, just after this follower's chain, if it is a stray: sent with an

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import shutil
@@ -373,6 +374,44 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     - archive_fencing (True): refuse an object store that does not honour create-only writes
       (no fencing there); False opens anyway, with a WARNING, for a single-writer deployment.
     """
+    settings = archive_settings(options)
+    sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
+                           compression_threshold=compression_threshold, compression_dict=compression_dict)
+    objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
+    cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
+    store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
+    assert isinstance(store, ArchivedStore)
+    store._replicated = store._durability.level == "replicated"
+    store._archive_fencing = settings.pop("fencing")
+    if store._replicated:
+        store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
+    try:
+        _attach(store, objects, **settings)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def check_open_options(options: dict[str, Any]) -> None:
+    """`open_archived`'s options (the archive's and the store's, as `wal.open` takes them)
+    checked without opening anything: the ArgumentError the open would raise. A follower's
+    `promote` checks them before it fences the old writer, which cannot be undone."""
+    archive = {k: v for k, v in options.items() if k.startswith("archive_")}
+    archive_settings(archive)
+    sealing = ("encryption", "compression", "compression_threshold", "compression_dict")
+    rest = {k: v for k, v in options.items() if k not in archive and k not in sealing}
+    checked = ("durability", "rpo_ms", "checkpoint_bytes", "idempotency_ttl_s", "apply_interval_ms")
+    known = set(inspect.signature(Store._open).parameters) - {"cls", "path", "readonly", "archive", "sealing"}
+    unknown = sorted(set(rest) - known)
+    if unknown:
+        raise ArgumentError(f"unknown option(s) of wal.open: {', '.join(unknown)}")
+    ArchivedStore._checked_level(**{k: v for k, v in rest.items() if k in checked})
+
+
+def archive_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """The archive_* options of `open_archived`, checked, with their defaults, named as
+    `_attach` takes them (and `fencing`)."""
     opts = dict(options)
     rpo_ms = opts.pop("archive_rpo_ms", 1000)
     policy = opts.pop("archive_policy", "block")
@@ -400,20 +439,5 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
                             f"got {puts_in_flight!r}")
     if not isinstance(fencing, bool):
         raise ArgumentError(f"archive_fencing must be True or False, got {fencing!r}")
-    sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
-                           compression_threshold=compression_threshold, compression_dict=compression_dict)
-    objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
-    cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
-    store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
-    assert isinstance(store, ArchivedStore)
-    store._replicated = store._durability.level == "replicated"
-    store._archive_fencing = fencing
-    if store._replicated:
-        store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
-    try:
-        _attach(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
-                merge_objects=merge_objects, retention_s=retention_s, puts_in_flight=puts_in_flight)
-    except BaseException:
-        store.close()
-        raise
-    return store
+    return {"rpo_ms": rpo_ms, "policy": policy, "snapshot_bytes": snapshot_bytes, "merge_objects": merge_objects,
+            "retention_s": retention_s, "puts_in_flight": puts_in_flight, "fencing": fencing}

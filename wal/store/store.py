@@ -445,20 +445,30 @@ class Store:
     # ---- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def _open(cls, path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
-              readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
-              checkpoint_bytes: int = 256 << 20, archive: bool | str = False, idempotency_ttl_s: float = 86_400,
-              apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size",
-              sealing: SealingPlan | None = None) -> Store:
-        # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
+    def _checked_level(cls, durability: str | None = None, rpo_ms: int | None = None,
+                       checkpoint_bytes: int = 256 << 20, idempotency_ttl_s: float = 86_400,
+                       apply_interval_ms: int = 20) -> dur.Durability:
+        """The durability `_open` would open with, and its other numbers checked: ArgumentError
+        as the open raises it, without opening anything (a promotion checks its options so,
+        before it fences the old writer)."""
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
-        root = os.fspath(path)
         if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
             raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
         if idempotency_ttl_s <= 0:
             raise ArgumentError(f"idempotency_ttl_s must be > 0, got {idempotency_ttl_s!r}")
         if apply_interval_ms <= 0:
             raise ArgumentError(f"apply_interval_ms must be > 0, got {apply_interval_ms!r}")
+        return level
+
+    @classmethod
+    def _open(cls, path: str | os.PathLike[str], *, durability: str | None = None, rpo_ms: int | None = None,
+              readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
+              checkpoint_bytes: int = 256 << 20, archive: bool | str = False, idempotency_ttl_s: float = 86_400,
+              apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size",
+              sealing: SealingPlan | None = None) -> Store:
+        # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
+        level = cls._checked_level(durability, rpo_ms, checkpoint_bytes, idempotency_ttl_s, apply_interval_ms)
+        root = os.fspath(path)
         archive_dir = (os.path.join(root, ARCHIVE_DIR) if archive is True
                        else (os.fspath(archive) if archive else None))
         common = dict(checkpoint_bytes=checkpoint_bytes, archive=archive_dir,
