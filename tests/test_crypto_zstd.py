@@ -92,3 +92,20 @@ def test_without_any_binding_compression_is_a_clear_error(tmp_path: Path, use, m
     with pytest.raises(wal.ArgumentError, match=r"zstandard.*compression\.zstd.*backports\.zstd"):
         wal.open(tmp_path / "s", compression="zstd")
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_an_envelope_is_one_frame_of_its_declared_size_and_nothing_after_it(use, binding: str) -> None:
+    """The size guard reads the first frame's header: bytes after that frame were ignored by one
+    binding, and decoded by the other (a second frame declaring no size, of any size, was
+    decompressed whole). Both refuse them now, the same way."""
+    use(binding)
+    z = zstd.load("zstandard")._z  # type: ignore[attr-defined]
+    frame = z.ZstdCompressor(write_content_size=True, write_checksum=True).compress(b"A" * 200)
+    unsized = z.ZstdCompressor(write_content_size=False).compress(b"\0" * (8 << 20))
+    sealer = sealing.Sealer(None, "zstd")
+    where = lambda: "the value of key b'k'"  # noqa: E731
+    assert sealer.open(bytes([CODEC_ZSTD]) + frame, b"", where) == b"A" * 200
+    for after in (b"JUNKJUNK", frame, unsized):
+        with pytest.raises(SealDamagedError, match="does not decode"):
+            sealer.open(bytes([CODEC_ZSTD]) + frame + after, b"", where)

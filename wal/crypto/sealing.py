@@ -594,7 +594,7 @@ class Sealer:
             raise _damaged(where(), f"a zstd frame claiming {size} bytes")
         d = self._decompressor(dict_id, where)
         try:
-            return d.decompress(frame)
+            return d.decompress(frame, size)
         except zstd.FrameError as exc:
             raise _damaged(where(), f"its zstd frame does not decode ({exc})") from None
 

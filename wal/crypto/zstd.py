@@ -32,7 +32,11 @@ class Compressor(Protocol):
 
 
 class Decompressor(Protocol):
-    def decompress(self, frame: bytes) -> bytes: ...
+    def decompress(self, frame: bytes, size: int) -> bytes:
+        """The contents of `frame`: exactly one zstd frame of `size` bytes (its declared size),
+        nothing after it; FrameError otherwise. Never decodes more than `size` + 1 bytes, so
+        a second frame (which may declare no size) cannot make it allocate more."""
+        ...
 
 
 class Binding(Protocol):
@@ -97,7 +101,7 @@ def _probe(binding: Binding, dictionary: bytes) -> None:
     rather than inside the first seal or read)."""
     probe = b"agentwal dictionary probe"
     frame = binding.compressor(1, dictionary, True).compress(probe)
-    if binding.decompressor(dictionary).decompress(frame) != probe:
+    if binding.decompressor(dictionary).decompress(frame, len(probe)) != probe:
         raise FrameError("the dictionary does not give back what it compressed")
 
 
@@ -108,11 +112,15 @@ class _ZstandardDecompressor:
         self._d = d
         self._error = error
 
-    def decompress(self, frame: bytes) -> bytes:
+    def decompress(self, frame: bytes, size: int) -> bytes:
         try:
-            out: bytes = self._d.decompress(frame)
+            # The first frame only (read_across_frames is off), bounded by its declared size,
+            # and any byte after it refused (it was ignored).
+            out: bytes = self._d.decompress(frame, max_output_size=size, allow_extra_data=False)
         except self._error as exc:
             raise FrameError(str(exc)) from None
+        if len(out) != size:
+            raise FrameError(f"{len(out)} bytes, not the {size} the frame declares")
         return out
 
 
@@ -174,11 +182,18 @@ class _StdlibDecompressor:
         self._z = module
         self._dict = zdict
 
-    def decompress(self, frame: bytes) -> bytes:
+    def decompress(self, frame: bytes, size: int) -> bytes:
+        # A decompressor object decodes one frame (the module's one-shot call decodes every
+        # frame it is given, a second one's of any size), and says what is left after it.
+        d = self._z.ZstdDecompressor(zstd_dict=self._dict)
         try:
-            out: bytes = self._z.decompress(frame, zstd_dict=self._dict)
+            out: bytes = d.decompress(frame, max_length=size + 1)
         except self._z.ZstdError as exc:
             raise FrameError(str(exc)) from None
+        if not d.eof or d.unused_data:
+            raise FrameError("bytes after the frame" if d.unused_data else "a frame that does not end")
+        if len(out) != size:
+            raise FrameError(f"{len(out)} bytes, not the {size} the frame declares")
         return out
 
 
