@@ -258,6 +258,37 @@ def test_a_key_provider_is_asked_for_the_current_key_and_for_old_ids_once_each(t
         store.get(b"old")  # KEY2 is current and listed: the open asked for nothing else
 
 
+def test_a_key_provider_that_raises_gives_an_encryption_key_error_naming_the_store_and_the_key(
+        tmp_path: Path) -> None:
+    """A provider's own exception came out raw (or, being an OSError, as a StorageError, which
+    speaks of the disk): now an EncryptionKeyError naming what needed the key and which key, the
+    provider's error chained."""
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"old", b"1")
+    with wal.open(tmp_path, encryption=[KEY2, KEY]) as store:
+        store.put(b"new", b"2")
+
+    def unreachable(kid: bytes | None) -> bytes | None:
+        raise ConnectionError("KMS unreachable")
+
+    with pytest.raises(wal.EncryptionKeyError, match=r"the store at .*: the key provider failed to give the "
+                                                     r"current key: ConnectionError: KMS unreachable") as opened:
+        wal.open(tmp_path, encryption=unreachable)
+    assert isinstance(opened.value.__cause__, ConnectionError)
+
+    def current_only(kid: bytes | None) -> bytes | None:
+        if kid is None or kid == key_id(KEY2):
+            return KEY2
+        raise ConnectionError("KMS unreachable")
+
+    with wal.open(tmp_path, encryption=current_only) as store:
+        assert store.get(b"new") == b"2"
+        with pytest.raises(wal.EncryptionKeyError, match=rf"the value of key b'old' .*key of id {key_id(KEY).hex()}"
+                                                         ": ConnectionError") as read:
+            store.get(b"old")
+        assert read.value.key_id == key_id(KEY).hex() and isinstance(read.value.__cause__, ConnectionError)
+
+
 # ---- damage: never wrong data --------------------------------------------------------------------------
 
 

@@ -98,7 +98,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
 from wal.crypto import zstd
-from wal.errors import ArgumentError, ArgumentTypeError, MissingKeyError, SealDamagedError
+from wal.errors import ArgumentError, ArgumentTypeError, EncryptionKeyError, MissingKeyError, SealDamagedError
 
 CODEC_PLAIN = 0x00
 CODEC_ZSTD = 0x01
@@ -184,7 +184,7 @@ class Keyring:
             keys = [_check_key(source, "encryption key")]
         elif callable(source):
             self._provider = source
-            got = source(None)
+            got = _ask(source, None)
             if got is None:
                 raise MissingKeyError("the key provider returned no current key (provider(None) gave None)")
             keys = [_check_key(got, "the key provider's current key")]
@@ -211,7 +211,7 @@ class Keyring:
         key = self._keys.get(kid)
         if key is not None or self._provider is None:
             return key
-        got = self._provider(kid)
+        got = _ask(self._provider, kid)
         if got is None:
             return None
         key = _check_key(got, f"the key provider's key {kid.hex()}")
@@ -221,6 +221,19 @@ class Keyring:
         with self._lock:
             self._keys[kid] = key
         return key
+
+
+def _ask(provider: Callable[[bytes | None], bytes | None], kid: bytes | None) -> bytes | None:
+    """provider(kid); whatever it raises (a KMS out of reach, a secret store refusing) as an
+    EncryptionKeyError naming the key asked for, the provider's error chained: a caller then
+    sees one kind of error whatever the provider, and not, say, an OSError it would take for
+    the disk's."""
+    try:
+        return provider(kid)
+    except Exception as exc:
+        which = "the current key" if kid is None else f"the key of id {kid.hex()}"
+        raise EncryptionKeyError(f"the key provider failed to give {which}: {type(exc).__name__}: {exc}",
+                                 key_id=None if kid is None else kid.hex()) from exc
 
 
 _pack_counter = struct.Struct("<Q").pack  # the envelope's counter field, and the nonce's first 8 bytes
@@ -564,7 +577,12 @@ class Sealer:
 
     def _master(self, kid: bytes, where: Callable[[], str]) -> bytes:
         keys = self.keys
-        master = keys.lookup(kid) if keys is not None else None
+        try:
+            master = keys.lookup(kid) if keys is not None else None
+        except EncryptionKeyError as exc:
+            if exc.where is not None:
+                raise
+            raise type(exc)(f"{where()}: {exc}", key_id=exc.key_id, where=where()) from exc.__cause__
         if master is None:
             given = ", ".join(i.hex() for i in keys.ids) if keys is not None else "none"
             raise MissingKeyError(

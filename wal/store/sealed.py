@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Any
 from wal._bindings import storecore
 from wal._fs import makedirs_durable, replace_durably
 from wal.crypto.sealing import CONTEXT_DICT, CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
-from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError, WrongKeyError
+from wal.errors import (
+    ArgumentError,
+    CorruptionError,
+    EncryptionKeyError,
+    MissingKeyError,
+    SealDamagedError,
+    WrongKeyError,
+)
 from wal.log.record import OP_PUT
 
 if TYPE_CHECKING:
@@ -224,7 +231,12 @@ def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where
     if unknown:
         raise ArgumentError(f"unknown option(s): {', '.join(sorted(unknown))}")
     encryption = options.get("encryption")
-    keys = Keyring(encryption) if encryption is not None else None
+    try:
+        keys = Keyring(encryption) if encryption is not None else None
+    except EncryptionKeyError as exc:
+        if exc.where is not None:
+            raise
+        raise type(exc)(f"{what}: {exc}", key_id=exc.key_id, where=where or what) from exc.__cause__
     encrypted = bool(sealed.get("encrypted"))
     if encrypted and keys is None:
         stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
