@@ -1235,6 +1235,36 @@ def test_a_promote_that_fails_before_its_fence_leaves_the_follower_following(tmp
             replica.close()
 
 
+def test_a_follower_stuck_at_a_damaged_object_counts_what_the_archive_holds_past_it_in_its_lag(tmp_path):
+    """lag_lsns counted only what was applied: a follower stuck behind a damaged object said 0
+    while the archive held 20 LSNs it lacked."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
+        for i in range(5):
+            primary.put(f"k{i}", b"v")
+        with wal.follow(url, tmp_path / "f", poll_ms=20) as replica:
+            assert replica.lsn == 5
+        primary.put("k5", b"v")
+        sixth = tmp_path / "a" / layout.log_name(6)
+        damaged = bytearray(sixth.read_bytes())
+        damaged[70] ^= 0xFF
+        sixth.write_bytes(bytes(damaged))
+        for i in range(6, 25):
+            primary.put(f"k{i}", b"v")  # LSNs 7..25
+    with wal.follow(url, tmp_path / "f", poll_ms=20) as replica:
+        wait_until(lambda: replica.stats()["follower_error"] is not None)
+        assert "damaged" in replica.stats()["follower_error"]
+        assert replica.lsn == 5 and replica.lag()["lag_lsns"] >= 19
+
+
+@pytest.mark.parametrize("bad", [{"poll_ms": 0}, {"poll_ms": -100}, {"poll_ms": "x"}, {"poll_ms": None},
+                                 {"parallel": 0}])
+def test_follow_refuses_a_bad_poll_interval_or_parallelism_before_it_makes_anything(tmp_path, bad):
+    with pytest.raises(wal.ArgumentError):
+        wal.follow(f"file://{tmp_path}/a", tmp_path / "f", **bad)
+    assert not (tmp_path / "f").exists()
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

@@ -52,7 +52,7 @@ from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, find_end,
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import check_open_options, open_archived
-from wal.errors import ClosedError, CorruptionError, FailedError, ReadOnlyError, WalError
+from wal.errors import ArgumentError, ClosedError, CorruptionError, FailedError, ReadOnlyError, WalError
 from wal.log import record
 from wal.store.store import Store, open_local
 
@@ -286,13 +286,17 @@ class Follower:
                     self._end_seen = max(self._end_seen, obj.last)
             except ObjectMissingError:
                 return applied  # merged away meanwhile: the next poll finds the merged object
+            except CorruptionError:
+                # A damaged object: the follower stays here, behind at least the objects listed.
+                self._end_seen = max(self._end_seen, max((p.first for p in pieces), default=0))
+                raise
             past = beyond(pieces, self._pos)
             if not past:
                 break
         tail = unfinished_tail(self._objects, past, self._pos, chain.heads) if past else None
         if past and tail is None:
             later = past[0].first
-            self._end_seen = max(self._end_seen, later - 1)
+            self._end_seen = max(self._end_seen, later - 1, *(p.first for p in past))
             raise CorruptionError(f"the archive {self._objects.url} is missing LSNs {self._pos + 1}..{later - 1}; "
                                   f"the follower in {self._dir} stays at LSN {self._pos}",
                                   path=self._objects.url, lsn=self._pos + 1, reason="archive gap")
@@ -490,6 +494,10 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
            parallel: int = 16, **sealing: Any) -> Follower:
     """Follow the archive at `url` in `directory` (restored from the archive first if it is new).
     `sealing`: a sealed store's `wal.open` options (encryption=, compression=, ...)."""
+    if isinstance(poll_ms, bool) or not isinstance(poll_ms, int | float) or not poll_ms > 0:
+        raise ArgumentError(f"poll_ms must be milliseconds > 0, got {poll_ms!r}")
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
     objects, _ = for_reading(open_objects(url), sealing)
     root = os.fspath(directory)
     _remove_rebuild_leftovers(root)
