@@ -1265,6 +1265,37 @@ def test_follow_refuses_a_bad_poll_interval_or_parallelism_before_it_makes_anyth
     assert not (tmp_path / "f").exists()
 
 
+def test_a_follower_stopped_longer_than_the_retention_window_rebuilds_itself_from_a_newer_snapshot(tmp_path):
+    """Retention removed the log after the follower's LSN while it was stopped: it met a gap and
+    stayed there for good (it rebuilt itself from a snapshot only at LSN 0)."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100, archive_retention_s=1,
+                  archive_snapshot_bytes=1) as primary:
+        for i in range(5):
+            primary.put(f"k{i}", b"v")
+        wait_until(lambda: primary.stats()["archived_lsn"] == 5)
+        with wal.follow(url, tmp_path / "f", poll_ms=20) as replica:
+            wait_until(lambda: replica.lsn == 5)
+        i = 5
+
+        def log_after_5_removed() -> bool:
+            nonlocal i
+            primary.put(f"k{i}", b"v")
+            i += 1
+            time.sleep(0.01)
+            firsts = [int(n.split(".")[0].split("-")[0]) for kind in ("log", "merged")
+                      if (tmp_path / "a" / kind).is_dir() for n in os.listdir(tmp_path / "a" / kind)
+                      if n.endswith(".wal")]
+            return bool(firsts) and min(firsts) > 6  # LSN 6 is in no object any more
+
+        wait_until(log_after_5_removed, timeout=30)
+        wait_until(lambda: primary.stats()["archived_lsn"] == primary.watermarks.durable)
+        end = primary.watermarks.durable
+    with wal.follow(url, tmp_path / "f", poll_ms=20) as replica:
+        wait_until(lambda: replica.lsn == end)
+        assert replica.get(f"k{i - 1}") == b"v" and replica.stats()["follower_error"] is None
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

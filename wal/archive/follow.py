@@ -198,12 +198,14 @@ class Follower:
             try:
                 applied = self._apply(store)
             except CorruptionError as exc:
-                if self._pos != 0:
+                if self._pos != 0 and exc.reason != "archive gap":
                     raise
                 gap = exc
             # Holding nothing, with nothing to apply: the archive may start at a snapshot (its
-            # writer's history from before it was archived).
-            if self._pos == 0 and applied == 0 and time.monotonic() >= self._rebuild_retry_at:
+            # writer's history from before it was archived). Past a gap: retention may have
+            # removed the log after this follower's LSN (it was stopped longer than the
+            # archive's retention window), and a newer snapshot holds what it lacks.
+            if (self._pos == 0 or gap is not None) and applied == 0 and time.monotonic() >= self._rebuild_retry_at:
                 try:
                     rebuilt = self._rebuild_from_snapshot()
                 except BaseException:
@@ -233,15 +235,17 @@ class Follower:
     def _rebuild_from_snapshot(self) -> bool:
         """A follower that holds nothing yet (LSN 0), of an archive that holds a snapshot past
         LSN 0 (its writer had a history before it was archived, or retention removed the log's
-        start): rebuilt from the newest one, as `follow` restores a new directory (one listing
-        of ``snap/`` per poll while it holds nothing). True if it was. The new store is restored
+        start), or one that meets a gap after its LSN with a snapshot past it (retention removed
+        the log it lacks): rebuilt from the newest snapshot, as `follow` restores a new
+        directory (one listing of ``snap/`` per poll meanwhile). True if it was; False if no
+        snapshot is past its LSN. The new store is restored
         beside the follower's directory and swapped in; if the swap fails, the old one is put
         back and goes on (a crash in between leaves the directory missing, and `follow`
         restores it again and deletes what was left beside it). A read of the old, empty store
         at that moment is made again on the new one (`_read`). Called with `_lock` held."""
         newest = max((parsed.first for name, _ in self._objects.list(layout.SNAP_PREFIX)
                       if (parsed := layout.parse_name(name)) is not None and parsed.kind == "snap"), default=0)
-        if newest == 0:
+        if newest <= self._pos:
             return False
         parent, base = os.path.split(os.path.abspath(self._dir))
         building = os.path.join(parent, f".{base}{_REBUILT}{os.urandom(4).hex()}")
