@@ -1296,6 +1296,40 @@ def test_a_follower_stopped_longer_than_the_retention_window_rebuilds_itself_fro
         assert replica.get(f"k{i - 1}") == b"v" and replica.stats()["follower_error"] is None
 
 
+def test_restores_of_an_archive_whose_writer_merges_as_fast_as_they_read_all_succeed(tmp_path):
+    """Each merge deletes group objects a restore may have planned to read; it lists again and
+    goes on. It gave up after five relists in all (each moving its target to the archive's new
+    end, whose newest objects are the next merged): with a merge every two objects, about half
+    the restores of a busy archive failed with ObjectMissingError."""
+    url = f"file://{tmp_path}/a"
+    primary = wal.open(tmp_path / "p", archive=url, durability="replicated", archive_merge_objects=2,
+                       archive_puts_in_flight=4)
+    stop = threading.Event()
+
+    def commit(t: int) -> None:
+        i = 0
+        while not stop.is_set():
+            primary.put(f"t{t}/{i % 50}", b"x" * 100)
+            i += 1
+
+    writers = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
+    for w in writers:
+        w.start()
+    try:
+        wait_until(lambda: primary.stats()["archive_merges"] >= 20)
+        for n in range(8):
+            report = wal.restore(url, tmp_path / f"r{n}", parallel=4)
+            with wal.open(report.path) as restored:
+                assert restored.watermarks.durable == report.lsn > 0
+            shutil.rmtree(tmp_path / f"r{n}")
+        assert primary.stats()["archive_merges"] >= 20
+    finally:
+        stop.set()
+        for w in writers:
+            w.join()
+        primary.close()
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

@@ -197,7 +197,8 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
     chain = Chain(objects, listing.logs, after, writer, upto=upto,
                   fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
     reached = False  # stopped at the target
-    for attempt in range(_REPLANS + 1):
+    misses, missed_at = 0, -1  # relists in a row with no record handed over between them, and where
+    while True:
         try:
             for obj in chain:
                 start, stop = max(0, pos + 1 - obj.first), len(obj.lsns)
@@ -217,9 +218,14 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
             break
         except ObjectMissingError:
             # Merged away (or removed by retention) between the listing and the download: list
-            # again and go on from the last object verified.
-            if attempt == _REPLANS:
+            # again and go on from the last object verified. A writer merging as fast as this
+            # restore reads meets it again and again (the new listing's end is further on, and
+            # its newest group objects are the next merged): that is given up only after
+            # _REPLANS relists in a row that handed nothing over.
+            misses = misses + 1 if pos == missed_at else 1
+            if misses > _REPLANS:
                 raise
+            missed_at = pos
             listing = list_archive(objects)
             chain.relist(listing.logs)
     found = (chain.fetched, chain.bytes, chain.writer)
