@@ -19,6 +19,7 @@ import wal
 from wal.archive import layout
 from wal.archive.objects import FileObjects
 from wal.archive.restore import verify
+from wal.cli import main
 
 ONE_WRITER = {"archive_fencing": False, "archive_rpo_ms": 60_000}
 
@@ -80,7 +81,8 @@ def test_objects_stored_out_of_order_acknowledge_only_the_gap_free_run(tmp_path)
     assert verify(f"file://{tmp_path}/archive").ok
 
 
-def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_writer_clears_the_tail(tmp_path) -> None:
+def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_writer_clears_the_tail(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     objects = HeldPut(str(tmp_path / "archive"), hold_from=10)
     store = wal.open(tmp_path / "s", archive=objects, archive_puts_in_flight=4, **ONE_WRITER)
     lost = tmp_path / "lost"  # the archive as it was when the machine went
@@ -111,6 +113,10 @@ def test_machine_lost_with_puts_in_flight_restores_to_the_gap_and_the_next_write
     assert tail
     checked = verify(url)
     assert checked.ok and checked.last_lsn == held.first - 1 and list(checked.unfinished_tail) == tail
+    capsys.readouterr()
+    assert main(["verify", url]) == 0  # sound, and the tail a restore leaves out is named
+    out = capsys.readouterr().out
+    assert f"unfinished tail past LSN {held.first - 1}" in out and all(name in out for name in tail)
     report = wal.restore(url, tmp_path / "r")
     assert report.lsn == held.first - 1 and list(report.unfinished_tail) == tail
     with pytest.raises(wal.ArgumentError, match=r"missing .*unfinished tail"):

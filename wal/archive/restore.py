@@ -319,7 +319,8 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         download = _time.monotonic() - t0
         if tail:
             _logger.warning("archive %s: a writer stopped (or was fenced) with PUTs in flight; restoring to LSN %d, "
-                            "the end of the chain, without %s (never acknowledged at replicated)",
+                            "the end of the chain, without %s (an unfinished tail, never acknowledged at "
+                            "replicated; or, if an object was deleted from the archive, what came after it)",
                             objects.url, end, ", ".join(p.name for p in tail))
         os.rename(building, root)  # onto a missing or empty directory: atomic
         fsync_dir(os.path.dirname(root))

@@ -106,6 +106,11 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
           f"log LSN {report.first_lsn}..{report.last_lsn}")
     for problem in report.problems:
         print(f"  DAMAGE: {problem}")
+    if report.unfinished_tail:
+        # Not damage by the archive's rules (FORMAT.md §18), but what a restore to the end leaves
+        # out: an operator who knows no writer stopped with PUTs in flight should look.
+        print(f"  unfinished tail past LSN {report.last_lsn} (a writer stopped or fenced with PUTs in flight; "
+              f"a restore ends before it): {', '.join(report.unfinished_tail)}")
     print("sound" if report.ok else "DAMAGED")
     return EXIT_OK if report.ok else EXIT_FAILED
 
