@@ -1330,6 +1330,41 @@ def test_restores_of_an_archive_whose_writer_merges_as_fast_as_they_read_all_suc
         primary.close()
 
 
+def test_restore_into_a_symlink_to_an_empty_directory_fills_that_directory(tmp_path):
+    """It failed after the whole download ("Not a directory"): the store was renamed onto the
+    link. Now the link's directory is restored into, and the link stays."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        primary.put("k", b"v")
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "disk")
+    report = wal.restore(url, tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and report.lsn == 1
+    with wal.open(tmp_path / "disk") as restored:
+        assert restored.get("k") == b"v"
+
+
+def test_restore_into_a_mount_point_is_refused_before_anything_is_downloaded(tmp_path):
+    """A restore renames the store it built beside its directory into place, which a mount point
+    cannot take: it failed with EBUSY after the whole download, naming a temporary directory."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        primary.put("k", b"v")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
+    try:
+        with pytest.raises(wal.ArgumentError, match=r"is a mount point: .*restore into a new directory inside it"):
+            wal.restore(url, disk)
+        assert os.listdir(disk) == [] and sorted(os.listdir(tmp_path)) == ["a", "disk", "p"]
+        assert wal.restore(url, disk / "store").lsn == 1  # as the error says
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

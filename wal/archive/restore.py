@@ -289,9 +289,15 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     if not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
     time_ms = parse_time(time) if time is not None else None
-    root = os.path.abspath(os.fspath(directory))
+    # A symlink to an empty directory is restored into: the store is built beside the directory
+    # it names, and renamed onto it (a rename onto the link would replace the link).
+    root = os.path.realpath(os.fspath(directory))
     if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
         raise ArgumentError(f"{root} exists and is not an empty directory; restore into a new one")
+    if os.path.ismount(root):
+        raise ArgumentError(f"{root} is a mount point: a restore builds the store beside its directory and "
+                            "renames it into place whole, which a mount point cannot take; restore into a new "
+                            f"directory inside it (e.g. {os.path.join(root, 'store')})")
     objects, sealed = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     if not listing.logs and not listing.snapshots:
