@@ -235,3 +235,25 @@ def test_a_run_killed_mid_history_resumes_with_its_parts_exact(tmp_path: Path) -
         assert len(done) >= 40 and done == expected[:len(done)]
         chat_graph(saver, 120).invoke(None, cfg("t"))  # resume from the last checkpoint
         assert history(saver, "t")[0] == expected
+
+
+def test_an_encrypted_stores_part_names_are_keyed_so_they_confirm_no_guessed_message(tmp_path: Path) -> None:
+    """Keys are stored in the clear: a part named by a plain hash of its bytes let whoever reads
+    the files confirm a guessed message. On an encrypted store the name is keyed (and still
+    reads back exactly); a plain store's stays the BLAKE2b-64 FORMAT.md gives."""
+    import hashlib  # noqa: PLC0415
+
+    key = bytes(range(32))
+    for name, options in (("plain", {}), ("encrypted", {"encryption": key})):
+        store = wal.open(tmp_path / name, **options)
+        saver = AgentwalSaver(store)
+        with_history = chat_graph(saver, 12)
+        final = with_history.invoke({"messages": [HumanMessage(content="hi", id="h")]}, cfg("t"))
+        assert len(final["messages"]) == 12
+        parts = list(store.scan(b"lg/p/t/"))  # (key, the part's bytes)
+        assert parts
+        plain_names = sum(key.rsplit(b"/", 1)[1] == hashlib.blake2b(piece, digest_size=8).hexdigest().encode()
+                          for key, piece in parts)
+        assert plain_names == (len(parts) if name == "plain" else 0), name
+        assert history(saver, "t")[0] == ["hi", *texts(12)[1:12]]
+        store.close()

@@ -434,11 +434,21 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             at -= kept.pop()[1]
         if at < len(data):
             piece = data[at:]
-            name = _version(ver).decode() + "/" + hashlib.blake2b(piece, digest_size=8).hexdigest()
+            name = _version(ver).decode() + "/" + self._part_hash(piece)
             tx.put(prefix + name.encode(), piece)
             kept.append((name, len(piece)))
         tx.put(bkey, _frame({"t": _PARTS, "pt": t, "parts": kept}, data[:head]))
         self._parts_index.set(where, kept)
+
+    def _part_hash(self, piece: bytes) -> str:
+        """The 16 hex digits naming a part (FORMAT.md §17): of BLAKE2b-64 of its bytes; on an
+        encrypted store, of its keyed name (`Sealer.blob_name`: HMAC-SHA256 under a key derived
+        from the current key). Keys are stored in the clear, and a plain hash of a message would
+        let whoever reads the files confirm a guessed one."""
+        sealer = getattr(self.store, "_sealer", None)
+        if sealer is not None and sealer.keys is not None:
+            return bytes(sealer.blob_name(piece)[:8]).hex()
+        return hashlib.blake2b(piece, digest_size=8).hexdigest()
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
