@@ -9,6 +9,7 @@ replaced by a file (every write to it fails), the S3 server killed (tests/test_a
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime as dt
 import hashlib
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from typing import Any
 from urllib.parse import urlparse
 
 import crcmod.predefined
@@ -1363,6 +1365,50 @@ def test_restore_into_a_mount_point_is_refused_before_anything_is_downloaded(tmp
         assert wal.restore(url, disk / "store").lsn == 1  # as the error says
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
+def test_an_idle_follower_waiting_on_an_unfinished_tail_lists_only_what_is_new(tmp_path):
+    """While the archive ends in an unfinished tail (its writer lost with PUTs in flight: when a
+    follower waits to be promoted), every poll listed all of merged/ and read the tail's headers
+    again. Now once, until something new is listed; and the follower still goes on when the
+    missing object arrives."""
+    from wal.log import record  # noqa: PLC0415
+
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, durability="replicated", archive_merge_objects=2) as primary:
+        for i in range(60):
+            primary.put(f"k{i}", b"v")
+    writer = os.urandom(16)
+
+    def one(lsn: int, behind: int) -> bytes:
+        payload = record.encode([(record.OP_PUT, b"tail/%d" % lsn, b"x")], int(time.time() * 1000), None)
+        return layout.encode_log([(lsn, payload)], writer, behind)
+
+    archive = FileObjects(str(tmp_path / "a"))
+    archive.put(layout.log_name(62), one(62, 1))  # LSN 61's object not stored: 62's is a tail
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    class Counting(FileObjects):
+        def list(self, prefix: str, start_after: str | None = None) -> Any:
+            calls[f"list {prefix} {'all' if start_after is None else 'new'}"] += 1
+            return super().list(prefix, start_after)
+
+        def get(self, name: str) -> bytes:
+            calls["get"] += 1
+            return super().get(name)
+
+    with wal.follow(Counting(str(tmp_path / "a")), tmp_path / "f", poll_ms=20) as replica:
+        wait_until(lambda: replica.lsn == 60 and replica.stats()["follower_polls"] >= 3)
+        polls, calls_then = replica.stats()["follower_polls"], dict(calls)
+        wait_until(lambda: replica.stats()["follower_polls"] >= polls + 20)
+        more = replica.stats()["follower_polls"] - polls
+        assert calls["list merged/ all"] - calls_then.get("list merged/ all", 0) == 0
+        assert calls["get"] == calls_then.get("get", 0)
+        assert calls["list log/ new"] - calls_then.get("list log/ new", 0) >= more
+        archive.put(layout.log_name(61), one(61, 0))  # the missing object arrives
+        wait_until(lambda: replica.lsn == 62)
+        assert replica.get("tail/62") == b"x"
 
 
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,15 @@ def test_demo_survives_sigkills_and_its_check_passes(tmp_path: Path, level: list
     assert "3 killed with SIGKILL" in r.stdout
     verdict = [line for line in r.stdout.splitlines() if line.startswith("CHECK ")]
     assert len(verdict) == 1
-    assert verdict[0].startswith("CHECK PASSED: 4 agents, 80 acknowledged steps, 0 lost, 0 applied twice")
+    # A kill may land between a step's commit and its ACK line: that step is in the store, never
+    # acknowledged, and the report says so. At most one per kill.
+    passed = re.match(r"CHECK PASSED: 4 agents, (\d+) acknowledged steps, 0 lost, 0 applied twice", verdict[0])
+    assert passed is not None, verdict[0]
+    unacked = 80 - int(passed.group(1))
+    assert 0 <= unacked <= 3, verdict[0]
+    assert re.search(r"steps completed\s+80 of 80", r.stdout), r.stdout
+    assert (f"{unacked} of them committed, but the worker was killed before printing their ACK" in r.stdout) \
+        == (unacked > 0), r.stdout
     assert "\x1b[" not in r.stdout  # not a terminal: plain lines, no escape codes
 
 

@@ -83,6 +83,10 @@ class Follower:
         self._polls = 0
         self._lock = threading.Lock()  # one poll at a time (the thread, or promote)
         self._rebuild_retry_at = 0.0  # no rebuild (`_rebuild_from_snapshot`) is tried before this
+        # An unfinished tail past the end (`_apply_new`): where it was found with a full listing,
+        # and the headers of its objects, so an idle follower waiting on it lists what is new only.
+        self._settled: tuple[int, frozenset[str]] | None = None
+        self._tail_heads: dict[tuple[str, int], Any] = {}
         if writer is None and self._pos > 0:  # reopened on a directory that holds commits
             try:
                 self._check_history(self._store)
@@ -280,6 +284,10 @@ class Follower:
         applied = 0
         for full_merged in (False, True):
             pieces = self._list_new(full_merged=full_merged)
+            # Nothing new past this follower's LSN since a full listing found only an unfinished
+            # tail there: that listing is not made again on every poll.
+            if not full_merged and self._settled == (self._pos, frozenset(p.name for p in beyond(pieces, self._pos))):
+                return applied
             chain = Chain(self._objects, pieces, self._pos, self._writer, strict=strict)
             try:
                 for obj in chain:
@@ -297,7 +305,12 @@ class Follower:
             past = beyond(pieces, self._pos)
             if not past:
                 break
-        tail = unfinished_tail(self._objects, past, self._pos, chain.heads) if past else None
+        tail = unfinished_tail(self._objects, past, self._pos, chain.heads, self._tail_heads) if past else None
+        # Settled: a tail after the full listing, where nothing was applied (nothing applied
+        # means that listing is the one to compare the next polls' with).
+        self._settled = (self._pos, frozenset(p.name for p in past)) if tail is not None and not applied else None
+        if tail is None:
+            self._tail_heads.clear()
         if past and tail is None:
             later = past[0].first
             self._end_seen = max(self._end_seen, later - 1, *(p.first for p in past))

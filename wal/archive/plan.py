@@ -245,28 +245,32 @@ def beyond(pieces: list[Piece], pos: int) -> list[Piece]:
     return sorted((p for p in pieces if p.first > pos), key=lambda p: p.first)
 
 
-def unfinished_tail(objects: ObjectStore, pieces: list[Piece], pos: int,
-                    heads: dict[str, Head] | None = None) -> list[Piece] | None:
+def unfinished_tail(objects: ObjectStore, pieces: list[Piece], pos: int, heads: dict[str, Head] | None = None,
+                    cache: dict[tuple[str, int], Head] | None = None) -> list[Piece] | None:
     """The objects past the chain's end `pos`, if they are unfinished tails (FORMAT.md §18),
     else None (damage: refused). Each writer's objects there are at most MAX_IN_FLIGHT - 1 group
     objects (merges only ever take stored, gap-free objects), each sent while an object before
     it was in flight: the j-th of them (from 1) was sent with at least j objects before it not
     yet stored (its `behind`). That holds for a writer that stopped with PUTs in flight and for
     the strays of a fenced writer (its objects past the fence, the j-th of which had the fenced
-    one and j - 1 more before it in flight). One object missing from a finished archive fails it:
-    the objects after it are more than a writer ever has in flight, or the one right after it was
-    sent once everything before it was stored. Headers are read unless in `heads`."""
+    one and j - 1 more before it in flight). One object missing from a finished archive fails it
+    where the objects after it are more than a writer ever has in flight, or the one right after
+    it was sent once everything before it was stored (not where it was among the last objects a
+    writer had in flight: FORMAT.md §18). Headers are read unless in `heads`; `cache`, keyed by
+    (name, size), keeps those read for the next call (a follower's polls)."""
     past = beyond(pieces, pos)
     if not past or any(not is_group(p) for p in past):
         return None
     seen: dict[bytes, int] = {}
     for piece in past:
-        head = (heads or {}).get(piece.name)
+        head = (heads or {}).get(piece.name) or (cache or {}).get((piece.name, piece.size))
         if head is None:
             try:
                 head = head_of(layout.decode_log(objects.get(piece.name), piece.name))
             except CorruptionError:
                 return None
+            if cache is not None:
+                cache[(piece.name, piece.size)] = head
         j = seen[head.writer_id] = seen.get(head.writer_id, 0) + 1
         if j > layout.MAX_IN_FLIGHT - 1 or head.behind < j:
             return None
