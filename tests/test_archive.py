@@ -700,7 +700,17 @@ def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archiv
 def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog):
     """A writer killed before its first object leaves an archive with nothing in it: what it
     holds is the state at LSN 0, as for an archive whose log starts at LSN 1 (said in a WARNING,
-    since a mistyped prefix looks the same). A target past it is refused, naming its end."""
+    since a mistyped prefix looks the same). A target past it is refused, naming its end. A
+    file:// archive's folder is made by its writer's open: a missing one is a mistyped URL, and
+    restore and verify refuse it (they restored the empty state, and verify said sound)."""
+    if archive_url.startswith("file://"):
+        folder = archive_url[len("file://"):]
+        with pytest.raises(wal.ArgumentError, match=r"there is no archive at .*: its folder does not exist"):
+            wal.restore(archive_url, tmp_path / "r")
+        with pytest.raises(wal.ArgumentError, match="its folder does not exist"):
+            verify(archive_url)
+        assert not (tmp_path / "r").exists()
+        os.makedirs(folder)  # as the writer's open makes it
     with caplog.at_level("WARNING", logger="wal.archive"):
         report = wal.restore(archive_url, tmp_path / "r")
     assert report.lsn == 0 and report.snapshot_lsn == 0 and report.records == 0

@@ -273,7 +273,17 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
     aware datetime or ISO 8601 string: every commit made at or before it), or to its end.
     `sealing`: the `wal.open` options of a sealed store (encryption=, compression=, ...): an
     encrypted archive needs its key, and the store restored is sealed as the one that shipped."""
+    _refuse_missing_folder(url)
     return restore_chain(url, directory, lsn=lsn, time=time, parallel=parallel, progress=progress, **sealing)[0]
+
+
+def _refuse_missing_folder(url: str | ObjectStore) -> None:
+    """A ``file://`` archive whose folder does not exist: a mistyped URL, told apart from an
+    archive that holds nothing yet (its writer makes the folder when it opens), which an S3
+    prefix cannot be. Refused by restore and verify; a follower may start before its writer."""
+    text = url if isinstance(url, str) else getattr(url, "url", None)  # an obstore store has none
+    if isinstance(text, str) and text.startswith("file://") and not os.path.isdir(text[len("file://"):]):
+        raise ArgumentError(f"there is no archive at {text}: its folder does not exist")
 
 
 def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: int | None = None,
@@ -512,6 +522,7 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     """Read every object of the archive: each must verify alone, the LSNs must run on without a
     gap from the oldest snapshot to the end, and every snapshot must be sound. `sealing`: the key
     (encryption=, ...) of an encrypted archive."""
+    _refuse_missing_folder(url)
     objects, _ = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     problems: list[str] = []
