@@ -289,6 +289,31 @@ def test_a_key_provider_that_raises_gives_an_encryption_key_error_naming_the_sto
         assert read.value.key_id == key_id(KEY).hex() and isinstance(read.value.__cause__, ConnectionError)
 
 
+def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_plain(tmp_path: Path) -> None:
+    """STORE says how a store is sealed; one deleted, or rewritten without its "sealed" object,
+    opened the store plain: its envelopes came back as values, and new values were written in
+    the clear into an encrypted store. The state records that it is sealed, and such an open is
+    refused; deleting STORE and opening with the store's key writes it again."""
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    (tmp_path / "STORE").unlink()
+    with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
+        wal.open(tmp_path)
+    meta = json.loads((tmp_path / "STORE").read_text())
+    meta.pop("sealed", None)
+    (tmp_path / "STORE").write_text(json.dumps(meta))  # a STORE without its "sealed" object
+    for readonly in (False, True):
+        with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
+            wal.open(tmp_path, readonly=readonly)
+    (tmp_path / "STORE").unlink()
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get(b"k") == SECRET
+        store.put(b"k2", SECRET)
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    with wal.open(tmp_path, encryption=KEY, readonly=True) as store:
+        assert store.get(b"k2") == SECRET
+
+
 # ---- damage: never wrong data --------------------------------------------------------------------------
 
 

@@ -111,6 +111,10 @@ APPLIED_KEY = b"applied_lsn"
 # The log's durable LSN as seen at the last apply: a log that later ends below it lost durable
 # records (a zeroed or cut tail looks like unwritten space; this mark makes the loss visible).
 DURABLE_SEEN_KEY = b"durable_seen"
+# Set (to b"1") by a sealed store's writable open: the state holds envelopes, whatever STORE says.
+# A STORE that lost its "sealed" object (deleted, replaced, copied without it) would otherwise
+# open the store plain: ciphertext served as values, and new values written in the clear.
+SEALED_KEY = b"sealed"
 # LMDB's map is address space, not memory or disk (the file grows with the data), but a process
 # has only 128 TiB of it: a fixed 1 TiB map per state stopped the 128th store. So the map starts
 # at twice the file (at least MIN_MAP_SIZE) and grows on MDB_MAP_FULL (`State._grow_map`), by

@@ -98,10 +98,10 @@ from wal.log import durability as dur
 from wal.log import record
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
+from wal.store.sealed import STORE_FIELD, read_meta
 from wal.store.sealed import plan as plan_sealing
-from wal.store.sealed import read_meta
 from wal.store.snapshot import Snapshot, lmdb_only, merged
-from wal.store.state import DURABLE_SEEN_KEY, State, StateError, compact, read_checkpoint
+from wal.store.state import DURABLE_SEEN_KEY, SEALED_KEY, State, StateError, compact, read_checkpoint
 
 if TYPE_CHECKING:
     from wal.store.sealed import SealingPlan
@@ -478,6 +478,11 @@ class Store:
             _check_store_file(root, create=False)
             state = State(os.path.join(root, STATE_DIR), readonly=True,
                           writer_lock=os.path.join(root, LOG_DIR, LOCK_NAME))
+            try:
+                _check_sealed_marker(root, state, sealing, writable=False)
+            except BaseException:
+                state.close()
+                raise
             ro = cls(root, None, state, level, **common)  # type: ignore[arg-type]
             if sealing is not None:
                 sealing.attach(ro)
@@ -506,6 +511,11 @@ class Store:
         try:
             replayer.join()
             state = replayer.open_state()
+            try:
+                _check_sealed_marker(root, state, sealing, writable=True)
+            except BaseException:
+                state.close()
+                raise
             # LMDB creates state/ and its files but never fsyncs a directory: make the names
             # durable before a checkpoint can delete the log segments they stand in for.
             fsync_dir(state.path)
@@ -1483,6 +1493,24 @@ def _upgrade_store(root: str, found: int) -> None:
         State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
     _write_store_file(root, read_meta(root))
     _logger.info("upgraded the store at %s to format version %d", root, STORE_VERSION)
+
+
+def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *, writable: bool) -> None:
+    """A store whose state says it is sealed (`SEALED_KEY`) but whose STORE file names no sealing
+    is refused (it would open plain): it would serve its envelopes as values and take new values in
+    the clear. A sealed store's writable open sets the mark (stores sealed before it existed get
+    it then)."""
+    marked = state.meta_get(SEALED_KEY) is not None
+    # STORE, not `sealing`: the operator tools open a sealed store without it on purpose, to
+    # read its envelopes as stored (wal/ops/target.py, open_reader).
+    if marked and not isinstance((read_meta(root) or {}).get(STORE_FIELD), dict):
+        raise CorruptionError(
+            f"the store at {root} holds sealed (encrypted or compressed) values, as its state records, but its "
+            f"STORE file names no sealing: STORE was lost or replaced. Put back the STORE file from a copy of the "
+            "store, or delete it and open the store with its options (encryption=..., compression=...), which "
+            "writes it again", path=os.path.join(root, STORE_FILE), reason="STORE damaged")
+    if sealing is not None and not marked and writable:
+        state.meta_put(SEALED_KEY, b"1")
 
 
 def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> None:
