@@ -34,11 +34,8 @@ class HeldPut(FileObjects):
         self.abandoned = False
 
     def abandon(self) -> None:
-        """Release the held PUT as one that fails (its connection dropped): nothing is stored. A
-        test that reopens the store after closing it uses this, so the closed store's PUT cannot
-        land late, between the reopened one's read of the archive and its own PUT of that name
-        (which would then find the name taken by the writer it resumed after, and stop as
-        fenced)."""
+        """Release the held PUT as one that fails (its connection dropped): nothing is stored,
+        and a store reopened on the directory ships those LSNs itself."""
         self.abandoned = True
         self.release.set()
 

@@ -663,3 +663,57 @@ def test_a_coroutine_waiting_at_replicated_learns_that_its_store_was_fenced(tmp_
         objects.release.set()
         with contextlib.suppress(wal.WalError):
             store.close()
+
+
+class LandsLate(FileObjects):
+    """file:// objects; the first PUT of ``log/<2>.wal`` waits for `release` and then stores its
+    object; any later PUT of that name waits until it has, so it finds the name taken."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.release, self.landed = threading.Event(), threading.Event()
+        self.first_sent = False
+
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        if name != layout.log_name(2):
+            return super().put(name, data, create_only=create_only)
+        if not self.first_sent:
+            self.first_sent = True
+            self.release.wait(60)
+            try:
+                return super().put(name, data, create_only=create_only)
+            finally:
+                self.landed.set()
+        self.landed.wait(10)
+        return super().put(name, data, create_only=create_only)
+
+
+def test_a_store_reopened_while_a_put_of_its_closed_predecessor_is_in_flight_waits_for_it(tmp_path) -> None:
+    """Closed with a PUT in flight (its flush bounded), then reopened in the same process: the
+    old PUT landed after the new open had read the archive's end, the new store's PUT of the same
+    name found it taken by the writer it resumed after, and it stopped as fenced. The open now
+    waits for the closed store's PUTs first, and so finds that object in the archive."""
+    objects = LandsLate(str(tmp_path / "a"))
+    store = wal.open(tmp_path / "s", durability="replicated", archive=objects, archive_rpo_ms=60_000)
+    store._close_flush_s = 0.2
+    store.put("one", b"1")
+    outcome: list[object] = []
+
+    def commit() -> None:
+        try:
+            outcome.append(store.put("two", b"2"))
+        except wal.WalError as exc:
+            outcome.append(exc)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    wait_until(lambda: objects.first_sent)
+    store.close()
+    committer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
+    threading.Timer(0.3, objects.release.set).start()  # lands while the store below opens
+    with wal.open(tmp_path / "s", durability="replicated", archive=objects, archive_rpo_ms=60_000) as again:
+        assert again.get("two") == b"2"
+        assert again.put("three", b"3") == 3  # acknowledged at replicated: the archive holds it
+    report = wal.restore(f"file://{tmp_path}/a", tmp_path / "r")
+    assert report.lsn == 3

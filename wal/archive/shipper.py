@@ -98,6 +98,30 @@ _SNAPSHOT_SPACE_RETRY_S = 60.0  # a snapshot the disk had no room for is tried a
 _SAMPLE_EVERY_S = 0.001
 
 
+# PUTs a stopped shipper left in flight, by archive URL. Such a PUT may still store its object
+# after the store closed; a writer reopened on the same archive in this process that read the
+# archive's end before it landed would then find its own first name taken by the writer it
+# resumed after, and stop as fenced. So an archived open waits for them first
+# (`wait_for_lingering_puts`). (Another process's PUT, sent just before it was killed, can land
+# as late: that case stops the new writer as fenced, FORMAT.md §18.)
+_lingering: dict[str, list[concurrent.futures.Future[Any]]] = {}
+_lingering_lock = threading.Lock()
+
+
+def wait_for_lingering_puts(url: str, timeout: float) -> bool:
+    """Wait (at most `timeout` seconds) for the PUTs stopped shippers of this process left in
+    flight to the archive at `url`; False if some are still running."""
+    with _lingering_lock:
+        futures = [f for f in _lingering.pop(url, []) if not f.done()]
+    if not futures:
+        return True
+    _, running = concurrent.futures.wait(futures, timeout=timeout)
+    if running:
+        with _lingering_lock:
+            _lingering.setdefault(url, []).extend(running)
+    return not running
+
+
 class _DaemonPool:
     """Threads running submitted calls, each answered through a `concurrent.futures.Future`.
     Daemon threads, unlike ThreadPoolExecutor's: a PUT hanging on an unreachable object store
@@ -331,8 +355,13 @@ class Shipper:
                 _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
         if job is None or job.done():  # else its file is the next archived open's to delete
             self._discard_pending_snapshot()
-        # PUTs still in flight may finish after this (harmless: durable records, create-only
-        # names); nothing waits for them.
+        # PUTs still in flight may finish after this: durable records, under create-only names.
+        # A writer reopened on this archive in this process waits for them before it reads where
+        # the archive ends (`wait_for_lingering_puts`).
+        left = [entry[2] for entry in list(self._inflight.values()) if entry[2] is not None and not entry[2].done()]
+        if left:
+            with _lingering_lock:
+                _lingering.setdefault(self.objects.url, []).extend(left)
         self._pool.shutdown()
         self._maint.shutdown()
         self.write_status()

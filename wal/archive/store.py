@@ -31,7 +31,7 @@ from wal.archive.objects import ArchiveUnavailableError, ObjectMissingError, Obj
 from wal.archive.plan import find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
-from wal.archive.shipper import Resolved, Shipper
+from wal.archive.shipper import Resolved, Shipper, wait_for_lingering_puts
 from wal.archive.spool import SpooledSnapshot
 from wal.errors import ArgumentError, FailedError, NoSpaceError, storage_error
 from wal.log import record
@@ -39,6 +39,9 @@ from wal.store.sealed import plan as plan_sealing
 from wal.store.store import Store
 
 _logger = logging.getLogger("wal.archive")
+# How long an archived open waits for PUTs a store closed earlier in this process left in
+# flight to the same archive (`_resolve`): an S3 client's own timeouts run to about a minute.
+_LINGERING_PUTS_WAIT_S = 60.0
 
 _STORE_PUT = Store.put  # the C fast path (storecore.FastCommit) wrapping the Python method
 _STORE_DELETE = Store.delete
@@ -278,6 +281,10 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
     a writer still running; if it stores that name first, this store is the one fenced."""
     log = store._log
     assert log is not None
+    if not wait_for_lingering_puts(objects.url, _LINGERING_PUTS_WAIT_S):
+        _logger.warning("archive %s: a PUT of a store closed earlier in this process is still running after %.0f s; "
+                        "opening anyway (if it lands after this open has read the archive, this writer stops "
+                        "as fenced)", objects.url, _LINGERING_PUTS_WAIT_S)
     if not objects.check_create_only():
         if store._archive_fencing:
             raise FailedError(fencing_refusal(objects))
