@@ -1356,6 +1356,19 @@ def test_restore_into_a_symlink_to_an_empty_directory_fills_that_directory(tmp_p
         assert restored.get("k") == b"v"
 
 
+def test_a_refused_restore_leaves_no_directory_it_made(tmp_path):
+    """The parents of the restore's directory are made for the store being built beside it; a
+    refused restore (here: a target past the archive's end) left them, empty."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        primary.put("k", b"v")
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(wal.ArgumentError, match="past the end"):
+        wal.restore(url, tmp_path / "kept" / "new" / "deeper" / "r", lsn=5)
+    assert sorted(os.listdir(tmp_path)) == ["a", "kept", "p"] and os.listdir(tmp_path / "kept") == []
+    assert wal.restore(url, tmp_path / "kept" / "new" / "deeper" / "r", lsn=1).lsn == 1
+
+
 def test_restore_into_a_mount_point_is_refused_before_anything_is_downloaded(tmp_path):
     """A restore renames the store it built beside its directory into place, which a mount point
     cannot take: it failed with EBUSY after the whole download, naming a temporary directory."""

@@ -321,6 +321,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     tail: list[Piece] = []
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
     building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
+    made = _missing_dirs(os.path.dirname(root))  # a refused restore leaves none of them behind
     try:
         builder = StoreBuilder(building, snap, sealed)
         del snap  # its bytes go once the builder has loaded them
@@ -344,12 +345,24 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         if snap_read is not None:
             snap_read.close()
         shutil.rmtree(building, ignore_errors=True)
+        for made_dir in made:  # deepest first; one something else was put in meanwhile stays
+            with contextlib.suppress(OSError):
+                os.rmdir(made_dir)
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
     open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
     return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """The directories of `path` (itself included) that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 class StoreBuilder:
