@@ -81,10 +81,11 @@ def test_prune_keeps_the_ancestors_a_delta_channel_is_rebuilt_from(tmp_path: Pat
 
         # What a prune blind to DeltaChannels would leave: the newest checkpoint alone.
         saver.copy_thread("t", "naive")
-        by_id = saver._checkpoints("naive")[""]
-        newest = max(by_id)
-        doomed = set(by_id) - {newest}
-        saver._commit_batched(saver._doomed_keys("naive", "", by_id, doomed))
+        with store.snapshot() as snap:
+            by_id = saver._checkpoints("naive", snap)[""]
+            doomed = set(by_id) - {max(by_id)}
+            naive = saver._doomed_keys(snap, "naive", "", by_id, doomed)
+        saver._commit_batched(naive)
         assert graph.get_state(cfg("naive")).values["log"] != before["log"]  # the log cannot be rebuilt
 
         saver.prune(["t"])

@@ -189,6 +189,31 @@ def test_prune_copy_and_delete_keep_exactly_the_parts_in_use(tmp_path: Path) -> 
         assert history(saver, "u")[0][:40] == expected
 
 
+def test_a_prune_while_the_run_goes_on_leaves_the_new_checkpoint_whole(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prune read the checkpoints, then the parts, later: a step committed in between wrote a
+    part its (unseen) checkpoint needs, and the prune deleted it as used by no kept checkpoint:
+    the newest checkpoint could not be read. Now it reads all of them from one snapshot."""
+    with wal.open(tmp_path / "db") as store:
+        saver = AgentwalSaver(store)
+        chat_graph(saver, 8).invoke({"messages": []}, cfg("t"))
+        unused_parts = AgentwalSaver._unused_parts
+
+        def with_a_step_committed_meanwhile(self: AgentwalSaver, *args: Any) -> Any:
+            monkeypatch.setattr(AgentwalSaver, "_unused_parts", unused_parts)
+            chat_graph(saver, 9).invoke({"messages": []}, cfg("t"))  # the run goes on: one more step
+            return unused_parts(self, *args)
+
+        monkeypatch.setattr(AgentwalSaver, "_unused_parts", with_a_step_committed_meanwhile)
+        saver.prune(["t"], strategy="keep_latest")
+        assert history(saver, "t")[0] == texts(9)
+        with pytest.raises(wal.ArgumentTypeError, match=r"not one str \('t'\): pass \['t'\]"):
+            saver.prune("t", strategy="delete")  # a lone string: it pruned threads named by its characters
+        with pytest.raises(wal.ArgumentTypeError):
+            saver.delete_for_runs("run")
+        assert history(saver, "t")[0] == texts(9)
+
+
 def test_a_thread_written_whole_by_an_older_saver_reads_and_carries_on_in_parts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with wal.open(tmp_path / "db", durability="interval") as store:

@@ -199,6 +199,16 @@ class _PartsIndex:
                 self._parts.popitem(last=False)
 
 
+
+def _ids(ids: Sequence[str], what: str) -> list[str]:
+    """`ids` as a list; a lone string (a sequence of its characters) is refused: taken as a
+    sequence, "ab" named threads "a" and "b"."""
+    if isinstance(ids, str | bytes):
+        raise ArgumentTypeError(f"{what} must be a sequence of ids, not one {type(ids).__name__} ({ids!r}): "
+                                f"pass [{ids!r}]")
+    return list(ids)
+
+
 class AgentwalSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpointer storing incrementally in a `wal.Store` (see the module docstring).
 
@@ -491,10 +501,12 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
     # and last when copying, so a crash leaves values nothing references, never a checkpoint
     # without its values.
 
-    def _checkpoints(self, thread: str) -> dict[str, dict[str, tuple[dict[str, Any], bytes]]]:
-        """The thread's checkpoints: ns -> checkpoint id -> (header, stored value)."""
+    def _checkpoints(self, thread: str, reader: Store | Snapshot | None = None
+                     ) -> dict[str, dict[str, tuple[dict[str, Any], bytes]]]:
+        """The thread's checkpoints: ns -> checkpoint id -> (header, stored value), as `reader`
+        (the store, or one snapshot of it) holds them."""
         out: dict[str, dict[str, tuple[dict[str, Any], bytes]]] = {}
-        for _, raw in self.store.scan(b"lg/c/" + _c(thread) + b"/"):
+        for _, raw in (reader or self.store).scan(b"lg/c/" + _c(thread) + b"/"):
             head, _ = _unframe(raw)
             if head["thread"] == thread:  # not a thread whose hashed name collided
                 out.setdefault(head["ns"], {})[head["id"]] = (head, raw)
@@ -509,15 +521,17 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         head, (_, meta_b) = _unframe(raw)
         return dict(self.serde.loads_typed((head["mt"], meta_b)))
 
-    def _value_stored(self, thread: str, ns: str, channel: str, version: Any) -> bool:
-        blob = self.store.get(self._bkey(thread, ns, channel, version))
+    def _value_stored(self, reader: Store | Snapshot, thread: str, ns: str, channel: str, version: Any) -> bool:
+        blob = reader.get(self._bkey(thread, ns, channel, version))
         return blob is not None and _unframe(blob)[0]["t"] != "empty"
 
-    def _doomed_keys(self, thread: str, ns: str, by_id: dict[str, tuple[dict[str, Any], bytes]],
+    def _doomed_keys(self, reader: Snapshot, thread: str, ns: str, by_id: dict[str, tuple[dict[str, Any], bytes]],
                      doomed: set[str]) -> _Keys:
         """The keys to delete with the checkpoints `doomed` among `by_id` (those of (thread, ns)):
         the checkpoints, then their pending writes, then the channel values they reference that
-        none of the others does."""
+        none of the others does. Everything is read from `reader`, the one snapshot `by_id` was
+        read from: a value or part a graph step commits meanwhile belongs to a checkpoint not in
+        `by_id`, and must not be taken for one no kept checkpoint uses."""
         values: set[bytes] = set()
         keep_values: set[bytes] = set()
         for cid, (_, raw) in by_id.items():
@@ -525,18 +539,18 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             refs.update(self._bkey(thread, ns, ch, v) for ch, v in self._versions(raw).items())
         keys = [self._ckey(thread, ns, cid) for cid in sorted(doomed)]
         for cid in sorted(doomed):
-            keys += [key for key, _ in self.store.scan(self._wprefix(thread, ns, cid))]
-        return keys + sorted(values - keep_values) + self._unused_parts(thread, ns, keep_values)
+            keys += [key for key, _ in reader.scan(self._wprefix(thread, ns, cid))]
+        return keys + sorted(values - keep_values) + self._unused_parts(reader, thread, ns, keep_values)
 
-    def _unused_parts(self, thread: str, ns: str, kept_values: set[bytes]) -> _Keys:
+    def _unused_parts(self, reader: Snapshot, thread: str, ns: str, kept_values: set[bytes]) -> _Keys:
         """The parts of (thread, ns) that none of the values `kept_values` names: after those
         values, the last to go, so a crash never leaves a value without its parts."""
-        parts = [key for key, _ in self.store.scan(b"lg/p/" + _c(thread) + b"/" + _c(ns) + b"/")]
+        parts = [key for key, _ in reader.scan(b"lg/p/" + _c(thread) + b"/" + _c(ns) + b"/")]
         if not parts:
             return []
         used: set[bytes] = set()
         ordered = sorted(kept_values)
-        for key, blob in zip(ordered, self.store.get_many(ordered), strict=True):
+        for key, blob in zip(ordered, reader.get_many(ordered), strict=True):
             if blob is not None:
                 head = _unframe(blob)[0]
                 if head["t"] == _PARTS:
@@ -605,16 +619,19 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         no error."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
-        for thread in dict.fromkeys(thread_ids):
+        for thread in dict.fromkeys(_ids(thread_ids, "thread_ids")):
             if strategy == "delete":
                 self.delete_thread(thread)
                 continue
             keys: list[bytes] = []
-            for ns, by_id in self._checkpoints(thread).items():
-                keys += self._doomed_keys(thread, ns, by_id, set(by_id) - self._delta_chain(thread, ns, by_id))
+            with self.store.snapshot() as snap:  # one instant: see `_doomed_keys`
+                for ns, by_id in self._checkpoints(thread, snap).items():
+                    kept = self._delta_chain(snap, thread, ns, by_id)
+                    keys += self._doomed_keys(snap, thread, ns, by_id, set(by_id) - kept)
             self._commit_batched(keys)
 
-    def _delta_chain(self, thread: str, ns: str, by_id: dict[str, tuple[dict[str, Any], bytes]]) -> set[str]:
+    def _delta_chain(self, reader: Snapshot, thread: str, ns: str,
+                     by_id: dict[str, tuple[dict[str, Any], bytes]]) -> set[str]:
         """The newest checkpoint's id and those of the ancestors its DeltaChannels need."""
         newest = max(by_id)
         kept = {newest}
@@ -625,7 +642,8 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             head, raw = by_id[cid]
             kept.add(cid)
             versions = self._versions(raw)
-            delta = {ch for ch in delta if ch not in versions or not self._value_stored(thread, ns, ch, versions[ch])}
+            delta = {ch for ch in delta
+                     if ch not in versions or not self._value_stored(reader, thread, ns, ch, versions[ch])}
             cid = head["parent"]
         return kept
 
@@ -638,7 +656,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         As LangGraph's contract warns: a DeltaChannel of a later run that is rebuilt from the
         deleted checkpoints' writes (no snapshot of it since) is rebuilt without them; delete
         such runs together, or `prune` instead, which keeps what DeltaChannels need."""
-        runs = set(run_ids)
+        runs = set(_ids(run_ids, "run_ids"))
         if not runs:
             return
         doomed_by_thread: dict[str, set[tuple[str, str]]] = {}  # thread -> {(ns, checkpoint id)}
@@ -649,13 +667,14 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         for thread, doomed_ids in sorted(doomed_by_thread.items()):
             keys: list[bytes] = []
             pointers: dict[bytes, bytes | None] = {}
-            for ns, by_id in self._checkpoints(thread).items():
-                doomed = {cid for cid in by_id if (ns, cid) in doomed_ids}
-                if not doomed:
-                    continue
-                keys += self._doomed_keys(thread, ns, by_id, doomed)
-                survivors = set(by_id) - doomed
-                pointers[self._lkey(thread, ns)] = max(survivors).encode() if survivors else None
+            with self.store.snapshot() as snap:  # one instant: see `_doomed_keys`
+                for ns, by_id in self._checkpoints(thread, snap).items():
+                    doomed = {cid for cid in by_id if (ns, cid) in doomed_ids}
+                    if not doomed:
+                        continue
+                    keys += self._doomed_keys(snap, thread, ns, by_id, doomed)
+                    survivors = set(by_id) - doomed
+                    pointers[self._lkey(thread, ns)] = max(survivors).encode() if survivors else None
             self._commit_batched(keys, pointers)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
