@@ -127,6 +127,41 @@ def test_clear_large_session(store: wal.Store) -> None:
     run(go())
 
 
+def test_an_add_committed_while_a_clear_ends_is_kept_with_its_record(store: wal.Store) -> None:
+    """clear_session deletes the items in batches until none is left, then the record. An add
+    that committed after its last look for items lost its record to that final delete (made
+    without a check): the item stayed, unnamed, and the next add wrote over it. Now the add is
+    kept, with its record: the clear came first."""
+    session = AgentwalSession("s", store)
+
+    class AddOnceTheLastBatchIsGone:
+        def __init__(self) -> None:
+            self.added = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        def scan(self, prefix: bytes) -> Any:
+            found = list(store.scan(prefix))
+            if not found and not self.added:  # the clear saw no item left: another task adds one
+                self.added = True
+                session.store = store
+                session._add_items([msg("user", "added meanwhile")])
+            return iter(found)
+
+    async def go() -> None:
+        await session.add_items([msg("user", "old")])
+        session.store = AddOnceTheLastBatchIsGone()  # type: ignore[assignment]
+        await session.clear_session()
+        assert session.store is store
+        assert await session.get_items() == [msg("user", "added meanwhile")]
+        assert await session.get_items(limit=5) == [msg("user", "added meanwhile")]
+        await session.add_items([msg("user", "next")])
+        assert await session.get_items() == [msg("user", "added meanwhile"), msg("user", "next")]
+
+    run(go())
+
+
 # ---- lifecycle like SQLiteSession: a path, a shared store, close() -------------------------------
 
 

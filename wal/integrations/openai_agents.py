@@ -265,8 +265,19 @@ class AgentwalSession(SessionABC):
                 return (max(first, last + 1), nxt, None) if last + 1 < nxt else (1, 1, None)
 
             self._mutate(fn)
-        if self.store.version(self._meta) is not None:
-            self.store.delete(self._meta, durability=self.durability)
+        # The record goes last, and only if it still names no item: an add_items that committed
+        # after the last batch is kept (the clear came first), with its record. Deleted without
+        # that check, the record went, and the next add wrote over that item's sequence number.
+        while True:
+            try:
+                with self.store.transaction(durability=self.durability) as tx:
+                    version, first, nxt = self._bounds(tx)
+                    if version and nxt <= first:
+                        tx.delete(self._meta, if_version=version)
+                return
+            except ConflictError as exc:
+                if exc.key != self._meta:
+                    raise
 
     # ---- the Session protocol ------------------------------------------------------------------------
 
