@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,6 +258,53 @@ def test_expire_idle(store: wal.Store) -> None:
     assert sorted(ag.threads()) == ["new"]
     assert ag.pending_calls() == []
     assert ag.expire_idle(3600) == []
+
+
+def test_expire_idle_keeps_a_thread_written_after_it_looked(store: wal.Store,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """expire_idle decided from a record it read, then deleted the thread unconditionally: an
+    event appended (and acknowledged) in between was deleted with it."""
+    ag = AgentStore(store)
+    ag.append("t", b"old event")
+    time.sleep(0.05)
+    thread_info = AgentStore.thread_info
+
+    def idle_then_written(self: AgentStore, thread: str) -> Any:
+        info = thread_info(self, thread)  # the look: idle
+        monkeypatch.setattr(AgentStore, "thread_info", thread_info)
+        assert self.append(thread, b"new event") == 2  # another worker writes right now
+        return info
+
+    monkeypatch.setattr(AgentStore, "thread_info", idle_then_written)
+    assert ag.expire_idle(0.01) == []
+    assert [e for _, e in ag.read("t")] == [b"old event", b"new event"]
+    time.sleep(0.05)
+    assert ag.expire_idle(0.01) == ["t"] and list(ag.threads()) == []
+    with pytest.raises(wal.ArgumentError):
+        ag.expire_idle(float("nan"))
+
+
+def test_end_call_after_its_thread_was_deleted_is_refused_and_leaves_no_outcome(
+        store: wal.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """end_call looked the call up, then wrote its outcome in a transaction that made the thread
+    again if it was gone: a delete_thread in between left the thread back, and an outcome that a
+    later begin_call of the same call id reported as its own ("done", with the old result)."""
+    ag = AgentStore(store)
+    ag.begin_call("t", "call-1", "pay", b'{"eur": 5}')
+    call = AgentStore._call
+
+    def looked_up_then_deleted(self: AgentStore, call_id: str, **kw: Any) -> Any:
+        rec = call(self, call_id, **kw)
+        monkeypatch.setattr(AgentStore, "_call", call)
+        self.delete_thread("t")  # another worker deletes the thread now
+        return rec
+
+    monkeypatch.setattr(AgentStore, "_call", looked_up_then_deleted)
+    with pytest.raises(wal.ArgumentError, match="was deleted meanwhile"):
+        ag.end_call("t", "call-1", b'{"ok": true}')
+    assert list(ag.threads()) == [] and list(store.scan(b"ag/")) == []
+    again = ag.begin_call("t2", "call-1", "refund", b'{"eur": 1}')
+    assert again.new and again.status == "pending" and again.result is None
 
 
 def test_deleting_thread_refuses_writes_until_finished(store: wal.Store) -> None:

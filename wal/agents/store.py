@@ -567,12 +567,20 @@ class AgentStore:
             tx.delete(self._pkey(tname, cname))
 
         try:
-            self._mutate(thread, body, durability=durability)
+            # create=False: a thread deleted since the look above (its calls with it) is not made
+            # again around this outcome, which a later begin_call of the same call_id would take
+            # for its own.
+            self._mutate(thread, body, durability=durability, create=False)
         except ConflictError as exc:
             if exc.key != okey:
                 raise
+        except (KeyError, ThreadDeletingError):
+            raise ArgumentError(f"end_call of call {call_id!r}: its thread {thread!r} was deleted meanwhile, "
+                                "the call with it") from None
         done = self._call(call_id)
-        assert done is not None
+        if done is None:
+            raise ArgumentError(f"end_call of call {call_id!r}: its thread {thread!r} was deleted meanwhile, "
+                                "the call with it")
         return done
 
     def pending_calls(self, thread: str | None = None) -> list[CallRecord]:
@@ -667,6 +675,15 @@ class AgentStore:
 
         Crash-safe: see the module docstring. Idempotent (0 for an unknown thread).
         """
+        deleted = self._delete_thread(thread, None)
+        assert deleted is not None
+        return deleted
+
+    def _delete_thread(self, thread: str, idle_before: int | None) -> int | None:
+        """`delete_thread`; with `idle_before` (ms), only a thread not written since then (or one
+        a deletion already marked): None, and nothing deleted, for one written since. The mark
+        is committed over the record version the decision read, so a write in between makes it
+        read and decide again."""
         tname = _name(thread, "thread")
         rkey = self._rkey(tname)
         while True:
@@ -676,6 +693,8 @@ class AgentStore:
             rec = self._record(self.store, rkey)
             if rec is None or rec.get("deleting"):
                 break
+            if idle_before is not None and int(rec["active_ms"]) >= idle_before:
+                return None
             rec["deleting"] = True
             try:
                 with self.store.transaction() as tx:
@@ -710,9 +729,20 @@ class AgentStore:
             hook = type(self)._after_delete_batch
             if hook is not None:
                 hook(deleted)
-        if self.store.version(rkey) is not None:
-            self.store.delete(rkey)
-            deleted += 1
+        # The record last, and only while it is still the deleting one: another delete_thread may
+        # have finished first, and the thread been made again since.
+        while True:
+            version = self.store.version(rkey)
+            rec = self._record(self.store, rkey) if version is not None else None
+            if rec is None or not rec.get("deleting"):
+                break
+            try:
+                with self.store.transaction() as tx:
+                    tx.delete(rkey, if_version=version)
+                deleted += 1
+                break
+            except ConflictError:
+                continue
         return deleted
 
     def finish_deletions(self) -> int:
@@ -730,11 +760,15 @@ class AgentStore:
 
         Returns the names of the threads deleted.
         """
+        if isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float) or not older_than_s >= 0:
+            raise ArgumentError(f"older_than_s must be seconds >= 0, got {older_than_s!r}")
         cutoff = _now_ms() - int(older_than_s * 1000)
         gone = []
         for thread in list(self.threads()):
             rec = self.thread_info(thread)
-            if rec is not None and (rec.get("deleting") or int(rec["active_ms"]) < cutoff):
-                self.delete_thread(thread)
+            # Decided again on the record the deletion marks: a thread written since this look is
+            # kept (its write was acknowledged; deleting it would lose it).
+            if (rec is not None and (rec.get("deleting") or int(rec["active_ms"]) < cutoff)
+                    and self._delete_thread(thread, cutoff) is not None):
                 gone.append(thread)
         return gone
