@@ -116,6 +116,36 @@ def test_verify_of_an_encrypted_archive_uses_the_key_file(tmp_path: Path, keys: 
     assert r.returncode == 1 and "is encrypted" in r.stderr, r.stderr
 
 
+def test_repair_of_an_encrypted_store_exports_its_state_so_the_printed_import_restores_its_values(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """repair exports the state it sets aside, and says to import it to put the newer values
+    back. A sealed store's state holds envelopes: exported as plain values, that import wrote
+    every key's ciphertext back as its value. Now it is exported as `export` does, sealed."""
+    from wal import ops  # noqa: PLC0415
+
+    old_file, _ = keys
+    store_dir = tmp_path / "store"
+    committed = {f"key/{i:03d}".encode(): SECRET + b" %d" % i for i in range(20)}
+    with wal.open(store_dir, encryption=OLD) as store:
+        for k, v in committed.items():
+            store.put(k, v)
+    segment = ops.info(str(store_dir))["segments"][0]
+    with open(segment["path"], "r+b") as f:  # damage mid-log: the state is ahead of the last good record
+        f.seek(segment["end_offset"] // 2)
+        byte = f.read(1)
+        f.seek(segment["end_offset"] // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = run("repair", str(store_dir), "--yes", "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    [export] = store_dir.glob("state.backup-*.jsonl")
+    text = export.read_text()
+    assert SECRET.decode() not in text and all('"sealed"' in line for line in text.splitlines())
+    r = run("import", str(store_dir), str(export), "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    with wal.open(store_dir, encryption=OLD) as store:
+        assert dict(store.scan(b"key/")) == committed
+
+
 def test_after_rekey_the_archive_ships_a_snapshot_so_a_restore_from_then_on_needs_only_the_new_key(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     old_file, new_file = keys

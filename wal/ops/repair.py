@@ -4,7 +4,6 @@ backed up where), then the repair.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -14,9 +13,9 @@ import wal
 from wal.errors import LockedError
 from wal.log import recovery
 from wal.log.log import LOCK_NAME
-from wal.ops.render import render_bytes
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import OpsError, Target, _probe_lock, locate, locked_message, open_reader, open_writer
+from wal.ops.transfer import dictionary_lines, is_sealed, value_line
 
 # ---- repair ----------------------------------------------------------------------------------------------
 
@@ -164,14 +163,19 @@ def backup_log(log_dir: str, dest: str) -> list[str]:
 
 
 def _export_snapshot(target: Target, dest: str) -> int:
-    """The LMDB state alone (no log: it is damaged), as export lines, fsynced; returns the key count."""
+    """The LMDB state alone (no log: it is damaged), as export lines, fsynced; returns the key
+    count. A sealed store's values are its envelopes, exported as `agentwal export` writes them
+    (its dictionaries first, then {"key", "sealed"} lines), so `agentwal import` opens them: as
+    plain values, the import put the ciphertexts back as every key's value."""
+    sealed = is_sealed(target.path)
     snap = _StateSnapshot.open(target)
     count = 0
     try:
         with open(dest, "w", encoding="utf-8") as f:
+            for line in dictionary_lines(target.path):
+                f.write(line + "\n")
             for key, version, value in snap.items():
-                f.write(json.dumps({"key": render_bytes(key), "value": render_bytes(value), "version": version},
-                                   ensure_ascii=False) + "\n")
+                f.write(value_line(key, value, version, sealed=sealed) + "\n")
                 count += 1
             f.flush()
             os.fsync(f.fileno())

@@ -74,16 +74,31 @@ def _refuse_blobs(path: str) -> None:
 
 
 def _export_lines(path: str, prefix: bytes) -> Iterator[str]:
-    sealed = isinstance((read_meta(path) or {}).get("sealed"), dict)
-    field = "sealed" if sealed else "value"
-    if sealed:
-        for did, file in dictionary_files(path):
-            with open(file, "rb") as f:
-                envelope = f.read()
-            yield json.dumps({"zstd_dictionary": f"{did:08x}", "sealed": render_bytes(envelope)}, ensure_ascii=False)
+    sealed = is_sealed(path)
+    yield from dictionary_lines(path)
     for key, version, value in scan(path, prefix, opened=False):  # a sealed store's envelopes, as stored
-        yield json.dumps({"key": render_bytes(key), field: render_bytes(value), "version": version},
-                         ensure_ascii=False)
+        yield value_line(key, value, version, sealed=sealed)
+
+
+def is_sealed(path: str) -> bool:
+    """Whether the store at `path` is sealed (encrypted or compressed): its values are envelopes."""
+    return isinstance((read_meta(path) or {}).get("sealed"), dict)
+
+
+def dictionary_lines(path: str) -> Iterator[str]:
+    """The export lines of the trained dictionaries the store keeps (module docstring)."""
+    if not is_sealed(path):
+        return
+    for did, file in dictionary_files(path):
+        with open(file, "rb") as f:
+            envelope = f.read()
+        yield json.dumps({"zstd_dictionary": f"{did:08x}", "sealed": render_bytes(envelope)}, ensure_ascii=False)
+
+
+def value_line(key: bytes, value: bytes, version: int, *, sealed: bool) -> str:
+    """The export line of a key's value as stored: under "sealed" for a sealed store's envelope."""
+    return json.dumps({"key": render_bytes(key), "sealed" if sealed else "value": render_bytes(value),
+                       "version": version}, ensure_ascii=False)
 
 
 def parse_import(lines: Iterator[str], source: str) -> Imported:
