@@ -141,6 +141,20 @@ def test_str_keys_are_encoded_as_utf8(tmp_path: Path) -> None:
         assert store.get(b"caf\xc3\xa9/\xc3\xbc") is None
 
 
+def test_a_str_key_that_is_not_valid_unicode_is_an_argument_error(tmp_path: Path) -> None:
+    """A lone surrogate (what os.fsdecode makes of a non-UTF-8 file name) raised a raw
+    UnicodeEncodeError from every call: it is an ArgumentError, and its bytes work."""
+    bad = "agent/\udcff"
+    with wal.open(tmp_path) as store:
+        for call in (lambda: store.put(bad, b"v"), lambda: store.get(bad), lambda: store.delete(bad),
+                     lambda: store.get_many([bad]), lambda: list(store.scan(bad)),
+                     lambda: store.update(bad, lambda v: b"v")):
+            with pytest.raises(wal.ArgumentError, match="not encodable as UTF-8"):
+                call()
+        store.put(os.fsencode(bad), b"v")
+        assert store.get(b"agent/\xff") == b"v"
+
+
 # ---- scan ---------------------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from wal._lmdbcall import DATA, META, LmdbError
-from wal.errors import ClosedError
+from wal.errors import ArgumentTypeError, ClosedError
 from wal.store.state import APPLIED_KEY, raise_lmdb
 
 if TYPE_CHECKING:
@@ -161,6 +161,8 @@ class Snapshot:
 
     def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
         """The values of `keys` as of `lsn` (`default` for absent ones), in the order given."""
+        if isinstance(keys, str | bytes | bytearray | memoryview):
+            raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
         return [self.get(key, default) for key in keys]
 
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:

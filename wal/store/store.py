@@ -174,11 +174,22 @@ class Watermarks(NamedTuple):
     applied: int  # last LSN whose effect is in LMDB
 
 
+def _refuse_lone_key(keys: object) -> None:
+    """get_many takes a sequence of keys: a lone str or bytes is one too (of its characters), and
+    was read as such (`get_many("abc")` read keys a, b and c)."""
+    if isinstance(keys, str | bytes | bytearray | memoryview):
+        raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
+
+
 def _key(key: object, *, allow_empty: bool = False) -> bytes:
     if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES:
         return key  # the common case, checked first: every commit passes here
     if isinstance(key, str):
-        data = key.encode()
+        try:
+            data = key.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate, as os.fsdecode makes of a non-UTF-8 name
+            raise ArgumentError(f"a str key must be valid Unicode: {key!r} is not encodable as UTF-8 ({exc.reason}); "
+                                "pass its bytes instead") from None
     elif isinstance(key, bytes):
         data = key
     elif isinstance(key, bytearray | memoryview):
@@ -663,14 +674,16 @@ class Store:
         """The values of `keys` (`default` for absent ones), in the order given, all of one
         instant: one LMDB read transaction and one visible LSN (wal/store/snapshot.py)."""
         self._usable()
-        ks: Sequence[bytes | str] = keys
-        try:  # a list or tuple of bytes goes to C as it is
-            values: list[bytes | None] | None = self._core.get_many(ks, default)  # type: ignore[arg-type]
-        except TypeError:
+        _refuse_lone_key(keys)
+        values: list[bytes | None] | None = None
+        if type(keys) in (list, tuple):  # a list or tuple of bytes goes to C as it is
+            values = self._core.get_many(keys, default)  # type: ignore[arg-type]
+        if values is None:  # str keys, another iterable, or keys C declined: as bytes, in one call
             ks = [_key(k) for k in keys]
-            values = self._core.get_many(ks, default)  # type: ignore[arg-type]
-        if values is None:  # the C path declined (an error to classify, an odd key): read again here
-            values = [self.get(k, default) for k in ks]
+            values = self._core.get_many(ks, default)
+            if values is None:  # declined again (an error to classify): from one snapshot, so of one instant
+                with self.snapshot() as snap:
+                    values = [snap.get(k, default) for k in ks]
         return values
 
     def snapshot(self) -> Snapshot:
