@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -1063,6 +1064,48 @@ def test_bad_configuration_is_refused_before_anything_is_created(tmp_path: Path)
     with pytest.raises(wal.ArgumentTypeError):
         wal.open(tmp_path / "d", rpo_ms="100")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", [{"idempotency_ttl_s": math.inf}, {"idempotency_ttl_s": math.nan},
+                                 {"idempotency_ttl_s": "60"}, {"apply_interval_ms": "20"},
+                                 {"apply_interval_ms": math.nan}, {"max_unapplied": "many"},
+                                 {"max_unapplied": 0}, {"rpo_ms": 10**12}])
+def test_a_bad_number_is_an_argument_error_and_leaves_the_directory_unlocked(tmp_path: Path, bad: dict) -> None:
+    """Checked only after the log and the state were open, these raised raw Python errors
+    (OverflowError for a TTL of infinity, "remember forever") and left them open: the next open
+    of the directory was refused as locked by this very process."""
+    with wal.open(tmp_path):
+        pass
+    with pytest.raises(wal.ArgumentError) as refused:
+        wal.open(tmp_path, **bad)
+    assert isinstance(refused.value, wal.WalError)
+    with wal.open(tmp_path) as store:  # not locked
+        store.put("k", b"v")
+
+
+def test_an_empty_or_odd_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wal.open("") made the current directory a store (an unset variable, say)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(wal.ArgumentError, match="path is empty"):
+        wal.open("")
+    for odd in (None, 5):
+        with pytest.raises(wal.ArgumentTypeError):
+            wal.open(odd)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reader_takes_the_writers_archive_options_and_checks_them(tmp_path: Path) -> None:
+    """A read-only open given the writer's archive= and options (the same call as the writer's,
+    with readonly=True) was refused for the options; they are checked, and unused."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=1000) as writer:
+        writer.put("k", b"v")
+    with wal.open(tmp_path / "s", readonly=True, archive=url, archive_rpo_ms=1000) as reader:
+        assert reader.get("k") == b"v"
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "s", readonly=True, archive=url, archive_rpo_ms=0)
+    with pytest.raises(wal.ArgumentError):
+        wal.open(tmp_path / "s", readonly=True, archive=url, archive_typo=1)
 
 
 def test_every_error_class_derives_from_wal_error() -> None:

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from wal.archive import is_archive_url
-from wal.errors import ArgumentError, WalError, storage_error
+from wal.errors import ArgumentError, ArgumentTypeError, WalError, storage_error
 from wal.store.store import Store, open_local
 
 
@@ -57,16 +57,23 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         "encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
         "compression_dict": compression_dict,
     }
+    if not isinstance(path, str | os.PathLike):
+        raise ArgumentTypeError(f"the store's path must be a str or os.PathLike, not {type(path).__name__}")
+    if not os.fspath(path):  # "" (an unset variable, say) would make the current directory a store
+        raise ArgumentError("the store's path is empty: name its directory")
     try:
         if is_archive_url(archive) and not readonly:
             from wal.archive.store import open_archived  # noqa: PLC0415
 
             return open_archived(path, archive, archive_options, **options)
-        if archive_options:
+        if is_archive_url(archive):  # read-only: nothing to ship; the writer's archive options are
+            from wal.archive.store import archive_settings  # noqa: PLC0415 -- checked, then unused
+
+            archive_settings(archive_options)
+            archive = False
+        elif archive_options:
             raise ArgumentError(f"{', '.join(sorted(archive_options))}: options of an object archive "
                                 "(archive='s3://...' or 'file:///...'), or unknown")
-        if is_archive_url(archive):
-            archive = False  # read-only: nothing to ship
         return open_local(path, readonly=readonly, archive=archive, **options)
     except WalError:
         raise

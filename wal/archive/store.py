@@ -408,7 +408,7 @@ def check_open_options(options: dict[str, Any]) -> None:
     archive_settings(archive)
     sealing = ("encryption", "compression", "compression_threshold", "compression_dict")
     rest = {k: v for k, v in options.items() if k not in archive and k not in sealing}
-    checked = ("durability", "rpo_ms", "checkpoint_bytes", "idempotency_ttl_s", "apply_interval_ms")
+    checked = ("durability", "rpo_ms", "checkpoint_bytes", "idempotency_ttl_s", "apply_interval_ms", "max_unapplied")
     known = set(inspect.signature(Store._open).parameters) - {"cls", "path", "readonly", "archive", "sealing"}
     unknown = sorted(set(rest) - known)
     if unknown:

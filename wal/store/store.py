@@ -174,6 +174,10 @@ class Watermarks(NamedTuple):
     applied: int  # last LSN whose effect is in LMDB
 
 
+_MAX_RPO_MS = (1 << 32) - 1  # the log's bound is a u32 of milliseconds
+_MAX_TTL_S = 100 * 365 * 86_400  # "forever", as a number the idempotency index can hold
+
+
 def _refuse_lone_key(keys: object) -> None:
     """get_many takes a sequence of keys: a lone str or bytes is one too (of its characters), and
     was read as such (`get_many("abc")` read keys a, b and c)."""
@@ -456,19 +460,28 @@ class Store:
     # ---- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def _checked_level(cls, durability: str | None = None, rpo_ms: int | None = None,
+    def _checked_level(cls, durability: str | None = None, rpo_ms: int | None = None, *,
                        checkpoint_bytes: int = 256 << 20, idempotency_ttl_s: float = 86_400,
-                       apply_interval_ms: int = 20) -> dur.Durability:
+                       apply_interval_ms: int = 20, max_unapplied: int = 200_000) -> dur.Durability:
         """The durability `_open` would open with, and its other numbers checked: ArgumentError
         as the open raises it, without opening anything (a promotion checks its options so,
-        before it fences the old writer)."""
+        before it fences the old writer). Each number is checked for its type and range here,
+        before the log or the state is opened: one that failed later (infinity, NaN, a string)
+        raised a raw Python error after both were open, and left the directory locked."""
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
-        if not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
+        if level.rpo_ms is not None and level.rpo_ms > _MAX_RPO_MS:
+            raise ArgumentError(f"rpo_ms must be at most {_MAX_RPO_MS} (about 49 days), got {level.rpo_ms}")
+        if isinstance(checkpoint_bytes, bool) or not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
             raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
-        if idempotency_ttl_s <= 0:
-            raise ArgumentError(f"idempotency_ttl_s must be > 0, got {idempotency_ttl_s!r}")
-        if apply_interval_ms <= 0:
-            raise ArgumentError(f"apply_interval_ms must be > 0, got {apply_interval_ms!r}")
+        if (isinstance(idempotency_ttl_s, bool) or not isinstance(idempotency_ttl_s, int | float)
+                or not 0 < idempotency_ttl_s <= _MAX_TTL_S):
+            raise ArgumentError(f"idempotency_ttl_s must be seconds in (0, {_MAX_TTL_S}] (a century), "
+                                f"got {idempotency_ttl_s!r}")
+        if (isinstance(apply_interval_ms, bool) or not isinstance(apply_interval_ms, int | float)
+                or not 0 < apply_interval_ms <= _MAX_RPO_MS):
+            raise ArgumentError(f"apply_interval_ms must be milliseconds > 0, got {apply_interval_ms!r}")
+        if isinstance(max_unapplied, bool) or not isinstance(max_unapplied, int) or max_unapplied < 1:
+            raise ArgumentError(f"max_unapplied must be an int >= 1, got {max_unapplied!r}")
         return level
 
     @classmethod
@@ -478,7 +491,9 @@ class Store:
               apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size",
               sealing: SealingPlan | None = None) -> Store:
         # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
-        level = cls._checked_level(durability, rpo_ms, checkpoint_bytes, idempotency_ttl_s, apply_interval_ms)
+        level = cls._checked_level(durability, rpo_ms, checkpoint_bytes=checkpoint_bytes,
+                                   idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
+                                   max_unapplied=max_unapplied)
         root = os.fspath(path)
         archive_dir = (os.path.join(root, ARCHIVE_DIR) if archive is True
                        else (os.fspath(archive) if archive else None))
@@ -535,7 +550,12 @@ class Store:
             replayer.abandon()
             log.close()
             raise
-        store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        try:
+            store = cls(root, log, state, level, **common)  # type: ignore[arg-type]
+        except BaseException:  # closed with the error: a store that failed to open leaves its directory unlocked
+            replayer.abandon()
+            log.close()
+            raise
         _remove_archive_spools(root)  # under the log's lock: no other process is writing one
         if not cls._object_archive:
             store._unshipped_from = _unshipped_from(root)
