@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -718,3 +719,53 @@ def test_repair_of_a_bare_log_backs_it_up_beside_it(tmp_path: Path) -> None:
     assert list(tmp_path.glob("events.backup-*"))
     shutil.rmtree(next(tmp_path.glob("events.backup-*")))
     assert run("verify", str(log_dir), "--strict").returncode == 0
+
+
+def test_export_of_a_store_whose_log_is_damaged_past_its_state_says_what_it_leaves_out(tmp_path: Path) -> None:
+    """`scan` warns when the log cannot be read to its end (it shows the store as of the last
+    readable record); `export` said nothing, exit 0, with the commits past the damage missing."""
+    path = tmp_path / "store"
+    writer = textwrap.dedent("""
+        import sys, time, wal
+        s = wal.open(sys.argv[1], apply_interval_ms=100_000, max_unapplied=100_000)
+        s.put("key/base", b"applied")
+        s.checkpoint()
+        for i in range(40):
+            s.put(f"key/{i:02d}", b"v" * 20)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", writer, str(path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)  # 40 commits acknowledged, none applied
+    child.wait()
+    segment = ops.info(str(path))["segments"][0]
+    with open(segment["path"], "r+b") as f:  # one of them damaged
+        f.seek(segment["end_offset"] * 3 // 4)
+        byte = f.read(1)
+        f.seek(segment["end_offset"] * 3 // 4)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = run("export", str(path))
+    assert r.returncode == 0 and 1 < len(r.stdout.splitlines()) < 41
+    assert "agentwal export: warning: the log after LSN" in r.stderr and "could not be read" in r.stderr, r.stderr
+
+
+def test_verify_of_a_damaged_state_names_the_repair_that_rebuilds_it(tmp_path: Path) -> None:
+    """verify advised `agentwal repair STORE` for every damage; for a state that lost a key,
+    that repair found a sound log and did nothing. It now names `repair --rebuild-state`, which
+    fixes it."""
+    path = tmp_path / "store"
+    with wal.open(path) as s:
+        for i in range(10):
+            s.put(f"key/{i}", b"v%d" % i)
+    env = lmdb.open(str(path / "state"), max_dbs=8, subdir=True)
+    with env.begin(write=True, db=env.open_db(b"data")) as txn:  # the state loses a key behind the store
+        assert txn.delete(b"key/3")
+    env.close()
+    r = run("verify", str(path))
+    assert r.returncode == 1 and "DAMAGE (state)" in r.stdout
+    assert f"agentwal repair --rebuild-state {path}" in r.stdout and "agentwal repair " + str(path) not in r.stdout
+    assert run("repair", "--rebuild-state", str(path), "--yes").returncode == 0
+    assert run("verify", str(path)).returncode == 0
+    with wal.open(path) as s:
+        assert s.get("key/3") == b"v3"

@@ -381,8 +381,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"result: sound ({report.seconds:.2f} s)")
         return EXIT_OK
     count = len(report.problems) or len(report.warnings)
-    print(f"result: DAMAGED ({count} problem(s)). To open at the last good record, keeping a backup: "
-          f"agentwal repair {t.path}")
+    areas = {problem.area for problem in report.problems}
+    advice = []
+    if "log" in areas or not areas:
+        advice.append(f"to open at the log's last good record, keeping a backup: agentwal repair {t.path}")
+    if "state" in areas:  # `repair` alone sees a sound log and does nothing about the state
+        advice.append(f"to rebuild the state from the log, keeping a backup: agentwal repair --rebuild-state {t.path}")
+    print(f"result: DAMAGED ({count} problem(s)). " + "; ".join(a[0].upper() + a[1:] for a in advice))
     return EXIT_FAILED
 
 
@@ -651,7 +656,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`agentwal export`: see `wal.ops.export_lines`."""
     prefix = args.prefix.encode("utf-8", errors="surrogateescape")
     count = 0
-    lines = ops.export_lines(args.store, prefix)  # a store it refuses is refused before any output
+    # A store it refuses is refused before any output; a log it cannot read to its end is said.
+    lines = ops.export_lines(args.store, prefix, on_warning=lambda w: _err("export", f"warning: {w}"))
     if args.output is None:
         for line in lines:
             sys.stdout.write(line + "\n")

@@ -48,13 +48,14 @@ class Imported(NamedTuple):
     dictionaries: list[SealedDictionary]
 
 
-def export_lines(path: str, prefix: bytes = b"") -> Iterator[str]:
+def export_lines(path: str, prefix: bytes = b"", on_warning: Callable[[str], None] | None = None) -> Iterator[str]:
     """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
     sealed store's lines carry {"sealed": envelope} instead of "value", after a line for each
     dictionary it keeps (module docstring). Refused, before any line is made, for a store that
-    keeps blob files (`_refuse_blobs`)."""
+    keeps blob files (`_refuse_blobs`). `on_warning` hears what `scan` warns of (a log it could
+    not read to its end: the export then lacks the commits past that point)."""
     _refuse_blobs(path)
-    return _export_lines(path, prefix)
+    return _export_lines(path, prefix, on_warning)
 
 
 def _refuse_blobs(path: str) -> None:
@@ -73,10 +74,10 @@ def _refuse_blobs(path: str) -> None:
             "or delete unreferenced blobs first (AgentStore.gc_blobs) if none is still referenced")
 
 
-def _export_lines(path: str, prefix: bytes) -> Iterator[str]:
+def _export_lines(path: str, prefix: bytes, on_warning: Callable[[str], None] | None) -> Iterator[str]:
     sealed = is_sealed(path)
     yield from dictionary_lines(path)
-    for key, version, value in scan(path, prefix, opened=False):  # a sealed store's envelopes, as stored
+    for key, version, value in scan(path, prefix, on_warning=on_warning, opened=False):  # a sealed store's envelopes
         yield value_line(key, value, version, sealed=sealed)
 
 
