@@ -769,3 +769,25 @@ def test_verify_of_a_damaged_state_names_the_repair_that_rebuilds_it(tmp_path: P
     assert run("verify", str(path)).returncode == 0
     with wal.open(path) as s:
         assert s.get("key/3") == b"v3"
+
+
+def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, store: Path) -> None:
+    """Each of these ended in a Python traceback (OverflowError, UnicodeDecodeError,
+    FileExistsError, ValueError), or ran a busy loop, or a drill of nothing that passed."""
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"key": "caf\xe9", "value": "x"}\n')
+    (tmp_path / "afile").write_text("")
+    cases = [
+        ("dump", str(store), "--from-lsn", "99999999999999999999999"),
+        ("tail", str(store), "-f", "--interval", "inf"),
+        ("tail", str(store), "-f", "--interval", "-1"),
+        ("import", str(store), str(tmp_path / "latin1.jsonl")),
+        ("follow", f"file://{tmp_path}/a", str(tmp_path / "f"), "--every", "-1"),
+        ("crashtest", str(tmp_path / "afile"), "--kills", "1", "--power-cuts", "0", "--level", "sync"),
+        ("crashtest", str(tmp_path / "w"), "--kills", "1", "--power-cuts", "0", "--run-ms", "-5"),
+        ("crashtest", str(tmp_path / "w"), "--kills", "0", "--power-cuts", "0"),
+    ]
+    for args in cases:
+        r = run(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr, (args, r.stderr)
+    r = run("import", str(store), stdin=b'{"key": "caf\xe9"}\n')
+    assert r.returncode == 2 and "stdin is not UTF-8 text" in r.stderr, r.stderr

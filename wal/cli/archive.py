@@ -115,10 +115,22 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def seconds(text: str) -> float:
+    """An argparse `type` accepting seconds: a finite number > 0 (infinity was a traceback, a
+    negative one a busy loop). For this module's and the other commands' intervals."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"must be seconds > 0 and finite, got {text}")
+    return value
+
+
 def follow_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", metavar="URL", help="the archive: s3://bucket/prefix or file:///dir")
     p.add_argument("dir", metavar="DIR", help="the follower's directory")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between status lines (default: %(default)s)")
+    p.add_argument("--every", type=seconds, default=5.0, help="seconds between status lines (default: %(default)s)")
     p.add_argument("--poll-ms", type=int, default=200, help="milliseconds between listings (default: %(default)s)")
     p.add_argument("--promote", action="store_true", help="catch up, fence the old writer, become the writer")
 

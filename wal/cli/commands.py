@@ -68,16 +68,20 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
+_INT_MAX = (1 << 63) - 1  # what the C core takes (an LSN, a count): a larger one was an OverflowError
+
+
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse `type` accepting an integer in [low, high]."""
+    """An argparse `type` accepting an integer in [low, high] (high: at most 2^63 - 1)."""
+    top = _INT_MAX if high is None else high
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        if value < low or value > top:
+            bound = f"between {low} and {top}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
@@ -709,10 +713,17 @@ def cmd_import(args: argparse.Namespace) -> int:
         if sys.stdin.isatty():
             _err("import", "error: no input: give FILE or pipe JSON lines to stdin")
             return EXIT_USAGE
-        read = ops.parse_import(iter(sys.stdin.buffer.read().decode("utf-8").splitlines()), "stdin")
+        source, data = "stdin", sys.stdin.buffer.read()
     else:
-        with open(args.file, encoding="utf-8") as f:
-            read = ops.parse_import(iter(f), args.file)
+        source = args.file
+        with open(args.file, "rb") as f:
+            data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # export writes UTF-8 JSON (bytes that are not text go as base64)
+        raise wal.ArgumentError(f"{source} is not UTF-8 text (byte {exc.start}): not an `agentwal export` "
+                                "file") from None
+    read = ops.parse_import(iter(text.splitlines()), source)
     result = ops.import_pairs(args.store, read.pairs, batch=args.batch, create=args.create,
                               dictionaries=read.dictionaries)
     print(f"imported {result['keys']} key(s) in {result['commits']} commit(s)"
@@ -922,7 +933,7 @@ def _tail_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new commits until Ctrl-C")
     p.add_argument("-n", "--lines", type=_int_in(0), default=10, metavar="N",
                    help="print the last N records first (default: %(default)s)")
-    p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS",
+    p.add_argument("--interval", type=_archive_cli.seconds, default=0.2, metavar="SECONDS",
                    help="how often -f polls the log (default: %(default)s)")
     p.add_argument("--raw", action="store_true", help="do not decode store transactions; print payloads")
 

@@ -1138,6 +1138,13 @@ def _nonneg(text: str) -> int:
     return v
 
 
+def _positive(text: str) -> int:
+    v = _nonneg(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, got 0")
+    return v
+
+
 def build_parser(prog: str = "agentwal crashtest") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1163,7 +1170,7 @@ def build_parser(prog: str = "agentwal crashtest") -> argparse.ArgumentParser:
                    help="also cut a short scripted workload at every fsync boundary, in every mode (slower)")
     p.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: a random one, shown)")
     p.add_argument("--threads", type=int, default=4, help="committing threads in the child (default 4)")
-    p.add_argument("--run-ms", type=int, default=250,
+    p.add_argument("--run-ms", type=_positive, default=250,
                    help="a child commits for up to this long before it is killed (default 250)")
     p.add_argument("--keep", action="store_true", help="keep the stores afterwards (to inspect them)")
     g = p.add_argument_group(
@@ -1195,6 +1202,10 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
     if args.threads < 1:
         print("agentwal crashtest: error: --threads must be >= 1", file=sys.stderr)
         return 2
+    if not (args.kills or args.power_cuts or args.exhaustive or args.archive):
+        print("agentwal crashtest: error: nothing to drill: --kills and --power-cuts are both 0 (and no "
+              "--exhaustive or --archive)", file=sys.stderr)
+        return 2
     if "replicated" in args.level and not args.archive:
         print("agentwal crashtest: error: level replicated needs --archive URL (it is drilled by machine loss)",
               file=sys.stderr)
@@ -1216,8 +1227,12 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
 
     if args.dir:
         parent = os.path.abspath(args.dir)
-        os.makedirs(parent, exist_ok=True)
-        work = tempfile.mkdtemp(prefix="agentwal-crashtest-", dir=parent)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            work = tempfile.mkdtemp(prefix="agentwal-crashtest-", dir=parent)
+        except OSError as exc:  # a file there, no permission: said, not a traceback
+            print(f"agentwal crashtest: error: cannot work in {parent}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     else:
         work = tempfile.mkdtemp(prefix="agentwal-crashtest-")
     say(f"agentwal crashtest in {work}" + (" (kept afterwards)" if args.keep else " (removed afterwards)"))
