@@ -791,3 +791,17 @@ def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, s
         assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr, (args, r.stderr)
     r = run("import", str(store), stdin=b'{"key": "caf\xe9"}\n')
     assert r.returncode == 2 and "stdin is not UTF-8 text" in r.stderr, r.stderr
+
+
+def test_tail_of_a_log_damaged_before_its_newest_records_says_so_and_fails(tmp_path: Path) -> None:
+    """Without -f, tail printed the records before the damage as the newest and exited 0; now it
+    names the damage (once it has stayed put: a write in progress looks the same) and exits 1."""
+    path = tmp_path / "store"
+    with wal.open(path) as s:
+        for i in range(30):
+            s.put(f"k/{i}", b"v" * 40)
+    recs = records(path)
+    victim = recs[len(recs) // 2]
+    flip_byte(path / "log" / str(victim["segment"]), int(victim["offset"]) + 24 + 2)  # type: ignore[call-overload]
+    r = run("tail", str(path), "-n", "3", timeout=60)
+    assert r.returncode == 1 and "log damaged" in r.stderr, (r.stdout, r.stderr)

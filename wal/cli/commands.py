@@ -953,9 +953,12 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 _print_json(ops.record_json(rec.lsn, rec.payload, segment=rec.path, offset=rec.offset,
                                             decode=decode))
             sys.stdout.flush()
-            if not args.follow:
+            if not args.follow and not follower.at_damage:
                 return EXIT_OK
-            time.sleep(max(0.01, args.interval))
+            # Following, or stopped at damage before the newest records: poll on (damage that
+            # stays put raises CorruptionError: exit 1, named). Without -f, the last records
+            # printed were not the newest, and it exited 0 without a word.
+            time.sleep(max(0.01, args.interval) if args.follow else 0.2)
     except KeyboardInterrupt:
         return EXIT_OK  # Ctrl-C is how -f ends
     finally:

@@ -115,7 +115,9 @@ class Follower:
                 self._current, self._pos, self._base_lsn = nxt, HEADER_SIZE, None
                 continue
             self._pos, self._base_lsn = end, last + 1
-            if status == "corrupt":
+            if status != "corrupt":
+                self._stuck = None
+            else:
                 # Damage that stays put for a few seconds is not a write in progress.
                 key = (seg.number, end, reason)
                 if self._stuck != key:
@@ -125,6 +127,13 @@ class Follower:
                                           path=seg.path, offset=end, lsn=last + 1, reason=reason)
             return out
         return out
+
+    @property
+    def at_damage(self) -> bool:
+        """Whether the last poll stopped at bytes that do not read as a record although a valid
+        one follows: damage, or a write in progress; `poll` raises CorruptionError once it has
+        stayed put for 5 s."""
+        return self._stuck is not None
 
     def close(self) -> None:
         _close_segments(list(self._segs.values()))
