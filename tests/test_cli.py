@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import crcmod.predefined
 import lmdb
@@ -805,3 +806,28 @@ def test_tail_of_a_log_damaged_before_its_newest_records_says_so_and_fails(tmp_p
     flip_byte(path / "log" / str(victim["segment"]), int(victim["offset"]) + 24 + 2)  # type: ignore[call-overload]
     r = run("tail", str(path), "-n", "3", timeout=60)
     assert r.returncode == 1 and "log damaged" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_repair_holds_the_writer_lock_from_its_backups_to_the_truncation(store: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """repair probed the lock and let it go: a writer that opened during the backups had the
+    state moved from under it, and the repair failed as "nothing was changed" with the state set
+    aside. A writer trying to open then is now refused, and the repair completes."""
+    repair_module = sys.modules["wal.ops.repair"]  # the module (wal.ops.repair is also its function)
+    damage_sealed_segment(store)
+    backup_log = repair_module.backup_log
+    refused: list[BaseException] = []
+
+    def backup_then_a_writer_tries(log_dir: str, dest: str) -> Any:
+        out = backup_log(log_dir, dest)
+        try:
+            wal.open(store).close()
+        except wal.LockedError as exc:
+            refused.append(exc)
+        return out
+
+    monkeypatch.setattr(repair_module, "backup_log", backup_then_a_writer_tries)
+    plan = ops.plan_repair(str(store), rebuild_state=True)
+    result = ops.repair(plan)
+    assert len(refused) == 1 and result.applied_lsn == result.last_lsn
+    assert run("verify", str(store)).returncode == 0

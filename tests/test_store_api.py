@@ -1348,3 +1348,14 @@ def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
                                                                  "compression_dict"}
     assert public == {**internal, **sealing}
     assert len(public) >= 11
+
+
+def test_a_store_in_a_directory_whose_name_is_not_utf8_opens(tmp_path: Path) -> None:
+    """The log's path went to C as UTF-8: a directory named by bytes that are not (as
+    os.fsdecode gives them) raised a raw UnicodeEncodeError."""
+    path = tmp_path / os.fsdecode(b"store-\xff")
+    with wal.open(path) as store:
+        store.put("k", b"v")
+    with wal.open(path) as store:
+        assert store.get("k") == b"v"
+    assert os.fsencode(path).endswith(b"store-\xff")

@@ -170,6 +170,7 @@ class Log:
         _new_log_id: int = 0,
         _new_salt: int = 0,
         _first_lsn: int = 1,
+        _lock_fd: int | None = None,
     ) -> Log:
         """Open (creating if needed) the log in `directory`.
 
@@ -191,6 +192,10 @@ class Log:
         state's checkpointed applied LSN). A torn tail, or a `recovery="truncate"` cut, that would
         leave the log ending before it is refused as `CorruptionError` before anything is changed:
         such a cut would hand out those LSNs again to new commits.
+
+        _lock_fd: the directory's writer lock, taken already (`take_lock`) by a caller that had
+        to hold it before the open (`agentwal repair` backs the log up under it); the log owns
+        it from then on, closed with the log or by a failed open.
         """
         level = dur.parse(durability, rpo_ms)
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
@@ -210,16 +215,18 @@ class Log:
             return cls._open_writer(path, level, recovery, segment_bytes, preallocate,
                                     max_pending_bytes=max_pending_bytes, on_sealed_segment=on_sealed_segment,
                                     keep_through=keep_through, seed=_seed, new_log_id=_new_log_id,
-                                    new_salt=_new_salt, first_lsn=_first_lsn)
+                                    new_salt=_new_salt, first_lsn=_first_lsn, lock_fd=_lock_fd)
         except OSError as exc:
             raise storage_error(exc, f"opening the log in {path}" + (" read-only" if readonly else "")) from exc
 
     @classmethod
     def _open_writer(cls, path: str, level: dur.Durability, recovery: str, segment_bytes: int, preallocate: str, *,
                      max_pending_bytes: int, on_sealed_segment: Callable[[SealedSegment], None] | None,
-                     keep_through: int, seed: int, new_log_id: int, new_salt: int, first_lsn: int) -> Log:
-        makedirs_durable(path)
-        lock_fd = _lock(path)
+                     keep_through: int, seed: int, new_log_id: int, new_salt: int, first_lsn: int,
+                     lock_fd: int | None) -> Log:
+        if lock_fd is None:
+            makedirs_durable(path)
+            lock_fd = take_lock(path)
         try:
             report, cfg = _recover(path, recovery, segment_bytes, on_sealed_segment, keep_through,
                                    first_lsn=first_lsn)
@@ -232,7 +239,7 @@ class Log:
                 cfg.log_id = new_log_id
                 cfg.segment_salt = new_salt
             out = ffi.new("wal_log **")
-            rc = lib.wal_log_open(path.encode(), cfg, out)
+            rc = lib.wal_log_open(os.fsencode(path), cfg, out)  # any name the OS takes, UTF-8 or not
             if rc != 0:
                 code = ffi.errno
                 if rc in (lib.WAL_EOS, lib.WAL_EIO, lib.WAL_ENOSPC) and code:  # a system call failed: say which
@@ -761,7 +768,7 @@ def _pack(payloads: Iterable[bytes]) -> tuple[bytes, Any]:
     return b"".join(items), lens
 
 
-def _lock(path: str) -> int:
+def take_lock(path: str) -> int:
     """I6: one writer per directory. flock conflicts between any two open file descriptions,
     so a second opener in this process, another process or a forked child is refused."""
     fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

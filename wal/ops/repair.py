@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import wal
 from wal.errors import LockedError
 from wal.log import recovery
-from wal.log.log import LOCK_NAME
+from wal.log.log import LOCK_NAME, take_lock
 from wal.ops.stateview import _StateSnapshot
-from wal.ops.target import OpsError, Target, _probe_lock, locate, locked_message, open_reader, open_writer
+from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
 from wal.ops.transfer import dictionary_lines, is_sealed, value_line
 
 # ---- repair ----------------------------------------------------------------------------------------------
@@ -200,16 +200,24 @@ def repair(plan: RepairPlan) -> RepairResult:
     if plan.refuse:
         raise OpsError(plan.refuse)
     target = plan.target
-    _probe_lock(target, "repair")
-    backup_log(target.log_dir, plan.backup_dir)
-    if plan.state_export is not None:
-        _export_snapshot(target, plan.state_export)
-    if plan.rebuild_state and plan.state_backup_dir is not None and os.path.isdir(target.state_dir):
-        os.replace(target.state_dir, plan.state_backup_dir)
+    # The writer lock is held from before the backups to the truncation (the log takes it over):
+    # probed and let go, a writer started in between had its state moved from under it, and
+    # the repair then failed as "nothing was changed" with the state set aside.
     try:
-        log = wal.Log.open(target.log_dir, recovery="truncate")
+        lock_fd: int | None = take_lock(target.log_dir)
     except LockedError as exc:
         raise LockedError(locked_message(target, "repair")) from exc
+    try:
+        backup_log(target.log_dir, plan.backup_dir)
+        if plan.state_export is not None:
+            _export_snapshot(target, plan.state_export)
+        if plan.rebuild_state and plan.state_backup_dir is not None and os.path.isdir(target.state_dir):
+            os.replace(target.state_dir, plan.state_backup_dir)
+        held, lock_fd = lock_fd, None  # the log's from here: closed with it, or by its failed open
+        log = wal.Log.open(target.log_dir, recovery="truncate", _lock_fd=held)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
     with log:
         report = log.recovery_report
         last = log.watermarks.durable
