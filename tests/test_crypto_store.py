@@ -314,6 +314,32 @@ def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_
         assert store.get(b"k2") == SECRET
 
 
+def test_a_sealed_store_written_before_its_state_recorded_the_sealing_opens_and_gets_the_record(
+        tmp_path: Path) -> None:
+    """Stores sealed by an agentwal older than the state's `sealed` mark (FORMAT.md §16) have
+    none: they open as before, and their next writable open sets it, after which a STORE lost
+    is refused for them too."""
+    import lmdb  # noqa: PLC0415
+
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    env = lmdb.open(str(tmp_path / "state"), max_dbs=8, subdir=True)
+    with env.begin(write=True, db=env.open_db(b"meta")) as txn:  # as an older version left it
+        assert txn.delete(b"sealed")
+    env.close()
+    with wal.open(tmp_path, encryption=KEY, readonly=True) as store:  # a reader reads, writes nothing
+        assert store.get(b"k") == SECRET
+    (tmp_path / "STORE").rename(tmp_path / "STORE.kept")
+    with wal.open(tmp_path) as store:  # no mark yet: opened plain, as an older version did
+        assert Store.get(store, b"k") != SECRET
+    (tmp_path / "STORE.kept").replace(tmp_path / "STORE")
+    with wal.open(tmp_path, encryption=KEY) as store:  # the writable open sets the mark
+        assert store.get(b"k") == SECRET
+    (tmp_path / "STORE").unlink()
+    with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
+        wal.open(tmp_path)
+
+
 # ---- damage: never wrong data --------------------------------------------------------------------------
 
 
