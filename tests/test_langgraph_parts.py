@@ -282,3 +282,30 @@ def test_an_encrypted_stores_part_names_are_keyed_so_they_confirm_no_guessed_mes
         assert plain_names == (len(parts) if name == "plain" else 0), name
         assert history(saver, "t")[0] == ["hi", *texts(12)[1:12]]
         store.close()
+
+
+def test_a_put_racing_a_newer_put_of_its_thread_leaves_the_newest_as_latest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "latest" pointer was read and rewritten without a version check: a put of an older
+    checkpoint racing a newer one's could leave get_tuple on the older."""
+    import wal.store.store as store_module  # noqa: PLC0415
+
+    with wal.open(tmp_path / "db") as store:
+        saver = AgentwalSaver(store)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        older, newer = empty_checkpoint(), empty_checkpoint()
+        older["id"], newer["id"] = "1ef00000-0000-6000-8000-000000000001", "1ef00000-0000-6000-8000-000000000002"
+        get = store_module.Transaction.get
+        raced = []
+
+        def get_then_newer_put_lands(self: Any, key: bytes | str, default: bytes | None = None) -> Any:
+            value = get(self, key, default)
+            if key.startswith(b"lg/l/") and not raced:  # type: ignore[union-attr]
+                raced.append(True)
+                saver.put(config, newer, {}, {})  # another thread's put of the newer one commits now
+            return value
+
+        monkeypatch.setattr(store_module.Transaction, "get", get_then_newer_put_lands)
+        saver.put(config, older, {}, {})
+        monkeypatch.undo()
+        assert raced and saver.get_tuple(config).checkpoint["id"] == newer["id"]

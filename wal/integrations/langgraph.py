@@ -113,7 +113,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from wal._open import open_store
-from wal.errors import ArgumentTypeError, CorruptionError
+from wal.errors import ArgumentTypeError, ConflictError, CorruptionError
 from wal.integrations._mutation import run_mutation
 from wal.store.snapshot import Snapshot
 from wal.store.store import Store
@@ -404,16 +404,26 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         mt, meta_b = self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
         head = {"thread": thread, "ns": ns, "id": checkpoint["id"], "parent": conf.get("checkpoint_id"),
                 "ct": ct, "mt": mt}
-        with self.store.transaction(durability=self.durability) as tx:
-            for channel, ver in new_versions.items():
-                if channel not in values:
-                    tx.put(self._bkey(thread, ns, channel, ver), _frame({"t": "empty"}, b""))
-                    continue
-                self._put_value(tx, (thread, ns, channel), ver, self.serde.dumps_typed(values[channel]))
-            tx.put(self._ckey(thread, ns, checkpoint["id"]), _frame(head, ckpt_b, meta_b))
-            latest = tx.get(self._lkey(thread, ns))
-            if latest is None or latest.decode() < checkpoint["id"]:
-                tx.put(self._lkey(thread, ns), checkpoint["id"].encode())
+        lkey = self._lkey(thread, ns)
+        while True:
+            try:
+                with self.store.transaction(durability=self.durability) as tx:
+                    for channel, ver in new_versions.items():
+                        if channel not in values:
+                            tx.put(self._bkey(thread, ns, channel, ver), _frame({"t": "empty"}, b""))
+                            continue
+                        self._put_value(tx, (thread, ns, channel), ver, self.serde.dumps_typed(values[channel]))
+                    tx.put(self._ckey(thread, ns, checkpoint["id"]), _frame(head, ckpt_b, meta_b))
+                    # The newest checkpoint's id, moved only forward, over the version read: two puts
+                    # of one thread at once could otherwise leave it on the older one.
+                    seen = tx.version(lkey) or 0  # before the value: a commit in between fails the check
+                    latest = tx.get(lkey)
+                    if latest is None or latest.decode() < checkpoint["id"]:
+                        tx.put(lkey, checkpoint["id"].encode(), if_version=seen)
+                break
+            except ConflictError as exc:
+                if exc.key != lkey:
+                    raise
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def _put_value(self, tx: Any, where: tuple[str, str, str], ver: str | int | float,
