@@ -490,3 +490,18 @@ def test_crash_during_delete_thread(tmp_path: Path) -> None:
         assert [k for k, _ in s.scan(b"ag/default/t/doomed/")] == []
         assert list(ag.read("kept")) == [(1, b"stay")]
         assert ag.gc_blobs()["removed"] == 1
+
+
+def test_odd_arguments_are_wal_errors_and_a_bytes_thread_name_works_throughout(store: wal.Store) -> None:
+    """A bytes thread name worked for append and raised TypeError (not JSON serializable) in
+    begin_call; a str state, a str checkpoint id and a lone surrogate raised raw errors."""
+    ag = AgentStore(store)
+    rec = ag.begin_call(b"bt", "c1", "tool", b"a")
+    assert rec.thread == "bt" and ag.end_call(b"bt", "c1", b"r").status == "done"
+    for call, error in ((lambda: ag.begin_call("t", "c2", b"tool", b"a"), wal.ArgumentTypeError),  # type: ignore[arg-type]
+                        (lambda: ag.save_checkpoint("t", "state", schema_version=1, config_hash="h"),  # type: ignore[arg-type]
+                         wal.ArgumentTypeError),
+                        (lambda: ag.load_checkpoint("t", "1"), wal.ArgumentTypeError),  # type: ignore[arg-type]
+                        (lambda: ag.append("\ud800", b"e"), wal.ArgumentError)):
+        with pytest.raises(error):
+            call()

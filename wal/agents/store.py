@@ -66,7 +66,15 @@ from typing import Any
 
 from wal._fs import fsync_dir, replace_durably
 from wal.crypto.sealing import CONTEXT_BLOB, Sealer
-from wal.errors import ArgumentError, ConflictError, CorruptionError, RecordTooLargeError, WalError, storage_error
+from wal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    ConflictError,
+    CorruptionError,
+    RecordTooLargeError,
+    WalError,
+    storage_error,
+)
 from wal.store.store import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
 
 __all__ = [
@@ -148,7 +156,10 @@ def _name(name: str | bytes, what: str) -> bytes:
             raise ArgumentError(f"{what} must be valid UTF-8") from None
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"{what} must be a non-empty str")
-    return name.replace("%", "%25").replace("/", "%2F").encode()
+    try:
+        return name.replace("%", "%25").replace("/", "%2F").encode()
+    except UnicodeEncodeError:  # a lone surrogate, as os.fsdecode makes of bytes that are not UTF-8
+        raise ArgumentError(f"{what} must be valid Unicode, got {name!r}") from None
 
 
 def _unname(raw: bytes) -> str:
@@ -528,6 +539,9 @@ class AgentStore:
         run it (reconcile).
         """
         cname = _name(call_id, "call_id")
+        thread = _unname(_name(thread, "thread"))  # as the record's JSON holds it: a str
+        if not isinstance(tool, str):
+            raise ArgumentTypeError(f"tool must be a str, not {type(tool).__name__}")
         ikey = self._ckey(cname, b"i")
         while True:
             known = self._call(call_id)
@@ -553,6 +567,7 @@ class AgentStore:
     def end_call(self, thread: str, call_id: str, result: bytes, *, durability: str | None = None) -> CallRecord:
         """Record the outcome of a begun call. A second end_call keeps the first outcome."""
         cname = _name(call_id, "call_id")
+        thread = _unname(_name(thread, "thread"))  # as begin_call recorded it: a str
         okey = self._ckey(cname, b"o")
         known = self._call(call_id)
         if known is None:
@@ -607,6 +622,8 @@ class AgentStore:
             raise ArgumentError("schema_version must be an int")
         if not isinstance(config_hash, str):
             raise ArgumentError("config_hash must be a str")
+        if not isinstance(state, bytes | bytearray | memoryview):
+            raise ArgumentTypeError(f"a checkpoint's state must be bytes, not {type(state).__name__}")
         data = bytes(state)
         digest = hashlib.sha256(data).hexdigest()
 
@@ -641,6 +658,9 @@ class AgentStore:
         given, a checkpoint saved under other ones raises `CheckpointMismatchError`.
         """
         tname = _name(thread, "thread")
+        if checkpoint_id is not None and (isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int)):
+            raise ArgumentTypeError(f"checkpoint_id must be an int (or None: the latest), not "
+                                    f"{type(checkpoint_id).__name__}")
         if checkpoint_id is None:
             rec = self.thread_info(thread)
             if rec is None or not rec["ckpt"]:
