@@ -1359,3 +1359,20 @@ def test_a_store_in_a_directory_whose_name_is_not_utf8_opens(tmp_path: Path) -> 
     with wal.open(path) as store:
         assert store.get("k") == b"v"
     assert os.fsencode(path).endswith(b"store-\xff")
+
+
+def test_a_readers_stats_give_the_writers_level_and_the_checkpoints_real_age(tmp_path: Path) -> None:
+    """A read-only opener reported its own unused default level (sync, 0) and the time since it
+    opened as `seconds_since_checkpoint`, beside a `last_checkpoint` older than that."""
+    reader = ("import json, sys, wal\n"
+              "with wal.open(sys.argv[1], readonly=True) as r:\n"
+              "    st = r.stats()\n"
+              "print(json.dumps([st['durability'], st['rpo_ms'], st['seconds_since_checkpoint']]))")
+    with wal.open(tmp_path, durability="interval", rpo_ms=40) as writer:
+        writer.put("k", b"v")
+        writer.checkpoint()
+        time.sleep(0.3)
+        out = subprocess.run([sys.executable, "-c", reader, str(tmp_path)], capture_output=True, text=True,
+                             timeout=60, check=True).stdout  # a reader is another process (one LMDB handle each)
+    level, rpo_ms, since = json.loads(out)
+    assert level == "interval" and rpo_ms == 40 and since >= 0.3

@@ -1334,16 +1334,22 @@ class Store:
         out.update(space)
         out["checkpoint_space_bound_bytes"] = self._space_bound(space["state_used_bytes"])
         out["state_backpressure_ms"] = self._backpressure_s * 1000
+        last_checkpoint = self._checkpoint_note if self._log is not None else _meta_json(self._state, b"checkpoint")
+        last_writer = _meta_json(self._state, b"writer")
+        since: float | None = time.time() - self._last_checkpoint
+        if self._log is None:  # a reader: the writer's level and checkpoint, as its notes give them
+            unix_ms = (last_checkpoint or {}).get("unix_ms")
+            since = time.time() - unix_ms / 1000 if isinstance(unix_ms, int | float) else None
+        level = self._durability if self._log is not None else None
         out.update({
-            "durability": self._durability.level,
-            "rpo_ms": self._durability.rpo_ms,
+            "durability": level.level if level is not None else (last_writer or {}).get("durability"),
+            "rpo_ms": level.rpo_ms if level is not None else (last_writer or {}).get("rpo_ms"),
             "applied_lsn": self._applied if self._log is not None else self._state.applied_lsn(),
             "unapplied_commits": len(self._core),
             "overlay_keys": self._core.overlay_keys,
-            "seconds_since_checkpoint": time.time() - self._last_checkpoint,
-            "last_checkpoint": self._checkpoint_note if self._log is not None else _meta_json(self._state,
-                                                                                              b"checkpoint"),
-            "last_writer": _meta_json(self._state, b"writer"),
+            "seconds_since_checkpoint": since,
+            "last_checkpoint": last_checkpoint,
+            "last_writer": last_writer,
             "failed": str(self._failure) if self._failure is not None else out.get("failed"),
             "state_stalled": str(self._stall) if self._stall is not None else None,
         })
