@@ -318,16 +318,7 @@ def test_threads_waiting_for_an_archive_that_never_answers_fail_when_the_store_c
     store = wal.open(tmp_path / "s", durability="replicated", archive=objects, **ONE_WRITER)
     store._close_flush_s = 0.2
     store.put("one", b"1")
-    outcome: list[BaseException | int] = []
-
-    def commit() -> None:
-        try:
-            outcome.append(store.put("two", b"2"))
-        except wal.WalError as exc:
-            outcome.append(exc)
-
-    th = threading.Thread(target=commit)
-    th.start()
+    outcome, th = _put_two_in_a_thread(store)
     wait_until(lambda: objects.held is not None)
     time.sleep(0.1)
     assert outcome == []
@@ -665,6 +656,21 @@ def test_a_coroutine_waiting_at_replicated_learns_that_its_store_was_fenced(tmp_
             store.close()
 
 
+def _put_two_in_a_thread(store: wal.Store) -> tuple[list[object], threading.Thread]:
+    """A thread (started) putting "two": its LSN, or the WalError, lands in the list."""
+    outcome: list[object] = []
+
+    def commit() -> None:
+        try:
+            outcome.append(store.put("two", b"2"))
+        except wal.WalError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    return outcome, thread
+
+
 class LandsLate(FileObjects):
     """file:// objects; the first PUT of ``log/<2>.wal`` waits for `release` and then stores its
     object; any later PUT of that name waits until it has, so it finds the name taken."""
@@ -697,16 +703,7 @@ def test_a_store_reopened_while_a_put_of_its_closed_predecessor_is_in_flight_wai
     store = wal.open(tmp_path / "s", durability="replicated", archive=objects, archive_rpo_ms=60_000)
     store._close_flush_s = 0.2
     store.put("one", b"1")
-    outcome: list[object] = []
-
-    def commit() -> None:
-        try:
-            outcome.append(store.put("two", b"2"))
-        except wal.WalError as exc:
-            outcome.append(exc)
-
-    committer = threading.Thread(target=commit)
-    committer.start()
+    outcome, committer = _put_two_in_a_thread(store)
     wait_until(lambda: objects.first_sent)
     store.close()
     committer.join(10)

@@ -48,7 +48,16 @@ from wal.archive.objects import (
     fencing_refusal,
     open_objects,
 )
-from wal.archive.plan import Chain, Piece, WriterUnknownError, beyond, find_end, list_archive, unfinished_tail
+from wal.archive.plan import (
+    Chain,
+    Listing,
+    Piece,
+    WriterUnknownError,
+    beyond,
+    find_end,
+    list_archive,
+    unfinished_tail,
+)
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import check_open_options, open_archived
@@ -331,10 +340,11 @@ class Follower:
         up to it. None if the archive no longer reaches back there (nothing is passed over then)."""
         return self._archive_at()[0]
 
-    def _archive_at(self) -> tuple[bytes | None, bytes | None]:
+    def _archive_at(self, listing: Listing | None = None) -> tuple[bytes | None, bytes | None]:
         """(`_anchor`'s writer_id, the archive's record at this follower's LSN): the record is
-        None where the archive holds none there (the LSN is a snapshot's, or out of its reach)."""
-        listing = list_archive(self._objects)
+        None where the archive holds none there (the LSN is a snapshot's, or out of its reach).
+        `listing`: the archive's, if the caller has just listed it."""
+        listing = listing or list_archive(self._objects)
         snaps = [s for s in listing.snapshots if s[0] <= self._pos]
         if snaps:
             lsn, name = snaps[-1]
@@ -366,7 +376,7 @@ class Follower:
         if archive_end < self._pos:
             raise FailedError(f"the store in {self._dir} holds LSNs up to {self._pos} but the archive "
                               f"{self._objects.url} ends at {archive_end}{advice}")
-        writer, payload = self._archive_at()
+        writer, payload = self._archive_at(listing)
         log = store._log
         held = log is not None and payload is not None and log.first_lsn <= self._pos
         mine = next(iter(log.read(self._pos)), None) if held and log is not None else None
