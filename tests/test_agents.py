@@ -11,9 +11,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -505,3 +505,63 @@ def test_odd_arguments_are_wal_errors_and_a_bytes_thread_name_works_throughout(s
                         (lambda: ag.append("\ud800", b"e"), wal.ArgumentError)):
         with pytest.raises(error):
             call()
+
+
+class _ReplacedWhileRead:
+    """The store under an AgentStore, whose next get or scan of a key under `prefix`, once armed,
+    returns what it read and then -- before the caller opens the blob that value references --
+    has `replace` run (a replacing commit and a gc_blobs): the race a reader meets when another
+    thread replaces the value it just read and collects its blob."""
+
+    def __init__(self, store: wal.Store, prefix: bytes) -> None:
+        self._store, self._prefix = store, prefix
+        self.replace: Callable[[], None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _raced(self, key: bytes) -> None:
+        if self.replace is not None and key.startswith(self._prefix):
+            replace, self.replace = self.replace, None
+            replace()
+
+    def get(self, key: bytes, *args: Any, **kwargs: Any) -> Any:
+        value = self._store.get(key, *args, **kwargs)
+        self._raced(key)
+        return value
+
+    def scan(self, prefix: bytes, *args: Any, **kwargs: Any) -> Any:
+        for key, value in list(self._store.scan(prefix, *args, **kwargs)):
+            self._raced(key)
+            yield key, value
+
+
+def test_a_read_whose_blob_is_collected_as_its_value_is_replaced_gives_the_new_value(tmp_path: Path) -> None:
+    old, new = b"o" * 100, b"n" * 100
+    with wal.open(tmp_path / "db") as s:
+        racing = _ReplacedWhileRead(s, b"ag/default/t/")
+        ag = AgentStore(cast(wal.Store, racing), blob_threshold=10)
+        writer = AgentStore(s, blob_threshold=10)
+
+        def replace_state() -> None:
+            writer.append("t", b"e2", state={"k": new})
+            assert writer.gc_blobs()["removed"] == 1  # the old value's blob: nothing references it now
+
+        ag.append("t", b"e1", state={"k": old})
+        racing.replace = replace_state
+        assert ag.get_state("t", "k") == new
+        ag.append("t", b"e3", state={"k": old})
+        racing.replace = replace_state
+        assert ag.state("t") == {b"k": new}
+
+        ag.save_checkpoint("t", old, schema_version=1, config_hash="h")
+
+        def delete_thread() -> None:
+            writer.delete_thread("t")
+            assert writer.gc_blobs()["removed"] >= 1
+
+        racing.replace = delete_thread
+        assert ag.load_checkpoint("t", 1) is None  # deleted with its thread, as a read after it finds
+        ag.append("t", old)
+        racing.replace = delete_thread
+        assert list(ag.read("t")) == []  # the event went with its thread between the scan and its blob

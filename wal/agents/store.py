@@ -62,7 +62,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from wal._fs import fsync_dir, replace_durably
 from wal.crypto.sealing import CONTEXT_BLOB, Sealer
@@ -187,12 +187,14 @@ def _unframe(raw: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 # Blob writes in flight per store directory: gc_blobs must not collect them (one writer per directory, I6).
+_T = TypeVar("_T")
 _blob_locks: weakref.WeakValueDictionary[str, _BlobLock] = weakref.WeakValueDictionary()
 _blob_locks_guard = threading.Lock()
 
 
 class _BlobLock:
-    """Writers (blob write .. commit) share it; gc_blobs takes it exclusively."""
+    """Writers (blob write .. commit) and readers retrying a blob (`AgentStore._reading`) share
+    it; gc_blobs takes it exclusively."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -326,6 +328,18 @@ class AgentStore:
                 "(blob files, for larger ones, are not archived); split the value or keep it elsewhere")
         return bytes([_INLINE]) + data
 
+    def _reading(self, read: Callable[[], _T]) -> _T:
+        """read(), and once more if a blob file it needed was gone. gc_blobs removes the blobs no
+        value references: a read that took a value just before it was replaced (or deleted) and
+        the blob collected finds its file gone, though nothing is lost. The second time with the
+        blob lock shared, so no gc_blobs of this process runs between its reads and its opens: a
+        blob missing then is really missing (or damaged)."""
+        try:
+            return read()
+        except BlobMissingError:
+            with self._blob_lock.writing():
+                return read()
+
     def _unpack(self, packed: bytes) -> bytes:
         if not packed:
             raise CorruptionError("empty agent value", reason="bad agent value")
@@ -360,7 +374,10 @@ class AgentStore:
         """Delete blob files that no committed value of any agent references.
 
         Safe against concurrent writers of this process (they hold the blob lock from blob
-        write to commit) and other processes cannot write (one writer per store, I6).
+        write to commit) and other processes cannot write (one writer per store, I6). A reader
+        of this process that took a value just before it was replaced, and finds its blob
+        collected, reads again (`_reading`); a reader in another process (a read-only opener)
+        may meet `BlobMissingError` then, and a read again gives the new value.
         Returns {"kept": n, "removed": n, "bytes_freed": n}.
         """
         out = {"kept": 0, "removed": 0, "bytes_freed": 0}
@@ -496,8 +513,17 @@ class AgentStore:
         prefix = self._tkey(tname, b"e")
         for key, value in self.store.scan(prefix):
             seq = int(key[len(prefix):], 16)
-            if seq >= from_seq:
-                yield seq, self._unpack(value)
+            if seq < from_seq:
+                continue
+            try:
+                event = self._unpack(value)
+            except BlobMissingError:  # as in `_reading`, for this event alone
+                with self._blob_lock.writing():
+                    again = self.store.get(key)
+                    if again is None:
+                        continue  # deleted (pruned, expired) since the scan read it
+                    event = self._unpack(again)
+            yield seq, event
 
     def last_seq(self, thread: str) -> int:
         """The thread's last sequence number (0: no events)."""
@@ -505,17 +531,24 @@ class AgentStore:
         return int(rec["seq"]) if rec is not None else 0
 
     def get_state(self, thread: str, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        raw = self.store.get(self._tkey(_name(thread, "thread"), b"s", _skey(key)))
-        return default if raw is None else self._unpack(raw)
+        skey = self._tkey(_name(thread, "thread"), b"s", _skey(key))
+
+        def read() -> bytes | None:
+            raw = self.store.get(skey)
+            return default if raw is None else self._unpack(raw)
+        return self._reading(read)
 
     def state(self, thread: str) -> dict[bytes, bytes]:
         """All state values of thread."""
         prefix = self._tkey(_name(thread, "thread"), b"s")
-        return {k[len(prefix):]: self._unpack(v) for k, v in self.store.scan(prefix)}
+        return self._reading(lambda: {k[len(prefix):]: self._unpack(v) for k, v in self.store.scan(prefix)})
 
     # ---- tool calls ---------------------------------------------------------------------------
 
     def _call(self, call_id: str, *, new: bool = False) -> CallRecord | None:
+        return self._reading(lambda: self._read_call(call_id, new))
+
+    def _read_call(self, call_id: str, new: bool) -> CallRecord | None:
         cname = _name(call_id, "call_id")
         raw = self.store.get(self._ckey(cname, b"i"))
         if raw is None:
@@ -650,6 +683,19 @@ class AgentStore:
             out.append(self._info(thread, int(key[len(prefix):], 16), _unframe(value)[0]))
         return out
 
+    def _read_checkpoint(self, thread: str, tname: bytes,
+                         checkpoint_id: int | None) -> tuple[CheckpointInfo, bytes] | None:
+        if checkpoint_id is None:
+            rec = self.thread_info(thread)
+            if rec is None or not rec["ckpt"]:
+                return None
+            checkpoint_id = int(rec["ckpt"])
+        raw = self.store.get(self._tkey(tname, b"k", b"%016x" % checkpoint_id))
+        if raw is None:
+            return None
+        head, packed = _unframe(raw)
+        return self._info(thread, checkpoint_id, head), self._unpack(packed)
+
     def load_checkpoint(self, thread: str, checkpoint_id: int | None = None, *, schema_version: int | None = None,
                         config_hash: str | None = None) -> tuple[CheckpointInfo, bytes] | None:
         """(info, state) of a checkpoint (the latest if checkpoint_id is None), or None if there is none.
@@ -661,30 +707,22 @@ class AgentStore:
         if checkpoint_id is not None and (isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int)):
             raise ArgumentTypeError(f"checkpoint_id must be an int (or None: the latest), not "
                                     f"{type(checkpoint_id).__name__}")
-        if checkpoint_id is None:
-            rec = self.thread_info(thread)
-            if rec is None or not rec["ckpt"]:
-                return None
-            checkpoint_id = int(rec["ckpt"])
-        key = self._tkey(tname, b"k", b"%016x" % checkpoint_id)
-        raw = self.store.get(key)
-        if raw is None:
+        found = self._reading(lambda: self._read_checkpoint(thread, tname, checkpoint_id))
+        if found is None:
             return None
-        head, packed = _unframe(raw)
-        info = self._info(thread, checkpoint_id, head)
-        data = self._unpack(packed)
+        info, data = found
         if hashlib.sha256(data).hexdigest() != info.sha256 or len(data) != info.size:
             raise CheckpointCorruptError(
-                f"checkpoint {checkpoint_id} of thread {thread!r}: SHA-256 mismatch (stored {info.sha256}, "
+                f"checkpoint {info.checkpoint_id} of thread {thread!r}: SHA-256 mismatch (stored {info.sha256}, "
                 f"computed {hashlib.sha256(data).hexdigest()}); load an earlier checkpoint",
                 reason="checkpoint digest mismatch")
         if schema_version is not None and info.schema_version != schema_version:
             raise CheckpointMismatchError(
-                f"checkpoint {checkpoint_id} of thread {thread!r} has schema version {info.schema_version}, "
+                f"checkpoint {info.checkpoint_id} of thread {thread!r} has schema version {info.schema_version}, "
                 f"expected {schema_version}: migrate it or load with the matching schema")
         if config_hash is not None and info.config_hash != config_hash:
             raise CheckpointMismatchError(
-                f"checkpoint {checkpoint_id} of thread {thread!r} was saved under configuration "
+                f"checkpoint {info.checkpoint_id} of thread {thread!r} was saved under configuration "
                 f"{info.config_hash!r}, this agent runs {config_hash!r}")
         return info, data
 
