@@ -54,6 +54,7 @@
 #define SESSION_BYTES 16
 #define HEADER_BYTES (1 + KEY_ID_BYTES + SESSION_BYTES + 8)
 #define TAG_BYTES 16
+_Static_assert(HEADER_BYTES + TAG_BYTES == SEAL_ENVELOPE_OVERHEAD, "sealcore.h's envelope overhead");
 #define NONCE_BYTES 12
 #define CODEC_ENCRYPTED 0x80
 #define CODEC_ZSTD 0x01

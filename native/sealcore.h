@@ -16,6 +16,10 @@
 
 extern PyTypeObject SealSessionType;
 
+/* The bytes an envelope adds to the body it seals: its header (codec, key id, session id,
+ * counter) and the GCM tag (wal/crypto/sealing.py, OVERHEAD; FORMAT.md §19). */
+#define SEAL_ENVELOPE_OVERHEAD 49
+
 /* Ready the type and add SealSession to `module`: 0, or -1 with an exception set. */
 int sealcore_add(PyObject *module);
 

@@ -1666,7 +1666,10 @@ static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t na
         if (PyErr_Occurred()) return NULL;
         goto python;
     }
-    if (core->handle == NULL || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > WAL_MAX_PAYLOAD_BYTES - 4096)
+    /* A value whose envelope would pass the value limit: the Python put refuses it, naming the
+     * value's own size and the limit of a sealed store. */
+    if (core->handle == NULL || !PyBytes_CheckExact(value) ||
+        PyBytes_GET_SIZE(value) > WAL_MAX_PAYLOAD_BYTES - 4096 - SEAL_ENVELOPE_OVERHEAD)
         goto python;
     if ((sealer = PyObject_GetAttr(store, str_sealer)) == NULL || (session = PyObject_GetAttr(sealer, str_session)) == NULL)
         goto failed;

@@ -109,6 +109,31 @@ def test_a_sealed_put_takes_and_refuses_arguments_as_the_plain_store_does(tmp_pa
         wal.RecordTooLargeError, wal.ArgumentError]
 
 
+@pytest.mark.parametrize(("options", "overhead"), [({"encryption": KEY}, 49), ({"compression": "zstd"}, 1)],
+                         ids=["encrypted", "compressed"])
+def test_a_sealed_stores_value_limit_is_the_plain_one_less_its_envelope_and_its_error_names_the_value(
+        tmp_path: Path, options: dict, overhead: int) -> None:
+    """A value whose envelope would pass the value limit is refused naming the value's own size
+    and the sealed store's limit, by every path (the C put, a transaction, aput, update); the
+    longest value under it is stored and read back. (Random bytes: nothing compresses.)"""
+    limit = wal.store.store.MAX_VALUE_BYTES - overhead
+    longest, over = os.urandom(limit), os.urandom(limit + 1)
+    with wal.open(tmp_path / "s", **options) as store:
+        store.put(b"k", longest)
+        assert store.get(b"k") == longest
+
+        def in_a_transaction() -> None:
+            with store.transaction() as tx:
+                tx.put(b"t", over)
+
+        for attempt in (lambda: store.put(b"k", over), lambda: store.put(b"k", over, durability="sync"),
+                        in_a_transaction, lambda: asyncio.run(store.aput(b"k", over)),
+                        lambda: store.update(b"k", lambda _: over)):
+            with pytest.raises(wal.RecordTooLargeError, match=f"value of {limit + 1} bytes is over the {limit}-byte"):
+                attempt()
+        assert store.get(b"k") == longest and store.get(b"t") is None
+
+
 def test_a_sealed_put_on_an_archived_store_is_admitted_against_the_archive_rpo(tmp_path: Path) -> None:
     """The sealed put calls the store's C commit straight only over the plain Store: over the
     archive's store every put still passes its admission (the archive_rpo_ms bound)."""

@@ -392,6 +392,12 @@ class Sealer:
         return self.keys is not None
 
     @property
+    def envelope_overhead(self) -> int:
+        """The most bytes an envelope adds to what it seals: the codec byte, and an encrypted
+        one's header and tag (a value is compressed only where that makes it smaller)."""
+        return OVERHEAD if self.encrypting else 1
+
+    @property
     def dictionaries(self) -> dict[int, bytes]:
         """The trained zstd dictionaries this handle reads with, by zstd dictionary id."""
         return dict(self._dicts)

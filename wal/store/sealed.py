@@ -30,12 +30,22 @@ from typing import TYPE_CHECKING, Any
 
 from wal._bindings import storecore
 from wal._fs import makedirs_durable, replace_durably
-from wal.crypto.sealing import CONTEXT_DICT, CONTEXT_VALUE, DEFAULT_THRESHOLD, Keyring, KeySource, Sealer, key_id
+from wal.crypto.sealing import (
+    CONTEXT_DICT,
+    CONTEXT_VALUE,
+    DEFAULT_THRESHOLD,
+    OVERHEAD,
+    Keyring,
+    KeySource,
+    Sealer,
+    key_id,
+)
 from wal.errors import (
     ArgumentError,
     CorruptionError,
     EncryptionKeyError,
     MissingKeyError,
+    RecordTooLargeError,
     SealDamagedError,
     WrongKeyError,
 )
@@ -282,7 +292,23 @@ def _sealed_class(base: type[Store]) -> type[Store]:
     from wal.store import store as plain  # noqa: PLC0415 -- wal.store.store imports this module
 
     _key, _value = plain._key, plain._value  # the store's own argument checks
-    op_put, max_value = OP_PUT, plain.MAX_VALUE_BYTES
+    op_put = OP_PUT
+    # A value this long seals into an envelope within the store's value limit, whatever the
+    # sealing: the longest envelope is an encrypted one's (`_sealable` checks the longer ones).
+    fits = plain.MAX_VALUE_BYTES - OVERHEAD
+
+    def _sealable(sealer: Sealer, value: Any) -> bytes:
+        """`value` checked as the plain store checks it (`_value`), and against the value limit of
+        this store: the plain limit less what its envelopes add, so that the error names the
+        caller's value and the limit it must keep, not the envelope the store would have made."""
+        data = _value(value)
+        limit = plain.MAX_VALUE_BYTES - sealer.envelope_overhead
+        if len(data) > limit:
+            kind = "an encrypted" if sealer.encrypting else "a compressed"
+            raise RecordTooLargeError(f"value of {len(data)} bytes is over the {limit}-byte value limit of {kind} "
+                                      f"store (the {plain.MAX_VALUE_BYTES}-byte limit less the "
+                                      f"{sealer.envelope_overhead} bytes its envelope may add)")
+        return data
     base_put = base.put
     # The C commit is called straight only over the plain Store, whose put is that call and
     # nothing else; a subclass's put (the archive's admits each commit against its RPO first)
@@ -294,7 +320,8 @@ def _sealed_class(base: type[Store]) -> type[Store]:
 
         def put(self, key: bytes | str, value: bytes, *, if_version: int | None = None) -> None:
             k = _key(key)
-            super().put(k, self._store._sealer.seal(_value(value), _ctx(k)), if_version=if_version)
+            super().put(k, self._store._sealer.seal(_sealable(self._store._sealer, value), _ctx(k)),
+                        if_version=if_version)
 
         def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
             k = _key(key)
@@ -317,8 +344,8 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             # are (a str key encoded here, as _key does; the C commit and the Python path below
             # still refuse an empty or oversized key), and no super() or bound method is made.
             k = key if type(key) is bytes else key.encode() if type(key) is str else _key(key)
-            v = self._sealer.seal(value if type(value) is bytes and len(value) <= max_value else _value(value),
-                                  CONTEXT_VALUE + k)
+            v = self._sealer.seal(value if type(value) is bytes and len(value) <= fits else
+                                  _sealable(self._sealer, value), CONTEXT_VALUE + k)
             if durability is None:
                 if direct:
                     lsn: int = self._commit_fast(op_put, k, v, False)
@@ -331,7 +358,8 @@ def _sealed_class(base: type[Store]) -> type[Store]:
 
         async def aput(self, key: bytes | str, value: bytes, *, durability: str | None = None) -> int:
             k = _key(key)
-            return int(await super().aput(k, self._sealer.seal(_value(value), _ctx(k)), durability=durability))
+            return int(await super().aput(k, self._sealer.seal(_sealable(self._sealer, value), _ctx(k)),
+                                          durability=durability))
 
         def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
             k = _key(key)
@@ -359,7 +387,7 @@ def _sealed_class(base: type[Store]) -> type[Store]:
 
             def opened(envelope: bytes | None) -> bytes | None:
                 new = written[0] = fn(None if envelope is None else self._unseal(key, envelope))
-                return None if new is None else self._sealer.seal(_value(new), _ctx(key))
+                return None if new is None else self._sealer.seal(_sealable(self._sealer, new), _ctx(key))
 
             txn, checks, _ = super()._update_step(key, opened)
             return txn, checks, written[0]  # `update` returns the caller's value, not its envelope
