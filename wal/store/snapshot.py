@@ -38,6 +38,14 @@ if TYPE_CHECKING:
     from wal._lmdbcall import Snapshot as Txn
     from wal.store.store import Store
 
+
+def refuse_lone_key(keys: object) -> None:
+    """get_many (a store's and a snapshot's) takes a sequence of keys: a lone str or bytes is one
+    too (of its characters), and was read as such (`get_many("abc")` read keys a, b and c)."""
+    if isinstance(keys, str | bytes | bytearray | memoryview):
+        raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
+
+
 class ScanTxn(Protocol):
     """What a scan needs of its LMDB read transaction (a wal._lmdbcall.Snapshot)."""
 
@@ -161,8 +169,7 @@ class Snapshot:
 
     def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
         """The values of `keys` as of `lsn` (`default` for absent ones), in the order given."""
-        if isinstance(keys, str | bytes | bytearray | memoryview):
-            raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
+        refuse_lone_key(keys)
         return [self.get(key, default) for key in keys]
 
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:

@@ -100,7 +100,7 @@ from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
 from wal.store.sealed import STORE_FIELD, read_meta
 from wal.store.sealed import plan as plan_sealing
-from wal.store.snapshot import Snapshot, lmdb_only, merged
+from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
 from wal.store.state import DURABLE_SEEN_KEY, SEALED_KEY, State, StateError, compact, read_checkpoint
 
 if TYPE_CHECKING:
@@ -176,13 +176,6 @@ class Watermarks(NamedTuple):
 
 _MAX_RPO_MS = (1 << 32) - 1  # the log's bound is a u32 of milliseconds
 _MAX_TTL_S = 100 * 365 * 86_400  # "forever", as a number the idempotency index can hold
-
-
-def _refuse_lone_key(keys: object) -> None:
-    """get_many takes a sequence of keys: a lone str or bytes is one too (of its characters), and
-    was read as such (`get_many("abc")` read keys a, b and c)."""
-    if isinstance(keys, str | bytes | bytearray | memoryview):
-        raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
 
 
 def _key(key: object, *, allow_empty: bool = False) -> bytes:
@@ -694,7 +687,7 @@ class Store:
         """The values of `keys` (`default` for absent ones), in the order given, all of one
         instant: one LMDB read transaction and one visible LSN (wal/store/snapshot.py)."""
         self._usable()
-        _refuse_lone_key(keys)
+        refuse_lone_key(keys)
         values: list[bytes | None] | None = None
         if type(keys) in (list, tuple):  # a list or tuple of bytes goes to C as it is
             values = self._core.get_many(keys, default)  # type: ignore[arg-type]
