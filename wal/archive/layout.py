@@ -174,7 +174,7 @@ def _damaged(name: str, why: str, lsns: str) -> CorruptionError:
                            path=name, reason="damaged archive object")
 
 
-def _check_digest(data: bytes | bytearray, name: str, lsns: str) -> memoryview:
+def _check_digest(data: bytes | bytearray | memoryview, name: str, lsns: str) -> memoryview:
     if len(data) < 64 + DIGEST:
         raise _damaged(name, f"{len(data)} bytes is shorter than a header and trailer", lsns)
     body = memoryview(data)[:-DIGEST]
@@ -198,7 +198,7 @@ def merge_logs(objects: list[LogObject], writer_id: bytes) -> bytes:
     return body + _sha256(body)
 
 
-def decode_log(data: bytes, name: str) -> LogObject:
+def decode_log(data: bytes | memoryview, name: str) -> LogObject:
     """Verify and decode a log object; CorruptionError (naming the object and LSNs) if anything is off."""
     parsed = parse_name(name)
     hint = (f"{parsed.first}..{parsed.last if parsed.last is not None else '?'}" if parsed else "?")
@@ -307,7 +307,7 @@ class SnapshotImage(NamedTuple):
 EMPTY_SNAPSHOT = SnapshotImage(0, 0, b"", memoryview(b""), 0, 0, True)  # the implicit one at LSN 0
 
 
-def open_snapshot(data: bytes | bytearray, name: str) -> SnapshotImage:
+def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotImage:
     """Verify a snapshot (its SHA-256, then every entry's CRC-32C, in one C call without the GIL:
     native/objindex.c); CorruptionError (naming the object) if anything is off."""
     hint = _snapshot_hint(name)

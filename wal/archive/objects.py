@@ -118,6 +118,12 @@ class ObjectStore:
     def get(self, name: str) -> bytes:
         raise NotImplementedError
 
+    def get_buffer(self, name: str) -> bytes | memoryview:
+        """`get`, as a buffer the caller only reads: where the client hands the body over in a
+        buffer of its own, that buffer, not a copy of it in a new bytes object (a restore reads
+        every log object once, and its CPU is shared with the downloads). Here: `get`."""
+        return self.get(name)
+
     def get_head(self, name: str, n: int) -> bytes:
         """The first n bytes of an object at least n bytes long (one ranged GET where the store
         has them): what a writer's open reads of its archive's newest snapshot (its envelope's
@@ -130,12 +136,12 @@ class ObjectStore:
         the backend fetches in ranges. Here: `get`, whole."""
         return RangedRead(self.get(name))
 
-    def get_large(self, name: str) -> bytes | bytearray:
-        """`get` of an object that may be large, through `read_ranged`."""
+    def get_large(self, name: str) -> bytes | bytearray | memoryview:
+        """`get_buffer` of an object that may be large, through `read_ranged`."""
         read = self.read_ranged(name)
         try:
             read.wait(read.size)
-            assert isinstance(read.buffer, bytes | bytearray), "a windowed read is only made with a window"
+            assert isinstance(read.buffer, bytes | bytearray | memoryview), "a windowed read is only made with a window"
             return read.buffer
         finally:
             read.close()
@@ -244,7 +250,7 @@ def _in_ranges(objects: ObjectStore, name: str, size: int, window: int | None,
     fetched by `get_range(start, end)`, RANGE_BYTES at a time and RANGE_PARALLEL at once; with a
     `window`, into an anonymous mapping, about that many bytes at a time."""
     if size <= RANGE_BYTES:
-        return RangedRead(objects.get(name))
+        return RangedRead(objects.get_buffer(name))
     where = f"{objects.url}/{name}"
     # Private: MADV_DONTNEED frees a private anonymous page (a shared one stays in shmem).
     buffer: bytearray | mmap.mmap = (bytearray(size) if window is None else
@@ -655,8 +661,11 @@ class ObstoreObjects(ObjectStore):
             raise self._err(exc, "writing", name) from exc
 
     def get(self, name: str) -> bytes:
+        return bytes(self.get_buffer(name))
+
+    def get_buffer(self, name: str) -> memoryview:
         try:
-            return bytes(self._obstore.get(self.store, name).bytes())
+            return memoryview(self._obstore.get(self.store, name).bytes())
         except Exception as exc:
             raise self._err(exc, "reading", name) from exc
 

@@ -133,7 +133,7 @@ def cover(pieces: list[Piece], after: int, *, heads: dict[str, Head] | None = No
 Fetch = Callable[[list[Piece]], Iterator[tuple[Piece, int, "layout.LogObject | CorruptionError"]]]
 
 
-def decoded(name: str, data: bytes) -> layout.LogObject | CorruptionError:
+def decoded(name: str, data: bytes | memoryview) -> layout.LogObject | CorruptionError:
     try:
         return layout.decode_log(data, name)
     except CorruptionError as exc:

@@ -94,7 +94,7 @@ def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogO
     SHA-256 and the CRC-32Cs run without the GIL, so verifying keeps pace with downloading
     instead of queueing behind it on the caller's thread. Damage is returned, not raised, so
     the caller meets it in LSN order."""
-    data = objects.get(name)
+    data = objects.get_buffer(name)
     return len(data), decoded(name, data)
 
 

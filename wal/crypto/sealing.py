@@ -506,7 +506,7 @@ class Sealer:
 
     # ---- opening ---------------------------------------------------------------------------
 
-    def open(self, envelope: bytes | bytearray, context: bytes, where: Callable[[], str]) -> bytes:
+    def open(self, envelope: bytes | bytearray | memoryview, context: bytes, where: Callable[[], str]) -> bytes:
         """The value sealed in `envelope`; `where()` names it for errors (MissingKeyError when its
         key was not given, SealDamagedError when its bytes were changed)."""
         if not envelope:
@@ -525,7 +525,7 @@ class Sealer:
             body = self._decompress(body, where)
         return body
 
-    def _decrypt(self, envelope: bytes | bytearray, context: bytes, where: Callable[[], str]) -> bytes:
+    def _decrypt(self, envelope: bytes | bytearray | memoryview, context: bytes, where: Callable[[], str]) -> bytes:
         if len(envelope) < OVERHEAD:
             raise _damaged(where(), f"an encrypted envelope of {len(envelope)} bytes (at least {OVERHEAD})")
         view = memoryview(envelope)  # the ciphertext is read in place, not copied out first
@@ -534,8 +534,8 @@ class Sealer:
         if aead is None:
             aead = self._aead_for(sid[:KEY_ID_BYTES], sid, where)
         try:
-            plain: bytes = aead.decrypt(envelope[HEADER_BYTES - COUNTER_BYTES:HEADER_BYTES] + _NONCE_TAIL,
-                                        view[HEADER_BYTES:], envelope[:HEADER_BYTES] + context)
+            plain: bytes = aead.decrypt(bytes(view[HEADER_BYTES - COUNTER_BYTES:HEADER_BYTES]) + _NONCE_TAIL,
+                                        view[HEADER_BYTES:], bytes(view[:HEADER_BYTES]) + context)
         except _invalid_tag():
             raise _damaged(where(), f"authentication failed (key id {sid[:KEY_ID_BYTES].hex()}): its bytes were "
                                     "changed, or it was moved from elsewhere") from None
