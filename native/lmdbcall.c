@@ -139,6 +139,11 @@ typedef struct {
 #define DB_DATA 0
 #define DB_TAIL 3 /* the tails of split DATA values: internal, never a `db` argument */
 #define SPARE_TXNS 4
+/* Reader slots of the lock file (py-lmdb's default is 126): each open read transaction takes
+ * one -- a snapshot, a scan's iterator, the checkpoint's pin, SPARE_TXNS per handle, and those
+ * of read-only openers in other processes -- and 126 were taken by as many threads scanning at
+ * once. 64 bytes each. The first opener sizes the table; a later one adopts the file's size. */
+#define MAX_READERS 1024
 static const char CHECKS_KEY[] = "entry_checksums"; /* META: every DATA entry carries a checksum */
 
 typedef struct {
@@ -167,6 +172,8 @@ typedef struct {
     int (*cursor_get)(MDB_cursor *, MDB_val *, MDB_val *, int);
     int (*cursor_put)(MDB_cursor *, MDB_val *, MDB_val *, unsigned int);
     size_t (*txn_id)(MDB_txn *);
+    int (*env_set_maxreaders)(MDB_env *, unsigned int);
+    int (*reader_check)(MDB_env *, int *);
 } mdb_api;
 
 /* The names resolved, in mdb_api's order. */
@@ -174,7 +181,7 @@ static const char *const API_NAMES[] = {
     "version", "strerror", "env_create", "env_open", "env_close", "env_set_mapsize", "env_set_maxdbs",
     "env_sync", "env_stat", "env_info", "txn_begin", "txn_commit", "txn_abort", "txn_reset", "txn_renew",
     "dbi_open", "stat", "get", "put", "del", "cursor_open", "cursor_close", "cursor_get", "cursor_put",
-    "txn_id",
+    "txn_id", "env_set_maxreaders", "reader_check",
 };
 #define N_API (sizeof(API_NAMES) / sizeof(API_NAMES[0]))
 _Static_assert(sizeof(mdb_api) == N_API * sizeof(void *), "API_NAMES must list every mdb_api member");
@@ -394,9 +401,21 @@ static int set_map_size(EnvObject *e, size_t size) {
     return rc;
 }
 
-/* A read transaction: a spare one renewed, else a new one. GIL held. Another process (the
- * writer) may have grown the map past ours: MDB_MAP_RESIZED, and lmdb.h's answer is to adopt
- * the size it recorded (mdb_env_set_mapsize(env, 0)) and begin again. */
+/* A new read transaction. Another process (the writer) may have grown the map past ours:
+ * MDB_MAP_RESIZED, and lmdb.h's answer is to adopt the size it recorded
+ * (mdb_env_set_mapsize(env, 0)) and begin again. Every reader slot taken: those of processes
+ * that died holding them (a SIGKILLed read-only opener's) are freed (mdb_reader_check) and the
+ * begin tried again; MDB_READERS_FULL only if live readers hold them all. */
+static int new_read_txn(EnvObject *e, MDB_txn **txn) {
+    int rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    if (rc == MDB_MAP_RESIZED && set_map_size(e, 0) == 0) rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    int dead = 0;
+    if (rc == MDB_READERS_FULL && M.reader_check(e->env, &dead) == 0 && dead > 0)
+        rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    return rc;
+}
+
+/* A read transaction: a spare one renewed, else a new one. GIL held. */
 static int read_begin(EnvObject *e, MDB_txn **txn) {
     while (e->n_spare > 0) {
         MDB_txn *t = e->spare[--e->n_spare];
@@ -406,9 +425,7 @@ static int read_begin(EnvObject *e, MDB_txn **txn) {
         }
         M.txn_abort(t);
     }
-    int rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
-    if (rc == MDB_MAP_RESIZED && set_map_size(e, 0) == 0) rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
-    return rc;
+    return new_read_txn(e, txn);
 }
 
 static void read_end(EnvObject *e, MDB_txn *txn) {
@@ -572,6 +589,10 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
     if (rc == 0) {
         rc = M.env_set_maxdbs(env, MAX_DBS);
         where = "mdb_env_set_maxdbs";
+    }
+    if (rc == 0) {
+        rc = M.env_set_maxreaders(env, MAX_READERS);
+        where = "mdb_env_set_maxreaders";
     }
     if (rc != 0) {
         if (env != NULL) M.env_close(env);
@@ -2192,14 +2213,27 @@ static PyObject *env_begin(EnvObject *self, PyObject *unused) {
     (void)unused;
     if (usable(self) < 0) return NULL;
     MDB_txn *txn;
-    int rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &txn);
-    if (rc == MDB_MAP_RESIZED && set_map_size(self, 0) == 0) /* see read_begin */
-        rc = M.txn_begin(self->env, NULL, MDB_RDONLY, &txn);
+    int rc = new_read_txn(self, &txn);
     if (rc != 0) {
         set_error(rc, "mdb_txn_begin");
         return NULL;
     }
     return snapshot_adopt(self, txn);
+}
+
+/* reader_check() -> the reader slots freed: those held by processes no longer alive (a
+ * read-only opener killed with a snapshot open pins the pages of its snapshot for as long as
+ * its slot stays taken, so the file grows by everything written after it). */
+static PyObject *env_reader_check(EnvObject *self, PyObject *unused) {
+    (void)unused;
+    if (usable(self) < 0) return NULL;
+    int dead = 0;
+    int rc = M.reader_check(self->env, &dead);
+    if (rc != 0) {
+        set_error(rc, "mdb_reader_check");
+        return NULL;
+    }
+    return PyLong_FromLong(dead);
 }
 
 /* set_map_size(size) -> the map's size now: mdb_env_set_mapsize on the open environment
@@ -2270,6 +2304,8 @@ static PyMethodDef env_methods[] = {
     {"sync", (PyCFunction)env_sync, METH_O, "sync(force): mdb_env_sync, GIL released"},
     {"stat", (PyCFunction)env_stat, METH_NOARGS, "stat() -> (data entries, page size, last page number)"},
     {"begin", (PyCFunction)env_begin, METH_NOARGS, "begin() -> Snapshot: a read-only transaction"},
+    {"reader_check", (PyCFunction)env_reader_check, METH_NOARGS,
+     "reader_check() -> int: free the reader slots of processes that died holding them; how many"},
     {"verify", (PyCFunction)env_verify, METH_NOARGS,
      "verify() -> (entries, value bytes): every DATA entry checked, looked up again, and counted"},
     {"check_entries", (PyCFunction)(void (*)(void))env_check_entries, METH_FASTCALL,
@@ -2731,7 +2767,7 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
         {"MDB_KEYEXIST", MDB_KEYEXIST}, {"MDB_NOTFOUND", MDB_NOTFOUND}, {"MDB_PAGE_NOTFOUND", MDB_PAGE_NOTFOUND},
         {"MDB_CORRUPTED", MDB_CORRUPTED}, {"MDB_PANIC", MDB_PANIC}, {"MDB_VERSION_MISMATCH", MDB_VERSION_MISMATCH},
         {"MDB_INVALID", MDB_INVALID}, {"MDB_MAP_FULL", MDB_MAP_FULL}, {"MDB_DBS_FULL", MDB_DBS_FULL},
-        {"MDB_READERS_FULL", MDB_READERS_FULL}, {"MDB_TXN_FULL", MDB_TXN_FULL},
+{"MAX_READERS", MAX_READERS}, {"MDB_READERS_FULL", MDB_READERS_FULL}, {"MDB_TXN_FULL", MDB_TXN_FULL},
         {"MDB_MAP_RESIZED", MDB_MAP_RESIZED}, {"MDB_INCOMPATIBLE", MDB_INCOMPATIBLE},
         {"MDB_BAD_RSLOT", MDB_BAD_RSLOT}, {"MDB_BAD_TXN", MDB_BAD_TXN}, {"MDB_BAD_VALSIZE", MDB_BAD_VALSIZE},
         {"MDB_BAD_DBI", MDB_BAD_DBI},

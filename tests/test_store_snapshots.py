@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import wal
+from wal.store.state import READER_SLOTS, ReadersFullError
 
 PAIRS = 40  # transactions write key a/<i> and b/<i> with the same value; readers check they agree
 
@@ -237,3 +238,63 @@ def test_get_many_reads_every_call_form_and_refuses_bad_keys_clearly(tmp_path: P
             store.get_many([b"a", b"k" * 600])
         with pytest.raises(TypeError):
             store.get_many([b"a", 5])  # type: ignore[list-item]
+
+
+def test_readers_holding_every_slot_delay_checkpoints_and_never_stop_the_writer(tmp_path: Path) -> None:
+    """Every reader slot of the state's lock file held by live snapshots: a new snapshot is
+    refused with ReadersFullError saying so, an explicit checkpoint too, and the automatic
+    checkpoints wait and retry (a host shortage): the commits go on, and once the snapshots
+    close the store checkpoints again. (Full slots stopped the store's writes until reopened.)"""
+    with wal.open(tmp_path / "s", checkpoint_bytes=64 << 10) as store:
+        store.put(b"k", b"v")
+        held: list[wal.Snapshot] = []
+        with pytest.raises(ReadersFullError, match=f"all {READER_SLOTS} reader slots"):
+            while len(held) <= READER_SLOTS:
+                held.append(store.snapshot())
+        assert READER_SLOTS - 10 <= len(held) < READER_SLOTS  # the store's own read transactions hold the rest
+        for i in range(200):  # 800 KB: a dozen automatic checkpoints due
+            store.put(b"w%03d" % i, bytes(4096), durability="sync")
+        with pytest.raises(ReadersFullError):
+            store.checkpoint()
+        assert held[0].get(b"k") == b"v"
+        for snap in held:
+            snap.close()
+        store.put(b"after", b"1")
+        stats = store.stats()
+        assert not stats["failed"] and stats["state_stalls"] > 0
+        assert store.checkpoint() == store.stats()["applied_lsn"]
+        assert store.get(b"w199") == bytes(4096)
+
+
+def test_a_read_only_opener_killed_with_a_snapshot_open_pins_no_pages_of_the_writers_state(tmp_path: Path) -> None:
+    """A read-only opener SIGKILLed while its snapshot is open leaves its reader slot taken.
+    The writer's checkpoints free the slots of dead processes: the state's pages freed by
+    overwrites are reused, and the file stays near its live data. (The dead slot pinned the
+    snapshot's pages for the writer's lifetime: the file grew by every overwrite.)"""
+    path = tmp_path / "s"
+    live = {b"k%04d" % i: bytes(1024) for i in range(1000)}  # ~1 MB live
+    with wal.open(path, durability="interval", rpo_ms=20) as store:
+        with store.transaction() as tx:
+            for k, v in live.items():
+                tx.put(k, v)
+        store.checkpoint()
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time, wal
+            s = wal.open({str(path)!r}, readonly=True)
+            snap = s.snapshot()
+            assert snap.get(b"k0000") is not None
+            print("holding", flush=True)
+            time.sleep(60)
+            """)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "holding"
+        finally:
+            child.kill()
+            child.wait()
+        data = path / "state" / "data.mdb"
+        for n in range(12):  # each pass overwrites every key: ~1 MB of pages freed
+            with store.transaction() as tx:
+                for k in live:
+                    tx.put(k, bytes([n]) * 1024)
+            store.checkpoint()
+        assert data.stat().st_blocks * 512 < 6 << 20, f"the state file holds {data.stat().st_blocks * 512} bytes"

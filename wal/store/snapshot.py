@@ -13,7 +13,7 @@ acknowledged up to V.
 
 What a snapshot holds while it is open, and the bound:
 
-* one LMDB read transaction (a reader slot of the state's lock file; LMDB has 126): the pages
+* one LMDB read transaction (a reader slot of the state's lock file, of 1,024): the pages
   of its version cannot be reused, so the state file grows by what is written while it is
   open. Close snapshots when done (they are context managers); a scan's iterator holds one
   until it is exhausted or closed (``iterator.close()``, or dropping it);

@@ -196,6 +196,14 @@ class StateError(WalError):
     """LMDB failed for a reason other than damage (disk error, map full, too many readers...)."""
 
 
+READER_SLOTS = _lmdbcall.MAX_READERS  # of a state's lock file (native/lmdbcall.c says why so many)
+
+
+class ReadersFullError(StateError):
+    """Every reader slot of the state's lock file is held by a live reader. A read raises it;
+    the store's own applies and checkpoints wait and retry (a host shortage, not a failure)."""
+
+
 # LMDB's codes for a file that is not what it wrote: corruption, not a failure to retry. EINVAL
 # is LMDB's answer to impossible parameters read from the file; E_BAD_VALUE is a stored value of
 # the wrong size (applied_lsn, an idempotency entry), found by the binding.
@@ -234,6 +242,12 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
             f"the LMDB state in {path} could not grow while {doing}: {text}. Nothing acknowledged is lost (the "
             "log holds it); the store retries once space is freed on this filesystem", errno=kind,
             filename=os.path.join(path, DATA_FILE)) from exc
+    if code == _lmdbcall.MDB_READERS_FULL and not opening:
+        raise ReadersFullError(
+            f"all {READER_SLOTS} reader slots of the LMDB state in {path} are taken (while {doing}): each open "
+            "snapshot, unfinished scan iterator and read-only opener holds one while it lasts. Close snapshots "
+            "and scans when done (they are context managers); slots of processes that died are freed at "
+            "once") from exc
     if code in _OS_ERRORS:
         advice = _ADVICE.get(code)
         if code == errno.EACCES and opening:
@@ -780,6 +794,9 @@ class State:
         if self._pin is None:
             raise ClosedError(f"the LMDB state in {self.path} is closed (while taking a checkpoint)")
         try:
+            # The slots of read-only openers that died holding a snapshot: each pins the pages of
+            # its snapshot, so the file would grow by all that is written after it, for good.
+            self._env.reader_check()
             pin = self._env.begin()
         except LmdbError as exc:
             raise_lmdb(exc, self.path, "beginning a checkpoint")

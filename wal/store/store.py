@@ -101,7 +101,15 @@ from wal.store.replay import Replay
 from wal.store.sealed import STORE_FIELD, read_meta
 from wal.store.sealed import plan as plan_sealing
 from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
-from wal.store.state import DURABLE_SEEN_KEY, SEALED_KEY, State, StateError, compact, read_checkpoint
+from wal.store.state import (
+    DURABLE_SEEN_KEY,
+    SEALED_KEY,
+    ReadersFullError,
+    State,
+    StateError,
+    compact,
+    read_checkpoint,
+)
 
 if TYPE_CHECKING:
     from wal.store.sealed import SealingPlan
@@ -237,10 +245,11 @@ def _gave_up(key: bytes, retries: int) -> ConflictError:
 
 def _retryable(exc: BaseException) -> bool:
     """A failure of the state's writes that waits for the host, not a fail-stop: no space
-    (ENOSPC, EDQUOT) or no file descriptor (EMFILE, ENFILE) left. LMDB aborted the
-    transaction, so the state is as it was, and the log holds every commit."""
-    return isinstance(exc, NoSpaceError) or (isinstance(exc, StorageError) and exc.errno in (errno.EMFILE,
-                                                                                             errno.ENFILE))
+    (ENOSPC, EDQUOT), no file descriptor (EMFILE, ENFILE) or no LMDB reader slot (a checkpoint
+    pins a read transaction; live readers hold every slot) left. LMDB aborted the transaction,
+    so the state is as it was, and the log holds every commit."""
+    return isinstance(exc, NoSpaceError | ReadersFullError) or (
+        isinstance(exc, StorageError) and exc.errno in (errno.EMFILE, errno.ENFILE))
 
 
 def _now_ms() -> int:
@@ -1097,12 +1106,12 @@ class Store:
                         break
                 self._check_fsync_latency()
                 self._stalled(None)
-            except (NoSpaceError, StorageError) as exc:
+            except (NoSpaceError, StorageError, ReadersFullError) as exc:
                 if not _retryable(exc):
                     self._log_failure(exc)
                     self._fail_stop(exc)
                     return
-                self._stalled(exc)  # wait and retry: the store goes on once space returns
+                self._stalled(exc)  # wait and retry: the store goes on once the host has room again
                 # Back off (up to a second, not woken by commits, each of which sets _wake), so a
                 # full disk is not hammered with transactions that cannot commit.
                 until = time.monotonic() + min(1.0, self._apply_interval * (1 << min(self._stall_rounds, 6)))
@@ -1134,8 +1143,9 @@ class Store:
         return _IDLE_WAIT_S
 
     def _stalled(self, exc: BaseException | None) -> None:
-        """Observability of a full disk under the state: a WARNING when applies or checkpoints
-        start failing for lack of space (they are retried, with back-off up to a second), an
+        """Observability of a host shortage under the state: a WARNING when applies or checkpoints
+        start failing for lack of space, descriptors or reader slots (they are retried, with
+        back-off up to a second), an
         INFO when they go through again. stats()["state_stalled"] holds the error meanwhile."""
         if exc is None:
             if self._stall is not None:
@@ -1145,7 +1155,7 @@ class Store:
             return
         if self._stall is None:
             _logger.warning("store %s: the state cannot be written (%s); commits still go to the log while it "
-                            "has room, and the apply is retried until space returns", self._path, exc)
+                            "has room, and the apply is retried until the host has room again", self._path, exc)
         self._stall = exc
         self._stall_rounds += 1
         self._counters["state_stalls"] += 1
