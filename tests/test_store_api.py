@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from legacy_state import strip_entry_checksums
@@ -1376,3 +1377,63 @@ def test_a_readers_stats_give_the_writers_level_and_the_checkpoints_real_age(tmp
                              timeout=60, check=True).stdout  # a reader is another process (one LMDB handle each)
     level, rpo_ms, since = json.loads(out)
     assert level == "interval" and rpo_ms == 40 and since >= 0.3
+
+
+def test_a_checkpoint_racing_close_gets_closed_error_and_close_raises_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() takes its last checkpoint and closes the state under the apply lock, and a
+    checkpoint() of another thread that gets the lock after that finds the state released:
+    ClosedError. Here the other thread is held just before it takes the lock until close's own
+    checkpoint has begun, and then in the middle of its checkpoint until the state is closed (or
+    for a second): close used to release the state under it (AttributeError), the two
+    checkpoints wrote one temporary file (a NotFoundError), and close itself could raise."""
+    import wal.store.state as state_mod  # noqa: PLC0415 -- the module whose function is held
+
+    store = wal.open(tmp_path / "s")
+    store.put(b"k", b"v")
+    closing, closed = threading.Event(), threading.Event()
+    checkpointer: list[threading.Thread] = []
+    mine = lambda: threading.current_thread() in checkpointer  # noqa: E731
+    apply_ready, write, state_checkpoint, state_close = (wal.Store._apply_ready, state_mod._write_checkpoint,
+                                                         State.checkpoint, State.close)
+
+    def held_apply(self: wal.Store, *args: Any, **kwargs: Any) -> int:
+        n = int(apply_ready(self, *args, **kwargs))
+        if mine() and n == 0:
+            closing.wait(1.0)  # then on to the apply lock
+        return n
+
+    def held_write(path: str, saved: Any) -> None:
+        write(path, saved)
+        if mine():
+            closed.wait(1.0)
+
+    def checkpoint_state(self: State) -> Any:
+        if not mine():
+            closing.set()
+        return state_checkpoint(self)
+
+    def close_state(self: State) -> None:
+        state_close(self)
+        closed.set()
+
+    monkeypatch.setattr(wal.Store, "_apply_ready", held_apply)
+    monkeypatch.setattr(state_mod, "_write_checkpoint", held_write)
+    monkeypatch.setattr(State, "checkpoint", checkpoint_state)
+    monkeypatch.setattr(State, "close", close_state)
+    outcome: list[object] = []
+
+    def checkpoint() -> None:
+        try:
+            outcome.append(store.checkpoint())
+        except Exception as exc:  # the class is what is checked
+            outcome.append(exc)
+
+    checkpointer.append(threading.Thread(target=checkpoint))
+    checkpointer[0].start()
+    time.sleep(0.2)  # the checkpointer waits in held_apply
+    store.close()  # raises nothing
+    checkpointer[0].join(10)
+    assert len(outcome) == 1 and (outcome[0] == 1 or isinstance(outcome[0], wal.ClosedError)), outcome
+    with wal.open(tmp_path / "s") as again:
+        assert again.get(b"k") == b"v"

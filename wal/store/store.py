@@ -421,6 +421,10 @@ class Store:
         self._pid = os.getpid()
         self._forked = False  # set in a forked child by _after_fork_in_child
         self._closed = False
+        # Set by close, under the apply lock, once its last checkpoint is taken: an apply or a
+        # checkpoint of another thread that got past its own check of `_closed` before close
+        # began then finds it under the lock, and raises ClosedError instead of using the state.
+        self._state_released = False
         self._failure: BaseException | None = None
         # Orders commits (LSN, overlay, queue) and the materializer's take/prune. A lock the C
         # commit path tries and releases without a Python call (native/commitlock.h); the
@@ -1041,6 +1045,7 @@ class Store:
         never do."""
         assert self._log is not None
         with self._apply_lock:
+            self._state_held()
             # A batch whose apply failed is out of the apply queue, so it is kept and applied
             # again before anything is taken after it: the state never gets a gap (I3), and a
             # full disk (NoSpaceError: LMDB aborted the transaction, nothing of it is in the
@@ -1259,9 +1264,15 @@ class Store:
             raise stuck
         return applied
 
+    def _state_held(self) -> None:
+        """With the apply lock held: ClosedError once close has let the state go."""
+        if self._state_released:
+            raise ClosedError(f"the store in {self._path} is closed")
+
     def _checkpoint_locked(self) -> int:
         """The checkpoint itself, at applied_lsn; the caller holds the apply lock."""
         assert self._log is not None
+        self._state_held()
         applied = self._applied
         note = {"unix_ms": _now_ms(), "applied_lsn": applied}
         with contextlib.suppress(NoSpaceError):  # a note for operators, not worth failing for
@@ -1388,7 +1399,9 @@ class Store:
                 # is logged, not raised (close raises at most the failure already reported).
                 while self._apply_ready():
                     pass
-                self._state.checkpoint()  # the next open starts from here, crash or not
+                with self._apply_lock:  # a checkpoint() of another thread may be under way
+                    self._state_released = True
+                    self._state.checkpoint()  # the next open starts from here, crash or not
             except BaseException as exc:
                 _logger.warning("closing store %s: the state was left at applied LSN %d (%s); the next open "
                                 "replays the log from its last checkpoint", self._path, self._applied, exc)
@@ -1397,7 +1410,9 @@ class Store:
             except BaseException as exc:
                 error = error or exc
         try:
-            self._state.close()
+            with self._apply_lock:
+                self._state_released = True
+                self._state.close()
         except BaseException as exc:
             error = error or exc
         if error is not None:
