@@ -26,12 +26,16 @@ Quick profile: 10 random cuts per level and thread count, every boundary x every
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from wal.drill import crashtest
+import wal
+from wal.drill import crashsim, crashtest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shim is LD_PRELOAD on glibc")
 
@@ -71,3 +75,48 @@ def test_a_cut_at_every_fsync_boundary_of_a_scripted_workload_in_every_mode_keep
         assert r.lost > 0, "no cut ever fell between an acknowledgement and its fdatasync: the test lost its teeth"
         assert r.worst_power_loss_ms <= rpo_ms + crashtest.SLACK_MS
 
+
+
+_KILLED_IN_ROLL = r'''
+import sys, wal
+from wal.drill import failpoints
+log = wal.Log.open(sys.argv[1], segment_bytes=4096)
+failpoints.slow("dirsync", 60)  # the next directory fsync -- the roll's -- hangs until the kill
+for i in range(100):
+    print("ack", log.append(b"A" * 500), flush=True)
+'''
+_RESUMED = r'''
+import sys, wal
+log = wal.Log.open(sys.argv[1], segment_bytes=4096)
+for i in range(3):
+    print("ack", log.append(b"B%d" % i), flush=True)  # sync: acknowledged once fdatasynced
+log.close()
+'''
+
+
+def test_commits_a_writer_makes_in_a_segment_whose_roll_was_killed_before_its_directory_fsync_survive_a_power_cut(
+        tmp_path: Path) -> None:
+    """A writer SIGKILLed between a roll's rename of its new segment and the directory fsync
+    (FORMAT.md §7.2, steps 6-7) leaves a segment whose name is not durable. The next open
+    resumes in it: it must make the name durable first, or the `sync` commits it then
+    acknowledges there go with the name at the next power cut (they did)."""
+    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
+    logdir = root / "log"
+    env = crashsim.env_for(str(root), str(journal))
+    killed = subprocess.Popen([sys.executable, "-c", _KILLED_IN_ROLL, str(logdir)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (logdir / "0000000000000002.wal").exists():
+        assert time.monotonic() < deadline and killed.poll() is None, "the log never rolled"
+        time.sleep(0.01)
+    time.sleep(0.3)  # in the roll's directory fsync, held by the failpoint
+    killed.send_signal(signal.SIGKILL)
+    out = killed.communicate()[0]
+    resumed = subprocess.run([sys.executable, "-c", _RESUMED, str(logdir)], env=env, stdout=subprocess.PIPE,
+                             text=True, check=True).stdout
+    acks = [int(line.split()[1]) for line in (out + resumed).splitlines() if line.startswith("ack")]
+    assert len([line for line in resumed.splitlines() if line.startswith("ack")]) == 3
+    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    with wal.Log.open(logdir, readonly=True) as log:
+        kept = {lsn for lsn, _ in log.read()}
+    assert [lsn for lsn in acks if lsn not in kept] == []

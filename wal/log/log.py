@@ -914,6 +914,10 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
             os.fdatasync(fd)
         finally:
             os.close(fd)
+        # And their names: a writer killed between a roll's rename and its directory fsync
+        # (FORMAT.md §7.2, steps 6-7) leaves a segment whose name a power cut would take back,
+        # with every commit this open appends to it.
+        fsync_dir(path)
         if last.status == "sealed":
             cfg.need_new_segment = 1
             cfg.segment_no = last.segment_no + 1
