@@ -330,6 +330,10 @@ def test_append_of_a_non_bytes_payload_is_argument_type_error_and_writes_nothing
         ({"recovery": "ignore"}, wal.ArgumentError),
         ({"preallocate": "fallocate"}, wal.ArgumentError),
         ({"max_pending_bytes": 10}, wal.ArgumentError),
+        ({"rpo_ms": 2**32}, wal.ArgumentError),
+        ({"segment_bytes": 2**64}, wal.ArgumentError),
+        ({"segment_bytes": True}, wal.ArgumentError),
+        ({"max_pending_bytes": 2**64}, wal.ArgumentError),
     ],
     ids=lambda v: repr(v) if isinstance(v, dict) else v.__name__,
 )
@@ -347,9 +351,14 @@ def test_bad_open_arguments_raise_before_anything_is_created(
 def test_bad_open_arguments_leave_an_existing_log_untouched(tmp_path: Path) -> None:
     with wal.Log.open(tmp_path) as log:
         log.append(b"x")
+    with open(next(tmp_path.glob("*.wal")), "r+b") as f:  # a torn tail the open would cut
+        f.seek(64 + 24 + 1 + 8)
+        f.write(b"\x07" * 40)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    with pytest.raises(wal.ArgumentError):
-        wal.Log.open(tmp_path, durability="sometimes")
+    for bad in ({"durability": "sometimes"}, {"rpo_ms": 2**32}, {"segment_bytes": 2**64},
+                {"max_pending_bytes": 2**64}):
+        with pytest.raises(wal.ArgumentError):
+            wal.Log.open(tmp_path, **bad)  # type: ignore[arg-type]
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 

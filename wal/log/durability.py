@@ -61,6 +61,9 @@ class Durability:
         return code
 
 
+MAX_RPO_MS = (1 << 32) - 1  # the log's bound is a u32 of milliseconds (native/wal.h)
+
+
 def parse(durability: str | None, rpo_ms: int | None, *, replicable: bool = False) -> Durability:
     """`rpo_ms=0` means sync; `rpo_ms=N>0` with no level means interval; a level without rpo_ms gets 1000 ms.
     replicable: the store has an object archive, so "replicated" is a level it can keep."""
@@ -69,6 +72,8 @@ def parse(durability: str | None, rpo_ms: int | None, *, replicable: bool = Fals
             raise ArgumentTypeError(f"rpo_ms must be an int of milliseconds, not {type(rpo_ms).__name__}")
         if rpo_ms < 0:
             raise ArgumentError(f"rpo_ms must be >= 0, got {rpo_ms}")
+        if rpo_ms > MAX_RPO_MS:
+            raise ArgumentError(f"rpo_ms must be at most {MAX_RPO_MS} (about 49 days), got {rpo_ms}")
     if durability == "replicated":
         if not replicable:
             raise ArgumentError("durability='replicated' needs an object archive: pass "

@@ -49,6 +49,9 @@ from wal.log import recovery
 
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
+# segment_bytes and max_pending_bytes at most: what a segment header's preallocated size may say,
+# far within the C config's u64.
+_MAX_SEGMENT_BYTES = recovery.MAX_PREALLOC
 _SPAN_RECORDS = 1024  # records per span of read_spans (the replay: fewer, bigger steps)
 # Records per span for Log.read: ~256 KiB of 1 KiB records, so that turning a span into Python
 # objects finds its bytes still in cache after the scan that validated them (1,024: ~10% slower).
@@ -198,14 +201,20 @@ class Log:
         it from then on, closed with the log or by a failed open.
         """
         level = dur.parse(durability, rpo_ms)
-        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
-            raise ArgumentError(f"segment_bytes must be an int >= 4096, got {segment_bytes!r}")
+        # Checked whole before anything is opened: a number the C config cannot hold raised a raw
+        # OverflowError after the recovery had already cut a torn tail.
+        if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) \
+                or not 4096 <= segment_bytes <= _MAX_SEGMENT_BYTES:
+            raise ArgumentError(f"segment_bytes must be an int in [4096, {_MAX_SEGMENT_BYTES}] (1 TiB), "
+                                f"got {segment_bytes!r}")
         if recovery not in ("strict", "truncate"):
             raise ArgumentError(f"recovery must be 'strict' or 'truncate', got {recovery!r}")
         if preallocate not in ("size", "zeros"):
             raise ArgumentError(f"preallocate must be 'size' or 'zeros', got {preallocate!r}")
-        if not isinstance(max_pending_bytes, int) or max_pending_bytes < 4096:
-            raise ArgumentError(f"max_pending_bytes must be an int >= 4096, got {max_pending_bytes!r}")
+        if isinstance(max_pending_bytes, bool) or not isinstance(max_pending_bytes, int) \
+                or not 4096 <= max_pending_bytes <= _MAX_SEGMENT_BYTES:
+            raise ArgumentError(f"max_pending_bytes must be an int in [4096, {_MAX_SEGMENT_BYTES}] (1 TiB), "
+                                f"got {max_pending_bytes!r}")
         path = os.fspath(directory)
         # What the host refuses (no permission, no descriptors, a full disk, a missing directory)
         # is a StorageError -- NoSpaceError, NotFoundError -- with errno and advice, as from wal.open.

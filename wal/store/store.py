@@ -182,7 +182,6 @@ class Watermarks(NamedTuple):
     applied: int  # last LSN whose effect is in LMDB
 
 
-_MAX_RPO_MS = (1 << 32) - 1  # the log's bound is a u32 of milliseconds
 _MAX_TTL_S = 100 * 365 * 86_400  # "forever", as a number the idempotency index can hold
 
 
@@ -475,8 +474,6 @@ class Store:
         before the log or the state is opened: one that failed later (infinity, NaN, a string)
         raised a raw Python error after both were open, and left the directory locked."""
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
-        if level.rpo_ms is not None and level.rpo_ms > _MAX_RPO_MS:
-            raise ArgumentError(f"rpo_ms must be at most {_MAX_RPO_MS} (about 49 days), got {level.rpo_ms}")
         if isinstance(checkpoint_bytes, bool) or not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
             raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
         if (isinstance(idempotency_ttl_s, bool) or not isinstance(idempotency_ttl_s, int | float)
@@ -484,7 +481,7 @@ class Store:
             raise ArgumentError(f"idempotency_ttl_s must be seconds in (0, {_MAX_TTL_S}] (a century), "
                                 f"got {idempotency_ttl_s!r}")
         if (isinstance(apply_interval_ms, bool) or not isinstance(apply_interval_ms, int | float)
-                or not 0 < apply_interval_ms <= _MAX_RPO_MS):
+                or not 0 < apply_interval_ms <= dur.MAX_RPO_MS):
             raise ArgumentError(f"apply_interval_ms must be milliseconds > 0, got {apply_interval_ms!r}")
         if isinstance(max_unapplied, bool) or not isinstance(max_unapplied, int) or max_unapplied < 1:
             raise ArgumentError(f"max_unapplied must be an int >= 1, got {max_unapplied!r}")
