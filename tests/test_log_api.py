@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -471,3 +473,41 @@ def test_readonly_log_reads_but_refuses_appends(tmp_path: Path) -> None:
 def test_readonly_open_of_a_missing_directory_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         wal.Log.open(tmp_path / "nothing", readonly=True)
+
+
+def test_reads_beside_a_releasing_writer_give_records_or_argument_error_never_a_raw_os_error(tmp_path: Path) -> None:
+    """A read lists the segments and reads each one's first LSN; a checkpoint's release may
+    remove the oldest meanwhile. The read lists again (the records it asks for may well still
+    be there), or says the LSN is no longer in the log: it raised a raw FileNotFoundError, tens
+    of times a second here."""
+    log = wal.Log.open(tmp_path / "log", durability="interval", rpo_ms=50, segment_bytes=4096)
+    deadline = time.monotonic() + 2.0
+    errors: list[BaseException] = []
+    reads = [0]
+
+    def write_and_release() -> None:
+        while time.monotonic() < deadline:
+            last = log.append_many([b"x" * 200] * 20)
+            log.remove_segments_before(last - 30)
+
+    def read() -> None:
+        while time.monotonic() < deadline:
+            start = max(1, log.watermarks.written - 10)
+            try:
+                lsns = [lsn for lsn, _ in log.read(start)]
+            except wal.ArgumentError as exc:
+                assert "is no longer in the log" in str(exc)
+                continue
+            except BaseException as exc:  # the class is what is checked
+                errors.append(exc)
+                return
+            assert lsns == list(range(start, start + len(lsns)))
+            reads[0] += 1
+
+    threads = [threading.Thread(target=write_and_release), threading.Thread(target=read), threading.Thread(target=read)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    assert errors == [] and reads[0] > 0

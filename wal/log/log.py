@@ -40,6 +40,7 @@ from wal.errors import (
     NoSpaceError,
     ReadOnlyError,
     RecordTooLargeError,
+    StorageError,
     WalError,
     no_descriptor_error,
     storage_error,
@@ -339,7 +340,10 @@ class Log:
     def first_lsn(self) -> int:
         """Oldest LSN still in the log (older segments were removed by checkpoints)."""
         for _, path in recovery.list_segments(self._dir):
-            return _segment_first_lsn(path)
+            try:
+                return _segment_first_lsn(path)
+            except FileNotFoundError:
+                continue  # released by a checkpoint since the listing: the next is the oldest now
         return 1
 
     # ---- writing ---------------------------------------------------------------------------
@@ -1054,12 +1058,7 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
             if last is None:
                 return
             from_lsn = max(from_lsn, last + 1)
-    segments = recovery.list_segments(directory)
-    if resume is not None:
-        resume.forget_except({p for _, p in segments})
-        firsts = [resume.first_lsn(p) for _, p in segments]
-    else:
-        firsts = [_segment_first_lsn(p) for _, p in segments]
+    segments, firsts = _listed(directory, resume)
     if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
         raise ArgumentError(
             f"LSN {from_lsn} is no longer in the log of {directory}: its oldest record is LSN {firsts[0]} "
@@ -1079,11 +1078,39 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
                 f"starts at LSN {firsts[i]}", path=ended[0], lsn=ended[1] + 1, reason="lsn gap",
             )
         live_tail = upto is None and i == len(segments) - 1
-        last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail, batch=batch,
-                                         resume=resume, newest=i == len(segments) - 1)
+        try:
+            last = yield from _segment_spans(path, number, from_lsn, upto, live_tail=live_tail, batch=batch,
+                                             resume=resume, newest=i == len(segments) - 1)
+        except FileNotFoundError:
+            if os.path.exists(path):
+                raise
+            # Released by a checkpoint since the listing (the oldest segments go first): the
+            # records asked for went with it.
+            raise ArgumentError(f"LSN {max(from_lsn, firsts[i])} is no longer in the log of {directory}: its "
+                                "segment was removed by a checkpoint while it was being read") from None
         if last is None:
             return  # past upto
         ended = (path, last)
+
+
+def _listed(directory: str, resume: _ReadCache | None) -> tuple[list[tuple[int, str]], list[int]]:
+    """The log's segments and the first LSN of each. A checkpoint may release the oldest while
+    their headers are read (a reader beside the writer, or the writer's own reads beside its
+    checkpoints): a segment gone meanwhile means a listing out of date, so it is listed again."""
+    for _ in range(_RELISTS):
+        segments = recovery.list_segments(directory)
+        if resume is not None:
+            resume.forget_except({p for _, p in segments})
+        try:
+            firsts = [resume.first_lsn(p) if resume is not None else _segment_first_lsn(p) for _, p in segments]
+        except FileNotFoundError:
+            continue
+        return segments, firsts
+    raise StorageError(f"the segments of the log in {directory} kept disappearing while they were listed "
+                       f"({_RELISTS} times); is something else removing them?", errno=errno.ENOENT, filename=directory)
+
+
+_RELISTS = 100
 
 
 def _segment_spans(path: str, number: int, from_lsn: int, upto: int | None, *, live_tail: bool = False,
