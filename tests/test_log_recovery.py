@@ -683,3 +683,24 @@ def test_a_scan_that_fails_stops_the_scans_running_ahead(tmp_path: Path, monkeyp
         recovery.scan_directory(str(tmp_path))
     assert not _scan_threads()
     assert max(started) <= 2 + recovery._SCAN_AHEAD < len(segs)  # the rest were never started
+
+
+def test_a_cut_redone_after_a_crash_in_its_zeroing_keeps_the_whole_copy_it_made_first(tmp_path: Path) -> None:
+    """A crash while a torn tail was being zeroed leaves its .broken copy (made whole and synced
+    first) and the tail half zeroed; the next open cuts what is left again. It keeps the first
+    copy and writes the rest beside it: it overwrote the whole copy with the half-zeroed bytes."""
+    make_log(tmp_path, 5)
+    seg = segments(tmp_path)[-1]
+    _, off, size = record_offsets(seg)[-1]
+    cut = torn_zeroed_middle(seg, off, size)
+    first = Path(f"{seg}.{off:016x}.broken")
+    first.write_bytes(cut)  # the copy a first, crashed, cut made
+    with open(seg, "r+b") as f:  # ... and the half of the tail it had zeroed
+        f.seek(off)
+        f.write(bytes(len(cut) // 2))
+    with wal.Log.open(tmp_path) as log:
+        again = Path(f"{seg}.{off:016x}.1.broken")
+        assert log.recovery_report.broken_files == (str(again),)
+        assert log.recovery_report.last_lsn == 4
+    assert first.read_bytes() == cut
+    assert again.read_bytes() == bytes(len(cut) // 2) + cut[len(cut) // 2:]

@@ -381,7 +381,13 @@ def cut_tail(path: str, offset: int, end: int) -> str | None:
         seg.seek(offset)
         data = seg.read(end - offset)
         if any(data):
-            fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            # Never over an earlier copy: a crash while these bytes were being zeroed leaves a
+            # copy made whole before the zeroing began, and this read of them half zeroed.
+            n = 0
+            while os.path.exists(broken):
+                n += 1
+                broken = f"{path}.{offset:016x}.{n}.broken"
+            fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
                 os.write(fd, data)
                 os.fsync(fd)
