@@ -296,11 +296,17 @@ def test_gil_held_append_under_back_pressure_returns_eagain_and_log_append_then_
     cap = 4096
     with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000, max_pending_bytes=cap) as log:
         address = handle_address(log._handle)
-        codes = [append_nowait(address, payload(i, 1000), lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY)
-                 for i in range(10)]
+        # The flusher's writes held (a failpoint's sleep): on a loaded machine each call here took
+        # long enough for a background write to make room before the next, and none was refused.
+        wal.drill.failpoints.slow("write", 0.5)
+        try:
+            codes = [append_nowait(address, payload(i, 1000), lib.WAL_LEVEL_BUFFERED, lib.WAL_WAIT_TRY)
+                     for i in range(10)]
+        finally:
+            wal.drill.failpoints.slow("write", 0)
         accepted = [c for c in codes if c > 0]
         # LSNs in order, with refusals among them: once the pending bytes pass the cap, appends are
-        # refused until the flusher's background write makes room (it may, between two calls).
+        # refused until the flusher's background write makes room.
         assert accepted == list(range(1, len(accepted) + 1))
         assert all(c > 0 or c == lib.WAL_EAGAIN for c in codes), codes
         assert codes[:2] == [1, 2] and lib.WAL_EAGAIN in codes, codes
