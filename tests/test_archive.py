@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -1724,3 +1725,37 @@ def test_a_store_opens_while_its_archive_is_unreachable_and_ships_once_it_answer
     wait_until(lambda: s.stats()["archived_lsn"] == 100)
     s.close()
     assert wal.restore(url, tmp_path / "r").lsn == 100
+
+
+class _ListedEarly(FileObjects):
+    """A folder archive whose listed times are 1.5 s early: as S3 lists them, to the second
+    rounded down, by a server clock a little behind this one."""
+
+    def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
+        for name, t in super().list_times(prefix):
+            yield name, t - 1.5
+
+
+def test_retention_keeps_the_snapshot_a_restore_to_the_start_of_its_window_needs_whatever_the_listed_times(
+        tmp_path):
+    """Retention chooses the snapshot it keeps by when it was taken (its header), as a restore to
+    a time chooses: by the store's listed times, it deleted the one a restore into the window's
+    first second needs, and that restore was refused as before the oldest snapshot."""
+    objects = _ListedEarly(str(tmp_path / "a"))
+    restored = 0
+    with wal.open(tmp_path / "p", archive=objects, archive_rpo_ms=100, archive_retention_s=2,
+                  archive_snapshot_bytes=1) as primary:
+        deadline = time.monotonic() + 6
+        i = 0
+        while time.monotonic() < deadline:
+            for _ in range(20):
+                i += 1
+                primary.put(f"k{i:06d}", b"v")
+                time.sleep(0.005)
+            if time.monotonic() < deadline - 3.5:
+                continue  # the window is not full yet
+            target = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1.0)  # a second inside the window
+            report = wal.restore(objects, tmp_path / f"r{restored}", time=target)
+            assert report.lsn > 0
+            restored += 1
+    assert restored >= 3

@@ -199,6 +199,9 @@ _STRAY_CLEARS = 16
 # within these bounds: a gather that waits for commits that do not come back costs the commits
 # already gathered at most half a PUT, and a PUT that carries twice the commits halves the
 # requests the object store serves.
+# Retention reads the headers of the snapshots an object store lists up to this long after the
+# window's start (its listed times are rounded to the second, and by its own clock).
+_LISTED_TIME_SLACK_S = 60.0
 _GATHER_PART = 0.5
 _GATHER_MIN_S = 0.0005
 _GATHER_MAX_S = 0.010
@@ -246,6 +249,7 @@ class Shipper:
         self.retention_s = retention_s
         self._resolve = resolve  # set while the archive's end is unknown (unreachable at open)
         self._retained_at = time.monotonic()
+        self._snapshots_taken: dict[str, int] = {}  # snapshot name -> its header's taken_ms (retention)
         self._owner_checked_at = time.monotonic()
         self.writer_id = os.urandom(16)
         self.archived = archived
@@ -1093,8 +1097,13 @@ class Shipper:
     def _ship_snapshot(self, snap: SpooledSnapshot) -> None:
         """PUT the snapshot of the state at its LSN (the archive holds the log up to it)."""
         # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
-        with contextlib.suppress(ObjectExistsError), snap.mapped() as data:
-            self._put(layout.snap_name(snap.lsn), data, sealed=snap.sealed)
+        name = layout.snap_name(snap.lsn)
+        try:
+            with snap.mapped() as data:
+                self._put(name, data, sealed=snap.sealed)
+            self._snapshots_taken[name] = snap.taken_ms  # an existing one's (below) may differ: read if needed
+        except ObjectExistsError:
+            pass
         self.last_snapshot = max(self.last_snapshot, snap.lsn)
         self._count("archive_snapshots")
 
@@ -1221,7 +1230,7 @@ class Shipper:
 
     def _retain_if_due(self) -> None:
         """Delete what a restore to any time within the last `retention_s` does not need: every
-        snapshot older than the newest one written before the window, and every log object wholly
+        snapshot older than the newest one taken before the window, and every log object wholly
         at or below that snapshot's LSN. Checked every retention_s / 10 (at most once a minute)."""
         if self.retention_s is None:
             return
@@ -1232,12 +1241,25 @@ class Shipper:
         cutoff = time.time() - self.retention_s
         snaps = sorted((layout.parse_name(n), n, t) for n, t in self.objects.list_times(layout.SNAP_PREFIX)
                        if layout.parse_name(n) is not None)
-        before = [(p.first, n) for p, n, t in snaps if p is not None and t <= cutoff]
+        # The base is the newest snapshot *taken* at or before the window's start, as a restore
+        # to a time chooses by its header's taken_ms. The store's listed time only narrows the
+        # candidates: S3 gives it to the second, rounded down, and by the server's clock (a
+        # snapshot taken just inside the window was listed before it, and its predecessor, which
+        # a restore into that second needs, deleted). Taken times rise with the LSN.
+        listed = [(p.first, n) for p, n, t in snaps if p is not None and t <= cutoff + _LISTED_TIME_SLACK_S]
+        at = len(listed)
+        while at > 0:
+            taken = self._snapshot_taken_ms(listed[at - 1][1])
+            if taken is not None and taken <= cutoff * 1000:
+                break
+            at -= 1
+        before = listed[:at]
         if not before:
             return
         base = before[-1][0]
         for _, name in before[:-1]:
             self.objects.delete(name)
+            self._snapshots_taken.pop(name, None)
             self._count("archive_deletes")
         from wal.archive.plan import list_archive  # noqa: PLC0415
 
@@ -1258,6 +1280,23 @@ class Shipper:
                         continue
                 self.objects.delete(piece.name)
                 self._count("archive_deletes")
+
+    def _snapshot_taken_ms(self, name: str) -> int | None:
+        """When snapshot `name` was taken (its header's taken_ms): known for those this shipper
+        shipped, read once (and kept: objects never change) for the others; None if it cannot
+        be read now (gone, damaged, unreachable: retention then keeps what it would have used)."""
+        taken = self._snapshots_taken.get(name)
+        if taken is None:
+            try:
+                read = self.objects.read_ranged(name, window=1 << 20)
+                try:
+                    taken = layout.read_snapshot_header(read, name).taken_ms
+                finally:
+                    read.close()
+            except (ArchiveError, CorruptionError):
+                return None
+            self._snapshots_taken[name] = taken
+        return taken
 
     def stats(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self._started, 1e-9)

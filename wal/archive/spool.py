@@ -38,6 +38,7 @@ class SpooledSnapshot:
         """sealer: a sealed archive's: the file then holds the object's envelope, encrypted as
         it is written if the archive encrypts (`sealed`)."""
         self.lsn = header.lsn
+        self.taken_ms = header.taken_ms
         self.sealed = sealer is not None
         name = f"{ARCHIVE_SPOOL_PREFIX}{self.lsn:020d}-{os.urandom(4).hex()}{ARCHIVE_SPOOL_SUFFIX}"
         self.path = os.path.join(directory, name)
