@@ -1759,3 +1759,18 @@ def test_retention_keeps_the_snapshot_a_restore_to_the_start_of_its_window_needs
             assert report.lsn > 0
             restored += 1
     assert restored >= 3
+
+
+def test_a_store_reopened_before_each_snapshot_is_due_still_gets_one_every_archive_snapshot_bytes(tmp_path):
+    """The log shipped since the archive's newest snapshot counts across opens: sessions of
+    ~5 KB each with archive_snapshot_bytes=20000 get a new snapshot every few sessions. The
+    count started at zero at every open, so such a store never got one after its first, and a
+    restore replayed its whole history (and retention could release none of it)."""
+    url = f"file://{tmp_path}/a"
+    snapshots = []
+    for session in range(10):
+        with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100, archive_snapshot_bytes=20_000) as s:
+            for i in range(20):
+                s.put(f"s{session}/{i}", os.urandom(200))
+        snapshots.append(len(os.listdir(tmp_path / "a" / "snap")))
+    assert snapshots[-1] >= 3, snapshots

@@ -179,6 +179,10 @@ class Resolved(NamedTuple):
     last_snapshot: int
     tail: list[Piece]  # objects past the end: unfinished tails and strays, deleted after the first PUT
     writer: bytes | None  # writer_id of the object ending at `archived` (None: none, or not known)
+    # Log the archive holds past its newest snapshot: the next snapshot is due once this and what
+    # is shipped from here on reach archive_snapshot_bytes (else a store reopened more often than
+    # that much log is shipped would never be snapshotted again, nor its history released).
+    since_snapshot_bytes: int = 0
 
 
 class NameTakenError(ObjectExistsError):
@@ -221,7 +225,8 @@ class Shipper:
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
                  last_snapshot: int, retention_s: float | None = None,
                  resolve: Callable[[], Resolved] | None = None,
-                 tail: list[Piece] | None = None, puts_in_flight: int = 1, end_writer: bytes | None = None) -> None:
+                 tail: list[Piece] | None = None, puts_in_flight: int = 1, end_writer: bytes | None = None,
+                 since_snapshot_bytes: int = 0) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -260,7 +265,7 @@ class Shipper:
         self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
         self._snapshot_retry_at = 0.0  # no snapshot is spooled before this (monotonic): a full disk
         self._space_logged_at = -math.inf
-        self._bytes_since_snapshot = 0
+        self._bytes_since_snapshot = since_snapshot_bytes  # Resolved.since_snapshot_bytes
         self._first_of_session: int | None = None  # never merged away: it fences older writers
         # (first, last, size, bytes or None) of small group objects stored since this writer
         # opened, in LSN order; the bytes are kept (up to MERGE_MEMORY_BYTES) for merging.
@@ -617,6 +622,7 @@ class Shipper:
                     found = self._resolve()
                     archived, self._need_snapshot, self.last_snapshot = found[:3]
                     self._tail, self._end_writer = found.tail, found.writer
+                    self._bytes_since_snapshot += found.since_snapshot_bytes
                     self._resolve = None
                     self._dispatched = archived
                     self._publish(archived)

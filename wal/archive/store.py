@@ -335,7 +335,8 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
             _logger.info("archive %s: its newest snapshot (LSN %d) is sealed under key id %s, not the current "
                          "key: a snapshot under the current key is shipped", objects.url, last_snapshot, stale.hex())
             need_snapshot = True
-    return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer)
+    since = sum(p.size for p in listing.logs if p.first > last_snapshot and p.first <= archived)
+    return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer, since)
 
 
 def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
@@ -355,7 +356,8 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=found.archived, need_snapshot=found.need_snapshot,
                       last_snapshot=found.last_snapshot, retention_s=retention_s, resolve=resolve, tail=found.tail,
-                      puts_in_flight=puts_in_flight, end_writer=found.writer)
+                      puts_in_flight=puts_in_flight, end_writer=found.writer,
+                      since_snapshot_bytes=found.since_snapshot_bytes)
     if resolve is not None:
         shipper.error = "unreachable when the store was opened"
     store._shipper = shipper
