@@ -1774,3 +1774,23 @@ def test_a_store_reopened_before_each_snapshot_is_due_still_gets_one_every_archi
                 s.put(f"s{session}/{i}", os.urandom(200))
         snapshots.append(len(os.listdir(tmp_path / "a" / "snap")))
     assert snapshots[-1] >= 3, snapshots
+
+
+def test_a_writer_removes_the_temporary_files_writes_killed_in_a_folder_archive_left(tmp_path):
+    """A process killed in the middle of a PUT to a folder archive leaves its temporary file:
+    never listed, so never read, and never removed either (20 MB snapshots among them). A
+    writer's open removes those over an hour old; a newer one may be an old writer's PUT still
+    under way, and stays."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as s:
+        s.put(b"k", b"v")
+    old, new = tmp_path / "a" / "snap" / ".tmp-old", tmp_path / "a" / "log" / ".tmp-new"
+    old.parent.mkdir(exist_ok=True)
+    old.write_bytes(b"x" * 1000)
+    new.write_bytes(b"y")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as s:
+        wait_until(lambda: not old.exists())
+        s.put(b"k2", b"v")
+    assert new.exists()
+    assert verify(url).ok

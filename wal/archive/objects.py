@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import datetime as _dt
 import io
 import mmap
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -162,6 +164,11 @@ class ObjectStore:
     def list_times(self, prefix: str) -> Iterator[tuple[str, float]]:
         """(name, unix time the object was written) under prefix, for retention."""
         raise NotImplementedError
+
+    def remove_stale_temporaries(self, older_than_s: float) -> int:
+        """Remove what writes of objects left behind when their process died, if older than
+        `older_than_s`; how many. Here: nothing (an object store's PUT leaves nothing half made)."""
+        return 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -297,6 +304,23 @@ class FileObjects(ObjectStore):
         if not name or any(p in ("", ".", "..") for p in parts):
             raise ArgumentError(f"bad object name {name!r}")
         return os.path.join(self.root, *parts)
+
+    def remove_stale_temporaries(self, older_than_s: float) -> int:
+        """The `.tmp-*` files a put killed before its link or rename left (never listed, so never
+        read, but never removed either): those older than `older_than_s`, so that a put still
+        under way in another process (an old writer's) keeps its file."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for directory, _, names in os.walk(self.root):
+            for name in names:
+                if not name.startswith(".tmp-"):
+                    continue
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
+        return removed
 
     def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         path = self._path(name)

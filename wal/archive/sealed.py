@@ -197,6 +197,9 @@ class SealedObjects(ObjectStore):
         self._ensure_manifest()
         self.inner.put(name, data, create_only=create_only)
 
+    def remove_stale_temporaries(self, older_than_s: float) -> int:
+        return self.inner.remove_stale_temporaries(older_than_s)
+
     def get(self, name: str) -> bytes:
         return self.sealer.open(self.inner.get(name), CONTEXT_ARCHIVE + name.encode(),
                                 lambda: f"the archive object {name} of {self.inner.url}")

@@ -206,6 +206,9 @@ _STRAY_CLEARS = 16
 # Retention reads the headers of the snapshots an object store lists up to this long after the
 # window's start (its listed times are rounded to the second, and by its own clock).
 _LISTED_TIME_SLACK_S = 60.0
+# A write's temporary file in a folder archive older than this is one its process left dying:
+# no PUT takes an hour, and an old writer's PUT still under way keeps its file.
+_STALE_TEMPORARY_S = 3600.0
 _GATHER_PART = 0.5
 _GATHER_MIN_S = 0.0005
 _GATHER_MAX_S = 0.010
@@ -254,6 +257,7 @@ class Shipper:
         self.retention_s = retention_s
         self._resolve = resolve  # set while the archive's end is unknown (unreachable at open)
         self._retained_at = time.monotonic()
+        self._swept = False  # the archive's stale temporary files removed, once per open
         self._snapshots_taken: dict[str, int] = {}  # snapshot name -> its header's taken_ms (retention)
         self._owner_checked_at = time.monotonic()
         self.writer_id = os.urandom(16)
@@ -1053,6 +1057,13 @@ class Shipper:
         """In the maintenance thread: the owner check (during an outage, else every 10 s), a
         snapshot, a merge, retention, each when due. True if it made a request."""
         before = self._requests()
+        if not self._swept:
+            self._swept = True
+            with contextlib.suppress(OSError):
+                n = self.objects.remove_stale_temporaries(_STALE_TEMPORARY_S)
+                if n:
+                    _logger.info("archive %s: removed %d temporary file(s) left by writes of processes that died",
+                                 self.objects.url, n)
         if self.error is not None or time.monotonic() - self._owner_checked_at > 10:
             self._check_still_writer()
             before -= 1
