@@ -25,6 +25,7 @@ Quick profile: 10 random cuts per level and thread count, every boundary x every
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,3 +121,40 @@ def test_commits_a_writer_makes_in_a_segment_whose_roll_was_killed_before_its_di
     with wal.Log.open(logdir, readonly=True) as log:
         kept = {lsn for lsn, _ in log.read()}
     assert [lsn for lsn in acks if lsn not in kept] == []
+
+
+_ARCHIVED_WRITER = r'''
+import json, os, sys, time, wal
+store = wal.open(sys.argv[1], archive=sys.argv[2], archive_rpo_ms=100)
+store.put(b"k", b"v")
+status = os.path.join(sys.argv[1], "archive.json")
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        with open(status) as f:
+            if json.load(f)["archived_lsn"] >= 1:
+                break
+    except (OSError, ValueError, KeyError):
+        pass
+    time.sleep(0.05)
+print("shipped", flush=True)
+time.sleep(60)
+'''
+
+
+def test_the_archive_status_an_open_without_the_archive_relies_on_survives_a_power_cut(tmp_path: Path) -> None:
+    """archive.json tells an open without the archive which segments it may not release: lost
+    or left empty by a power cut (it was renamed into place, never synced), that open would
+    release segments never shipped. It is now written durably."""
+    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
+    env = crashsim.env_for(str(root), str(journal))
+    child = subprocess.Popen([sys.executable, "-c", _ARCHIVED_WRITER, str(root / "s"), f"file://{tmp_path}/a"],
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "shipped"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    status = json.loads((root / "s" / "archive.json").read_text())
+    assert status["archived_lsn"] >= 1

@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from wal._fs import fsync_dir
 from wal.archive import layout
 from wal.archive.objects import (
     ArchiveError,
@@ -603,7 +604,10 @@ class Shipper:
 
     def write_status(self) -> None:
         """archive.json in the store's directory (FORMAT.md): what `agentwal archive status` and
-        `agentwal info` show from another process. Informational: written by rename, not synced."""
+        `agentwal info` show from another process, and what an open without the archive reads to
+        keep every segment the archive does not hold yet. So it is made durable (fsynced, renamed,
+        the directory fsynced: once a second): lost or left empty by a power cut, it would let
+        such an open's checkpoints release segments never shipped."""
         self._status_at = time.monotonic()
         data = {k: v for k, v in self.stats().items() if k != "archive_puts_per_s"}
         data.update({"pid": os.getpid(), "updated_unix_ms": time.time_ns() // 1_000_000})
@@ -611,7 +615,10 @@ class Shipper:
         with contextlib.suppress(OSError):
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(path + ".tmp", path)
+            fsync_dir(self.store.path)
 
     def _run(self) -> None:
         while not self._stop:
