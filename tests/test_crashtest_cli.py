@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import wal
 from wal.drill import crashtest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drill's power cuts need Linux")
@@ -53,6 +54,52 @@ def test_crashtest_refuses_bad_arguments_with_status_2(capsys: pytest.CaptureFix
     assert "unknown level 'fast'" in capsys.readouterr().err
     assert crashtest.main_crashtest(["--level", "buffered", "--rpo-ms", "0"]) == 2
     assert crashtest.main_crashtest(["--kills", "-1"]) == 2
+    # refused before anything runs: an unknown archive scheme, a bound the engine cannot hold,
+    # and an archive with no machine loss asked for and nothing else (it drilled nothing, exit 0)
+    assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", "ftp://host/x"]) == 2
+    assert "s3://bucket/prefix or file:///dir" in capsys.readouterr().err
+    assert crashtest.main_crashtest(["--level", "interval", "--rpo-ms", str(2**40)]) == 2
+    assert "--rpo-ms must be at most" in capsys.readouterr().err
+    assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", "file:///tmp/x",
+                                     "--machine-losses", "0"]) == 2
+    assert "nothing to drill" in capsys.readouterr().err
+
+
+def test_a_power_cut_drill_whose_simulator_does_not_load_in_the_child_stops_instead_of_passing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A shim the child's loader refuses (here: not a library) journals nothing, and every "power
+    cut" rewound nothing: the drill passed while proving no more than kills. It stops with
+    status 2 and says why."""
+    bogus = tmp_path / "not-a-library.so"
+    bogus.write_bytes(b"\0" * 16)
+    monkeypatch.setattr(crashtest.crashsim, "shim_path", lambda: str(bogus))
+    assert crashtest.main_crashtest([str(tmp_path / "d"), "--level", "sync", "--kills", "0",
+                                     "--power-cuts", "2", "--seed", "1"], out=io.StringIO()) == 2
+    assert "the power-cut simulator did not run in the child" in capsys.readouterr().err
+
+
+def test_a_level_whose_children_had_no_commit_acknowledged_does_not_pass() -> None:
+    """An engine that never answers a commit (or a disk too slow for --run-ms) gives no
+    violation: it passed, proving nothing."""
+    silent = crashtest.LevelResult("sync", 0, 1, kills=20)
+    assert not silent.passed and silent.status == "FAIL (no commit acknowledged)"
+    assert crashtest.LevelResult("sync", 0, 1, kills=20, acknowledged=5).passed
+
+
+def test_the_drills_single_op_commits_take_the_stores_put_and_the_others_a_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child commits through both paths a user takes (a drill of transactions alone passed
+    with a put that acknowledged and wrote nothing)."""
+    with wal.open(tmp_path / "s") as store:
+        with monkeypatch.context() as m:
+            m.setattr(wal.Store, "transaction", lambda *a, **k: pytest.fail("a single op went to a transaction"))
+            assert crashtest.commit_ops(store, [(b"k", b"v")]) == 1
+            assert crashtest.commit_ops(store, [(b"k", None)]) == 2
+        monkeypatch.setattr(wal.Store, "put", lambda *a, **k: pytest.fail("a transaction's op went to put"))
+        assert crashtest.commit_ops(store, [(b"a", b"1"), (b"b", None)]) == 3
+        assert store.get(b"a") == b"1" and store.get(b"k") is None
+        single = [crashtest.txn_ops(1, 1, 0, n) for n in range(1, 60)]
+        assert any(len(ops) == 1 for ops in single) and any(len(ops) > 1 for ops in single)
 
 
 def test_the_default_directory_is_a_fresh_one_under_the_system_temp_dir() -> None:

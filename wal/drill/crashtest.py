@@ -99,6 +99,7 @@ from typing import Any, Literal, TextIO
 import wal
 from wal._mounts import MEMORY_FS, NETWORK_FS, OVERLAY_FS, mount_of, mounts
 from wal.drill import crashsim
+from wal.log import durability as dur
 
 __all__ = [
     "MODES",
@@ -168,8 +169,19 @@ def txn_ops(seed: int, round_no: int, tid: int, n: int, pad: int = 0) -> list[tu
 
 
 
+class SimulatorInactiveError(RuntimeError):
+    """The power-cut simulator journaled nothing in a child it was to run in: a drill of power
+    cuts would have rewound nothing and passed, proving nothing. `agentwal crashtest` stops
+    with exit status 2 and says why."""
+
+
 def commit_ops(store: wal.Store, ops: list[tuple[bytes, bytes | None]]) -> int:
-    """Commit `ops` (txn_ops' shape) as one transaction; returns its LSN."""
+    """Commit `ops` (txn_ops' shape) as one transaction; returns its LSN. A single op (a third of
+    them) through `Store.put`, the C commit path most callers take, the others through
+    `Store.transaction()`: a drill of one path alone proved nothing of the other."""
+    if len(ops) == 1:
+        key, value = ops[0]
+        return int(store.put(key, value) if value is not None else store.delete(key))
     with store.transaction() as tx:
         for key, value in ops:
             if value is None:
@@ -581,10 +593,15 @@ class LevelResult:
 
     @property
     def passed(self) -> bool:
-        return self.violation_count == 0
+        """No violation, and something to hold the engine to: a level whose children had no
+        commit acknowledged (an engine that never answers, a disk too slow for --run-ms) proved
+        nothing."""
+        return self.violation_count == 0 and self.acknowledged > 0
 
     @property
     def status(self) -> str:
+        if self.violation_count == 0 and self.acknowledged == 0:
+            return "FAIL (no commit acknowledged)"
         return "PASS" if self.passed else "FAIL"
 
     @property
@@ -794,6 +811,13 @@ class _Loop:
                                         f"{child.stderr_tail()}"])
             return False
         if self.crash == "power":
+            if not any(r.kind == crashsim.START for r in crashsim.read_journal(self.journal).records):
+                # The shim did not load in the child (its LD_PRELOAD refused, or its environment
+                # lost): the "cut" would rewind nothing and prove no more than a kill.
+                raise SimulatorInactiveError(
+                    f"the power-cut simulator did not run in the child of {what} (no journal in {self.journal}): "
+                    f"its library {crashsim.shim_path()} was not preloaded; see the child's stderr:\n"
+                    f"{child.stderr_tail()}")
             mode: Mode = rng.choice(MODES)
             cut_seed = rng.randrange(1 << 30)
             crashsim.apply_power_cut(self.root, self.journal, mode=mode, seed=cut_seed)
@@ -1202,9 +1226,9 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
     if args.threads < 1:
         print("agentwal crashtest: error: --threads must be >= 1", file=sys.stderr)
         return 2
-    if not (args.kills or args.power_cuts or args.exhaustive or args.archive):
+    if not (args.kills or args.power_cuts or args.exhaustive or (args.archive and args.machine_losses)):
         print("agentwal crashtest: error: nothing to drill: --kills and --power-cuts are both 0 (and no "
-              "--exhaustive or --archive)", file=sys.stderr)
+              "--exhaustive, nor --archive with --machine-losses above 0)", file=sys.stderr)
         return 2
     if "replicated" in args.level and not args.archive:
         print("agentwal crashtest: error: level replicated needs --archive URL (it is drilled by machine loss)",
@@ -1212,6 +1236,14 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
         return 2
     if args.archive and args.archive_rpo_ms <= 0:
         print("agentwal crashtest: error: --archive-rpo-ms must be > 0", file=sys.stderr)
+        return 2
+    for name, value in (("--rpo-ms", args.rpo_ms), ("--archive-rpo-ms", args.archive_rpo_ms)):
+        if value > dur.MAX_RPO_MS:
+            print(f"agentwal crashtest: error: {name} must be at most {dur.MAX_RPO_MS}", file=sys.stderr)
+            return 2
+    if args.archive and not args.archive.startswith(("s3://", "file:///")):
+        print(f"agentwal crashtest: error: --archive must be an s3://bucket/prefix or file:///dir URL, got "
+              f"{args.archive!r}", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     shim_note = None
@@ -1280,6 +1312,9 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except SimulatorInactiveError as exc:
+        print(f"agentwal crashtest: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # the drill's own I/O (a full disk, a directory it may not write): not a verdict
         say(f"the drill could not run in {work}: {exc}")
         return 1
