@@ -1794,3 +1794,16 @@ def test_a_writer_removes_the_temporary_files_writes_killed_in_a_folder_archive_
         s.put(b"k2", b"v")
     assert new.exists()
     assert verify(url).ok
+
+
+def test_the_log_past_the_newest_snapshot_counts_each_lsn_once_when_a_merges_parts_are_still_listed():
+    """A writer killed between a merge's PUT and the deletion of its parts leaves both listed:
+    the log held past the snapshot (which sets when the next one is due) counted them twice."""
+    from wal.archive.plan import Piece  # noqa: PLC0415
+    from wal.archive.store import _log_bytes_between  # noqa: PLC0415
+
+    logs = [Piece("log/1", 1, 1, 100), Piece("merged/2-3", 2, 3, 180), Piece("log/2", 2, 2, 100),
+            Piece("log/3", 3, 3, 100), Piece("log/4", 4, None, 100)]
+    assert _log_bytes_between(logs, 0, 4) == 100 + 180 + 100
+    assert _log_bytes_between(logs, 1, 4) == 180 + 100
+    assert _log_bytes_between(logs, 3, 3) == 0

@@ -80,10 +80,14 @@ def test_a_power_cut_drill_whose_simulator_does_not_load_in_the_child_stops_inst
 
 def test_a_level_whose_children_had_no_commit_acknowledged_does_not_pass() -> None:
     """An engine that never answers a commit (or a disk too slow for --run-ms) gives no
-    violation: it passed, proving nothing."""
-    silent = crashtest.LevelResult("sync", 0, 1, kills=20)
+    violation: it passed, proving nothing. Now a second of children committing without one
+    acknowledgement fails the level."""
+    silent = crashtest.LevelResult("sync", 0, 1, kills=20, ready_ms=5000)
     assert not silent.passed and silent.status == "FAIL (no commit acknowledged)"
-    assert crashtest.LevelResult("sync", 0, 1, kills=20, acknowledged=5).passed
+    assert crashtest.LevelResult("sync", 0, 1, kills=20, acknowledged=5, ready_ms=5000).passed
+    # a small drill whose kills all struck before the children committed proves nothing either way
+    early = crashtest.LevelResult("sync", 0, 1, kills=1, ready_ms=3)
+    assert early.passed and early.status == "INCONCLUSIVE (no commit acknowledged)"
 
 
 def test_the_drills_single_op_commits_take_the_stores_put_and_the_others_a_transaction(

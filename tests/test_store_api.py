@@ -1437,3 +1437,18 @@ def test_a_checkpoint_racing_close_gets_closed_error_and_close_raises_nothing(
     assert len(outcome) == 1 and (outcome[0] == 1 or isinstance(outcome[0], wal.ClosedError)), outcome
     with wal.open(tmp_path / "s") as again:
         assert again.get(b"k") == b"v"
+
+
+def test_an_automatic_checkpoint_a_committer_starts_as_the_store_closes_is_closed_error_not_a_failure(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A committer helping with a backlog takes the checkpoint that falls due after its apply
+    (`_checkpoint_if_due`); when close released the state in between, that is ClosedError for
+    the committer, never a failure: it was logged as one ("stopped after a failure")."""
+    store = wal.open(tmp_path / "s")
+    store.put(b"k", b"v")
+    store._checkpoint_due = lambda: "log"  # type: ignore[method-assign]  # as when one is due
+    store.close()
+    with pytest.raises(wal.ClosedError):
+        store._checkpoint_if_due()
+    assert store._failure is None
+    assert not [r for r in caplog.records if "stopped after a failure" in r.getMessage()]

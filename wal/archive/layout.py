@@ -60,6 +60,7 @@ _REC = struct.Struct("<QII")  # lsn, length, crc32c(lsn, length, payload)
 _ENTRY = struct.Struct("<IIQI")  # key length, value length, version, crc32c(lengths, version, key, value)
 DIGEST = 32  # SHA-256 trailer
 assert _LOG_HEADER.size == 64 and _SNAP_HEADER.size == 64
+SNAPSHOT_HEADER_BYTES = _SNAP_HEADER.size
 
 
 def _crc(*parts: bytes) -> int:
@@ -312,7 +313,7 @@ def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotIm
     native/objindex.c); CorruptionError (naming the object) if anything is off."""
     hint = _snapshot_hint(name)
     body = _check_digest(data, name, hint)
-    lsn, taken, writer, count = _snapshot_header(body, name)
+    lsn, taken, writer, count = snapshot_header(body, name)
     in_order = ffi.new("int *")
     end = lib.wal_snapshot_check(ffi.from_buffer(body), len(body), _SNAP_HEADER.size, count, in_order)
     if end < 0:
@@ -371,7 +372,7 @@ def read_snapshot_header(read: Arriving, name: str) -> SnapshotHeader:
     if read.size < _SNAP_HEADER.size + DIGEST:
         raise _damaged(name, f"{read.size} bytes is shorter than a header and trailer", _snapshot_hint(name))
     read.wait(_SNAP_HEADER.size)
-    return _snapshot_header(memoryview(read.buffer), name)
+    return snapshot_header(memoryview(read.buffer), name)
 
 
 def _snapshot_hint(name: str) -> str:
@@ -379,8 +380,9 @@ def _snapshot_hint(name: str) -> str:
     return f"{parsed.first}" if parsed else "?"
 
 
-def _snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> SnapshotHeader:
-    """A snapshot's header from its first bytes, checked: magic, version, the LSN its name gives."""
+def snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> SnapshotHeader:
+    """A snapshot's header from its first SNAPSHOT_HEADER_BYTES bytes (of a plain snapshot object),
+    checked: magic, version, the LSN its name gives."""
     magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(buffer, 0)
     if magic != SNAP_MAGIC:
         raise _damaged(name, f"bad magic {magic!r}", _snapshot_hint(name))

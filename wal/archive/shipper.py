@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import queue
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -1300,7 +1301,7 @@ class Shipper:
                     try:
                         if layout.decode_log(self._get(piece.name), piece.name).last > base:
                             continue
-                    except (ObjectMissingError, CorruptionError):
+                    except WalError:  # gone, damaged, or under a key no longer given: kept
                         continue
                 self.objects.delete(piece.name)
                 self._count("archive_deletes")
@@ -1312,12 +1313,17 @@ class Shipper:
         taken = self._snapshots_taken.get(name)
         if taken is None:
             try:
-                read = self.objects.read_ranged(name, window=1 << 20)
-                try:
-                    taken = layout.read_snapshot_header(read, name).taken_ms
-                finally:
-                    read.close()
-            except (ArchiveError, CorruptionError):
+                if self.objects.stream_sealer() is None:  # a plain object: its first bytes, one small GET
+                    head = self.objects.get_head(name, layout.SNAPSHOT_HEADER_BYTES)
+                    taken = layout.snapshot_header(head, name).taken_ms
+                else:  # sealed whole: opened as a restore opens it, a window at a time
+                    read = self.objects.read_ranged(name, window=1 << 20)
+                    try:
+                        taken = layout.read_snapshot_header(read, name).taken_ms
+                    finally:
+                        read.close()
+                self._count("archive_gets")
+            except (WalError, struct.error):  # damaged, gone, unreachable, or under a key not given
                 return None
             self._snapshots_taken[name] = taken
         return taken

@@ -28,7 +28,7 @@ from typing import Any
 
 from wal.archive import layout
 from wal.archive.objects import ArchiveUnavailableError, ObjectMissingError, ObjectStore, fencing_refusal, open_objects
-from wal.archive.plan import find_end, list_archive
+from wal.archive.plan import Piece, find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import Resolved, Shipper, wait_for_lingering_puts
@@ -335,8 +335,19 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
             _logger.info("archive %s: its newest snapshot (LSN %d) is sealed under key id %s, not the current "
                          "key: a snapshot under the current key is shipped", objects.url, last_snapshot, stale.hex())
             need_snapshot = True
-    since = sum(p.size for p in listing.logs if p.first > last_snapshot and p.first <= archived)
-    return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer, since)
+    return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer,
+                    _log_bytes_between(listing.logs, last_snapshot, archived))
+
+
+def _log_bytes_between(logs: list[Piece], after: int, upto: int) -> int:
+    """Bytes of the archive's log objects holding LSNs after..upto, each range counted once: a
+    writer killed between a merge's PUT and the deletion of its parts leaves both listed."""
+    total, covered = 0, after
+    for piece in sorted(logs, key=lambda p: (p.first, -(p.last or p.first))):
+        if covered < piece.first <= upto:
+            total += piece.size
+            covered = piece.last if piece.last is not None else piece.first
+    return total
 
 
 def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,

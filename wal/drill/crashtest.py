@@ -122,6 +122,7 @@ __all__ = [
 Mode = Literal["drop", "prefix", "garble", "random"]
 MODES: tuple[Mode, ...] = ("drop", "prefix", "garble", "random")
 SLACK_MS = 2.0
+SILENT_AFTER_MS = 1000.0  # children committing this long in all without one acknowledgement fail
 POOL = 16  # shared keys S/000 .. S/015
 MAX_VIOLATIONS = 50  # kept per level (all are counted)
 
@@ -576,6 +577,7 @@ class LevelResult:
     power_cuts: int = 0
     exhaustive_cuts: int = 0
     acknowledged: int = 0
+    ready_ms: float = 0.0  # how long children ran committing (READY to the kill), over the rounds
     lost: int = 0  # acknowledged, then not found after recovery
     lost_after_kills: int = 0
     lost_after_power_cuts: int = 0
@@ -593,15 +595,17 @@ class LevelResult:
 
     @property
     def passed(self) -> bool:
-        """No violation, and something to hold the engine to: a level whose children had no
-        commit acknowledged (an engine that never answers, a disk too slow for --run-ms) proved
-        nothing."""
-        return self.violation_count == 0 and self.acknowledged > 0
+        """No violation, and not a silent engine: children that ran committing for
+        `SILENT_AFTER_MS` in all with no commit acknowledged (an engine that never answers, a
+        disk too slow for --run-ms) fail the level; fewer, shorter rounds (a small drill whose
+        kills all struck recovery or the first commits, as some do on purpose) prove nothing
+        either way (`status` says so)."""
+        return self.violation_count == 0 and not (self.acknowledged == 0 and self.ready_ms >= SILENT_AFTER_MS)
 
     @property
     def status(self) -> str:
         if self.violation_count == 0 and self.acknowledged == 0:
-            return "FAIL (no commit acknowledged)"
+            return "FAIL (no commit acknowledged)" if not self.passed else "INCONCLUSIVE (no commit acknowledged)"
         return "PASS" if self.passed else "FAIL"
 
     @property
@@ -804,6 +808,7 @@ class _Loop:
         output = child.output()
         if output.ready_ns is not None:
             self.ready_after_s = 0.8 * self.ready_after_s + 0.2 * (output.ready_ns - child.start_ns) / 1e9
+            self.result.ready_ms += max(0, kill_ns - output.ready_ns) / 1e6
         what = f"{self.crash} round {round_no}"
         if died or output.errors:
             msg = "; ".join(output.errors) or f"exit status {child.proc.returncode}"

@@ -1229,6 +1229,7 @@ class Store:
         waiting for the apply queue to empty, which a sustained load never lets it). A failure
         stops the store's writes (fail-stop), as a failed apply does."""
         with self._apply_lock:
+            self._state_held()  # closed meanwhile: ClosedError, never a failure of the store
             if self._failure is not None or (due := self._checkpoint_due()) is None:
                 return False
             try:
