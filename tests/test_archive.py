@@ -1807,3 +1807,22 @@ def test_the_log_past_the_newest_snapshot_counts_each_lsn_once_when_a_merges_par
     assert _log_bytes_between(logs, 0, 4) == 100 + 180 + 100
     assert _log_bytes_between(logs, 1, 4) == 180 + 100
     assert _log_bytes_between(logs, 3, 3) == 0
+
+
+def test_an_obstore_memory_store_archive_takes_snapshots_and_restores(tmp_path):
+    """obstore's MemoryStore keeps the buffer a PUT hands it: the PUT of a snapshot from its
+    spool file's mapping then raised BufferError as the mapping was released, and shipping
+    stopped with an ERROR at each snapshot."""
+    from obstore.store import MemoryStore  # noqa: PLC0415
+
+    from wal.archive.objects import ObstoreObjects  # noqa: PLC0415
+
+    objects = ObstoreObjects(MemoryStore(), "memory:///archive")
+    with wal.open(tmp_path / "s", archive=objects, archive_snapshot_bytes=1 << 16, archive_rpo_ms=100) as store:
+        for i in range(300):
+            end = store.put(b"k%04d" % i, os.urandom(200))
+        wait_until(lambda: store.stats()["archive_last_snapshot_lsn"] > 0)
+        wait_until(lambda: store.stats()["archived_lsn"] == end)
+        assert store.stats()["archive_error"] is None
+    report = wal.restore(objects, tmp_path / "r")
+    assert report.lsn == end and report.snapshot_lsn > 0

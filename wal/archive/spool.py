@@ -63,11 +63,13 @@ class SpooledSnapshot:
             try:
                 yield view
             finally:
-                view.release()
                 # A PUT that raised may leave views of the mapping alive in its traceback (the
-                # exception the caller handles): closing it then would raise BufferError in
-                # place of that exception. The mapping then goes with the last view.
+                # exception the caller handles), and a store that keeps what it is given (obstore's
+                # MemoryStore) holds the view itself: releasing or closing then would raise
+                # BufferError in place of the PUT's outcome. The mapping then goes with the last
+                # view (the file is read-only and only ever unlinked, so the bytes stay valid).
                 with contextlib.suppress(BufferError):
+                    view.release()
                     m.close()
 
     def discard(self) -> None:
