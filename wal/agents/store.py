@@ -186,8 +186,9 @@ def _unframe(raw: bytes) -> tuple[dict[str, Any], bytes]:
     return header, raw[4 + n:]
 
 
-# Blob writes in flight per store directory: gc_blobs must not collect them (one writer per directory, I6).
 _T = TypeVar("_T")
+
+# Blob writes in flight per store directory: gc_blobs must not collect them (one writer per directory, I6).
 _blob_locks: weakref.WeakValueDictionary[str, _BlobLock] = weakref.WeakValueDictionary()
 _blob_locks_guard = threading.Lock()
 

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from wal._fs import fsync_dir
+from wal._fs import replace_durably
 from wal.archive import layout
 from wal.archive.objects import (
     ArchiveError,
@@ -200,17 +200,18 @@ class NameTakenError(ObjectExistsError):
 # is cleared at most this many times before this writer gives up as fenced.
 _STRAY_CLEARS = 16
 
-
-# A gather (Shipper._gather) waits at most this part of a PUT's latency (its moving average),
-# within these bounds: a gather that waits for commits that do not come back costs the commits
-# already gathered at most half a PUT, and a PUT that carries twice the commits halves the
-# requests the object store serves.
 # Retention reads the headers of the snapshots an object store lists up to this long after the
 # window's start (its listed times are rounded to the second, and by its own clock).
 _LISTED_TIME_SLACK_S = 60.0
 # A write's temporary file in a folder archive older than this is one its process left dying:
 # no PUT takes an hour, and an old writer's PUT still under way keeps its file.
 _STALE_TEMPORARY_S = 3600.0
+
+
+# A gather (Shipper._gather) waits at most this part of a PUT's latency (its moving average),
+# within these bounds: a gather that waits for commits that do not come back costs the commits
+# already gathered at most half a PUT, and a PUT that carries twice the commits halves the
+# requests the object store serves.
 _GATHER_PART = 0.5
 _GATHER_MIN_S = 0.0005
 _GATHER_MAX_S = 0.010
@@ -612,14 +613,8 @@ class Shipper:
         self._status_at = time.monotonic()
         data = {k: v for k, v in self.stats().items() if k != "archive_puts_per_s"}
         data.update({"pid": os.getpid(), "updated_unix_ms": time.time_ns() // 1_000_000})
-        path = os.path.join(self.store.path, ARCHIVE_STATUS_FILE)
         with contextlib.suppress(OSError):
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(data, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-            fsync_dir(self.store.path)
+            replace_durably(os.path.join(self.store.path, ARCHIVE_STATUS_FILE), json.dumps(data).encode())
 
     def _run(self) -> None:
         while not self._stop:
@@ -1123,12 +1118,10 @@ class Shipper:
         """PUT the snapshot of the state at its LSN (the archive holds the log up to it)."""
         # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
         name = layout.snap_name(snap.lsn)
-        try:
+        with contextlib.suppress(ObjectExistsError):
             with snap.mapped() as data:
                 self._put(name, data, sealed=snap.sealed)
-            self._snapshots_taken[name] = snap.taken_ms  # an existing one's (below) may differ: read if needed
-        except ObjectExistsError:
-            pass
+            self._snapshots_taken[name] = snap.taken_ms  # not an existing one's: it may differ (read if needed)
         self.last_snapshot = max(self.last_snapshot, snap.lsn)
         self._count("archive_snapshots")
 

@@ -816,9 +816,10 @@ class _Loop:
                                         f"{child.stderr_tail()}"])
             return False
         if self.crash == "power":
-            if not any(r.kind == crashsim.START for r in crashsim.read_journal(self.journal).records):
-                # The shim did not load in the child (its LD_PRELOAD refused, or its environment
-                # lost): the "cut" would rewind nothing and prove no more than a kill.
+            if not os.path.exists(self.journal) or not os.path.getsize(self.journal):
+                # The shim journals its START record first thing in the child: none, and it did not
+                # load there (its LD_PRELOAD refused, or its environment lost): the "cut" would
+                # rewind nothing and prove no more than a kill.
                 raise SimulatorInactiveError(
                     f"the power-cut simulator did not run in the child of {what} (no journal in {self.journal}): "
                     f"its library {crashsim.shim_path()} was not preloaded; see the child's stderr:\n"
