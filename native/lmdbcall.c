@@ -196,8 +196,16 @@ static void after_fork_in_child(void) { current_pid = getpid(); }
 
 /* ---- errors ---- */
 
+/* The reader slots of the lock file a read found all taken (new_read_txn), in this thread: its
+ * MDB_READERS_FULL error names them. A lock file made by another opener (an older agentwal, or
+ * another LMDB binding) has the slot count that opener gave it, not MAX_READERS. */
+static _Thread_local unsigned int full_reader_slots;
+
 static void set_error(int rc, const char *where) {
-    PyObject *a = Py_BuildValue("(iN)", rc, PyUnicode_FromFormat("%s: %s", where, loaded ? M.strerror(rc) : ""));
+    PyObject *text = rc == MDB_READERS_FULL && full_reader_slots > 0
+        ? PyUnicode_FromFormat("%s: %s (%u reader slots)", where, loaded ? M.strerror(rc) : "", full_reader_slots)
+        : PyUnicode_FromFormat("%s: %s", where, loaded ? M.strerror(rc) : "");
+    PyObject *a = text != NULL ? Py_BuildValue("(iN)", rc, text) : NULL;
     if (a != NULL) {
         PyErr_SetObject(LmdbError, a);
         Py_DECREF(a);
@@ -412,6 +420,10 @@ static int new_read_txn(EnvObject *e, MDB_txn **txn) {
     int dead = 0;
     if (rc == MDB_READERS_FULL && M.reader_check(e->env, &dead) == 0 && dead > 0)
         rc = M.txn_begin(e->env, NULL, MDB_RDONLY, txn);
+    if (rc == MDB_READERS_FULL) {
+        MDB_envinfo info;
+        full_reader_slots = M.env_info(e->env, &info) == 0 ? info.me_maxreaders : 0;
+    }
     return rc;
 }
 

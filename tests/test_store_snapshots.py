@@ -248,7 +248,7 @@ def test_readers_holding_every_slot_delay_checkpoints_and_never_stop_the_writer(
     with wal.open(tmp_path / "s", checkpoint_bytes=64 << 10) as store:
         store.put(b"k", b"v")
         held: list[wal.Snapshot] = []
-        with pytest.raises(ReadersFullError, match=f"all {READER_SLOTS} reader slots"):
+        with pytest.raises(ReadersFullError, match=f"every reader slot .*{READER_SLOTS} reader slots"):
             while len(held) <= READER_SLOTS:
                 held.append(store.snapshot())
         assert READER_SLOTS - 10 <= len(held) < READER_SLOTS  # the store's own read transactions hold the rest
@@ -264,6 +264,35 @@ def test_readers_holding_every_slot_delay_checkpoints_and_never_stop_the_writer(
         assert not stats["failed"] and stats["state_stalls"] > 0
         assert store.checkpoint() == store.stats()["applied_lsn"]
         assert store.get(b"w199") == bytes(4096)
+
+
+def test_readers_full_names_the_slots_of_a_lock_file_another_opener_made(tmp_path: Path) -> None:
+    """A lock file made by another opener with fewer slots (an older agentwal made 126, LMDB's
+    default), still held open by it when the store opens: LMDB keeps its size, and the refusal
+    names the slots it has, not the ones this version would have made."""
+    path = tmp_path / "s"
+    wal.open(path).close()
+    (path / "state" / "lock.mdb").unlink()  # LMDB only ever grows a lock file: the holder makes it anew
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time, lmdb
+        env = lmdb.open({str(path / "state")!r}, max_readers=126, readonly=True, lock=True)
+        print("holding", flush=True)
+        sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        with wal.open(path) as store:
+            store.put(b"k", b"v")
+            held: list[wal.Snapshot] = []
+            with pytest.raises(ReadersFullError, match=r"\(126 reader slots\)"):
+                while len(held) <= READER_SLOTS:
+                    held.append(store.snapshot())
+            assert 100 < len(held) < 126
+            for snap in held:
+                snap.close()
+            assert store.get(b"k") == b"v"
+    finally:
+        holder.communicate("")
 
 
 def test_a_read_only_opener_killed_with_a_snapshot_open_pins_no_pages_of_the_writers_state(tmp_path: Path) -> None:

@@ -196,7 +196,7 @@ class StateError(WalError):
     """LMDB failed for a reason other than damage (disk error, map full, too many readers...)."""
 
 
-READER_SLOTS = _lmdbcall.MAX_READERS  # of a state's lock file (native/lmdbcall.c says why so many)
+READER_SLOTS = _lmdbcall.MAX_READERS  # of a lock file this version makes (native/lmdbcall.c says why so many)
 
 
 class ReadersFullError(StateError):
@@ -244,7 +244,7 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
             filename=os.path.join(path, DATA_FILE)) from exc
     if code == _lmdbcall.MDB_READERS_FULL and not opening:
         raise ReadersFullError(
-            f"all {READER_SLOTS} reader slots of the LMDB state in {path} are taken (while {doing}): each open "
+            f"every reader slot of the LMDB state in {path} is taken (while {doing}: {text}): each open "
             "snapshot, unfinished scan iterator and read-only opener holds one while it lasts. Close snapshots "
             "and scans when done (they are context managers); slots of processes that died are freed at "
             "once") from exc
