@@ -50,7 +50,7 @@ from wal.archive.objects import (
     open_objects,
 )
 from wal.archive.restore import verify
-from wal.archive.shipper import ArchiveLagError
+from wal.archive.shipper import ArchiveLagError, Shipper
 from wal.archive.spool import SpooledSnapshot
 from wal.cli import main
 from wal.ops.metrics import prometheus_text
@@ -216,9 +216,14 @@ def test_commits_are_shipped_as_objects_named_by_lsn_each_verifiable_alone(tmp_p
         assert st["archive_lag_ms"] == 0.0 and st["archive_puts"] >= 1 and st["archive_error"] is None
     objects = open_objects(archive_url)
     seen = []
-    for name, _ in objects.list(layout.LOG_PREFIX):
-        obj = layout.decode_log(objects.get(name), name)
-        assert name == layout.log_name(obj.first)
+    # The session's group objects, and the one its close merged them into (all but its first
+    # and newest), by first LSN.
+    listed = [*objects.list(layout.LOG_PREFIX), *objects.list(layout.MERGED_PREFIX)]
+    decoded = sorted(((layout.decode_log(objects.get(name), name), name) for name, _ in listed),
+                     key=lambda d: d[0].first)
+    for obj, name in decoded:
+        assert name == (layout.log_name(obj.first) if name.startswith(layout.LOG_PREFIX)
+                        else layout.merged_name(obj.first, obj.last))
         seen.extend(lsn for lsn, _ in obj.records)
     assert seen == lsns
     assert names(archive_url, layout.SNAP_PREFIX), "a first snapshot is shipped"
@@ -620,6 +625,28 @@ def test_small_objects_are_merged_so_the_count_stays_bounded(tmp_path, archive_u
         assert [k for k, _ in r.scan()] == sorted(f"k{i}".encode() for i in range(60))
 
 
+def test_each_session_leaves_three_objects_at_most_however_few_commits_it_made(tmp_path, archive_url):
+    """A store opened for a few commits at a time (a short-lived agent process): each session
+    merges the objects it left at close, and keeps only its first (it fences older writers),
+    one merged object and the newest. (Each session's objects below archive_merge_objects were
+    never merged: the archive grew by one object per commit, and every restore read them all.)"""
+    merged = []
+    for session in range(3):
+        with wal.open(tmp_path / "s", durability="replicated", archive=archive_url) as s:
+            for i in range(20):  # one object per commit: one thread, one commit at a time
+                s.put(f"k{session}-{i}", b"v")
+            assert s.stats()["archive_objects"] >= 20 and s.stats()["archive_merges"] == 0
+        objects = names(archive_url, layout.LOG_PREFIX) + names(archive_url, layout.MERGED_PREFIX)
+        assert len(objects) <= 3 * (session + 1), objects
+        merged.append(len(names(archive_url, layout.MERGED_PREFIX)))
+    assert merged == [1, 2, 3]
+    assert verify(archive_url).ok
+    report = wal.restore(archive_url, tmp_path / "r")
+    assert report.lsn == 60
+    with wal.open(tmp_path / "r") as r:
+        assert sorted(k for k, _ in r.scan()) == sorted(f"k{s}-{i}".encode() for s in range(3) for i in range(20))
+
+
 def test_a_merge_joins_its_parts_byte_for_byte_as_encoding_their_records_would():
     """`layout.merge_logs` joins verified objects' record bytes as they are: the same object as
     `encode_log` of all their records (header times from the parts), and it verifies."""
@@ -744,8 +771,8 @@ def test_restore_refuses_a_gap_naming_the_missing_lsns(tmp_path):
     # Only the first snapshot (LSN 0): the whole log is needed. Take out a middle object.
     for name in names(url, layout.SNAP_PREFIX)[1:]:
         objects.delete(name)
-    log_names = names(url, layout.LOG_PREFIX)
-    victim = log_names[4]
+    # LSN 1's object, 2..9 merged at close, 10's: the merged one goes.
+    victim, = names(url, layout.MERGED_PREFIX)
     obj = layout.decode_log(objects.get(victim), victim)
     objects.delete(victim)
     with pytest.raises(wal.CorruptionError, match=rf"missing LSNs {obj.first}\.\.{obj.last}"):
@@ -1248,9 +1275,12 @@ def test_a_promote_that_fails_before_its_fence_leaves_the_follower_following(tmp
             replica.close()
 
 
-def test_a_follower_stuck_at_a_damaged_object_counts_what_the_archive_holds_past_it_in_its_lag(tmp_path):
+def test_a_follower_stuck_at_a_damaged_object_counts_what_the_archive_holds_past_it_in_its_lag(tmp_path, monkeypatch):
     """lag_lsns counted only what was applied: a follower stuck behind a damaged object said 0
     while the archive held 20 LSNs it lacked."""
+    # The primary's objects left as they are at close (as by a writer killed after its last
+    # PUT): its close would merge the damaged one away, from the bytes it keeps in memory.
+    monkeypatch.setattr(Shipper, "_merge_session_tail", lambda self, deadline: None)
     url = f"file://{tmp_path}/a"
     with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
         for i in range(5):

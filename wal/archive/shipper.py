@@ -369,6 +369,12 @@ class Shipper:
                 self._snapshot_if_due()
             except Exception as exc:  # reported; the next writer ships a snapshot
                 _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
+            if self.error is None:
+                try:
+                    self._merge_session_tail(deadline)
+                except Exception as exc:  # the objects stay as they are: sound, only more of them
+                    _logger.info("archive %s: the session's last objects were not merged at close: %s",
+                                 self.objects.url, exc)
         if job is None or job.done():  # else its file is the next archived open's to delete
             self._discard_pending_snapshot()
         # PUTs still in flight may finish after this: durable records, under create-only names.
@@ -1173,6 +1179,12 @@ class Shipper:
             if item[0] != run[-1][1] + 1:
                 break
             run.append(item)
+        self._merge_run(run)
+        return True
+
+    def _merge_run(self, run: list[tuple[int, int, int, bytes | None]]) -> None:
+        """Merge `run` (consecutive entries at the front of `_unmerged`) into one object, delete
+        its parts, and drop them from `_unmerged`."""
         parts: list[layout.LogObject] = []
         for first, _, _, kept in run:
             name = layout.log_name(first)
@@ -1180,10 +1192,10 @@ class Shipper:
                 obj = layout.decode_log(kept if kept is not None else self._get(name), name)
             except ObjectMissingError:  # removed by retention meanwhile: nothing to merge there
                 self._drop_unmerged(len(run))
-                return True
+                return
             if obj.writer_id != self.writer_id:  # never: only our own stored objects are listed here
                 self._drop_unmerged(len(run))
-                return True
+                return
             parts.append(obj)
         first, last = run[0][0], run[-1][1]
         merged = layout.merged_name(first, last)
@@ -1197,7 +1209,30 @@ class Shipper:
         self._count("archive_deletes", len(run))
         self._drop_unmerged(len(run))
         self._count("archive_merges")
-        return True
+
+    def _merge_session_tail(self, deadline: float) -> None:
+        """At close: the small objects this session left unmerged (fewer than merge_objects, or
+        what the maintenance job had not reached), all but the archive's newest, into one object
+        per consecutive run. Else each session left up to merge_objects + 2 objects for good, and
+        a store opened for a few commits at a time (a short-lived agent process) grew the archive
+        by that many objects per run, which every restore reads one GET each. Now a session
+        leaves its first object (never merged away), one merged object and the newest."""
+        while time.monotonic() < deadline:
+            with self._unmerged_lock:
+                items = list(self._unmerged)
+            if items and items[-1][1] == self.archived:
+                items.pop()  # the archive's newest object stays (`_merge_if_due`)
+            if not items:
+                return
+            run = [items[0]]
+            for item in items[1:]:
+                if item[0] != run[-1][1] + 1:
+                    break
+                run.append(item)
+            if len(run) == 1:
+                self._drop_unmerged(1)  # alone before a large object: nothing to merge it with
+                continue
+            self._merge_run(run)
 
     def _drop_unmerged(self, n: int) -> None:
         with self._unmerged_lock:
