@@ -19,6 +19,7 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -382,6 +383,70 @@ def test_recovery_truncate_opens_at_the_last_good_record_and_reports_lost_lsns(t
         got = list(log.read())
     assert got[: lsn - 1] == records[: lsn - 1]
     assert got[lsn - 1 :] == [(lsn, b"resumed"), *[(lsn + 1 + i, payload(i)) for i in range(3)]]
+
+
+class _CrashError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", ["cut", "first set-aside", "second set-aside"])
+def test_a_truncate_recovery_crashed_midway_is_refused_by_a_strict_open_and_redone_with_the_whole_lost_range(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """A crash at each step of recovery="truncate" (cutting the damaged segment, setting aside
+    the later ones): a strict open still refuses the log as damaged, and truncate again reports
+    the lost range to the newest LSN. (The later segments were set aside first: a crash before
+    the cut left the damaged segment newest, and the range the next truncate reported ended at
+    its own records.)"""
+    records = make_log(tmp_path, 300, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    assert len(segs) >= 5  # two set aside before the crash, at least one after
+    lsn, off, _ = record_offsets(segs[1])[3]
+    flip(segs[1], off + 30)
+    calls = {"cut": 0, "set-aside": 0}
+
+    def crashing(name: str, real: Any) -> Any:
+        def step_then_maybe_crash(*args: Any) -> Any:
+            calls[name] += 1
+            if step == "cut" and name == "cut":
+                raise _CrashError
+            out = real(*args)
+            if name == "set-aside" and calls[name] == {"first set-aside": 1, "second set-aside": 2}.get(step):
+                raise _CrashError
+            return out
+        return step_then_maybe_crash
+
+    with monkeypatch.context() as m:
+        m.setattr(recovery, "cut_tail", crashing("cut", recovery.cut_tail))
+        m.setattr(recovery, "set_aside", crashing("set-aside", recovery.set_aside))
+        with pytest.raises(_CrashError):
+            wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate")
+    with pytest.raises(wal.CorruptionError):
+        wal.Log.open(tmp_path, segment_bytes=SMALL)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate") as log:
+        assert log.recovery_report.lost_lsns == (lsn, 300)
+        assert list(log.read()) == records[: lsn - 1]
+    assert all(not s.exists() and Path(f"{s}.broken").exists() for s in segs[2:])
+
+
+def test_a_segment_set_aside_twice_under_one_name_keeps_both_copies(tmp_path: Path) -> None:
+    """Truncate, the log resumes and rolls into a segment name set aside before, then another
+    truncate sets that segment aside too: the first copy stays, the second is <name>.1.broken.
+    (It was renamed over the first: the records it held, kept for salvage, were destroyed.)"""
+    make_log(tmp_path, 200, segment_bytes=SMALL)
+    segs = segments(tmp_path)
+    _, off, _ = record_offsets(segs[1])[3]
+    flip(segs[1], off + 30)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate") as log:
+        for i in range(200):
+            log.append(payload(1000 + i))
+    first_copy = Path(f"{segs[2]}.broken").read_bytes()
+    assert segs[2].exists()  # the log rolled into that name again
+    _, off, _ = record_offsets(segs[1])[1]
+    flip(segs[1], off + 30)
+    with wal.Log.open(tmp_path, segment_bytes=SMALL, recovery="truncate") as log:
+        assert f"{segs[2]}.1.broken" in log.recovery_report.broken_files
+    assert Path(f"{segs[2]}.broken").read_bytes() == first_copy
+    assert Path(f"{segs[2]}.1.broken").read_bytes() != first_copy
 
 
 def test_recovery_truncate_refuses_when_the_oldest_segment_header_is_damaged_and_changes_nothing(

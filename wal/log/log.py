@@ -873,10 +873,13 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
             )
             raise err
         _refuse_cut_below(keep_through, damage.lsn - 1, bad.path, damage.offset)
-        # Set aside every later segment, then cut the damaged one at its last good record.
-        for later in recovery.list_segments(path):
-            if later[0] > bad.segment_no:
-                broken.append(recovery.set_aside(later[1]))
+        # Cut the damaged segment at its last good record, then set aside every later segment,
+        # oldest first. A crash in the middle leaves later segments behind the cut one (rule
+        # S4, or a gap): a strict open refuses that as damage, and the next truncate finds the
+        # newest of them and reports the whole lost range. Set aside first, a crash before the
+        # cut left the damaged segment newest: its damage could read as a torn tail (cut as
+        # after any crash), and the lost range ended at its own records.
+        later_segments = [p for n, p in recovery.list_segments(path) if n > bad.segment_no]
         if damage.offset == 0:
             broken.append(recovery.set_aside(bad.path))
             segments = segments[: damage.index]
@@ -902,6 +905,7 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
                 bad.size = bad.prealloc_bytes
             bad.status, bad.end_offset = "open", damage.offset
             segments = segments[: damage.index + 1]
+        broken.extend(recovery.set_aside(p) for p in later_segments)
         first_lost = damage.lsn
         lost = (first_lost, last_known if last_known >= first_lost else None)
     elif segments and segments[-1].status == "torn":

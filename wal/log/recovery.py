@@ -402,9 +402,16 @@ def cut_tail(path: str, offset: int, end: int) -> str | None:
 
 
 def set_aside(path: str) -> str:
-    """Rename a whole segment out of the log (kept as .broken)."""
+    """Rename a whole segment out of the log, kept as ``<name>.broken`` -- or, where an earlier
+    recovery set aside a segment of that name (the log resumed before it and rolled into the
+    name again), ``<name>.<n>.broken``: never over it. The writer holds the log's LOCK, so no
+    one else takes the name between the look and the rename."""
     broken = f"{path}.broken"
-    os.replace(path, broken)
+    n = 0
+    while os.path.lexists(broken):
+        n += 1
+        broken = f"{path}.{n}.broken"
+    os.rename(path, broken)
     fsync_dir(os.path.dirname(path) or ".")
     return broken
 
