@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -212,3 +213,15 @@ def test_storage_stack_measures_fdatasync_on_this_machine(tmp_path: Path) -> Non
     assert 0 <= st.fdatasync_p50_ms <= st.fdatasync_p99_ms
     assert st.fstype != "?" and st.mount_point != "?"
     assert not list(tmp_path.iterdir()), "the probe file is removed"
+
+
+def test_half_the_power_cuts_at_a_level_with_an_rpo_drop_everything_not_synced() -> None:
+    """Only mode "drop" loses the whole span since the last fdatasync, which is what the RPO
+    bound is about: at interval and buffered it is half the cuts (drawn uniformly from the four
+    modes, a store flushing at 2.5 times its rpo_ms passed about half the drills); at sync,
+    whose bound is zero, each mode a quarter."""
+    for level, low, high in (("interval", 0.58, 0.68), ("buffered", 0.58, 0.68), ("sync", 0.2, 0.3)):
+        rng = random.Random(7)
+        modes = [crashtest._power_cut_mode(rng, level) for _ in range(4000)]
+        assert set(modes) == set(crashtest.MODES)
+        assert low < modes.count("drop") / len(modes) < high, (level, modes.count("drop"))
