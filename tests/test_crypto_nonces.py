@@ -244,3 +244,33 @@ def test_no_key_and_nonce_pair_is_used_twice_across_kills_power_cuts_restores_pr
           f"torn tails cut: {kills.torn_tails + cuts.torn_tails}), "
           f"{len(by_nonce)} distinct nonces, none reused")
     assert broken  # recoveries cut torn tails, and the LSNs were then written again with other bytes
+
+
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_a_child_forked_past_pythons_fork_hooks_never_seals_with_its_parents_nonces(native: str) -> None:
+    """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook: the
+    child still holds its parent's sealing session. Its next seal must not reuse the parent's
+    next nonce. (The Python session, used where libcrypto cannot be loaded, sealed in the child
+    with the parent's counters: the same (key, nonce) for two plaintexts.)"""
+    script = textwrap.dedent(f"""
+        import ctypes, os, sys
+        from wal.crypto import sealing
+        from wal.crypto.sealing import HEADER_BYTES, Keyring, Sealer
+        assert (sealing.native_library() is None) == {native == "0"!r}
+        s = Sealer(Keyring(os.urandom(32)))
+        s.seal(b"warm-up", b"ctx")
+        r, w = os.pipe()
+        pid = ctypes.CDLL(None).fork()
+        if pid == 0:
+            os.write(w, s.seal(b"the child's value", b"ctx")[1:HEADER_BYTES])
+            os._exit(0)
+        parent = s.seal(b"the parent's value", b"ctx")[1:HEADER_BYTES]
+        os.waitpid(pid, 0)
+        child = os.read(r, 4096)
+        print(parent.hex(), child.hex())
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, AGENTWAL_SEAL_NATIVE=native)).stdout.split()
+    parent, child = (bytes.fromhex(h) for h in out)
+    assert parent[:8] == child[:8]  # one key
+    assert parent[8:] != child[8:], "the child sealed under its parent's session and counter"

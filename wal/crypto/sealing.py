@@ -246,11 +246,16 @@ class _Session:
     AEAD and its nonce counter (module docstring). The same interface as the C sessions,
     ``wal._storecore.SealSession``: `id`, `key_id` and `seal`."""
 
-    __slots__ = ("counter", "encrypt", "id", "key_id", "prefixes")
+    __slots__ = ("counter", "encrypt", "id", "key_id", "pid", "prefixes")
 
     def __init__(self, derived: bytes, kid: bytes, sid: bytes) -> None:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415 -- optional
 
+        # The process the session was made in. A child forked by libc fork() straight (ctypes,
+        # a C extension) skips os.register_at_fork's hook, and would seal under the parent's
+        # session with the parent's next counters: the same nonces. A seal in another process
+        # answers "used up", as the C session does after any fork, and the Sealer starts anew.
+        self.pid = os.getpid()
         self.id = sid
         self.key_id = kid
         self.encrypt = AESGCM(derived).encrypt  # bound once: the seal path's one AEAD call
@@ -261,6 +266,8 @@ class _Session:
 
     def seal(self, codec: int, body: bytes, context: bytes) -> bytes | None:
         """The envelope of `body` (codec 0x80 or 0x81), or None once the session is used up."""
+        if os.getpid() != self.pid:
+            return None
         n = next(self.counter)
         if n >= SESSION_LIMIT:
             return None
