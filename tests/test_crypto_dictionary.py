@@ -256,3 +256,34 @@ def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_
     finally:
         use_sealing()
     assert not (tmp_path / "copy3").exists()
+
+
+@pytest.mark.parametrize("encrypted", [True, False])
+def test_a_dictionary_given_with_the_id_of_another_stored_one_is_refused(tmp_path: Path, encrypted: bool) -> None:
+    """Two trained dictionaries with one zstd id (one retrained with a fixed dict_id): a frame
+    names its dictionary by id only. The open given the second is refused, naming the stored
+    file, and changes nothing. (It was accepted and compressed with it, but never stored it:
+    every later open decoded those values with the first, into errors, and in an encrypted
+    store, whose frames carry no checksum, into other bytes.)"""
+    weather = [json.dumps({"role": "user", "content": f"the weather in city {i % 13} is {i % 5}"}).encode()
+               for i in range(3000)]
+    flights = [json.dumps({"tool": "flights", "from": f"A{i % 11}", "price": i % 900}).encode() for i in range(3000)]
+    first = zstandard.train_dictionary(4096, weather, dict_id=777).as_bytes()
+    second = zstandard.train_dictionary(4096, flights, dict_id=777).as_bytes()
+    assert first != second
+    keys = {"encryption": KEY} if encrypted else {}
+    with wal.open(tmp_path, compression="zstd", compression_dict=first, compression_threshold=32, **keys) as store:
+        store.put("w", weather[0])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(wal.ArgumentError, match=r"dicts/00000309\.zdict: the zstd dictionary 00000309 has other"):
+        wal.open(tmp_path, compression="zstd", compression_dict=second, compression_threshold=32, **keys)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    with wal.open(tmp_path, compression="zstd", **keys) as store:
+        assert store.get("w") == weather[0]
+    with pytest.raises(wal.ArgumentError, match="other contents"):
+        sealing.Sealer(None, "zstd", dictionaries=[first, second])
+
+
+def test_a_dictionary_too_few_samples_train_is_refused_as_an_argument() -> None:
+    with pytest.raises(wal.ArgumentError, match="no zstd dictionary could be trained from 5 sample"):
+        sealing.train_dictionary([b"x" * 10] * 5)

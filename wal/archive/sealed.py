@@ -165,9 +165,14 @@ class SealedObjects(ObjectStore):
             check_manifest(read_manifest(self.inner), self.sealer, self.inner.url)
         for did in sorted(self.sealer.dictionaries):
             name = dict_object(did, self.sealer.keys.current_id if self.sealer.keys is not None else None)
-            with contextlib.suppress(ObjectExistsError):  # shipped already: a name is one dictionary (its zstd id)
+            try:
                 self.inner.put(name, self.sealer.seal_dictionary(did, CONTEXT_ARCHIVE + name.encode()),
                                create_only=True)
+            except ObjectExistsError:
+                # Shipped already, by an earlier session: the same dictionary, or (another store's
+                # with the same zstd id) DictionaryConflictError, before anything compressed with
+                # ours is shipped where readers would decode it with that one.
+                self._load_dictionary(name)
         self._manifest_checked = True
 
     def load_dictionaries(self) -> None:

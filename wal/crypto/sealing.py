@@ -378,6 +378,8 @@ class Sealer:
             data = bytes(raw)
             assert self._zstd is not None
             did = _checked_dictionary(self._zstd, data)
+            if self._dicts.get(did, data) != data:
+                raise DictionaryConflictError(_CONFLICT.format(did=did, other="another dictionary given"))
             self._dicts[did] = data
             if self._dict is None:
                 self._dict = data
@@ -430,6 +432,8 @@ class Sealer:
             raise _damaged(where(), "the dictionary's SHA-256 does not match it")
         try:
             return self.add_dictionary(data)
+        except DictionaryConflictError as exc:
+            raise DictionaryConflictError(f"{where()}: {exc}") from None
         except ArgumentError as exc:
             raise _damaged(where(), str(exc)) from None
 
@@ -437,7 +441,8 @@ class Sealer:
         """Know one more trained dictionary (a store's stored one: wal/store/sealed.py), and
         compress new values with it if `compress_with` and none was given. Its id."""
         did = _checked_dictionary(self._binding(), data)
-        self._dicts.setdefault(did, data)
+        if self._dicts.setdefault(did, data) != data:
+            raise DictionaryConflictError(_CONFLICT.format(did=did, other="another one given or stored"))
         if compress_with and self._dict is None:
             self._dict = self._dicts[did]
             self._compressors.clear()  # contexts made without it (none yet: called before any seal)
@@ -686,6 +691,18 @@ class Opening:
                                           "changed, or it was moved from elsewhere") from None
 
 
+class DictionaryConflictError(ArgumentError):
+    """Two trained dictionaries with one zstd id and other contents. A frame names its
+    dictionary by that id only, so one of them would decode the other's frames: into an error,
+    or, where nothing else checks the result (an encrypted store's frames carry no checksum: the
+    AEAD tag vouches for the frame, not for what a dictionary makes of it), into other bytes."""
+
+
+_CONFLICT = ("the zstd dictionary {did:08x} has other contents than {other} with that id: a frame names its "
+             "dictionary by id only, so one would decode the other's values wrongly. Train the new one with "
+             "another dict_id (wal.crypto.train_dictionary derives one from the dictionary's contents)")
+
+
 def _checked_dictionary(binding: zstd.Binding, data: bytes) -> int:
     """The id of trained dictionary `data`; ArgumentError if it is not one or does not load."""
     try:
@@ -719,5 +736,11 @@ def parse(envelope: bytes) -> tuple[int, bytes, bytes, int] | None:
 def train_dictionary(samples: Sequence[bytes], size: int = 16 << 10) -> bytes:
     """A zstd dictionary trained on sample values (e.g. a few thousand real JSON values), for
     ``wal.open(..., compression="zstd", compression_dict=...)``. Keep it as you keep the store:
-    every value compressed with it needs it to be read."""
-    return zstd.binding().train(samples, size)
+    every value compressed with it needs it to be read. ArgumentError if zstd cannot train one
+    from these samples (too few, or too alike)."""
+    binding = zstd.binding()
+    try:
+        return binding.train(samples, size)
+    except Exception as exc:  # each binding raises its own error type (zstandard.ZstdError, ZstdError)
+        raise ArgumentError(f"no zstd dictionary could be trained from {len(samples)} sample(s) "
+                            f"({type(exc).__name__}: {exc}); give more samples, of a few thousand real values") from exc
