@@ -15,6 +15,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -1856,3 +1857,29 @@ def test_an_obstore_memory_store_archive_takes_snapshots_and_restores(tmp_path):
         assert store.stats()["archive_error"] is None
     report = wal.restore(objects, tmp_path / "r")
     assert report.lsn == end and report.snapshot_lsn > 0
+
+
+def test_an_outage_seen_ending_by_two_threads_at_once_is_logged_as_ended_once(tmp_path, caplog):
+    """A PUT thread and the shipper thread both saw the outage end (each a request that
+    succeeded) and both logged "reachable again": one outage, two lines."""
+    caplog.set_level(logging.INFO, logger="wal.archive")
+    with wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a") as s:
+        shipper = s._shipper
+        assert shipper is not None
+        rounds = 200
+        for _ in range(rounds):
+            shipper.error = "the object store is down"
+            both = threading.Barrier(2)
+
+            def succeed(both: threading.Barrier = both) -> None:
+                both.wait()
+                shipper._reachable()
+
+            threads = [threading.Thread(target=succeed) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert shipper.error is None
+    lines = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(lines) == rounds

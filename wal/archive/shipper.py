@@ -267,6 +267,7 @@ class Shipper:
         self.archived = archived
         self.fenced: FailedError | None = None
         self.error: str | None = None  # the current outage, if any
+        self._error_lock = threading.Lock()  # its start and end, each logged once
         self.last_snapshot = last_snapshot
         self._need_snapshot = need_snapshot
         self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
@@ -654,7 +655,8 @@ class Shipper:
             except Exception as exc:  # a closed log, a damaged local segment: stop shipping, say why
                 if self._stop:
                     return
-                self.error = f"{type(exc).__name__}: {exc}"
+                with self._error_lock:
+                    self.error = f"{type(exc).__name__}: {exc}"
                 _logger.error("archive shipping of %s stopped: %s", self.store.path, exc)
                 with self._cond:
                     self._cond.wait(1.0)
@@ -668,10 +670,11 @@ class Shipper:
     def _outage_locked(self, exc: ArchiveError) -> None:
         self._count("archive_put_errors")
         self._epoch += 1
-        if self.error is None:
+        with self._error_lock:
+            began, self.error = self.error is None, str(exc)
+        if began:
             _logger.error("archive %s unreachable, retrying with backoff (commits are kept locally; "
                           "archived LSN %d): %s", self.objects.url, self.archived, exc)
-        self.error = str(exc)
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, 5.0)
 
@@ -1020,11 +1023,13 @@ class Shipper:
             return False
 
     def _reachable(self) -> None:
-        """After a request succeeded: the outage (if any) is over."""
-        if self.error is not None:
+        """After a request succeeded: the outage (if any) is over. A PUT thread and the shipper
+        thread may both see it end: one says so."""
+        with self._error_lock:
+            ended, self.error = self.error is not None, None
+        if ended:
             _logger.info("archive %s reachable again: shipping resumed (archived LSN %d)",
                          self.objects.url, self.archived)
-            self.error = None
 
     def _put(self, name: str, data: bytes | memoryview, *, create_only: bool = True, sealed: bool = False) -> None:
         """In any shipper thread (the outage state is the shipper thread's: `_harvest`).
