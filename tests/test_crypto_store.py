@@ -321,10 +321,12 @@ def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_
     refused; deleting STORE and opening with the store's key writes it again."""
     with wal.open(tmp_path, encryption=KEY) as store:
         store.put(b"k", SECRET)
+    kept = json.loads((tmp_path / "STORE").read_text())
     (tmp_path / "STORE").unlink()
     with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
         wal.open(tmp_path)
-    meta = json.loads((tmp_path / "STORE").read_text())
+    assert not (tmp_path / "STORE").exists()  # refused before a plain one was written
+    meta = dict(kept)
     meta.pop("sealed", None)
     (tmp_path / "STORE").write_text(json.dumps(meta))  # a STORE without its "sealed" object
     for readonly in (False, True):
@@ -337,6 +339,50 @@ def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_
     assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     with wal.open(tmp_path, encryption=KEY, readonly=True) as store:
         assert store.get(b"k2") == SECRET
+
+
+def test_a_store_file_lost_is_written_again_only_by_an_open_with_a_key_the_store_is_under(tmp_path: Path) -> None:
+    """STORE deleted (the documented way back from a lost or damaged one): the state records how
+    the store is sealed, and an open is held to it as to STORE. Without a key, compressing only,
+    or with a wrong key it is refused and writes nothing; with the key it opens and writes STORE
+    again. (A compressing-only open made it a new store whose new values went in the clear, and a
+    wrong key's open registered that key alone, so the right one was refused afterwards.)"""
+    with wal.open(tmp_path, encryption=KEY, compression="zstd") as store:
+        store.put(b"k", SECRET)
+    kept = json.loads((tmp_path / "STORE").read_text())
+    (tmp_path / "STORE").unlink()
+    for options, error in (({}, wal.CorruptionError), ({"compression": "zstd"}, wal.MissingKeyError),
+                           ({"encryption": bytes(32)}, wal.WrongKeyError),
+                           ({"encryption": bytes(32), "compression": "zstd"}, wal.WrongKeyError)):
+        with pytest.raises(error):
+            wal.open(tmp_path, **options)
+        assert not (tmp_path / "STORE").exists(), options
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get(b"k") == SECRET
+        store.put(b"k2", SECRET)
+    assert json.loads((tmp_path / "STORE").read_text())["sealed"]["key_ids"] == kept["sealed"]["key_ids"]
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("name", ["encrypted", "key_ids"])
+def test_a_store_file_whose_sealing_was_changed_by_a_byte_is_refused_as_damaged(tmp_path: Path, name: str) -> None:
+    """STORE is plain JSON: one bit changed in "encrypted" made the field read as missing, and the
+    store opened without a key and took new values in the clear. Its sealing must hold together
+    (an encrypted store lists key ids, one that is not lists none), else the open is refused."""
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    text = (tmp_path / "STORE").read_text()
+    damaged = text.replace(f'"{name}"', f'"{chr(ord(name[0]) ^ 1)}{name[1:]}"')
+    assert damaged != text
+    (tmp_path / "STORE").write_text(damaged)
+    for options in ({}, {"encryption": KEY}, {"compression": "zstd"}):
+        with pytest.raises(wal.CorruptionError, match="does not hold together"):
+            wal.open(tmp_path, **options)
+    assert (tmp_path / "STORE").read_text() == damaged
+    (tmp_path / "STORE").unlink()  # the way back: the state records the sealing
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get(b"k") == SECRET
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
 
 
 def test_a_sealed_store_written_before_its_state_recorded_the_sealing_opens_and_gets_the_record(

@@ -47,9 +47,11 @@ from wal.errors import (
     MissingKeyError,
     RecordTooLargeError,
     SealDamagedError,
+    WalError,
     WrongKeyError,
 )
 from wal.log.record import OP_PUT
+from wal.store.state import DATA_FILE, SEALED_KEY, State
 
 if TYPE_CHECKING:
     from wal.store.snapshot import Snapshot
@@ -126,12 +128,16 @@ class SealingPlan:
     """What one open of a sealed store needs: its Sealer, and the STORE fields to write under
     the log's lock (`before_open`). Made by `plan` before anything is opened."""
 
-    def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool, given: Sequence[int] = ()) -> None:
+    def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool, *, given: Sequence[int] = (),
+                 recovered: dict[str, Any] | None = None) -> None:
         self.root = root
         self.sealer = sealer
         self.new = new
         self.readonly = readonly
         self.given = list(given)  # ids of the dictionaries the caller gave (compression_dict=)
+        # A store whose STORE file was lost: its sealing as its state's mark records it
+        # (`state_mark`), which the STORE written again starts from.
+        self.recovered = recovered
 
     def before_open(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Called with the STORE file's JSON ({} for a store being created) under the log's lock,
@@ -139,6 +145,8 @@ class SealingPlan:
         sealed; an encrypted one lists the current key's id before anything is written under it."""
         sealed = meta.get(STORE_FIELD)
         keys = self.sealer.keys
+        if not isinstance(sealed, dict) and self.recovered is not None and not meta:
+            sealed = self.recovered
         if not isinstance(sealed, dict):
             if not self.new:
                 raise ArgumentError(_NOT_SEALED.format(root=self.root))
@@ -187,14 +195,23 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
     meta = read_meta(root)
     sealed = meta.get(STORE_FIELD) if meta is not None else None
     wanted = encryption is not None or compression is not None or compression_dict is not None
-    if not isinstance(sealed, dict):
+    recovered = None
+    if isinstance(sealed, dict):
+        check_sealed_fields(sealed, os.path.join(root, "STORE"))
+    else:
         if not wanted:
             return None
         if meta is not None:
             raise ArgumentError(_NOT_SEALED.format(root=root))
         if readonly:
             raise ArgumentError(f"no agentwal store at {root} to open read-only")
-        sealed = {}
+        # No STORE file: a new store, or one whose STORE was lost. Then the state's mark says how
+        # it is sealed, and this open is held to it as to a STORE that says so: no key for an
+        # encrypted store, or keys none of its data is under, are refused before anything is
+        # written (a compressed-only or wrong-key open made it a new store: plaintext, or values
+        # under a key it was never encrypted with, beside its envelopes).
+        recovered = state_mark(root)
+        sealed = recovered or {}
     options = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
                "compression_dict": compression_dict}
     sealer = sealer_for(sealed, options, f"the store at {root}", where=root)
@@ -214,7 +231,62 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                                 key_id=stored[-1], where=root)
     given = list(sealer.dictionaries)
     load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
-    return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given)
+    return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered)
+
+
+def check_sealed_fields(sealed: dict[str, Any], path: str) -> None:
+    """STORE's "sealed" object holds together: "encrypted" a bool, "key_ids" the ids of the keys
+    an encrypted store's values are under (at least the one it was created with) and none for a
+    store that is not encrypted. STORE is plain JSON: a changed byte in a name ("encrypted"
+    read as missing) made an encrypted store open without a key and take values in the clear."""
+    encrypted, ids = sealed.get("encrypted"), sealed.get("key_ids")
+    if not isinstance(encrypted, bool) or not isinstance(ids, list) or bool(ids) != encrypted:
+        raise CorruptionError(f"{path} is damaged: its sealing ({json.dumps(sealed)[:200]}) does not hold together "
+                              "(an encrypted store lists its key ids, one that is not lists none). Put back the "
+                              "STORE file from a copy of the store, or delete it and open the store with its key: "
+                              "its state records how it is sealed", path=path, reason="bad store file")
+
+
+def mark_for(sealed: dict[str, Any]) -> bytes:
+    """The state's sealed mark (FORMAT.md §16): how STORE says the store is sealed."""
+    return json.dumps({"encrypted": bool(sealed.get("encrypted")), "key_ids": list(sealed.get("key_ids") or [])},
+                      sort_keys=True).encode()
+
+
+def state_mark(root: str) -> dict[str, Any] | None:
+    """How the state of the store at `root` records it is sealed ({"encrypted", "key_ids"}), read
+    before anything is opened for writing; None where it records nothing more than "sealed" (a
+    mark written before it said more) or nothing at all."""
+    raw = read_state_mark(root)
+    if raw is None or raw == b"1":
+        return None
+    try:
+        mark = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(mark, dict) or not isinstance(mark.get("encrypted"), bool) \
+            or not isinstance(mark.get("key_ids"), list):
+        return None
+    return {"encrypted": mark["encrypted"], "key_ids": [i for i in mark["key_ids"] if isinstance(i, str)]}
+
+
+def read_state_mark(root: str) -> bytes | None:
+    """The sealed mark of the state of the store at `root` (not open for writing in this
+    process), or None: none, no state yet, or a state that cannot be read now (the open that
+    follows meets that itself)."""
+    path = os.path.join(root, "state")
+    if not os.path.exists(os.path.join(path, DATA_FILE)):
+        return None
+    try:
+        state = State(path, readonly=True)
+    except (WalError, OSError):
+        return None
+    try:
+        return state.meta_get(SEALED_KEY)
+    except (WalError, OSError):
+        return None
+    finally:
+        state.close()
 
 
 def _named_dict(root: str, sealed: dict[str, Any]) -> int | None:

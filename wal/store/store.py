@@ -98,7 +98,7 @@ from wal.log import durability as dur
 from wal.log import record
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
-from wal.store.sealed import STORE_FIELD, read_meta
+from wal.store.sealed import STORE_FIELD, mark_for, read_meta, read_state_mark
 from wal.store.sealed import plan as plan_sealing
 from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
 from wal.store.state import (
@@ -1555,17 +1555,22 @@ def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *
     is refused (it would open plain): it would serve its envelopes as values and take new values in
     the clear. A sealed store's writable open sets the mark (stores sealed before it existed get
     it then)."""
-    marked = state.meta_get(SEALED_KEY) is not None
+    mark = state.meta_get(SEALED_KEY)
     # STORE, not `sealing`: the operator tools open a sealed store without it on purpose, to
     # read its envelopes as stored (wal/ops/target.py, open_reader).
-    if marked and not isinstance((read_meta(root) or {}).get(STORE_FIELD), dict):
-        raise CorruptionError(
-            f"the store at {root} holds sealed (encrypted or compressed) values, as its state records, but its "
-            f"STORE file names no sealing: STORE was lost or replaced. Put back the STORE file from a copy of the "
-            "store, or delete it and open the store with its options (encryption=..., compression=...), which "
-            "writes it again", path=os.path.join(root, STORE_FILE), reason="STORE damaged")
-    if sealing is not None and not marked and writable:
-        state.meta_put(SEALED_KEY, b"1")
+    sealed = (read_meta(root) or {}).get(STORE_FIELD)
+    if mark is not None and not isinstance(sealed, dict):
+        raise _store_lost(root)
+    if sealing is not None and writable and isinstance(sealed, dict) and mark != mark_for(sealed):
+        state.meta_put(SEALED_KEY, mark_for(sealed))
+
+
+def _store_lost(root: str) -> CorruptionError:
+    return CorruptionError(
+        f"the store at {root} holds sealed (encrypted or compressed) values, as its state records, but its "
+        f"STORE file names no sealing: STORE was lost or replaced. Put back the STORE file from a copy of the "
+        "store, or delete it and open the store with its options (encryption=..., compression=...), which "
+        "writes it again", path=os.path.join(root, STORE_FILE), reason="STORE damaged")
 
 
 def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> None:
@@ -1575,6 +1580,8 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
     if sealing is not None and not os.path.exists(os.path.join(root, STORE_FILE)):
         _write_store_file(root, sealing.before_open({}))
         return
+    if sealing is None and not os.path.exists(os.path.join(root, STORE_FILE)) and read_state_mark(root) is not None:
+        raise _store_lost(root)  # before a plain STORE is written: the owner's open with the key still works
     found = _check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
