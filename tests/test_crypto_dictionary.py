@@ -287,3 +287,20 @@ def test_a_dictionary_given_with_the_id_of_another_stored_one_is_refused(tmp_pat
 def test_a_dictionary_too_few_samples_train_is_refused_as_an_argument() -> None:
     with pytest.raises(wal.ArgumentError, match="no zstd dictionary could be trained from 5 sample"):
         sealing.train_dictionary([b"x" * 10] * 5)
+
+
+def test_a_rotated_writer_seals_the_stored_dictionary_under_the_new_key(tmp_path: Path, zdict: bytes) -> None:
+    """Every open reads every stored dictionary: one left sealed under the old key kept the store
+    from opening with the new key alone, though the values written under it needed only that
+    one. A writer given both keys seals it again under the new one."""
+    with wal.open(tmp_path, encryption=KEY, compression="zstd", compression_dict=zdict,
+                  compression_threshold=32) as store:
+        store.put("old", samples(1)[0])
+    with wal.open(tmp_path, encryption=[KEY2, KEY], compression="zstd", compression_threshold=32) as store:
+        store.put("new", samples(2)[1])
+    for path in (tmp_path / DICT_DIR).iterdir():
+        assert sealing.parse(path.read_bytes())[1] == sealing.key_id(KEY2)
+    with wal.open(tmp_path, encryption=KEY2, compression="zstd", compression_threshold=32) as store:
+        assert store.get("new") == samples(2)[1]
+        with pytest.raises(wal.MissingKeyError, match=sealing.key_id(KEY).hex()):
+            store.get("old")

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
@@ -816,3 +817,25 @@ def test_the_envelope_is_as_format_md_section_19_writes_it_checked_with_the_aead
     assert AESGCM(derived).decrypt(counter + bytes(4), env[33:], env[:33] + context) == b"hi"
     assert sealer.seal(b"hi", context)[25:33] == (1).to_bytes(8, "little")  # the counter goes up
     assert sealing.parse(env) == (0x80, env[1:9], session, 0)
+
+
+def test_a_store_restored_with_a_new_and_an_old_key_opens_with_the_old_one_its_values_are_under(
+        tmp_path: Path) -> None:
+    """A restore given [new, old] listed only the new key in the restored STORE: an open with the
+    old key, the one every value of the archive is under, was refused as a wrong key."""
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "src", archive=url, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    wal.restore(url, tmp_path / "r", encryption=[KEY2, KEY])
+    with wal.open(tmp_path / "r", encryption=KEY) as store:
+        assert store.get(b"k") == SECRET
+
+
+@pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}])
+def test_a_key_that_is_not_valid_unicode_is_refused_as_an_argument_by_a_sealed_put(
+        tmp_path: Path, options: dict[str, Any]) -> None:
+    with wal.open(tmp_path, **options) as store:
+        with pytest.raises(wal.ArgumentError):
+            store.put("\ud800", b"v")
+        with pytest.raises(wal.ArgumentError):
+            store.put("\ud800", b"v" * 4096, durability="sync")

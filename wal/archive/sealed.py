@@ -296,7 +296,7 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     if isinstance(objects, SealedObjects):  # opened so already (a follower's restore)
         sealed = {"encrypted": objects.sealer.encrypting, "key_ids": []}
         if objects.sealer.keys is not None:
-            sealed["key_ids"] = [objects.sealer.keys.current_id.hex()]
+            sealed["key_ids"] = [i.hex() for i in objects.sealer.keys.ids]
         return objects, sealed
     meta = read_manifest(objects)
     if meta is None:
@@ -307,7 +307,10 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     sealer = sealer_for(sealed, options, "the archive " + objects.url)
     check_manifest(meta, sealer, objects.url)
     if sealer.keys is not None:
-        sealed["key_ids"] = [sealer.keys.current_id.hex()]
+        # Every key given, the current one first: the archive's objects may be under any of
+        # them, and so the restored store's values (listing the current one alone refused an
+        # open of the restored store with the older key everything was under).
+        sealed["key_ids"] = [i.hex() for i in sealer.keys.ids]
     sealed_objects = SealedObjects(objects, sealer)
     sealed_objects.load_dictionaries()
     return sealed_objects, sealed

@@ -80,8 +80,8 @@ always `cryptography`'s. The envelope is the same byte for byte (the tests compa
 The AEAD's associated data binds each ciphertext to its header (codec, key id, session,
 counter) and to its context: ``b"agentwal value\\0" + store key`` for a store value (so a value
 moved to another key fails to open), ``b"agentwal blob\\0" + digest`` for a blob,
-``b"agentwal archive\\0" + object name`` for an archive object, ``b"agentwal export\\0" + key``
-for an exported value.
+``b"agentwal archive\\0" + object name`` for an archive object. An exported value is the store's
+envelope as stored (value context), so an import opens it as the store would.
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ MAX_PLAIN_BYTES = 1 << 30  # a zstd frame claiming more than this is damage, not
 CONTEXT_VALUE = b"agentwal value\x00"
 CONTEXT_BLOB = b"agentwal blob\x00"
 CONTEXT_ARCHIVE = b"agentwal archive\x00"
-CONTEXT_EXPORT = b"agentwal export\x00"
 CONTEXT_DICT = b"agentwal dictionary\x00"  # + the dictionary's id, u32 big-endian: a stored dictionary file
 
 _KEY_ID_LABEL = b"agentwal key id v1"

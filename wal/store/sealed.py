@@ -39,6 +39,7 @@ from wal.crypto.sealing import (
     KeySource,
     Sealer,
     key_id,
+    parse,
 )
 from wal.errors import (
     ArgumentError,
@@ -86,11 +87,13 @@ def dictionary_files(root: str) -> Iterator[tuple[int, str]]:
         yield did, os.path.join(folder, name)
 
 
-def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> None:
+def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> list[int]:
     """Give `sealer` every dictionary stored in `root`/dicts (each file a sealed envelope of one,
     named by its zstd id), and compress with `compressing` (STORE's "dict") unless the caller
-    gave one. Stored dictionaries are why a compressed store opens without compression_dict=."""
+    gave one. Stored dictionaries are why a compressed store opens without compression_dict=.
+    Returns the ids of those sealed under another key than the current one (a key rotation)."""
     found: set[int] = set()
+    stale: list[int] = []
     for did, path in dictionary_files(root):
         with open(path, "rb") as f:
             envelope = f.read()
@@ -100,11 +103,15 @@ def load_dictionaries(root: str, sealer: Sealer, compressing: int | None) -> Non
         if did == compressing and sealer.compression is not None:
             sealer.add_dictionary(sealer.dictionaries[did], compress_with=True)
         found.add(did)
+        header = parse(envelope)
+        if sealer.keys is not None and header is not None and header[1] != sealer.keys.current_id:
+            stale.append(did)
     if compressing is not None and compressing not in found:
         path = dict_file(root, compressing)
         raise CorruptionError(f"{path} is missing: the store's STORE file names it as the dictionary its values are "
                               "compressed with (it is written before STORE names it)", path=path,
                               reason="missing dictionary")
+    return stale
 
 
 def store_dictionaries(root: str, sealer: Sealer, dict_ids: Sequence[int]) -> None:
@@ -135,6 +142,7 @@ class SealingPlan:
         self.new = new
         self.readonly = readonly
         self.given = list(given)  # ids of the dictionaries the caller gave (compression_dict=)
+        self.stale: list[int] = []  # stored dictionaries sealed under an older key (`load_dictionaries`)
         # A store whose STORE file was lost: its sealing as its state's mark records it
         # (`state_mark`), which the STORE written again starts from.
         self.recovered = recovered
@@ -158,6 +166,11 @@ class SealingPlan:
         # The dictionaries given are stored before STORE names one and before any value is
         # compressed with them; STORE names the one new values are compressed with.
         store_dictionaries(self.root, self.sealer, self.given)
+        # Sealed again under the current key, while the older one is given: every open reads
+        # every stored dictionary, so one left under a retired key kept the store from opening
+        # once that key was dropped, though every value read under the new one.
+        for did in self.stale:
+            write_dictionary(self.root, self.sealer, did)
         compressing = self.sealer.compressing_dictionary if self.given else sealed.get("dict")
         if compressing is not None:
             fields["dict"] = f"{compressing:08x}" if isinstance(compressing, int) else compressing
@@ -230,8 +243,10 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                                 f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
                                 key_id=stored[-1], where=root)
     given = list(sealer.dictionaries)
-    load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
-    return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered)
+    stale = load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
+    sealing = SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered)
+    sealing.stale = stale
+    return sealing
 
 
 def check_sealed_fields(sealed: dict[str, Any], path: str) -> None:
@@ -412,10 +427,11 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             # keyword arguments, argument types the C call does not take as they are, values the
             # Sealer compresses, a Python sealing session (no libcrypto), and over the archive's
             # store every put. It seals in Python and hands the envelope to that same C commit
-            # (Core.commit, as Store.put makes it): the common argument types are taken as they
-            # are (a str key encoded here, as _key does; the C commit and the Python path below
-            # still refuse an empty or oversized key), and no super() or bound method is made.
-            k = key if type(key) is bytes else key.encode() if type(key) is str else _key(key)
+            # (Core.commit, as Store.put makes it): a bytes key is taken as it is, any other
+            # through _key, which encodes a str and refuses one it cannot (the C commit and the
+            # Python path below still refuse an empty or oversized key), and no super() or bound
+            # method is made.
+            k = key if type(key) is bytes else _key(key)
             v = self._sealer.seal(value if type(value) is bytes and len(value) <= fits else
                                   _sealable(self._sealer, value), CONTEXT_VALUE + k)
             if durability is None:
