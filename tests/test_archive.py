@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import datetime as dt
 import hashlib
+import http.server
 import itertools
 import json
 import logging
@@ -726,7 +727,7 @@ def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archiv
     assert wal.restore(archive_url, tmp_path / "empty", time="2000-01-01T00:00:00Z").lsn == 0
 
 
-def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog):
+def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog, capsys):
     """A writer killed before its first object leaves an archive with nothing in it: what it
     holds is the state at LSN 0, as for an archive whose log starts at LSN 1 (said in a WARNING,
     since a mistyped prefix looks the same). A target past it is refused, naming its end. A
@@ -749,8 +750,13 @@ def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_
         s.put("k", b"v")  # an ordinary store
     with pytest.raises(wal.ArgumentError, match="ends at LSN 0"):
         wal.restore(archive_url, tmp_path / "r2", lsn=3)
+    # verify says so: nothing there to vouch for (it said "sound", as of any sound archive).
     checked = verify(archive_url)
-    assert checked.ok and (checked.first_lsn, checked.last_lsn) == (1, 0)
+    assert not checked.ok and (checked.first_lsn, checked.last_lsn) == (1, 0)
+    assert checked.problems == [f"{checked.url} holds nothing: no snapshot and no log object (a mistyped URL, or a "
+                                "writer that has shipped nothing yet); a restore would have nothing to start from"]
+    assert main(["verify", archive_url]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "EMPTY"
     # Not to be confused with an archive holding snapshots and no log object: it starts there.
     with wal.open(tmp_path / "old") as s:
         for i in range(20):
@@ -1883,3 +1889,57 @@ def test_an_outage_seen_ending_by_two_threads_at_once_is_logged_as_ended_once(tm
             assert shipper.error is None
     lines = [r for r in caplog.records if "reachable again" in r.getMessage()]
     assert len(lines) == rounds
+
+
+def test_a_store_opened_with_another_archive_than_it_ships_to_says_so(tmp_path, caplog):
+    """Opening with archive B a store that ships to archive A was silent: A got nothing more, and
+    a later open with A found a gap there."""
+    a, b = f"file://{tmp_path}/a", f"file://{tmp_path}/b"
+    with wal.open(tmp_path / "s", archive=a) as s:
+        s.put("k", b"v", durability="replicated")
+    caplog.set_level(logging.WARNING, logger="wal.archive")
+    with wal.open(tmp_path / "s", archive=a) as s:
+        s.put("k2", b"v", durability="replicated")
+    assert "instead" not in caplog.text
+    with wal.open(tmp_path / "s", archive=b) as s:
+        s.put("k3", b"v", durability="replicated")
+    lines = [r.getMessage() for r in caplog.records if "instead" in r.getMessage()]
+    assert len(lines) == 1 and f"ships to the object archive {a} (archived LSN 2) and is opened with {b}" in lines[0]
+
+
+def test_an_s3_bucket_that_does_not_exist_is_named_as_such(tmp_path, monkeypatch):
+    """An S3 service answers a request into a missing bucket with 404 NoSuchBucket, as for a
+    missing object: it read "probe/... does not exist", or a 404 cut before its reason."""
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchBucket</Code>'
+            b"<Message>The specified bucket does not exist</Message><BucketName>typo</BucketName></Error>")
+
+    class NoBucket(http.server.BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            self.send_response(404)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = answer  # noqa: N815 -- http.server names them so
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoBucket)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        objects = open_objects("s3://typo/agent")
+        for call in (lambda: objects.put("log/x", b"x"), lambda: objects.get("log/x")):
+            with pytest.raises(ArchiveUnavailableError, match=r"the bucket does not exist \(NoSuchBucket\)"):
+                call()
+    finally:
+        server.shutdown()

@@ -8,6 +8,7 @@ request) by `HeldPut`, a fault injector in front of it, as the failpoints are fo
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -148,3 +149,24 @@ def test_a_missing_object_in_a_finished_archive_is_still_damage(tmp_path, monkey
     with pytest.raises(wal.CorruptionError, match="missing LSNs"):
         wal.restore(url, tmp_path / "r")
     assert not verify(url).ok
+
+
+def test_a_close_that_could_not_ship_everything_in_time_says_which_lsns_stay_local(tmp_path, caplog) -> None:
+    """close() waits a while for the archive to take what is durable, then closes: the LSNs it
+    could not ship stay in the local log and go at the next open with the archive. It closed
+    silently, and a machine lost meanwhile lost them with no word of it."""
+    objects = HeldPut(str(tmp_path / "archive"), hold_from=5)
+    store = wal.open(tmp_path / "s", archive=objects, **ONE_WRITER)
+    try:
+        for i in range(10):  # LSNs 1..4 shipped one by one, then 5..10 in the object held
+            store.put(f"k{i}", b"v", durability="replicated" if i < 4 else "sync")
+        wait_until(lambda: objects.held is not None)
+        held = layout.parse_name(objects.held or "")
+        assert held is not None
+        objects.abandon()  # its PUT fails, and every one of that name after it: the archive stays behind
+        store._close_flush_s = 0.3
+        caplog.set_level(logging.WARNING, logger="wal.archive")
+    finally:
+        store.close()
+    lines = [r.getMessage() for r in caplog.records if "not shipped after" in r.getMessage()]
+    assert len(lines) == 1 and f"LSNs {held.first}..10 not shipped after 0.3 s" in lines[0], lines

@@ -325,7 +325,8 @@ def test_threads_waiting_for_an_archive_that_never_answers_fail_when_the_store_c
     store.close()
     th.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], wal.FailedError), outcome
-    assert "stopped before LSN 2" in str(outcome[0])
+    assert "stopped before LSN 2 was shipped (the store was closed)" in str(outcome[0])
+    assert "durable in the local log and ships when the store is next opened" in str(outcome[0])
     objects.abandon()
     with wal.open(tmp_path / "s", durability="replicated", archive=f"file://{tmp_path}/a", **ONE_WRITER) as again:
         assert again.get("two") == b"2"

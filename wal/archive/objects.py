@@ -667,6 +667,9 @@ class ObstoreObjects(ObjectStore):
 
     def _err(self, exc: BaseException, doing: str, name: str) -> ArchiveError:
         exceptions = self._obstore.exceptions
+        if "NoSuchBucket" in str(exc):  # a 404 as a missing object's, told apart by its body only
+            return ArchiveUnavailableError(f"{doing} {self.url}/{name}: the bucket does not exist (NoSuchBucket); "
+                                           "check the URL, or create the bucket")
         if isinstance(exc, FileNotFoundError | exceptions.NotFoundError):
             return ObjectMissingError(f"{self.url}/{name} does not exist")
         if isinstance(exc, exceptions.AlreadyExistsError | exceptions.PreconditionError):

@@ -539,6 +539,10 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     objects, _ = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     problems: list[str] = []
+    if not listing.logs and not listing.snapshots:
+        # Not an archive found sound: a mistyped URL (an S3 prefix always "exists") said "sound".
+        problems.append(f"{objects.url} holds nothing: no snapshot and no log object (a mistyped URL, or a writer "
+                        "that has shipped nothing yet); a restore would have nothing to start from")
     nbytes = 0
     count = 0
     writers: dict[str, bytes] = {}

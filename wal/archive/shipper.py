@@ -226,6 +226,13 @@ class ArchiveLagError(WalError):
     """A commit was refused: the archive lags more than archive_rpo_ms (policy "error")."""
 
 
+def _stopped_before(path: str, lsn: int) -> str:
+    """Why a `replicated` commit was not acknowledged: the store closed before its archive took it."""
+    return (f"the archive of {path} stopped before LSN {lsn} was shipped (the store was closed): the commit is not "
+            "acknowledged at replicated, but it is durable in the local log and ships when the store is next opened "
+            "with the archive, unless this machine is lost first")
+
+
 class Shipper:
     def __init__(self, store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str,
                  snapshot_bytes: int, merge_objects: int, archived: int, need_snapshot: bool,
@@ -354,7 +361,12 @@ class Shipper:
         deadline = time.monotonic() + flush_timeout
         log = self.store._log
         if log is not None and self.fenced is None and self._thread.is_alive():
-            self._await_archived(log.watermarks.durable, deadline)
+            durable = log.watermarks.durable
+            if not self._await_archived(durable, deadline) and self.fenced is None:
+                _logger.warning("archive %s: closing with LSNs %d..%d not shipped after %.1f s (%s); they stay in "
+                                "the local log and ship at the next open with the archive: until then a loss of "
+                                "this machine loses them", self.objects.url, self.archived + 1, durable,
+                                flush_timeout, self.error or "the object store is slow")
         self._stop = True
         self._wake.set()
         if self._thread.is_alive():
@@ -419,7 +431,7 @@ class Shipper:
             return
         if self.fenced is not None:
             raise FailedError(str(self.fenced)) from self.fenced
-        raise FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+        raise FailedError(_stopped_before(self.store.path, lsn))
 
     def _group_complete(self) -> bool:
         """Every commit the last stored object released is appended again (`_gather_target`);
@@ -539,7 +551,7 @@ class Shipper:
         if self.fenced is not None:
             return FailedError(str(self.fenced))
         if self._stop and self.archived < lsn:
-            return FailedError(f"the archive of {self.store.path} stopped before LSN {lsn} was shipped")
+            return FailedError(_stopped_before(self.store.path, lsn))
         return None
 
     def lag_ms(self) -> float:

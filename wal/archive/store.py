@@ -36,7 +36,7 @@ from wal.archive.spool import SpooledSnapshot
 from wal.errors import ArgumentError, FailedError, NoSpaceError, storage_error
 from wal.log import record
 from wal.store.sealed import plan as plan_sealing
-from wal.store.store import Store
+from wal.store.store import Store, shipping_archive
 
 _logger = logging.getLogger("wal.archive")
 # How long an archived open waits for PUTs a store closed earlier in this process left in
@@ -398,6 +398,14 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
                            compression_threshold=compression_threshold, compression_dict=compression_dict)
     objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
+    previous = shipping_archive(os.fspath(path))
+    if previous is not None and previous[0] != objects.url:
+        # Allowed (a store may move to another archive), but never silently: the archive it
+        # leaves gets nothing more, and going back to it later leaves a gap there.
+        _logger.warning("the store in %s ships to the object archive %s (archived LSN %d) and is opened with %s "
+                        "instead: from now on it ships there, and %s gets nothing more (a later open with it "
+                        "again finds LSNs missing there and starts it anew from a snapshot)",
+                        os.fspath(path), previous[0], previous[1], objects.url, previous[0])
     cls = sealing.store_class(ArchivedStore) if sealing is not None else ArchivedStore
     store = cls._open(path, readonly=False, archive=False, sealing=sealing, **store_kwargs)
     assert isinstance(store, ArchivedStore)

@@ -102,6 +102,10 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
         print(json.dumps(report._asdict() | {"sound": report.ok}))
         return EXIT_OK if report.ok else EXIT_FAILED
     print(f"verifying archive {report.url}")
+    if report.objects == 0 and report.snapshots == 0 and len(report.problems) == 1:
+        print(f"  {report.problems[0]}")
+        print("EMPTY")
+        return EXIT_FAILED
     print(f"  {report.objects} object(s), {report.bytes / 1e6:.1f} MB read; {report.snapshots} snapshot(s); "
           f"log LSN {report.first_lsn}..{report.last_lsn}")
     for problem in report.problems:
