@@ -205,6 +205,7 @@ static void set_error(int rc, const char *where) {
     PyObject *text = rc == MDB_READERS_FULL && full_reader_slots > 0
         ? PyUnicode_FromFormat("%s: %s (%u reader slots)", where, loaded ? M.strerror(rc) : "", full_reader_slots)
         : PyUnicode_FromFormat("%s: %s", where, loaded ? M.strerror(rc) : "");
+    full_reader_slots = 0; /* named once: a later MDB_READERS_FULL not from new_read_txn names none */
     PyObject *a = text != NULL ? Py_BuildValue("(iN)", rc, text) : NULL;
     if (a != NULL) {
         PyErr_SetObject(LmdbError, a);

@@ -158,3 +158,35 @@ def test_the_archive_status_an_open_without_the_archive_relies_on_survives_a_pow
     crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
     status = json.loads((root / "s" / "archive.json").read_text())
     assert status["archived_lsn"] >= 1
+
+
+_SEALED_WRITER = r'''
+import sys, time, wal
+store = wal.open(sys.argv[1], encryption=bytes(range(32)), durability="sync")
+store.put(b"k", b"the-value")
+print("written", flush=True)
+time.sleep(60)
+'''
+
+
+def test_a_sealed_stores_record_of_its_sealing_survives_a_power_cut(tmp_path: Path) -> None:
+    """The state records how the store is sealed, so that an open with STORE lost is held to it.
+    Written unsynced after the state's first checkpoint, a power cut took it back, and a later
+    open without the key (STORE lost) opened the store plain and returned an envelope as the
+    value. It is now made durable when written."""
+    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
+    env = crashsim.env_for(str(root), str(journal))
+    child = subprocess.Popen([sys.executable, "-c", _SEALED_WRITER, str(root / "s")], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "written"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    (root / "s" / "STORE").unlink()
+    for options in ({}, {"compression": "zstd"}):
+        with pytest.raises((wal.CorruptionError, wal.MissingKeyError)):
+            wal.open(root / "s", **options)
+    with wal.open(root / "s", encryption=bytes(range(32))) as store:
+        assert store.get(b"k") == b"the-value"

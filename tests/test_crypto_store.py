@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from wal.agents import AgentStore
 from wal.crypto import sealing
 from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_PLAIN, CODEC_ZSTD, Sealer, key_id
 from wal.errors import MissingKeyError, SealDamagedError, WrongKeyError
+from wal.store.state import State
 from wal.store.store import Store
 
 KEY = bytes(range(32))
@@ -839,3 +843,67 @@ def test_a_key_that_is_not_valid_unicode_is_refused_as_an_argument_by_a_sealed_p
             store.put("\ud800", b"v")
         with pytest.raises(wal.ArgumentError):
             store.put("\ud800", b"v" * 4096, durability="sync")
+
+
+def test_a_store_file_lost_after_an_unclean_stop_and_a_restart_takes_no_plaintext(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STORE lost, and the state left by a process that died before the machine restarted: a
+    read-only open of the state is refused until a writable open repairs it, so how the store is
+    sealed cannot be read first. An open compressing only, or without options, was taken as one
+    of a new (or plain) store: plaintext went in, and the owner's open with the key was refused
+    afterwards. Now they are refused, nothing written; the open with the key opens it."""
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, time, wal
+        s = wal.open({str(tmp_path)!r}, encryption={KEY!r})
+        s.put(b"k", {SECRET!r})
+        s.checkpoint()
+        s.put(b"k2", {SECRET!r})
+        time.sleep(0.5)  # applied: the state moves past its checkpoint
+        os._exit(0)  # no close: the state is not closed cleanly
+        """)], check=True)
+    monkeypatch.setenv("AGENTWAL_BOOT_ID", "after-a-restart")
+    with pytest.raises(wal.StateError, match="a read-only open cannot repair that"):
+        State(str(tmp_path / "state"), readonly=True)
+    (tmp_path / "STORE").unlink()
+    for options in ({"compression": "zstd"}, {}):
+        with pytest.raises(wal.CorruptionError, match="STORE is missing"):
+            wal.open(tmp_path, **options)
+        assert not (tmp_path / "STORE").exists(), options
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get(b"k") == SECRET and store.get(b"k2") == SECRET
+        store.put(b"k3", SECRET)
+    assert json.loads((tmp_path / "STORE").read_text())["sealed"] == {
+        "encrypted": True, "key_ids": [sealing.key_id(KEY).hex()]}
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_a_compressed_only_store_whose_store_file_was_lost_is_not_opened_with_a_key(tmp_path: Path) -> None:
+    """The state records a compressed-only store: an open with a key, STORE missing, is refused as
+    it is with STORE there (it wrote a STORE that said encrypted and listed no key: refused as
+    damaged at every open after)."""
+    with wal.open(tmp_path, compression="zstd") as store:
+        store.put(b"k", SECRET)
+    (tmp_path / "STORE").unlink()
+    with pytest.raises(wal.ArgumentError, match="created without encryption"):
+        wal.open(tmp_path, encryption=KEY)
+    assert not (tmp_path / "STORE").exists()
+    with wal.open(tmp_path, compression="zstd") as store:
+        assert store.get(b"k") == SECRET
+
+
+def test_a_store_file_replaced_by_one_that_holds_together_but_not_with_the_state_is_refused(tmp_path: Path) -> None:
+    """An encrypted store's STORE replaced by a plain-sealed one ({"encrypted": false, "key_ids":
+    []}, consistent in itself): it opened without a key, took new values in the clear, and its
+    state's record was overwritten to match."""
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"k", SECRET)
+    meta = json.loads((tmp_path / "STORE").read_text())
+    meta["sealed"] = {"encrypted": False, "key_ids": []}
+    (tmp_path / "STORE").write_text(json.dumps(meta))
+    for options in ({}, {"compression": "zstd"}):
+        with pytest.raises(wal.CorruptionError, match="but its state records that it is encrypted"):
+            wal.open(tmp_path, **options)
+    (tmp_path / "STORE").unlink()
+    with wal.open(tmp_path, encryption=KEY) as store:
+        assert store.get(b"k") == SECRET
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())

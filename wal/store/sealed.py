@@ -144,7 +144,7 @@ class SealingPlan:
         self.given = list(given)  # ids of the dictionaries the caller gave (compression_dict=)
         self.stale: list[int] = []  # stored dictionaries sealed under an older key (`load_dictionaries`)
         # A store whose STORE file was lost: its sealing as its state's mark records it
-        # (`state_mark`), which the STORE written again starts from.
+        # (`recovered_sealing`), which the STORE written again starts from.
         self.recovered = recovered
 
     def before_open(self, meta: dict[str, Any]) -> dict[str, Any]:
@@ -166,15 +166,21 @@ class SealingPlan:
         # The dictionaries given are stored before STORE names one and before any value is
         # compressed with them; STORE names the one new values are compressed with.
         store_dictionaries(self.root, self.sealer, self.given)
-        # Sealed again under the current key, while the older one is given: every open reads
-        # every stored dictionary, so one left under a retired key kept the store from opening
-        # once that key was dropped, though every value read under the new one.
-        for did in self.stale:
-            write_dictionary(self.root, self.sealer, did)
         compressing = self.sealer.compressing_dictionary if self.given else sealed.get("dict")
         if compressing is not None:
             fields["dict"] = f"{compressing:08x}" if isinstance(compressing, int) else compressing
         return {**meta, STORE_FIELD: fields}
+
+    def after_store_written(self) -> None:
+        """Once STORE lists the current key (`before_open`'s fields written): the stored
+        dictionaries sealed under an older key, sealed again under the current one while the
+        older one is given. Every open reads every stored dictionary, so one left under a retired
+        key kept the store from opening once that key was dropped, though every value written
+        under the new one read without it. (Before STORE lists the key, a crash would leave a
+        dictionary under a key the store does not name.)"""
+        for did in self.stale:
+            write_dictionary(self.root, self.sealer, did)
+        self.stale = []
 
     def store_class(self, base: type[Store]) -> type[Store]:
         return _sealed_class(base)
@@ -223,7 +229,7 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
         # encrypted store, or keys none of its data is under, are refused before anything is
         # written (a compressed-only or wrong-key open made it a new store: plaintext, or values
         # under a key it was never encrypted with, beside its envelopes).
-        recovered = state_mark(root)
+        recovered = recovered_sealing(root, keyed=encryption is not None)
         sealed = recovered or {}
     options = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
                "compression_dict": compression_dict}
@@ -231,7 +237,7 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
     keys = sealer.keys
     encrypted = bool(sealed.get("encrypted"))
     stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
-    if meta is not None and keys is not None and not encrypted:
+    if (meta is not None or recovered is not None) and keys is not None and not encrypted:
         raise ArgumentError(f"the store at {root} was created without encryption: its values are not encrypted, and "
                             "encryption cannot be turned on for it. " + _NOT_SEALED.format(root=root).split(". ", 1)[1])
     if keys is not None and stored:
@@ -268,11 +274,33 @@ def mark_for(sealed: dict[str, Any]) -> bytes:
                       sort_keys=True).encode()
 
 
-def state_mark(root: str) -> dict[str, Any] | None:
-    """How the state of the store at `root` records it is sealed ({"encrypted", "key_ids"}), read
-    before anything is opened for writing; None where it records nothing more than "sealed" (a
-    mark written before it said more) or nothing at all."""
-    raw = read_state_mark(root)
+UNREADABLE = b"?"  # `read_state_mark`: the state is there, its mark could not be read now
+
+
+def read_state_mark(root: str) -> bytes | None:
+    """The sealed mark of the state of the store at `root` (not open in this process), read
+    before anything is opened for writing: the mark, None (no state yet, or a state not marked
+    sealed) or UNREADABLE (a state a read-only open refuses now: one a crash left for a writable
+    open to repair, or one open in this process already). The caller decides what UNREADABLE
+    allows; it may be a sealed store's."""
+    path = os.path.join(root, "state")
+    if not os.path.exists(os.path.join(path, DATA_FILE)):
+        return None
+    try:
+        state = State(path, readonly=True)
+    except (WalError, OSError):
+        return UNREADABLE
+    try:
+        return state.meta_get(SEALED_KEY)
+    except (WalError, OSError):
+        return UNREADABLE
+    finally:
+        state.close()
+
+
+def parse_mark(raw: bytes | None) -> dict[str, Any] | None:
+    """A mark's {"encrypted", "key_ids"}, or None where it says no more than "sealed" (`1`,
+    written by an earlier version) or is not one."""
     if raw is None or raw == b"1":
         return None
     try:
@@ -285,23 +313,35 @@ def state_mark(root: str) -> dict[str, Any] | None:
     return {"encrypted": mark["encrypted"], "key_ids": [i for i in mark["key_ids"] if isinstance(i, str)]}
 
 
-def read_state_mark(root: str) -> bytes | None:
-    """The sealed mark of the state of the store at `root` (not open for writing in this
-    process), or None: none, no state yet, or a state that cannot be read now (the open that
-    follows meets that itself)."""
-    path = os.path.join(root, "state")
-    if not os.path.exists(os.path.join(path, DATA_FILE)):
+def recovered_sealing(root: str, *, keyed: bool) -> dict[str, Any] | None:
+    """For an open given sealing options where no STORE file is: None for a new store (no state)
+    or a plain one (a state not marked sealed); else the sealing its state's mark records, which
+    the open is held to as to a STORE saying it. Where the mark cannot tell (a state that cannot
+    be read now, a mark that says only "sealed"), an open given a key (`keyed`) is taken as one of
+    an encrypted store, and one given none is refused, nothing written: the store may be
+    encrypted."""
+    raw = read_state_mark(root)
+    if raw is None:
         return None
-    try:
-        state = State(path, readonly=True)
-    except (WalError, OSError):
-        return None
-    try:
-        return state.meta_get(SEALED_KEY)
-    except (WalError, OSError):
-        return None
-    finally:
-        state.close()
+    mark = parse_mark(raw) if raw != UNREADABLE else None
+    if mark is not None:
+        return mark
+    # A state that cannot be read now (a read-only open waits for a writable open's repair), or
+    # a mark that says only "sealed" (an earlier version's): encrypted or not, it does not say.
+    # With a key, taken as encrypted (a wrong key then writes nothing in the clear, each value's
+    # own key id tells at its read, and the writable open checks STORE against the state's mark
+    # once it can read it); without one, refused: it may be encrypted.
+    if not keyed:
+        path = os.path.join(root, "STORE")
+        why = ("the store's state cannot be read now (a read-only open of it is refused: it waits for a writable "
+               "open's repair, or it is open in this process), so whether it is sealed is not known"
+               if raw == UNREADABLE else
+               "the store's state records only that it is sealed (a record made by an earlier version), not "
+               "whether it is encrypted")
+        raise CorruptionError(f"{path} is missing, and {why}: open it with its key (encryption=...), or, if it "
+                              "was not encrypted, put back the STORE file from a copy of the store", path=path,
+                              reason="STORE damaged")
+    return {"encrypted": True, "key_ids": []}
 
 
 def _named_dict(root: str, sealed: dict[str, Any]) -> int | None:

@@ -98,7 +98,7 @@ from wal.log import durability as dur
 from wal.log import record
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
-from wal.store.sealed import STORE_FIELD, mark_for, read_meta, read_state_mark
+from wal.store.sealed import STORE_FIELD, UNREADABLE, mark_for, parse_mark, read_meta, read_state_mark
 from wal.store.sealed import plan as plan_sealing
 from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
 from wal.store.state import (
@@ -1561,8 +1561,22 @@ def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *
     sealed = (read_meta(root) or {}).get(STORE_FIELD)
     if mark is not None and not isinstance(sealed, dict):
         raise _store_lost(root)
+    recorded = parse_mark(mark)
+    if recorded is not None and isinstance(sealed, dict) and (
+            recorded["encrypted"] != bool(sealed.get("encrypted"))
+            or (recorded["encrypted"] and not set(recorded["key_ids"]) & set(sealed.get("key_ids") or []))):
+        # A STORE replaced by one that holds together but not with the state (an encrypted
+        # store's said to be plain, or to be under other keys): it would open without the key.
+        path = os.path.join(root, STORE_FILE)
+        raise CorruptionError(
+            f"{path} says the store is {'encrypted' if sealed.get('encrypted') else 'not encrypted'} (key ids "
+            f"{', '.join(sealed.get('key_ids') or []) or 'none'}), but its state records that it is "
+            f"{'encrypted' if recorded['encrypted'] else 'not encrypted'} (key ids "
+            f"{', '.join(recorded['key_ids']) or 'none'}): STORE was replaced. Put back the STORE file from a copy of "
+            "the store, or delete it and open the store with its options", path=path, reason="STORE damaged")
     if sealing is not None and writable and isinstance(sealed, dict) and mark != mark_for(sealed):
         state.meta_put(SEALED_KEY, mark_for(sealed))
+        state.checkpoint()  # durable now: a STORE lost after a power cut is recovered from it
 
 
 def _store_lost(root: str) -> CorruptionError:
@@ -1580,8 +1594,20 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
     if sealing is not None and not os.path.exists(os.path.join(root, STORE_FILE)):
         _write_store_file(root, sealing.before_open({}))
         return
-    if sealing is None and not os.path.exists(os.path.join(root, STORE_FILE)) and read_state_mark(root) is not None:
-        raise _store_lost(root)  # before a plain STORE is written: the owner's open with the key still works
+    if sealing is None and not os.path.exists(os.path.join(root, STORE_FILE)):
+        # STORE lost (a state is there): refused before a plain STORE is written, so the
+        # owner's open with the store's options still finds none, unless the state is readable
+        # and not marked sealed.
+        mark = read_state_mark(root)
+        if mark == UNREADABLE:
+            path = os.path.join(root, STORE_FILE)
+            raise CorruptionError(f"{path} is missing, and whether the store is sealed, which its state records, "
+                                  "cannot be read now (a read-only open of the state is refused: it waits for a "
+                                  "writable open's repair). Put back the STORE file from a copy of the store, or "
+                                  "open it with its options (encryption=..., compression=...)",
+                                  path=path, reason="STORE damaged")
+        if mark is not None:
+            raise _store_lost(root)
     found = _check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
@@ -1590,6 +1616,7 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
         wanted = sealing.before_open(meta)
         if wanted != meta:
             _write_store_file(root, wanted)
+        sealing.after_store_written()
 
 
 def _check_store_file(root: str, *, create: bool) -> int:
