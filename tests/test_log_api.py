@@ -14,11 +14,13 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import wal
 import wal.log.format as wf
+from wal.log.log import _ReadCache
 from wal.log.recovery import list_segments
 
 SMALL = 8192
@@ -511,3 +513,28 @@ def test_reads_beside_a_releasing_writer_give_records_or_argument_error_never_a_
         t.join()
     log.close()
     assert errors == [] and reads[0] > 0
+
+
+def test_a_read_whose_kept_segment_another_reader_let_go_and_a_checkpoint_released_says_the_lsn_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writable log keeps its newest segment mapped for the next read, shared by every thread
+    reading it. A read that found one kept, while another reader let it go (it listed the
+    directory since) and a checkpoint released its file, opened it again by name and raised a
+    raw FileNotFoundError (seen beside a writer releasing segments, now and then). The read
+    lists the directory instead: the records, or ArgumentError naming the LSN gone."""
+    with wal.Log.open(tmp_path / "log", segment_bytes=4096) as log:
+        log.append_many([b"x" * 200] * 5)
+        assert [lsn for lsn, _ in log.read(3)] == [3, 4, 5]  # its segment kept
+        for _ in range(10):
+            last = log.append_many([b"y" * 200] * 20)
+        log.remove_segments_before(last)
+        newest_map = _ReadCache.newest_map
+
+        def let_go_first(self: _ReadCache, path: str) -> Any:
+            self.kept = None  # the other reader's listing, between this read's look and its use
+            return newest_map(self, path)
+
+        monkeypatch.setattr(_ReadCache, "newest_map", let_go_first)
+        with pytest.raises(wal.ArgumentError, match="LSN 4 is no longer in the log"):
+            list(log.read(4))
+        assert [lsn for lsn, _ in log.read(last)] == [last]

@@ -1057,11 +1057,29 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
         # log rolled since), the listing below finds the rest (and checks the LSNs run on).
         number = recovery.parse_segment_name(os.path.basename(kept[0]))
         if number is not None:
-            last = yield from _segment_spans(kept[0], number, from_lsn, upto, batch=batch, resume=resume,
-                                             newest=True)
-            if last is None:
-                return
-            from_lsn = max(from_lsn, last + 1)
+            spans = _segment_spans(kept[0], number, from_lsn, upto, batch=batch, resume=resume, newest=True)
+            handed = False  # a span of records handed out from it
+            try:
+                while True:
+                    span = next(spans)
+                    handed = handed or span.records > 0
+                    yield span
+            except StopIteration as done:
+                last = done.value
+                if last is None:
+                    return
+                from_lsn = max(from_lsn, last + 1)
+            except FileNotFoundError:
+                # Released by a checkpoint since it was kept (the log rolled past it and the
+                # oldest segments went): the listing below finds where from_lsn is now, or says
+                # it is gone; a raw FileNotFoundError reached the reader.
+                if os.path.exists(kept[0]):
+                    raise
+                if handed:
+                    raise ArgumentError(f"LSN {from_lsn} is no longer in the log of {directory}: its segment was "
+                                        "removed by a checkpoint while it was being read") from None
+            finally:
+                spans.close()
     segments, firsts = _listed(directory, resume)
     if segments and from_lsn < firsts[0] and (upto is None or from_lsn <= upto):
         raise ArgumentError(
