@@ -123,6 +123,22 @@ def test_commits_a_writer_makes_in_a_segment_whose_roll_was_killed_before_its_di
     assert [lsn for lsn in acks if lsn not in kept] == []
 
 
+def _power_cut_once(tmp_path: Path, script: str, ready: str, *args: str) -> Path:
+    """`script` run under the power-cut shim on the store root/s (its first argument, then
+    `args`), SIGKILLed once it prints `ready`, and the power cut (mode drop) applied: the root."""
+    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
+    env = crashsim.env_for(str(root), str(journal))
+    child = subprocess.Popen([sys.executable, "-c", script, str(root / "s"), *args], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == ready
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    return root
+
+
 _ARCHIVED_WRITER = r'''
 import json, os, sys, time, wal
 store = wal.open(sys.argv[1], archive=sys.argv[2], archive_rpo_ms=100)
@@ -146,16 +162,7 @@ def test_the_archive_status_an_open_without_the_archive_relies_on_survives_a_pow
     """archive.json tells an open without the archive which segments it may not release: lost
     or left empty by a power cut (it was renamed into place, never synced), that open would
     release segments never shipped. It is now written durably."""
-    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
-    env = crashsim.env_for(str(root), str(journal))
-    child = subprocess.Popen([sys.executable, "-c", _ARCHIVED_WRITER, str(root / "s"), f"file://{tmp_path}/a"],
-                             env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "shipped"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    root = _power_cut_once(tmp_path, _ARCHIVED_WRITER, "shipped", f"file://{tmp_path}/a")
     status = json.loads((root / "s" / "archive.json").read_text())
     assert status["archived_lsn"] >= 1
 
@@ -174,16 +181,7 @@ def test_a_sealed_stores_record_of_its_sealing_survives_a_power_cut(tmp_path: Pa
     Written unsynced after the state's first checkpoint, a power cut took it back, and a later
     open without the key (STORE lost) opened the store plain and returned an envelope as the
     value. It is now made durable when written."""
-    root, journal = tmp_path / "root", tmp_path / "journal" / "journal"
-    env = crashsim.env_for(str(root), str(journal))
-    child = subprocess.Popen([sys.executable, "-c", _SEALED_WRITER, str(root / "s")], env=env,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "written"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    crashsim.apply_power_cut(str(root), str(journal), mode="drop", seed=1)
+    root = _power_cut_once(tmp_path, _SEALED_WRITER, "written")
     (root / "s" / "STORE").unlink()
     for options in ({}, {"compression": "zstd"}):
         with pytest.raises((wal.CorruptionError, wal.MissingKeyError)):

@@ -1076,8 +1076,7 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
                 if os.path.exists(kept[0]):
                     raise
                 if handed:
-                    raise ArgumentError(f"LSN {from_lsn} is no longer in the log of {directory}: its segment was "
-                                        "removed by a checkpoint while it was being read") from None
+                    raise _released_while_read(directory, from_lsn) from None
             finally:
                 spans.close()
     segments, firsts = _listed(directory, resume)
@@ -1108,11 +1107,15 @@ def _read_spans(directory: str, from_lsn: int, upto: int | None, batch: int = _S
                 raise
             # Released by a checkpoint since the listing (the oldest segments go first): the
             # records asked for went with it.
-            raise ArgumentError(f"LSN {max(from_lsn, firsts[i])} is no longer in the log of {directory}: its "
-                                "segment was removed by a checkpoint while it was being read") from None
+            raise _released_while_read(directory, max(from_lsn, firsts[i])) from None
         if last is None:
             return  # past upto
         ended = (path, last)
+
+
+def _released_while_read(directory: str, lsn: int) -> ArgumentError:
+    return ArgumentError(f"LSN {lsn} is no longer in the log of {directory}: its segment was removed by a "
+                         "checkpoint while it was being read")
 
 
 def _listed(directory: str, resume: _ReadCache | None) -> tuple[list[tuple[int, str]], list[int]]:

@@ -136,13 +136,13 @@ class SealingPlan:
     the log's lock (`before_open`). Made by `plan` before anything is opened."""
 
     def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool, *, given: Sequence[int] = (),
-                 recovered: dict[str, Any] | None = None) -> None:
+                 recovered: dict[str, Any] | None = None, stale: Sequence[int] = ()) -> None:
         self.root = root
         self.sealer = sealer
         self.new = new
         self.readonly = readonly
         self.given = list(given)  # ids of the dictionaries the caller gave (compression_dict=)
-        self.stale: list[int] = []  # stored dictionaries sealed under an older key (`load_dictionaries`)
+        self.stale = list(stale)  # stored dictionaries sealed under an older key (`load_dictionaries`)
         # A store whose STORE file was lost: its sealing as its state's mark records it
         # (`recovered_sealing`), which the STORE written again starts from.
         self.recovered = recovered
@@ -250,9 +250,8 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                                 key_id=stored[-1], where=root)
     given = list(sealer.dictionaries)
     stale = load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
-    sealing = SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered)
-    sealing.stale = stale
-    return sealing
+    return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered,
+                       stale=stale)
 
 
 def check_sealed_fields(sealed: dict[str, Any], path: str) -> None:
