@@ -1909,6 +1909,23 @@ def test_a_store_opened_with_another_archive_than_it_ships_to_says_so(tmp_path, 
     assert len(lines) == 1 and f"ships to the object archive {a} (archived LSN 2) and is opened with {b}" in lines[0]
 
 
+def test_a_store_opened_with_its_archive_through_a_symlink_does_not_warn_of_another(tmp_path, caplog):
+    """The same folder named another way (a symlink to it, a path with ``..``) is the same
+    archive: the warning compared the URL strings and named one archive as another."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    with wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a") as s:
+        s.put("k", b"v", durability="replicated")
+    caplog.set_level(logging.WARNING, logger="wal.archive")
+    for same in (f"file://{tmp_path}/link", f"file://{tmp_path}/s/../a"):
+        with wal.open(tmp_path / "s", archive=same) as s:
+            s.put("k2", b"v", durability="replicated")
+    assert "instead" not in caplog.text
+    with wal.open(tmp_path / "s", archive=f"file://{tmp_path}/b") as s:
+        s.put("k3", b"v", durability="replicated")
+    assert sum("instead" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_an_s3_bucket_that_does_not_exist_is_named_as_such(tmp_path, monkeypatch):
     """An S3 service answers a request into a missing bucket with 404 NoSuchBucket, as for a
     missing object: it read "probe/... does not exist", or a 404 cut before its reason."""

@@ -781,6 +781,16 @@ def is_obstore_store(archive: object) -> bool:
     return type(archive).__module__.split(".")[0] == "obstore"
 
 
+def same_location(url: str, other: str) -> bool:
+    """Whether two archive URLs (`ObjectStore.url`) name one location: equal, or two ``file://``
+    folders that resolve to the same directory (through a symlink, ``..``: the same archive)."""
+    if url == other:
+        return True
+    if not (url.startswith("file://") and other.startswith("file://")):
+        return False
+    return os.path.realpath(url[len("file://"):]) == os.path.realpath(other[len("file://"):])
+
+
 def open_objects(archive: str | ObjectStore) -> ObjectStore:
     """The backend for an archive URL (``s3://bucket/prefix``, ``file:///dir``) or an ObjectStore as is."""
     if isinstance(archive, ObjectStore):

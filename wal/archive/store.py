@@ -27,7 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from wal.archive import layout
-from wal.archive.objects import ArchiveUnavailableError, ObjectMissingError, ObjectStore, fencing_refusal, open_objects
+from wal.archive.objects import (
+    ArchiveUnavailableError,
+    ObjectMissingError,
+    ObjectStore,
+    fencing_refusal,
+    open_objects,
+    same_location,
+)
 from wal.archive.plan import Piece, find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
@@ -399,7 +406,7 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
                            compression_threshold=compression_threshold, compression_dict=compression_dict)
     objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
     previous = shipping_archive(os.fspath(path))
-    if previous is not None and previous[0] != objects.url:
+    if previous is not None and not same_location(previous[0], objects.url):
         # Allowed (a store may move to another archive), but never silently: the archive it
         # leaves gets nothing more, and going back to it later leaves a gap there.
         _logger.warning("the store in %s ships to the object archive %s (archived LSN %d) and is opened with %s "
