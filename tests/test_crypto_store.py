@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import zstandard
+from archive_helpers import wait_until
 from legacy_state import strip_entry_checksums
 
 import wal
@@ -907,3 +908,27 @@ def test_a_store_file_replaced_by_one_that_holds_together_but_not_with_the_state
     with wal.open(tmp_path, encryption=KEY) as store:
         assert store.get(b"k") == SECRET
     assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_a_follower_held_back_by_a_key_it_was_not_given_reports_its_lag_in_lsns(tmp_path: Path) -> None:
+    """After a rotation the writer ships objects under the new key; a follower given only the
+    old one stays at its LSN. Its lag in LSNs read 0 (the end it had seen was its own), so only
+    the error and the growing lag in seconds told it was stuck."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", encryption=KEY, archive=url) as s:
+        for i in range(20):
+            s.put(f"k/{i}", b"v")
+    follower = wal.follow(url, tmp_path / "f", encryption=KEY, poll_ms=20)
+    try:
+        wait_until(lambda: follower.lsn == 20)
+        with wal.open(tmp_path / "s", encryption=[KEY2, KEY], archive=url) as s:
+            for i in range(100):
+                s.put(f"k/{i}", b"w")
+            end = s.watermarks.durable
+        wait_until(lambda: follower.stats()["follower_error"] is not None)
+        stats, lag = follower.stats(), follower.lag()
+        assert follower.lsn == 20 and follower.get("k/5") == b"v"
+        assert key_id(KEY2).hex() in stats["follower_error"]
+        assert 20 < stats["archive_end_lsn"] <= end and lag["lag_lsns"] == stats["archive_end_lsn"] - 20
+    finally:
+        follower.close()

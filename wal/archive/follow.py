@@ -61,7 +61,15 @@ from wal.archive.plan import (
 from wal.archive.restore import restore_chain
 from wal.archive.sealed import for_reading
 from wal.archive.store import check_open_options, open_archived
-from wal.errors import ArgumentError, ClosedError, CorruptionError, FailedError, ReadOnlyError, WalError
+from wal.errors import (
+    ArgumentError,
+    ClosedError,
+    CorruptionError,
+    EncryptionKeyError,
+    FailedError,
+    ReadOnlyError,
+    WalError,
+)
 from wal.log import record
 from wal.store.store import Store, open_local
 
@@ -307,8 +315,9 @@ class Follower:
                     self._end_seen = max(self._end_seen, obj.last)
             except ObjectMissingError:
                 return applied  # merged away meanwhile: the next poll finds the merged object
-            except CorruptionError:
-                # A damaged object: the follower stays here, behind at least the objects listed.
+            except (CorruptionError, EncryptionKeyError):
+                # A damaged object, or one under a key this follower was not given: it stays
+                # here, behind at least the objects listed (its lag in LSNs says so).
                 self._end_seen = max(self._end_seen, max((p.first for p in pieces), default=0))
                 raise
             past = beyond(pieces, self._pos)
