@@ -63,6 +63,28 @@ def test_rekey_rewrites_every_value_and_blob_so_the_old_key_can_be_retired(tmp_p
     assert run("rekey", str(store_dir)).returncode == 2  # no key: a usage error
 
 
+def test_after_rekey_a_store_whose_store_file_is_lost_refuses_an_open_with_only_a_retired_key(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """Rekey retired the old key from STORE but not from the state's record of its sealing,
+    which an open with STORE lost is held to: that open with only the old key was accepted,
+    wrote a STORE listing it again, and sealed new values under the retired key."""
+    store_dir = tmp_path / "store"
+    with wal.open(store_dir, encryption=OLD) as store:
+        store.put("a", b"1")
+    with wal.open(store_dir, encryption=[NEW, OLD]) as store:
+        store.put("b", b"2")
+    old_file, new_file = keys
+    assert run("rekey", str(store_dir), "--key-file", new_file, "--key-file", old_file).returncode == 0
+    (store_dir / "STORE").rename(tmp_path / "STORE.saved")
+    with pytest.raises(wal.WrongKeyError):
+        wal.open(store_dir, encryption=OLD)
+    assert not (store_dir / "STORE").exists()
+    with wal.open(store_dir, encryption=NEW) as store:  # the key the store is under: the way back
+        assert store.get("a") == b"1" and store.get("b") == b"2"
+        store.put("c", b"3")
+        assert {env[1:9] for _, env in Store.scan(store)} == {key_id(NEW)}
+
+
 def test_rekey_of_values_larger_than_one_record_together_commits_them_in_several_transactions(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     """A transaction is one log record (16 MiB at most): 20 values of 1 MiB are rewritten in

@@ -19,7 +19,8 @@ values while their key is given; this finishes it, so that the old keys can be r
    rewrite is shipped, then a snapshot of the rewritten state under the current key, so a
    restore to any point from then on, and the store's next archived open (which reads the
    archive's newest objects), need the current key alone;
-6. STORE lists only the current key's id: an open with only an old key is then refused as
+6. STORE, and the state's record of its sealing (what an open with STORE lost is held to),
+   list only the current key's id: an open with only an old key is then refused as
    `WrongKeyError`.
 
 What stays under the old keys: the records of the newest log segment written before the
@@ -89,6 +90,10 @@ def rekey(path: str, *, batch: int = 1000, batch_bytes: int = 8 << 20, compact: 
         meta = read_meta(target.path) or {}
         before = list((meta.get(STORE_FIELD) or {}).get("key_ids") or [])
         meta[STORE_FIELD] = {**(meta.get(STORE_FIELD) or {}), "key_ids": [current.hex()]}
+        # The state's record first: it must share a key id with STORE, and [current] does with
+        # STORE before and after. Left listing the old keys, an open with only an old key was
+        # accepted once STORE was lost, and sealed new values under a retired key.
+        store._record_sealing(meta[STORE_FIELD])
         _write_store_file(target.path, meta)
         result["key_ids_retired"] = [i for i in before if i != current.hex()]
     assert os.path.exists(os.path.join(target.path, STORE_FILE))

@@ -1296,6 +1296,16 @@ class Store:
         kept = self._unshipped_from
         return applied + 1 if kept is None else min(applied + 1, kept)
 
+    def _record_sealing(self, sealed: dict[str, Any]) -> None:
+        """Set the state's record of its sealing (`SEALED_KEY`) to STORE's "sealed" object
+        `sealed`, durably: what an open with STORE lost is held to (`_check_sealed_marker`).
+        For `agentwal rekey`, which retires keys from STORE while the store is open."""
+        self._writable()
+        with self._apply_lock:
+            self._state_held()
+            self._state.meta_put(SEALED_KEY, mark_for(sealed))
+            self._state.checkpoint()
+
     def _compact_state(self) -> dict[str, int]:
         """Give the state's free and half-empty pages back to the filesystem (`wal.store.state.compact`),
         after a checkpoint; returns the state file's size before and after. For `wal.ops.compact`
