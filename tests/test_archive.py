@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -1502,7 +1503,8 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
     """A follower started on an empty archive, whose writer then ships a snapshot and a log
     that does not start at LSN 1 (its history from before it was archived, here removed from
     the archive as retention would): it rebuilds itself once from the snapshot (restored aside,
-    swapped in; reads meanwhile never fail), goes on with the log, and promotes."""
+    swapped in; reads meanwhile never fail, whichever read: a scan, a snapshot or stats met the
+    closed old store and raised ClosedError), goes on with the log, and promotes."""
     from wal.archive import follow as follow_mod  # noqa: PLC0415
 
     restores = []
@@ -1520,15 +1522,26 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
     failures = []
     stop = threading.Event()
 
-    def reader():
+    def snapshot_read():
+        with replica.snapshot() as snap:
+            try:
+                snap.get("old0")
+            except wal.ClosedError as exc:  # begun on the old store: said so, never a wrong value
+                assert "was rebuilt from a newer snapshot" in str(exc), exc
+
+    reads = [lambda: replica.get("old0"), lambda: list(replica.scan("old")), snapshot_read,
+             replica.stats, lambda: replica.watermarks]
+
+    def reader(read):
         while not stop.is_set():
             try:
-                replica.get("old0")
-            except Exception as exc:
-                failures.append(exc)
+                read()
+            except Exception:
+                failures.append(traceback.format_exc())
 
-    thread = threading.Thread(target=reader)
-    thread.start()
+    threads = [threading.Thread(target=reader, args=(read,)) for read in reads]
+    for thread in threads:
+        thread.start()
     try:
         assert replica.lsn == 0 and len(restores) == 1
         with wal.open(tmp_path / "p", archive=archive_url, **FAST) as primary:
@@ -1548,8 +1561,9 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
         assert replica.poll() == 0 and len(restores) == 2  # once
     finally:
         stop.set()
-        thread.join()
-    assert not failures, failures[:3]
+        for thread in threads:
+            thread.join()
+    assert not failures, "\n".join(failures[:3])
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".f.")]  # nothing left beside it
     store = replica.promote()
     try:

@@ -71,6 +71,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import record
+from wal.store.state import StateError
 from wal.store.store import Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
@@ -123,11 +124,15 @@ class Follower:
 
     def _read(self, read: Callable[[Store], _T]) -> _T:
         """`read` of the store; made again on the new one if the store was swapped under it (a
-        follower that held nothing, rebuilt from a snapshot: `_rebuild_from_snapshot`)."""
+        follower that held nothing, or fell behind retention, rebuilt from a snapshot:
+        `_rebuild_from_snapshot`). Every read begins here: a scan, snapshot, stats or
+        watermarks that met the closed old store raised ClosedError (or a scan, StateError)
+        to a follower nobody closed. A snapshot or scan begun before the swap and used after
+        it ends with a ClosedError saying so: the state it was a view of is gone."""
         store = self._live()
         try:
             return read(store)
-        except ClosedError:
+        except (ClosedError, StateError):
             with self._lock:  # a swap under way (polls hold the lock) ends first
                 if self._store is None or self._store is store:
                     raise
@@ -140,14 +145,14 @@ class Follower:
         return self._read(lambda store: store.version(key))
 
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:
-        return self._live().scan(prefix)
+        return self._read(lambda store: store.scan(prefix))
 
     def snapshot(self) -> Any:
-        return self._live().snapshot()
+        return self._read(lambda store: store.snapshot())
 
     @property
     def watermarks(self) -> Any:
-        return self._live().watermarks
+        return self._read(lambda store: store.watermarks)
 
     @property
     def lsn(self) -> int:
@@ -171,7 +176,7 @@ class Follower:
                 "lag_seconds": time.monotonic() - self._caught_up_at}
 
     def stats(self) -> dict[str, Any]:
-        out = dict(self._live().stats())
+        out = dict(self._read(lambda store: store.stats()))
         out.update(self.lag())
         out.update({"follower_lsn": self._pos, "archive_end_lsn": self._end_seen, "follower_polls": self._polls,
                     "follower_error": self._error, "archive_url": self._objects.url})
@@ -274,6 +279,8 @@ class Follower:
         retired = os.path.join(parent, f".{base}{_RETIRED}{os.urandom(4).hex()}")
         old = self._store
         if old is not None:
+            old._closed_because = (f"the follower in {self._dir} was rebuilt from a newer snapshot of "
+                                   f"{self._objects.url} while this snapshot or scan was open on it: begin it again")
             old.close()
         try:
             os.rename(self._dir, retired)

@@ -399,6 +399,9 @@ class Store:
     # received (its archive.json says), kept in the log until an open with the archive ships it.
     _unshipped_from: int | None = None
     _fsync_ms_seen: float = 0.0
+    # Why the store was closed, when not by its user (a follower rebuilt from a snapshot closes
+    # its old store under the snapshots and scans still open on it): their ClosedError says so.
+    _closed_because: str | None = None
     _fsync_checked_at: float = 0.0
 
     def __init__(self, path: str, log: Log | None, state: State, level: dur.Durability, *,
@@ -636,7 +639,7 @@ class Store:
                 "Open the store again in the child (it gets LockedError while the parent holds it)."
             )
         if self._closed:
-            raise ClosedError(f"the store in {self._path} is closed")
+            raise ClosedError(self._closed_because or f"the store in {self._path} is closed")
 
     def _writable(self) -> Log:
         self._usable()
