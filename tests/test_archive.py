@@ -52,6 +52,7 @@ from wal.archive.objects import (
     S3Objects,
     open_objects,
 )
+from wal.archive.plan import list_archive
 from wal.archive.restore import verify
 from wal.archive.shipper import ArchiveLagError, Shipper
 from wal.archive.spool import SpooledSnapshot
@@ -1747,6 +1748,60 @@ def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path,
         wal.restore(archive_url, tmp_path / "old", lsn=old)
     assert wal.restore(archive_url, tmp_path / "r").lsn == 50
     assert verify(archive_url).ok
+
+
+class _RetainedWhileRead(FileObjects):
+    """A folder archive whose writer's retention runs once, just as a reader first asks for the
+    oldest snapshot: every snapshot before the second one deleted, and every log object wholly
+    at or below it, as `Shipper._retain_if_due` deletes them."""
+
+    retained = False
+
+    def get_large(self, name: str) -> bytes:
+        if not self.retained:
+            self.retained = True
+            snaps = [layout.parse_name(n).first for n, _ in self.list(layout.SNAP_PREFIX)]
+            base = sorted(snaps)[1]
+            for n, _ in list(self.list(layout.SNAP_PREFIX)):
+                if layout.parse_name(n).first < base:
+                    self.delete(n)
+            for piece in list_archive(self).logs:
+                if piece.last is not None and piece.last <= base:
+                    self.delete(piece.name)
+        return super().get_large(name)
+
+
+def test_verify_of_an_archive_whose_retention_runs_meanwhile_finds_it_sound(tmp_path):
+    """Retention deleted the oldest snapshot and the log after it between verify's listing and
+    its reads: verify said DAMAGE (the snapshot "does not exist", "LSNs .. are missing") of a
+    sound archive, and exited 1. It now verifies again from a new listing."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=50, archive_snapshot_bytes=500) as s:
+        for i in range(60):
+            s.put(f"k{i % 5}", b"x" * 100)
+            time.sleep(0.05)
+        wait_until(lambda: s.stats()["archived_lsn"] == 60)
+    assert len(names(url, layout.SNAP_PREFIX)) >= 3
+    objects = _RetainedWhileRead(str(tmp_path / "a"))
+    report = verify(objects)
+    assert objects.retained and report.ok, report.problems
+    assert report.last_lsn == 60 and report.first_lsn > 1
+    # An object listed each time and missing each time it is read is still reported (after
+    # the verifications again, which end).
+    name = names(url, layout.SNAP_PREFIX)[-1]
+
+    class ListedNotServed(FileObjects):
+        gets = 0
+
+        def get_large(self, wanted: str) -> bytes:
+            if wanted == name:
+                ListedNotServed.gets += 1
+                raise ObjectMissingError(f"{wanted} does not exist")
+            return super().get_large(wanted)
+
+    report = verify(ListedNotServed(str(tmp_path / "a")))
+    assert not report.ok and any(name in p and "does not exist" in p for p in report.problems)
+    assert ListedNotServed.gets == restore_mod._REVERIFY
 
 
 def test_a_writer_cut_off_while_another_took_over_stops_before_shipping(tmp_path):

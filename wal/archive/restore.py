@@ -534,11 +534,31 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
            **sealing: Any) -> VerifyReport:
     """Read every object of the archive: each must verify alone, the LSNs must run on without a
     gap from the oldest snapshot to the end, and every snapshot must be sound. `sealing`: the key
-    (encryption=, ...) of an encrypted archive."""
+    (encryption=, ...) of an encrypted archive.
+
+    A live writer's retention deletes old snapshots, and the log up to the oldest it keeps, while
+    this reads: a snapshot gone since the listing, and the log after it, read as damage and a gap.
+    So a verification that found problems where objects went missing under it is made again on a
+    new listing (at most _REVERIFY times in all); an object listed but gone each time is reported."""
     _refuse_missing_folder(url)
     objects, _ = for_reading(open_objects(url), sealing)
-    listing = list_archive(objects)
+    for _attempt in range(_REVERIFY):
+        report, vanished = _verify_listing(objects, list_archive(objects), parallel, progress)
+        if report.ok or not vanished:
+            break
+    return report
+
+
+# Verifications of one archive made at most, each on a new listing, while objects go missing
+# under them (`verify`: a writer's retention running meanwhile).
+_REVERIFY = 3
+
+
+def _verify_listing(objects: ObjectStore, listing: Listing, parallel: int,
+                    progress: Progress | None) -> tuple[VerifyReport, bool]:
+    """`verify` from one listing; and whether any object it names went missing meanwhile."""
     problems: list[str] = []
+    vanished = False
     if not listing.logs and not listing.snapshots:
         # Not an archive found sound: a mistyped URL (an S3 prefix always "exists") said "sound".
         problems.append(f"{objects.url} holds nothing: no snapshot and no log object (a mistyped URL, or a writer "
@@ -552,7 +572,10 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
             nbytes += len(data)
             count += 1
             writers[name] = layout.open_snapshot(data, name).writer_id
-        except (CorruptionError, ObjectMissingError) as exc:
+        except ObjectMissingError as exc:
+            vanished = True
+            problems.append(str(exc))
+        except CorruptionError as exc:
             problems.append(str(exc))
     # An implicit empty snapshot at LSN 0: the log from LSN 1 on, or an archive that holds nothing.
     from_start = any(p.first == 1 for p in listing.logs) or (not listing.logs and not listing.snapshots)
@@ -576,7 +599,8 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
                 damaged.add(chain.current.name)
             if not chain.skip():
                 break
-        except ObjectMissingError:  # merged away meanwhile
+        except ObjectMissingError:  # merged away meanwhile (or deleted by retention)
+            vanished = True
             listing = list_archive(objects)
             chain.relist(listing.logs)
     count += chain.fetched
@@ -587,4 +611,4 @@ def verify(url: str | ObjectStore, *, parallel: int = 16, progress: Progress | N
     if past and tail is None:
         problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
     return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,
-                        tuple(p.name for p in tail or ()))
+                        tuple(p.name for p in tail or ())), vanished
