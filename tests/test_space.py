@@ -206,6 +206,46 @@ def test_compact_refuses_while_a_writer_holds_the_store(tmp_path: Path) -> None:
             ops.compact(str(tmp_path))
 
 
+_READER = """
+import sys, wal
+store = wal.open(sys.argv[1], readonly=True)
+print(store.get("k").decode(), flush=True)
+for line in sys.stdin:  # each line: a key to read now
+    value = store.get(line.strip())
+    print(value.decode() if value is not None else "-", flush=True)
+store.close()
+"""
+
+
+def test_compact_refuses_while_another_process_reads_the_store_which_would_be_left_on_the_old_file(
+        tmp_path: Path) -> None:
+    """A compaction swaps in a new state file; a read-only handle open in another process kept
+    the old one and never saw a later commit (stale reads, no error). Refused while one is open;
+    once it closes, the compaction goes on and a reader opened after it sees every commit."""
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v0")
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline().strip() == "v0"
+        with pytest.raises(wal.WalError, match="open read-only"):
+            ops.compact(str(tmp_path))
+        with wal.open(tmp_path) as store:  # the store goes on, and the reader sees what it commits
+            store.put(b"k", b"v1")
+            store.checkpoint()
+        reader.stdin.write("k\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "v1"
+    finally:
+        if reader.stdin is not None:
+            reader.stdin.close()
+        reader.wait(timeout=30)
+    assert ops.compact(str(tmp_path))["state_file_bytes"] > 0  # nobody reading: compacted
+    with wal.open(tmp_path, readonly=True) as store:
+        assert store.get(b"k") == b"v1"
+
+
 def test_the_space_benchmark_runs_and_writes_its_files(tmp_path: Path) -> None:
     """benchmarks/space.py end to end at a tiny size (what it measures is a benchmark's business)."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "space.py"

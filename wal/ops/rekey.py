@@ -14,7 +14,8 @@ values while their key is given; this finishes it, so that the old keys can be r
 3. a checkpoint, after which recovery never replays a record written before it (so never needs
    the old keys), and the log segments it releases are removed;
 4. the state is compacted (`agentwal compact`): LMDB's free pages, which still hold the old
-   ciphertexts, are returned to the filesystem;
+   ciphertexts, are returned to the filesystem (refused while a read-only handle in another
+   process has the store open: close it and run rekey again, which finds the values rewritten);
 5. a store that ships to an object archive (its archive.json names one) is opened with it: the
    rewrite is shipped, then a snapshot of the rewritten state under the current key, so a
    restore to any point from then on, and the store's next archived open (which reads the

@@ -433,8 +433,10 @@ class State:
         self.map_grows = 0
         saved = read_checkpoint(path)
         restore: bytes | None = None
+        self._reader_hold_fd: int | None = None
         if readonly:
             self._check_readable(saved)
+            self._reader_hold_fd = _hold_for_reading(path)
         elif saved is None:
             if not legacy_synced:
                 self._discard_unfinished_creation()
@@ -885,6 +887,51 @@ class State:
             if self._writer_lock_fd is not None:  # after the environment: no page is read any more
                 os.close(self._writer_lock_fd)
                 self._writer_lock_fd = None
+            if self._reader_hold_fd is not None:
+                os.close(self._reader_hold_fd)
+                self._reader_hold_fd = None
+
+
+def _hold_for_reading(path: str) -> int | None:
+    """A read-only open's shared flock() on its state's data file, held until it closes: a
+    compaction (`compact`), which swaps in a new file, is refused while any is held, since the
+    holder would go on reading the old file and never see a later commit. Waits for a compaction
+    under way, then holds the file that is in place (the one it waited on may have been swapped
+    out meanwhile). None where the file cannot be opened: the LMDB open says why."""
+    data = os.path.join(path, DATA_FILE)
+    while True:
+        try:
+            fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            held, now = os.fstat(fd), os.stat(data)
+        except OSError:
+            os.close(fd)
+            continue
+        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            return fd
+        os.close(fd)
+
+
+def _refuse_if_read_elsewhere(path: str) -> int:
+    """An exclusive flock() on the state's data file for a compaction, held until its new file
+    is in place (readers opening meanwhile wait, then read the new one); StateError while a
+    read-only open holds it shared (`_hold_for_reading`)."""
+    fd = os.open(os.path.join(path, DATA_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateError(f"the state in {path} is open read-only (a wal.open(..., readonly=True), a follower's "
+                         "reader or an agentwal command, in another process): compacting it now would leave "
+                         "that reader on the old file, never seeing a later commit. Close it, then compact "
+                         "again") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 COMPACT_SUFFIX = ".compact"  # state.compact/: a compaction's new state, or (after the swap) the old one
@@ -916,11 +963,21 @@ def compact(state: State) -> State:
     it, the new one; either way a leftover ``state.compact/`` is deleted by the next compaction.
 
     The caller keeps every write out (the store's apply lock) and every reader off `state` (it is
-    closed); readers in other processes keep the old file until they reopen."""
+    closed). Read-only opens elsewhere would keep the old file, and see no later commit: a
+    compaction is refused while one is open (`_refuse_if_read_elsewhere`), and one opening
+    meanwhile waits for the new file."""
     if state.readonly or state._pin is None:
         raise StateError(f"the state in {state.path} is not open for writing; it cannot be compacted")
     path = os.path.abspath(state.path)
     tmp = path + COMPACT_SUFFIX
+    hold = _refuse_if_read_elsewhere(path)
+    try:
+        return _compact_held(state, path, tmp)
+    finally:
+        os.close(hold)
+
+
+def _compact_held(state: State, path: str, tmp: str) -> State:
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp)
     try:
