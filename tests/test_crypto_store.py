@@ -932,3 +932,39 @@ def test_a_follower_held_back_by_a_key_it_was_not_given_reports_its_lag_in_lsns(
         assert 20 < stats["archive_end_lsn"] <= end and lag["lag_lsns"] == stats["archive_end_lsn"] - 20
     finally:
         follower.close()
+
+
+def test_a_standby_follower_started_before_its_writer_follows_an_encrypted_archive(tmp_path: Path) -> None:
+    """A follower (and a restore) given the key of an archive that holds nothing yet was refused
+    as "written by a store without encryption": a standby could not be started first. Taken as
+    sealed as it is told until the writer ships; then held to the writer's manifest: a keyless
+    follower of an encrypted writer says it needs the key (it called the objects damaged), one
+    given a key for a plain writer says the archive is not encrypted."""
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    url = f"file://{tmp_path}/a"
+    with wal.open(wal.restore(url, tmp_path / "r", encryption=KEY).path, encryption=KEY) as restored:
+        assert restored.stats()["encryption"] and restored.get("k/1") is None
+    standby = wal.follow(url, tmp_path / "f", encryption=KEY, poll_ms=20)
+    keyless = wal.follow(url, tmp_path / "g", poll_ms=20)
+    plain_url = f"file://{tmp_path}/b"
+    keyed = wal.follow(plain_url, tmp_path / "h", encryption=KEY, poll_ms=20)
+    try:
+        with wal.open(tmp_path / "s", encryption=KEY, archive=url) as s:
+            for i in range(5):
+                s.put(f"k/{i}", b"secret %d" % i, durability="replicated")
+        with wal.open(tmp_path / "p", archive=plain_url) as p:
+            p.put("k/1", b"plain", durability="replicated")
+        wait_until(lambda: standby.lsn == 5)
+        assert standby.get("k/3") == b"secret 3"
+        wait_until(lambda: keyless.stats()["follower_error"] is not None)
+        assert keyless.lsn == 0 and "MissingKeyError" in keyless.stats()["follower_error"]
+        assert "is encrypted: pass encryption=KEY" in keyless.stats()["follower_error"]
+        wait_until(lambda: keyed.stats()["follower_error"] is not None)
+        assert keyed.lsn == 0 and "without encryption" in keyed.stats()["follower_error"]
+    finally:
+        standby.close()
+        keyless.close()
+        keyed.close()
+    with pytest.raises(wal.ArgumentError, match="without encryption"):  # once it holds objects
+        wal.restore(plain_url, tmp_path / "r2", encryption=KEY)

@@ -59,7 +59,7 @@ from wal.archive.plan import (
     unfinished_tail,
 )
 from wal.archive.restore import restore_chain
-from wal.archive.sealed import for_reading
+from wal.archive.sealed import SealedObjects, check_manifest, for_reading, holds_nothing, read_manifest
 from wal.archive.store import check_open_options, open_archived
 from wal.errors import (
     ArgumentError,
@@ -84,8 +84,10 @@ class Follower:
     """A read-only store following an archive (see the module docstring). Thread-safe reads."""
 
     def __init__(self, objects: ObjectStore, directory: str, *, poll_ms: int, parallel: int,
-                 sealing: dict[str, Any] | None = None, writer: bytes | None = None) -> None:
+                 sealing: dict[str, Any] | None = None, writer: bytes | None = None,
+                 sealing_unconfirmed: bool = False) -> None:
         self._objects = objects
+        self._sealing_unconfirmed = sealing_unconfirmed
         self._dir = directory
         self._poll = poll_ms / 1000
         self._parallel = parallel
@@ -217,6 +219,8 @@ class Follower:
         """Apply every new archive object now; returns how many records were applied."""
         with self._lock:
             store = self._live()
+            if self._sealing_unconfirmed:
+                self._confirm_sealing()
             started = time.monotonic()
             self._polls += 1
             gap: CorruptionError | None = None
@@ -247,6 +251,18 @@ class Follower:
             if self._pos >= self._end_seen:
                 self._caught_up_at = started
             return applied
+
+    def _confirm_sealing(self) -> None:
+        """A follower started on an archive that held nothing: once its writer has shipped, the
+        archive's manifest must say what this follower was opened with, else the archive is
+        refused as `follow` refuses it (an encrypted one without a key: MissingKeyError, not
+        its objects "damaged"; a plain one with a key: ArgumentError), in follower_error."""
+        raw = self._objects.inner if isinstance(self._objects, SealedObjects) else self._objects
+        if holds_nothing(raw):  # listed first: an object found means its manifest is readable
+            return
+        sealer = self._objects.sealer if isinstance(self._objects, SealedObjects) else None
+        check_manifest(read_manifest(raw), sealer, raw.url)
+        self._sealing_unconfirmed = False
 
     def _apply(self, store: Store) -> int:
         try:
@@ -541,7 +557,11 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
         raise ArgumentError(f"poll_ms must be milliseconds > 0, got {poll_ms!r}")
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
-    objects, _ = for_reading(open_objects(url), sealing)
+    raw = open_objects(url)
+    # Started before its writer shipped anything: whether the archive is sealed, and how, is
+    # known once objects come (`Follower._confirm_sealing`).
+    unconfirmed = read_manifest(raw) is None and holds_nothing(raw)
+    objects, _ = for_reading(raw, sealing)
     root = os.fspath(directory)
     _remove_rebuild_leftovers(root)
     writer = None
@@ -560,7 +580,8 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
             _logger.warning("%s; %s follows it from LSN 0 and rebuilds itself from its first snapshot", exc, root)
             open_local(root, **sealing).close()
             writer = b""
-    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer)
+    return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer,
+                    sealing_unconfirmed=unconfirmed)
 
 
 _REBUILT, _RETIRED = ".rebuilt-", ".retired-"  # beside a follower's directory while it is rebuilt

@@ -28,6 +28,7 @@ import mmap
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from wal.archive import layout
 from wal.archive.objects import ObjectExistsError, ObjectMissingError, ObjectStore, RangedRead
 from wal.crypto.sealing import (
     CODEC_ENCRYPTED,
@@ -270,6 +271,14 @@ def read_manifest(objects: ObjectStore) -> dict[str, Any] | None:
     return meta
 
 
+def holds_nothing(objects: ObjectStore) -> bool:
+    """No log object, merged object nor snapshot: a writer has shipped nothing yet. (A sealed
+    writer's manifest is stored before its first object: listed first, an object found means
+    its manifest, if it has one, is there to be read.)"""
+    return not any(next(iter(objects.list(prefix)), None) is not None
+                   for prefix in (layout.LOG_PREFIX, layout.MERGED_PREFIX, layout.SNAP_PREFIX))
+
+
 def check_manifest(meta: dict[str, Any] | None, sealer: Sealer | None, url: str) -> None:
     if meta is None:
         if sealer is not None:
@@ -299,9 +308,13 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
             sealed["key_ids"] = [i.hex() for i in objects.sealer.keys.ids]
         return objects, sealed
     meta = read_manifest(objects)
-    if meta is None:
-        if any(v is not None for v in options.values()):
+    if meta is None and any(v is not None for v in options.values()):
+        if not holds_nothing(objects):
             check_manifest(None, sealer_for({}, options, "the archive " + objects.url), objects.url)
+        # Nothing shipped yet (a standby started before its writer): sealed as the caller says.
+        # A follower checks the writer's manifest once objects come (`Follower._confirm_sealing`).
+        meta = {"encrypted": options.get("encryption") is not None}
+    if meta is None:
         return objects, None
     sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
     sealer = sealer_for(sealed, options, "the archive " + objects.url)
