@@ -836,6 +836,29 @@ def test_a_store_restored_with_a_new_and_an_old_key_opens_with_the_old_one_its_v
         assert store.get(b"k") == SECRET
 
 
+def test_a_store_restored_after_a_rotation_with_the_new_key_alone_opens_with_the_old_key_its_values_are_under(
+        tmp_path: Path) -> None:
+    """Restored with the new key alone, the store's STORE listed that key only, though most of
+    its values are under the old one: an open with the old key was refused as a wrong key. The
+    open now looks at the values' envelopes before refusing; a key no value is under is still
+    refused."""
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "src", archive=url, encryption=KEY) as store:
+        for i in range(20):
+            store.put(f"k/{i}", b"old %d" % i)
+    with wal.open(tmp_path / "src", archive=url, encryption=[KEY2, KEY]) as store:
+        store.put("k/new", b"new", durability="replicated")
+    wal.restore(url, tmp_path / "r", encryption=KEY2)
+    with wal.open(tmp_path / "r", encryption=KEY, readonly=True) as store:
+        assert store.get("k/7") == b"old 7"
+        with pytest.raises(MissingKeyError, match=key_id(KEY2).hex()):
+            store.get("k/new")
+    with pytest.raises(WrongKeyError):
+        wal.open(tmp_path / "r", encryption=bytes(range(2, 34)))
+    with wal.open(tmp_path / "r", encryption=[KEY2, KEY]) as store:  # both: everything
+        assert store.get("k/7") == b"old 7" and store.get("k/new") == b"new"
+
+
 @pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}])
 def test_a_key_that_is_not_valid_unicode_is_refused_as_an_argument_by_a_sealed_put(
         tmp_path: Path, options: dict[str, Any]) -> None:

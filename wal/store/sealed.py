@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 from wal._bindings import storecore
 from wal._fs import makedirs_durable, replace_durably
 from wal.crypto.sealing import (
+    CODEC_ENCRYPTED,
     CONTEXT_DICT,
     CONTEXT_VALUE,
     DEFAULT_THRESHOLD,
+    KEY_ID_BYTES,
     OVERHEAD,
     Keyring,
     KeySource,
@@ -244,6 +246,11 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
         known = {i.hex() for i in keys.ids}
         if not known & set(stored) and keys.has_provider:  # it may know older ids than the current one
             known |= {i for i in stored if keys.lookup(bytes.fromhex(i)) is not None}
+        if not known & set(stored) and _sealed_under_any(root, keys.ids):
+            # Values under a key STORE does not list: a store restored, or followed, with a newer
+            # key than most of its values are under (a restore lists the keys it was given). The
+            # key is then listed, by a writable open, as any new key is.
+            known |= set(stored)
         if not known & set(stored):
             raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
                                 f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
@@ -293,6 +300,40 @@ def read_state_mark(root: str) -> bytes | None:
         return state.meta_get(SEALED_KEY)
     except (WalError, OSError):
         return UNREADABLE
+    finally:
+        state.close()
+
+
+# Entries `_sealed_under_any` looks at, at most: an open refused as under a wrong key reads no
+# more than this many of the state's entries first.
+_KEY_SAMPLE_ENTRIES = 100_000
+
+
+def _sealed_under_any(root: str, ids: Sequence[bytes]) -> bool:
+    """Whether one of the first _KEY_SAMPLE_ENTRIES values of the store's state is sealed under
+    one of the key `ids` (its envelope's key id, in the clear: FORMAT.md §19). Asked only before
+    an open is refused as WrongKeyError; False where the state cannot be read now."""
+    path = os.path.join(root, "state")
+    if not os.path.exists(os.path.join(path, DATA_FILE)):
+        return False
+    wanted = set(ids)
+    try:
+        state = State(path, readonly=True)
+    except (WalError, OSError):
+        return False
+    try:
+        after: bytes | None = None
+        for _ in range(0, _KEY_SAMPLE_ENTRIES, 1000):
+            chunk = state.scan_chunk(b"", after, 1000)
+            if any(len(env) > KEY_ID_BYTES and env[0] & CODEC_ENCRYPTED and env[1:1 + KEY_ID_BYTES] in wanted
+                   for _, _, env in chunk):
+                return True
+            if len(chunk) < 1000:
+                return False
+            after = chunk[-1][0]
+        return False
+    except (WalError, OSError):
+        return False
     finally:
         state.close()
 
