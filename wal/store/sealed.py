@@ -53,6 +53,7 @@ from wal.errors import (
     WalError,
     WrongKeyError,
 )
+from wal.log.log import LOCK_NAME
 from wal.log.record import OP_PUT
 from wal.store.state import DATA_FILE, SEALED_KEY, State
 
@@ -318,9 +319,14 @@ def _sealed_under_any(root: str, ids: Sequence[bytes]) -> bool:
         return False
     wanted = set(ids)
     try:
-        state = State(path, readonly=True)
+        # Without a reader slot, holding the writer lock shared (a refused open writes nothing,
+        # lock.mdb included); with one if a writer runs elsewhere (its lock.mdb moves anyway).
+        state = State(path, readonly=True, writer_lock=os.path.join(root, "log", LOCK_NAME), unregistered=True)
     except (WalError, OSError):
-        return False
+        try:
+            state = State(path, readonly=True)
+        except (WalError, OSError):
+            return False
     try:
         after: bytes | None = None
         for _ in range(0, _KEY_SAMPLE_ENTRIES, 1000):

@@ -413,7 +413,8 @@ class State:
     module docstring) from the open to the close; `restored` says whether the open fell back to it."""
 
     def __init__(self, path: str, *, readonly: bool = False, map_size: int | None = None,
-                 legacy_synced: bool = False, check_entries: bool = True, writer_lock: str | None = None) -> None:
+                 legacy_synced: bool = False, check_entries: bool = True, writer_lock: str | None = None,
+                 unregistered: bool = False) -> None:
         """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
         synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
         creation cut short, which is started again). `map_size`: the map to start with (None:
@@ -421,7 +422,9 @@ class State:
         open gives every entry without a checksum one (store format 4) -- only once STORE says 4,
         so never within an upgrade's earlier steps (wal/store/store.py `_upgrade_store`). `writer_lock`
         (read-only opens): the file the store's writer holds flock()ed, which lets a user who may
-        not write lock.mdb read (`_open_unregistered`)."""
+        not write lock.mdb read (`_open_unregistered`). `unregistered` (read-only, with
+        `writer_lock`): open so whether or not lock.mdb may be written, writing nothing to it (a
+        look at a store an open is about to refuse: `wal.store.sealed._sealed_under_any`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
@@ -451,7 +454,10 @@ class State:
                     raise_lmdb(exc, path, "checking its pages", opening=True)
         try:
             try:
-                self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
+                if readonly and unregistered and writer_lock:
+                    self._env = self._open_unregistered(writer_lock, map_size or initial_map_size(path), None)
+                else:
+                    self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
             except LmdbError as exc:
                 if not (readonly and exc.args[0] == errno.EACCES and writer_lock and not self._may_write_lock()):
                     raise
@@ -554,7 +560,7 @@ class State:
         lock = os.path.join(self.path, LOCK_FILE)
         return os.access(lock, os.W_OK) if os.path.exists(lock) else os.access(self.path, os.W_OK)
 
-    def _open_unregistered(self, writer_lock: str, map_size: int, refused: LmdbError) -> _lmdbcall.Env:
+    def _open_unregistered(self, writer_lock: str, map_size: int, refused: LmdbError | None) -> _lmdbcall.Env:
         """A read-only open by a user who may read the state but not write lock.mdb, the table in
         which LMDB registers readers (an operator inspecting another user's store or backup).
         Unregistered (MDB_NOLOCK), a reader is safe only while no writer runs: a writer reuses
@@ -590,8 +596,9 @@ class State:
             os.close(fd)
             raise
         self._writer_lock_fd = fd
-        _logger.info("opened the state in %s read-only without a reader slot (no write access to %s); "
-                     "writers are kept out until it closes", self.path, lock_md)
+        if refused is not None:
+            _logger.info("opened the state in %s read-only without a reader slot (no write access to %s); "
+                         "writers are kept out until it closes", self.path, lock_md)
         return env
 
     def _check_readable(self, saved: SavedCheckpoint | None) -> None:
