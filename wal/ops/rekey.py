@@ -25,7 +25,8 @@ values while their key is given; this finishes it, so that the old keys can be r
    `WrongKeyError`.
 
 What stays under the old keys: the records of the newest log segment written before the
-checkpoint (never read again; the segment goes once it is full and checkpointed), and objects
+checkpoint (never read again; the segment goes once it is full and checkpointed), the segments
+kept in the store's local ``archive/`` folder (a store opened with ``archive=True``), and objects
 an object archive already held (immutable: a restore to a point among them needs the old key,
 until retention removes them). The store stays open for the whole run; it is the store's writer
 (needs the lock).
