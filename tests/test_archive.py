@@ -1710,6 +1710,13 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
     assert main(["archive", "status", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "archived:   LSN 30 of 30" in out
+    # From another process: `agentwal stats --format prometheus` has the archive's gauges too
+    # (as the writer last reported them, and how long ago), not the log and state alone.
+    assert main(["stats", str(tmp_path / "s"), "--format", "prometheus"]) == 0
+    text = capsys.readouterr().out
+    assert "agentwal_archived_lsn{" in text and "} 30" in text.split("agentwal_archived_lsn{")[1].split("\n")[0]
+    assert "# TYPE agentwal_archive_puts_total counter" in text and "agentwal_archive_lag_ms{" in text
+    assert "agentwal_archive_status_age_seconds{" in text and f'archive_url="{url}"' in text
     assert main(["info", str(tmp_path / "s")]) == 0
     assert f"archive:     {url}: archived LSN 30" in capsys.readouterr().out
     assert main(["verify", url]) == 0

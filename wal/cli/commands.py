@@ -970,7 +970,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
 _STATS_DESCRIPTION = f"""\
 Print gauges read from the store's files: log extent (segments, bytes, first and last
 LSN), the state (applied LSN, keys, size), records the next open would replay, .broken
-files, whether a writer is running, and the age of the newest commit. --format
+files, whether a writer is running, the age of the newest commit, and for a store that
+ships to an object archive its archived LSN, lag and requests as its writer last reported
+them (archive.json, about once a second; archive_status_age_seconds says how long ago). --format
 prometheus prints the Prometheus text exposition format, e.g. for node_exporter's
 textfile collector.
 

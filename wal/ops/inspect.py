@@ -42,6 +42,7 @@ from wal.ops.target import (
 )
 from wal.ops.verify import VerifyReport, _log_problems
 from wal.store.sealed import STORE_FIELD, plan, read_meta
+from wal.store.store import read_archive_status
 
 
 def storage_warnings(path: str) -> list[str]:
@@ -305,5 +306,24 @@ def stats(path: str) -> dict[str, Any]:
         newest = _commit_time(target.log_dir, last) if last >= first else None
         if newest is not None:
             out["last_commit_age_seconds"] = round(max(0.0, time.time() - newest / 1000), 3)
+        out.update(_archive_gauges(target.path))
     out["stats_seconds"] = round(time.monotonic() - started, 6)
+    return out
+
+
+def _archive_gauges(root: str) -> dict[str, Any]:
+    """The archive's gauges and counters as the store's writer last reported them (its
+    archive.json, about once a second): the archived LSN, the lag, the PUTs made (a counter, for
+    rate()), ... with the report's age, so a scrape from another process sees the archive too.
+    Text beside them is the URL only (an error's text would make a new series each time)."""
+    status = read_archive_status(root)
+    if status is None:
+        return {}
+    out: dict[str, Any] = {k: v for k, v in status.items()
+                           if (k.startswith("archive_") or k == "archived_lsn") and isinstance(v, int | float)}
+    if isinstance(status.get("archive_url"), str):
+        out["archive_url"] = status["archive_url"]
+    updated = status.get("updated_unix_ms")
+    if isinstance(updated, int) and not isinstance(updated, bool):
+        out["archive_status_age_seconds"] = round(max(0.0, time.time() - updated / 1000), 3)
     return out

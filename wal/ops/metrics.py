@@ -84,6 +84,7 @@ HELP = {
     "state_pinned_free_bytes": "Bytes of pages freed since the last checkpoint: reusable after the next.",
     "checkpoint_space_bound_bytes": "Pages freed or log written since the last checkpoint at which the next is due.",
     "archived_lsn": "Last LSN the object archive holds.",
+    "archive_status_age_seconds": "Age of the archive figures read from archive.json (the writer's last report), s.",
     "archive_lag_ms": "Upper bound on the age of the oldest commit not yet in the object archive, milliseconds.",
     "archive_backlog_ms": "Time to ship the commits not in the object archive yet, at its PUTs' rate, ms.",
     "archive_rpo_ms": "The archive's lag bound (archive_rpo_ms), milliseconds.",
