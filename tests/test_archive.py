@@ -1707,9 +1707,13 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
         text = prometheus_text(s.stats())
         assert "agentwal_archived_lsn 30" in text and "agentwal_archive_lag_ms" in text
         assert "# TYPE agentwal_archive_puts_total counter" in text
+        s._shipper.write_status()
+        assert main(["archive", "status", str(tmp_path / "s")]) == 0
+        assert "not running" not in capsys.readouterr().out
     assert main(["archive", "status", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "archived:   LSN 30 of 30" in out
+    assert "which is not running" in out  # the writer closed: its last report, said so
     # From another process: `agentwal stats --format prometheus` has the archive's gauges too
     # (as the writer last reported them, and how long ago), not the log and state alone.
     assert main(["stats", str(tmp_path / "s"), "--format", "prometheus"]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -13,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from wal.errors import WalError
-from wal.ops.target import sealing_options  # the command line's --key-file (an encrypted archive)
-from wal.store.store import ARCHIVE_STATUS_FILE, read_archive_status
+from wal.ops.target import lock_holder, sealing_options  # sealing_options: the command line's --key-file
+from wal.store.store import ARCHIVE_STATUS_FILE, LOG_DIR, read_archive_status
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -183,6 +184,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (WalError, OSError, KeyError, ValueError):
         last = None
     data["log_last_lsn"] = last
+    # The figures are the writer's last report: a writer no longer running reported them last
+    # before it stopped (its lag, its pid) and nothing ships until the store is opened again.
+    data["writer_running"] = lock_holder(os.path.join(args.store, LOG_DIR)) is not None
     data["unarchived_lsns"] = None if last is None else max(last - int(data.get("archived_lsn", 0)), 0)
     data["age_s"] = round(time.time() - int(data.get("updated_unix_ms", 0)) / 1000, 1)
     if args.json:
@@ -192,7 +196,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  archived:   LSN {data.get('archived_lsn')} of {last} in the log "
           f"({data['unarchived_lsns']} not archived yet)")
     print(f"  lag:        {float(data.get('archive_lag_ms', 0)):.0f} ms (bound archive_rpo_ms="
-          f"{data.get('archive_rpo_ms')}), reported {data['age_s']} s ago by pid {data.get('pid')}")
+          f"{data.get('archive_rpo_ms')}), reported {data['age_s']} s ago by pid {data.get('pid')}"
+          + ("" if data["writer_running"] else ", which is not running: nothing ships until the store is "
+             "opened with its archive again"))
     print(f"  requests:   {data.get('archive_puts')} PUT(s), {data.get('archive_put_bytes')} bytes, "
           f"{data.get('archive_put_errors')} failed; {data.get('archive_merges')} merge(s); "
           f"last snapshot at LSN {data.get('archive_last_snapshot_lsn')}")
