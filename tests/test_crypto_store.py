@@ -220,10 +220,12 @@ def test_an_encrypted_store_opened_with_a_wrong_key_is_refused_at_open_and_nothi
         tmp_path: Path, readonly: bool) -> None:
     with wal.open(tmp_path, encryption=KEY) as store:
         store.put(b"k", SECRET)
-    before = _files(tmp_path)
+    # Every file as it was but LMDB's reader table (state/lock.mdb): an open refusing a key first
+    # looks at the values' key ids, and a look registers its reader slot there, as any read does.
+    before = {p: b for p, b in _files(tmp_path).items() if p.name != "lock.mdb"}
     with pytest.raises(WrongKeyError, match=key_id(KEY).hex()):
         wal.open(tmp_path, readonly=readonly, encryption=os.urandom(32))
-    assert _files(tmp_path) == before
+    assert {p: b for p, b in _files(tmp_path).items() if p.name != "lock.mdb"} == before
 
 
 def test_bad_encryption_arguments_are_clear_errors(tmp_path: Path) -> None:
@@ -952,6 +954,8 @@ def test_a_follower_held_back_by_a_key_it_was_not_given_reports_its_lag_in_lsns(
         stats, lag = follower.stats(), follower.lag()
         assert follower.lsn == 20 and follower.get("k/5") == b"v"
         assert key_id(KEY2).hex() in stats["follower_error"]
+        # At least the first LSN of every object listed (an encrypted object's last LSN is in its
+        # sealed header, which this follower cannot read: a group object is known by its first).
         assert 20 < stats["archive_end_lsn"] <= end and lag["lag_lsns"] == stats["archive_end_lsn"] - 20
     finally:
         follower.close()

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -244,6 +246,28 @@ def test_compact_refuses_while_another_process_reads_the_store_which_would_be_le
     assert ops.compact(str(tmp_path))["state_file_bytes"] > 0  # nobody reading: compacted
     with wal.open(tmp_path, readonly=True) as store:
         assert store.get(b"k") == b"v1"
+
+
+def test_a_refused_read_only_open_or_a_forked_child_keeps_no_hold_that_refuses_compaction(tmp_path: Path) -> None:
+    """A read-only open holds the state's data file shared until it closes. One refused part-way
+    (LockedError: the store is open in this process) kept the hold, and a child forked while a
+    reader was open kept its copy: every later compaction was refused until the process ended."""
+    with wal.open(tmp_path) as store:
+        store.put(b"k", b"v")
+        with pytest.raises(wal.LockedError):
+            wal.open(tmp_path, readonly=True)
+    assert ops.compact(str(tmp_path))["state_file_bytes"] > 0
+    reader = wal.open(tmp_path, readonly=True)
+    child = os.fork()
+    if child == 0:  # the child lives on after the parent's reader closes
+        time.sleep(30)
+        os._exit(0)
+    try:
+        reader.close()
+        assert ops.compact(str(tmp_path))["state_file_bytes"] > 0
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_the_space_benchmark_runs_and_writes_its_files(tmp_path: Path) -> None:

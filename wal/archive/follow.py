@@ -341,7 +341,8 @@ class Follower:
             except (CorruptionError, EncryptionKeyError):
                 # A damaged object, or one under a key this follower was not given: it stays
                 # here, behind at least the objects listed (its lag in LSNs says so).
-                self._end_seen = max(self._end_seen, max((p.first for p in pieces), default=0))
+                self._end_seen = max(self._end_seen, max((p.last if p.last is not None else p.first
+                                                          for p in pieces), default=0))
                 raise
             past = beyond(pieces, self._pos)
             if not past:

@@ -81,7 +81,9 @@ def lock_holder(log_dir: str) -> int | None:
         parts = line.split()
         if "->" in parts:  # a blocked waiter, not the holder
             continue
-        if len(parts) < 6 or parts[1] != "FLOCK":
+        # A writer holds it exclusive (WRITE); a reader without a slot in lock.mdb holds it
+        # shared (READ: wal/store/state.py, _open_unregistered), and is no writer.
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[3] != "WRITE":
             continue
         try:
             major, minor, inode = parts[5].split(":")

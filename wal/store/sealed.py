@@ -53,7 +53,6 @@ from wal.errors import (
     WalError,
     WrongKeyError,
 )
-from wal.log.log import LOCK_NAME
 from wal.log.record import OP_PUT
 from wal.store.state import DATA_FILE, SEALED_KEY, State
 
@@ -307,7 +306,7 @@ def read_state_mark(root: str) -> bytes | None:
 
 # Entries `_sealed_under_any` looks at, at most: an open refused as under a wrong key reads no
 # more than this many of the state's entries first.
-_KEY_SAMPLE_ENTRIES = 100_000
+_KEY_SAMPLE_ENTRIES = 10_000
 
 
 def _sealed_under_any(root: str, ids: Sequence[bytes]) -> bool:
@@ -319,14 +318,11 @@ def _sealed_under_any(root: str, ids: Sequence[bytes]) -> bool:
         return False
     wanted = set(ids)
     try:
-        # Without a reader slot, holding the writer lock shared (a refused open writes nothing,
-        # lock.mdb included); with one if a writer runs elsewhere (its lock.mdb moves anyway).
-        state = State(path, readonly=True, writer_lock=os.path.join(root, "log", LOCK_NAME), unregistered=True)
+        # A reader like any (its slot in lock.mdb, LMDB's reader table): never the writer lock,
+        # which a writer starting meanwhile would find taken.
+        state = State(path, readonly=True)
     except (WalError, OSError):
-        try:
-            state = State(path, readonly=True)
-        except (WalError, OSError):
-            return False
+        return False
     try:
         after: bytes | None = None
         for _ in range(0, _KEY_SAMPLE_ENTRIES, 1000):

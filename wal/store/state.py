@@ -84,6 +84,7 @@ import os
 import shutil
 import struct
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, NoReturn
 
@@ -413,8 +414,7 @@ class State:
     module docstring) from the open to the close; `restored` says whether the open fell back to it."""
 
     def __init__(self, path: str, *, readonly: bool = False, map_size: int | None = None,
-                 legacy_synced: bool = False, check_entries: bool = True, writer_lock: str | None = None,
-                 unregistered: bool = False) -> None:
+                 legacy_synced: bool = False, check_entries: bool = True, writer_lock: str | None = None) -> None:
         """`legacy_synced`: a state without checkpoint.meta was written by store format 1, which
         synced every LMDB commit: take it as it is (else such a state is refused, unless it is a
         creation cut short, which is started again). `map_size`: the map to start with (None:
@@ -422,9 +422,7 @@ class State:
         open gives every entry without a checksum one (store format 4) -- only once STORE says 4,
         so never within an upgrade's earlier steps (wal/store/store.py `_upgrade_store`). `writer_lock`
         (read-only opens): the file the store's writer holds flock()ed, which lets a user who may
-        not write lock.mdb read (`_open_unregistered`). `unregistered` (read-only, with
-        `writer_lock`): open so whether or not lock.mdb may be written, writing nothing to it (a
-        look at a store an open is about to refuse: `wal.store.sealed._sealed_under_any`)."""
+        not write lock.mdb read (`_open_unregistered`)."""
         if not readonly:
             os.makedirs(path, exist_ok=True)
         self.path = path
@@ -440,69 +438,72 @@ class State:
         if readonly:
             self._check_readable(saved)
             self._reader_hold_fd = _hold_for_reading(path)
+            _holding_states.add(self)
         elif saved is None:
             if not legacy_synced:
                 self._discard_unfinished_creation()
         else:
             restore = self._page_to_restore(saved)
-        small = self._small_enough_to_verify()
-        if small:  # LMDB's own structure first: LMDB trusts it (native/lmdbcall.c, check_pages)
-            try:
-                _lmdbcall.check_pages(os.path.join(path, DATA_FILE), restore)
-            except LmdbError as exc:
-                if exc.args[0] != errno.ENOENT:
-                    raise_lmdb(exc, path, "checking its pages", opening=True)
         try:
+            small = self._small_enough_to_verify()
+            if small:  # LMDB's own structure first: LMDB trusts it (native/lmdbcall.c, check_pages)
+                try:
+                    _lmdbcall.check_pages(os.path.join(path, DATA_FILE), restore)
+                except LmdbError as exc:
+                    if exc.args[0] != errno.ENOENT:
+                        raise_lmdb(exc, path, "checking its pages", opening=True)
             try:
-                if readonly and unregistered and writer_lock:
-                    self._env = self._open_unregistered(writer_lock, map_size or initial_map_size(path), None)
-                else:
+                try:
                     self._env = _lmdbcall.Env(path, readonly, map_size or initial_map_size(path), restore)
+                except LmdbError as exc:
+                    if not (readonly and exc.args[0] == errno.EACCES and writer_lock and not self._may_write_lock()):
+                        raise
+                    self._env = self._open_unregistered(writer_lock, map_size or initial_map_size(path), exc)
             except LmdbError as exc:
-                if not (readonly and exc.args[0] == errno.EACCES and writer_lock and not self._may_write_lock()):
+                if exc.args[0] == _lmdbcall.E_ALREADY_OPEN:
+                    # One handle per environment and process (two would break LMDB's per-process locks).
+                    raise LockedError(
+                        f"the state in {path} is already open in this process (LMDB allows one handle per process); "
+                        "read through the Store already open, or open it read-only from another process"
+                    ) from exc
+                raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
+            if small:
+                try:
+                    self.verify()
+                except BaseException:
+                    self.close()
                     raise
-                self._env = self._open_unregistered(writer_lock, map_size or initial_map_size(path), exc)
-        except LmdbError as exc:
-            if exc.args[0] == _lmdbcall.E_ALREADY_OPEN:
-                # One handle per environment and process (two would break LMDB's per-process locks).
-                raise LockedError(
-                    f"the state in {path} is already open in this process (LMDB allows one handle per process); "
-                    "read through the Store already open, or open it read-only from another process"
-                ) from exc
-            raise_lmdb(exc, path, "opening it", opening=exc.args[0] not in _OPEN_RESOURCE)
-        if small:
+            if readonly:
+                return
             try:
-                self.verify()
+                self._pin = self._env.begin()
+                if self._env.restored:
+                    assert saved is not None
+                    self.restored = True
+                    _logger.warning("the state in %s was not closed cleanly: reopened at its last checkpoint "
+                                    "(applied LSN %d); the log is replayed from there", path, saved.applied_lsn)
+                # A checkpoint at once unless the saved one is this state as it is, taken in this boot: a
+                # reader compares the boot id to tell a writer's unsynced pages from lost ones.
+                if saved is None or self._pin.txnid() != saved.txnid or saved.boot_id != boot_id():
+                    try:
+                        self.checkpoint()
+                    except InvariantError as exc:  # its meta pages disagree with what LMDB opened
+                        raise CorruptionError(
+                            f"the LMDB state {os.path.join(path, DATA_FILE)} is damaged ({exc}): a meta page names a "
+                            "transaction LMDB did not write there. If the log still holds every commit from LSN 1, "
+                            "move state/ aside and reopen to rebuild the state; otherwise restore the store from a "
+                            "backup.", path=os.path.join(path, DATA_FILE), reason="state damaged") from exc
+                if check_entries and not self._env.require_checks:
+                    self._check_every_entry()
+            except LmdbError as exc:
+                self.close()
+                raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
             except BaseException:
                 self.close()
                 raise
-        if readonly:
-            return
-        try:
-            self._pin = self._env.begin()
-            if self._env.restored:
-                assert saved is not None
-                self.restored = True
-                _logger.warning("the state in %s was not closed cleanly: reopened at its last checkpoint "
-                                "(applied LSN %d); the log is replayed from there", path, saved.applied_lsn)
-            # A checkpoint at once unless the saved one is this state as it is, taken in this boot: a
-            # reader compares the boot id to tell a writer's unsynced pages from lost ones.
-            if saved is None or self._pin.txnid() != saved.txnid or saved.boot_id != boot_id():
-                try:
-                    self.checkpoint()
-                except InvariantError as exc:  # its meta pages disagree with what LMDB opened
-                    raise CorruptionError(
-                        f"the LMDB state {os.path.join(path, DATA_FILE)} is damaged ({exc}): a meta page names a "
-                        "transaction LMDB did not write there. If the log still holds every commit from LSN 1, "
-                        "move state/ aside and reopen to rebuild the state; otherwise restore the store from a "
-                        "backup.", path=os.path.join(path, DATA_FILE), reason="state damaged") from exc
-            if check_entries and not self._env.require_checks:
-                self._check_every_entry()
-        except LmdbError as exc:
-            self.close()
-            raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
         except BaseException:
-            self.close()
+            # A refused read-only open lets its hold go: kept, it refused every later compaction.
+            self._release_reader_hold()
             raise
 
     def _small_enough_to_verify(self) -> bool:
@@ -560,7 +561,7 @@ class State:
         lock = os.path.join(self.path, LOCK_FILE)
         return os.access(lock, os.W_OK) if os.path.exists(lock) else os.access(self.path, os.W_OK)
 
-    def _open_unregistered(self, writer_lock: str, map_size: int, refused: LmdbError | None) -> _lmdbcall.Env:
+    def _open_unregistered(self, writer_lock: str, map_size: int, refused: LmdbError) -> _lmdbcall.Env:
         """A read-only open by a user who may read the state but not write lock.mdb, the table in
         which LMDB registers readers (an operator inspecting another user's store or backup).
         Unregistered (MDB_NOLOCK), a reader is safe only while no writer runs: a writer reuses
@@ -596,9 +597,9 @@ class State:
             os.close(fd)
             raise
         self._writer_lock_fd = fd
-        if refused is not None:
-            _logger.info("opened the state in %s read-only without a reader slot (no write access to %s); "
-                         "writers are kept out until it closes", self.path, lock_md)
+        _holding_states.add(self)
+        _logger.info("opened the state in %s read-only without a reader slot (no write access to %s); "
+                     "writers are kept out until it closes", self.path, lock_md)
         return env
 
     def _check_readable(self, saved: SavedCheckpoint | None) -> None:
@@ -894,9 +895,37 @@ class State:
             if self._writer_lock_fd is not None:  # after the environment: no page is read any more
                 os.close(self._writer_lock_fd)
                 self._writer_lock_fd = None
-            if self._reader_hold_fd is not None:
-                os.close(self._reader_hold_fd)
-                self._reader_hold_fd = None
+            self._release_reader_hold()
+
+    def _release_reader_hold(self) -> None:
+        if self._reader_hold_fd is not None:
+            os.close(self._reader_hold_fd)
+            self._reader_hold_fd = None
+
+
+# The flock()ed fds of this process that a forked child must not keep: its copy shares the
+# parent's lock, and a child outliving the parent's close would keep every compaction refused
+# (a reader's hold) or every reader waiting (a compaction's). States holding one, and the
+# compactions under way.
+_holding_states: weakref.WeakSet[State] = weakref.WeakSet()
+_compacting_fds: set[int] = set()
+
+
+def _after_fork_in_child() -> None:
+    for state in list(_holding_states):
+        for attr in ("_reader_hold_fd", "_writer_lock_fd"):
+            fd = getattr(state, attr)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(state, attr, None)
+    for fd in list(_compacting_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _compacting_fds.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _hold_for_reading(path: str) -> int | None:
@@ -913,8 +942,12 @@ def _hold_for_reading(path: str) -> int | None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:  # no flock() here (ENOLCK: some network filesystems): reads go unguarded
+            os.close(fd)
+            return None
+        try:
             held, now = os.fstat(fd), os.stat(data)
-        except OSError:
+        except OSError:  # swapped out and the old one deleted meanwhile: look again
             os.close(fd)
             continue
         if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
@@ -927,18 +960,30 @@ def _refuse_if_read_elsewhere(path: str) -> int:
     is in place (readers opening meanwhile wait, then read the new one); StateError while a
     read-only open holds it shared (`_hold_for_reading`)."""
     fd = os.open(os.path.join(path, DATA_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    deadline = time.monotonic() + _COMPACT_READERS_WAIT_S
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StateError(f"the state in {path} is open read-only (a wal.open(..., readonly=True), a follower's "
-                         "reader or an agentwal command, in another process): compacting it now would leave "
-                         "that reader on the old file, never seeing a later commit. Close it, then compact "
-                         "again") from None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)  # a short-lived reader (agentwal stats from a scraper) ends soon
+            except OSError:  # no flock() here (ENOLCK): readers hold nothing either
+                return fd
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    os.close(fd)
+    raise StateError(f"the state in {path} is open read-only (a wal.open(..., readonly=True) or an agentwal "
+                     f"command, in this or another process, for over {_COMPACT_READERS_WAIT_S:.0f} s): "
+                     "compacting it now would leave that reader on the old file, never seeing a later "
+                     "commit. Close it, then compact again")
+
+
+# How long a compaction waits for read-only opens to close before it is refused.
+_COMPACT_READERS_WAIT_S = 2.0
 
 
 COMPACT_SUFFIX = ".compact"  # state.compact/: a compaction's new state, or (after the swap) the old one
@@ -978,9 +1023,11 @@ def compact(state: State) -> State:
     path = os.path.abspath(state.path)
     tmp = path + COMPACT_SUFFIX
     hold = _refuse_if_read_elsewhere(path)
+    _compacting_fds.add(hold)
     try:
         return _compact_held(state, path, tmp)
     finally:
+        _compacting_fds.discard(hold)
         os.close(hold)
 
 
