@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from archive_helpers import wait_until
 
 import wal
 from wal.archive.objects import open_objects
@@ -304,3 +305,29 @@ def test_a_rotated_writer_seals_the_stored_dictionary_under_the_new_key(tmp_path
         assert store.get("new") == samples(2)[1]
         with pytest.raises(wal.MissingKeyError, match=sealing.key_id(KEY).hex()):
             store.get("old")
+
+
+@pytest.mark.parametrize("writer, follower", [
+    ({"compression": "zstd"}, {}),
+    ({"encryption": KEY, "compression": "zstd", "compression_dict": "zdict"}, {"encryption": KEY}),
+], ids=["plain-follower-of-a-compressing-writer", "keyed-follower-of-a-writer-with-a-dictionary"])
+def test_a_standby_started_before_a_compressing_writer_reads_its_values(
+        tmp_path: Path, zdict: bytes, writer: dict, follower: dict) -> None:
+    """A follower started on an archive that held nothing never loaded the writer's dictionaries
+    once it shipped (stuck: "compressed with zstd dictionary ..., which was not given"), and one
+    given no options read a compressing writer's objects as plain ("damaged"). Once objects come,
+    it is opened as a follower started then would be, its empty store made again from them."""
+    writer = {k: (zdict if v == "zdict" else v) for k, v in writer.items()}
+    (tmp_path / "a").mkdir()
+    url = f"file://{tmp_path}/a"
+    values = samples(200)
+    standby = wal.follow(url, tmp_path / "f", poll_ms=20, **follower)
+    try:
+        with wal.open(tmp_path / "s", archive=url, **writer) as store:
+            for i, value in enumerate(values):
+                store.put(f"k/{i}", value, durability="replicated" if i == len(values) - 1 else None)
+        wait_until(lambda: standby.lsn == len(values))
+        assert standby.stats()["follower_error"] is None
+        assert all(standby.get(f"k/{i}") == value for i, value in enumerate(values))
+    finally:
+        standby.close()

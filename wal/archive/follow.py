@@ -218,9 +218,9 @@ class Follower:
     def poll(self) -> int:
         """Apply every new archive object now; returns how many records were applied."""
         with self._lock:
-            store = self._live()
             if self._sealing_unconfirmed:
-                self._confirm_sealing()
+                self._confirm_sealing()  # may make the store again: it is taken after
+            store = self._live()
             started = time.monotonic()
             self._polls += 1
             gap: CorruptionError | None = None
@@ -262,6 +262,15 @@ class Follower:
             return
         sealer = self._objects.sealer if isinstance(self._objects, SealedObjects) else None
         check_manifest(read_manifest(raw), sealer, raw.url)
+        # Opened again as `follow` opens an archive that holds something: its dictionaries
+        # loaded, and a compressed one read as such by a follower given no options. Where that
+        # changes how its values read, the store, which holds nothing yet, is made again from
+        # the archive with that sealing (`_swap_in_restored`), as a follower started now is.
+        was = self._objects
+        self._objects, _ = for_reading(raw, self._sealing)
+        if self._pos == 0 and isinstance(self._objects, SealedObjects) and (
+                not isinstance(was, SealedObjects) or self._objects.sealer.dictionaries):
+            self._swap_in_restored()
         self._sealing_unconfirmed = False
 
     def _apply(self, store: Store) -> int:
@@ -289,14 +298,22 @@ class Follower:
                       if (parsed := layout.parse_name(name)) is not None and parsed.kind == "snap"), default=0)
         if newest <= self._pos:
             return False
+        self._swap_in_restored()
+        _logger.info("follower %s: rebuilt from the snapshot at LSN %d of %s", self._dir, self._pos, self._objects.url)
+        return True
+
+    def _swap_in_restored(self) -> None:
+        """The archive restored beside the follower's directory and swapped in for its store
+        (`_rebuild_from_snapshot`, `_confirm_sealing`). Called with `_lock` held."""
         parent, base = os.path.split(os.path.abspath(self._dir))
         building = os.path.join(parent, f".{base}{_REBUILT}{os.urandom(4).hex()}")
         _, writer = restore_chain(self._objects, building, parallel=self._parallel, **self._sealing)
         retired = os.path.join(parent, f".{base}{_RETIRED}{os.urandom(4).hex()}")
         old = self._store
         if old is not None:
-            old._closed_because = (f"the follower in {self._dir} was rebuilt from a newer snapshot of "
-                                   f"{self._objects.url} while this snapshot or scan was open on it: begin it again")
+            old._closed_because = (f"the follower in {self._dir} was made again from the archive {self._objects.url} "
+                                   "(rebuilt from a newer snapshot, or once its writer first shipped) while this "
+                                   "snapshot or scan was open on it: begin it again")
             old.close()
         try:
             os.rename(self._dir, retired)
@@ -317,8 +334,6 @@ class Follower:
         shutil.rmtree(retired, ignore_errors=True)
         self._pos = self._end_seen = self._store.watermarks.durable
         self._writer = writer
-        _logger.info("follower %s: rebuilt from the snapshot at LSN %d of %s", self._dir, self._pos, self._objects.url)
-        return True
 
     def _apply_new(self, store: Store, *, strict: bool) -> int:
         applied = 0
@@ -561,7 +576,7 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
     raw = open_objects(url)
     # Started before its writer shipped anything: whether the archive is sealed, and how, is
     # known once objects come (`Follower._confirm_sealing`).
-    unconfirmed = read_manifest(raw) is None and holds_nothing(raw)
+    unconfirmed = holds_nothing(raw) and read_manifest(raw) is None  # listed first (`holds_nothing`)
     objects, _ = for_reading(raw, sealing)
     root = os.fspath(directory)
     _remove_rebuild_leftovers(root)

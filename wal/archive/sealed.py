@@ -309,11 +309,17 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
         return objects, sealed
     meta = read_manifest(objects)
     if meta is None and any(v is not None for v in options.values()):
-        if not holds_nothing(objects):
+        empty = holds_nothing(objects)
+        # Read again after the listing: a writer stores its manifest before its first object, so
+        # one shipped between the first read and the listing is found now.
+        meta = None if empty else read_manifest(objects)
+        if meta is None and not empty:
             check_manifest(None, sealer_for({}, options, "the archive " + objects.url), objects.url)
-        # Nothing shipped yet (a standby started before its writer): sealed as the caller says.
-        # A follower checks the writer's manifest once objects come (`Follower._confirm_sealing`).
-        meta = {"encrypted": options.get("encryption") is not None}
+        if meta is None:
+            # Nothing shipped yet (a standby started before its writer): sealed as the caller
+            # says. A follower is held to the writer's manifest once objects come
+            # (`Follower._confirm_sealing`).
+            meta = {"encrypted": options.get("encryption") is not None}
     if meta is None:
         return objects, None
     sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
