@@ -1528,7 +1528,7 @@ def test_a_follower_waiting_on_an_empty_archive_rebuilds_itself_from_a_snapshot_
             try:
                 snap.get("old0")
             except wal.ClosedError as exc:  # begun on the old store: said so, never a wrong value
-                assert "was made again from the archive" in str(exc), exc
+                assert "closed its store to make it again from the archive" in str(exc), exc
 
     reads = [lambda: replica.get("old0"), lambda: list(replica.scan("old")), snapshot_read,
              replica.stats, lambda: replica.watermarks]

@@ -311,9 +311,9 @@ class Follower:
         retired = os.path.join(parent, f".{base}{_RETIRED}{os.urandom(4).hex()}")
         old = self._store
         if old is not None:
-            old._closed_because = (f"the follower in {self._dir} was made again from the archive {self._objects.url} "
-                                   "(rebuilt from a newer snapshot, or once its writer first shipped) while this "
-                                   "snapshot or scan was open on it: begin it again")
+            old._closed_because = (f"the follower in {self._dir} closed its store to make it again from the archive "
+                                   f"{self._objects.url} (rebuilt from a newer snapshot, or once its writer first "
+                                   "shipped) while this snapshot or scan was open on it: begin it again")
             old.close()
         try:
             os.rename(self._dir, retired)
