@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any
 from wal._bindings import storecore
 from wal._fs import makedirs_durable, replace_durably
 from wal.crypto.sealing import (
-    CODEC_ENCRYPTED,
     CONTEXT_DICT,
     CONTEXT_VALUE,
     DEFAULT_THRESHOLD,
-    KEY_ID_BYTES,
     OVERHEAD,
     Keyring,
     KeySource,
@@ -283,6 +281,14 @@ def mark_for(sealed: dict[str, Any]) -> bytes:
 UNREADABLE = b"?"  # `read_state_mark`: the state is there, its mark could not be read now
 
 
+def record_sealing(state: State, sealed: dict[str, Any]) -> None:
+    """Set `state`'s record of its sealing (`SEALED_KEY`) to STORE's "sealed" object `sealed`,
+    durably (a checkpoint): what an open with STORE lost is held to. The caller keeps every
+    other write of the state out."""
+    state.meta_put(SEALED_KEY, mark_for(sealed))
+    state.checkpoint()
+
+
 def read_state_mark(root: str) -> bytes | None:
     """The sealed mark of the state of the store at `root` (not open in this process), read
     before anything is opened for writing: the mark, None (no state yet, or a state not marked
@@ -327,8 +333,7 @@ def _sealed_under_any(root: str, ids: Sequence[bytes]) -> bool:
         after: bytes | None = None
         for _ in range(0, _KEY_SAMPLE_ENTRIES, 1000):
             chunk = state.scan_chunk(b"", after, 1000)
-            if any(len(env) > KEY_ID_BYTES and env[0] & CODEC_ENCRYPTED and env[1:1 + KEY_ID_BYTES] in wanted
-                   for _, _, env in chunk):
+            if any((header := parse(env)) is not None and header[1] in wanted for _, _, env in chunk):
                 return True
             if len(chunk) < 1000:
                 return False

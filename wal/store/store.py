@@ -98,7 +98,15 @@ from wal.log import durability as dur
 from wal.log import record
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
-from wal.store.sealed import STORE_FIELD, UNREADABLE, mark_for, parse_mark, read_meta, read_state_mark
+from wal.store.sealed import (
+    STORE_FIELD,
+    UNREADABLE,
+    mark_for,
+    parse_mark,
+    read_meta,
+    read_state_mark,
+    record_sealing,
+)
 from wal.store.sealed import plan as plan_sealing
 from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
 from wal.store.state import (
@@ -1306,8 +1314,7 @@ class Store:
         self._writable()
         with self._apply_lock:
             self._state_held()
-            self._state.meta_put(SEALED_KEY, mark_for(sealed))
-            self._state.checkpoint()
+            record_sealing(self._state, sealed)
 
     def _compact_state(self) -> dict[str, int]:
         """Give the state's free and half-empty pages back to the filesystem (`wal.store.state.compact`),
@@ -1588,8 +1595,7 @@ def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *
             f"{', '.join(recorded['key_ids']) or 'none'}): STORE was replaced. Put back the STORE file from a copy of "
             "the store, or delete it and open the store with its options", path=path, reason="STORE damaged")
     if sealing is not None and writable and isinstance(sealed, dict) and mark != mark_for(sealed):
-        state.meta_put(SEALED_KEY, mark_for(sealed))
-        state.checkpoint()  # durable now: a STORE lost after a power cut is recovered from it
+        record_sealing(state, sealed)  # durable now: a STORE lost after a power cut is recovered from it
 
 
 def _store_lost(root: str) -> CorruptionError:
