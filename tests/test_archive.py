@@ -412,6 +412,12 @@ def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
                 s.put("c", b"3")
             with pytest.raises(ArchiveLagError), s.transaction() as tx:
                 tx.put("c", b"3")
+            # The asyncio API is held to the bound too (aput took the C path, which skipped it).
+            with pytest.raises(ArchiveLagError):
+                asyncio.run(s.aput("c", b"3"))
+            with pytest.raises(ArchiveLagError):
+                asyncio.run(s.adelete("a"))
+            assert s.get("c") is None and s.get("a") == b"1"
         wait_until(lambda: s.stats()["archive_lag_ms"] == 0)
         s.put("c", b"3")
         assert s.get("c") == b"3"

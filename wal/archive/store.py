@@ -116,12 +116,13 @@ class ArchivedStore(Store):
 
     async def _commit_one_async(self, kind: int, key: bytes | str, value: bytes | None,
                                 durability: str | None) -> int:
-        """aput/adelete. At a replicated store: the local commit through the C path (never
-        blocks the loop), awaited at `sync`, then the archive awaited; what the C path declines
-        goes to the Python path (`_commit_fast` declines there, so `_commit_async` below waits
-        for the archive)."""
+        """aput/adelete, admitted first at every level (archive_rpo_ms): the base's C path
+        bypasses `_commit_async`, which admits the Python path's commits. At a replicated store:
+        the local commit through the C path (never blocks the loop), awaited at `sync`, then the
+        archive awaited; what the C path declines goes to the Python path (`_commit_fast`
+        declines there, so `_commit_async` below waits for the archive)."""
+        await self._admit_async()
         if durability is None and self._replicated:
-            await self._admit_async()
             lsn = int(self._core.commit(kind, key, value, True))
             if lsn > 0:
                 await self._wait_archived_async(lsn, appended=True)
