@@ -2012,6 +2012,24 @@ def test_a_store_opened_with_its_archive_through_a_symlink_does_not_warn_of_anot
     assert sum("instead" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_file_url_written_as_open_takes_it_is_restored_and_verified(tmp_path, caplog):
+    """``file://localhost/dir`` and a percent-encoded path open an archive; restore and verify
+    refused both ("its folder does not exist": they read the URL's text as a path), and a store
+    reopened with its archive so named warned of another archive."""
+    (tmp_path / "my archive").mkdir()
+    for url, same in ((f"file://localhost{tmp_path}/a", f"file://{tmp_path}/a"),
+                      (f"file://{tmp_path}/my%20archive", f"file://{tmp_path}/my archive")):
+        store = tmp_path / f"s{len(url)}"
+        with wal.open(store, archive=same) as s:
+            s.put("k", b"v", durability="replicated")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="wal.archive"), wal.open(store, archive=url) as s:
+            s.put("k2", b"v2", durability="replicated")
+        assert "instead" not in caplog.text
+        assert verify(url).ok
+        assert wal.restore(url, tmp_path / f"r{len(url)}").lsn == 2
+
+
 def test_an_s3_bucket_that_does_not_exist_is_named_as_such(tmp_path, monkeypatch):
     """An S3 service answers a request into a missing bucket with 404 NoSuchBucket, as for a
     missing object: it read "probe/... does not exist", or a 404 cut before its reason."""

@@ -59,6 +59,11 @@ def test_crashtest_refuses_bad_arguments_with_status_2(capsys: pytest.CaptureFix
     # and an archive with no machine loss asked for and nothing else (it drilled nothing, exit 0)
     assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", "ftp://host/x"]) == 2
     assert "s3://bucket/prefix or file:///dir" in capsys.readouterr().err
+    # a URL of the right scheme that names no bucket or no folder (the drill ran, its children
+    # died with a traceback, and it reported the level FAILed: an engine failure)
+    for url, said in (("s3://", "names no bucket"), ("s3:///x", "names no bucket"), ("file://host/x", "local path")):
+        assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", url]) == 2
+        assert said in capsys.readouterr().err
     assert crashtest.main_crashtest(["--level", "interval", "--rpo-ms", str(2**40)]) == 2
     assert "--rpo-ms must be at most" in capsys.readouterr().err
     assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", "file:///tmp/x",

@@ -786,9 +786,37 @@ def same_location(url: str, other: str) -> bool:
     folders that resolve to the same directory (through a symlink, ``..``: the same archive)."""
     if url == other:
         return True
-    if not (url.startswith("file://") and other.startswith("file://")):
-        return False
-    return os.path.realpath(url[len("file://"):]) == os.path.realpath(other[len("file://"):])
+    path, other_path = file_path(url), file_path(other)
+    return path is not None and other_path is not None and os.path.realpath(path) == os.path.realpath(other_path)
+
+
+def parse_url(archive: str) -> tuple[str, str, str]:
+    """An archive URL's parts: ("file", directory, "") for ``file:///dir`` (``file://localhost/dir``
+    too, the path percent-decoded), ("s3", bucket, prefix) for ``s3://bucket/prefix``. Anything
+    else raises ArgumentError naming what is wrong. The one reading of an archive URL: what
+    opens the archive, what compares two and what checks one before use all go through it."""
+    parsed = urlparse(archive)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ArgumentError(f"file:// archive URLs name a local path (file:///dir), got {archive!r}")
+        path = unquote(parsed.path)
+        if not path or path == "/":
+            raise ArgumentError(f"the archive URL {archive!r} names no directory")
+        return "file", path, ""
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ArgumentError(f"the archive URL {archive!r} names no bucket (s3://bucket/prefix)")
+        return "s3", parsed.netloc, unquote(parsed.path)
+    raise ArgumentError(f"unsupported archive URL {archive!r}: use s3://bucket/prefix or file:///dir")
+
+
+def file_path(url: str) -> str | None:
+    """The directory a ``file://`` archive URL names, or None for any other (or a malformed) URL."""
+    try:
+        kind, path, _ = parse_url(url)
+    except ArgumentError:
+        return None
+    return path if kind == "file" else None
 
 
 def open_objects(archive: str | ObjectStore) -> ObjectStore:
@@ -800,19 +828,9 @@ def open_objects(archive: str | ObjectStore) -> ObjectStore:
     if not isinstance(archive, str):
         raise ArgumentError(f"an archive must be an s3:// or file:// URL, an obstore store or an ObjectStore, "
                             f"not {archive!r}")
-    parsed = urlparse(archive)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise ArgumentError(f"file:// archive URLs name a local path (file:///dir), got {archive!r}")
-        path = unquote(parsed.path)
-        if not path or path == "/":
-            raise ArgumentError(f"the archive URL {archive!r} names no directory")
-        return FileObjects(path)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ArgumentError(f"the archive URL {archive!r} names no bucket (s3://bucket/prefix)")
-        if _obstore() is not None:
-            bucket, prefix = parsed.netloc, unquote(parsed.path)
-            return ObstoreObjects(_s3_store(bucket, prefix), f"s3://{bucket}/{prefix.strip('/')}".rstrip("/"))
-        return S3Objects(parsed.netloc, unquote(parsed.path))
-    raise ArgumentError(f"unsupported archive URL {archive!r}: use s3://bucket/prefix or file:///dir")
+    kind, where, prefix = parse_url(archive)
+    if kind == "file":
+        return FileObjects(where)
+    if _obstore() is not None:
+        return ObstoreObjects(_s3_store(where, prefix), f"s3://{where}/{prefix.strip('/')}".rstrip("/"))
+    return S3Objects(where, prefix)

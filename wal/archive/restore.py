@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from wal._fs import fsync_dir, makedirs_durable
 from wal.archive import layout
-from wal.archive.objects import ObjectMissingError, ObjectStore, RangedRead, open_objects
+from wal.archive.objects import ObjectMissingError, ObjectStore, RangedRead, file_path, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading, with_dictionaries
 from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
@@ -282,7 +282,8 @@ def _refuse_missing_folder(url: str | ObjectStore) -> None:
     archive that holds nothing yet (its writer makes the folder when it opens), which an S3
     prefix cannot be. Refused by restore and verify; a follower may start before its writer."""
     text = url if isinstance(url, str) else getattr(url, "url", None)  # an obstore store has none
-    if isinstance(text, str) and text.startswith("file://") and not os.path.isdir(text[len("file://"):]):
+    path = file_path(text) if isinstance(text, str) else None
+    if path is not None and not os.path.isdir(path):
         raise ArgumentError(f"there is no archive at {text}: its folder does not exist")
 
 
