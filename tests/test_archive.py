@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import hashlib
@@ -421,6 +422,30 @@ def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
         wait_until(lambda: s.stats()["archive_lag_ms"] == 0)
         s.put("c", b"3")
         assert s.get("c") == b"3"
+
+
+def test_coroutines_held_back_by_the_bound_hold_no_thread_of_the_default_executor(tmp_path):
+    """Policy "block" from asyncio: each held-back commit waited in a thread of the loop's
+    default executor (asyncio.to_thread), so with more of them than its threads every other
+    to_thread call of the application hung for as long as the object store was down."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:
+        s.put("a", b"1")
+
+        async def main() -> list[int]:
+            asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(2))
+            with Blocked(url):
+                s.put("b", b"2")
+                await asyncio.sleep(0.3)  # the lag is past the bound: commits wait
+                waiting = [asyncio.create_task(s.aput(f"w{i}", b"v")) for i in range(6)]
+                await asyncio.sleep(0.2)
+                assert not any(t.done() for t in waiting)
+                assert await asyncio.wait_for(asyncio.to_thread(lambda: "other work"), 5) == "other work"
+            return await asyncio.wait_for(asyncio.gather(*waiting), 30)
+
+        lsns = asyncio.run(main())
+        assert sorted(lsns) == list(range(3, 9))
+        assert all(s.get(f"w{i}") == b"v" for i in range(6))
 
 
 def test_a_commit_that_reaches_the_archive_past_the_bound_is_counted_and_logged(tmp_path, caplog):

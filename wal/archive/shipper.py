@@ -98,6 +98,8 @@ _SNAPSHOT_SPACE_RETRY_S = 60.0  # a snapshot the disk had no room for is tried a
 # within a millisecond of the truth, rarely enough that 64 committing threads do not queue on
 # the shipper's lock.
 _SAMPLE_EVERY_S = 0.001
+# How often a commit held back by archive_rpo_ms (policy "block") asks again (Shipper.admit).
+ADMIT_POLL_S = 0.05
 
 
 # PUTs a stopped shipper left in flight, by archive URL. Such a PUT may still store its object
@@ -602,10 +604,22 @@ class Shipper:
 
     def admit(self) -> None:
         """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
+        if self.try_admit():
+            return
+        with self._cond:
+            while self.lag_ms() + self._drain_ms > self.admit_ms and self.fenced is None and not self._stop:
+                self._cond.wait(ADMIT_POLL_S)
+        if self.fenced is not None:
+            raise FailedError(str(self.fenced)) from self.fenced
+
+    def try_admit(self) -> bool:
+        """`admit` without the wait: True if the commit may go ahead, False if it must wait
+        (policy "block": the caller asks again every ADMIT_POLL_S; a coroutine sleeps between,
+        so waiting commits hold no thread of the loop's default executor); raises as `admit`."""
         if self.fenced is not None:
             raise FailedError(str(self.fenced)) from self.fenced
         if self.admits_now():
-            return
+            return True
         if self.policy == "error":
             lag = self.lag_ms()
             raise ArchiveLagError(
@@ -614,12 +628,10 @@ class Shipper:
                 "acknowledged to reach it; "
                 f"{self.error or 'shipping is behind'}); the commit was not made. Retry later, "
                 "or open with archive_policy='block' to wait instead")
+        if self._stop:
+            return True  # closing: what waits is shipped (or named) by the close
         self._wake.set()
-        with self._cond:
-            while self.lag_ms() + self._drain_ms > self.admit_ms and self.fenced is None and not self._stop:
-                self._cond.wait(0.05)
-        if self.fenced is not None:
-            raise FailedError(str(self.fenced)) from self.fenced
+        return False
 
     # ---- the thread ---------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from wal.archive.objects import (
 from wal.archive.plan import Piece, find_end, list_archive
 from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
-from wal.archive.shipper import Resolved, Shipper, wait_for_lingering_puts
+from wal.archive.shipper import ADMIT_POLL_S, Resolved, Shipper, wait_for_lingering_puts
 from wal.archive.spool import SpooledSnapshot
 from wal.errors import ArgumentError, FailedError, NoSpaceError, storage_error
 from wal.log import record
@@ -158,9 +158,12 @@ class ArchivedStore(Store):
         return done
 
     async def _admit_async(self) -> None:
+        """`_admit` for a coroutine: it sleeps on its loop while held back (policy "block"); a
+        thread each (asyncio.to_thread) filled the default executor that the application's
+        own to_thread calls share, for as long as the object store was down."""
         shipper = self._shipper
-        if shipper is not None and not shipper.admits_now():
-            await asyncio.to_thread(shipper.admit)  # waits (policy "block") or raises
+        while shipper is not None and not shipper.try_admit():
+            await asyncio.sleep(ADMIT_POLL_S)
 
     async def _wait_archived_async(self, lsn: int, *, appended: bool = False) -> None:
         """`_wait_archived` for a coroutine: one future of its loop, resolved once the commit is
