@@ -468,6 +468,28 @@ def test_a_commit_that_reaches_the_archive_past_the_bound_is_counted_and_logged(
         assert "agentwal_archive_rpo_overruns_total 1" in prometheus_text(s.stats())
 
 
+def test_a_replicated_commit_of_a_sync_store_that_reaches_the_archive_late_is_no_overrun(tmp_path):
+    """durability="replicated" on a store at `sync`: the commit is acknowledged only once the
+    archive holds it, so an outage that holds it back past archive_rpo_ms endangers nothing
+    acknowledged. It was counted (and logged) as an overrun all the same."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=150) as s:
+        s.put("a", b"1", durability="replicated")
+        with Blocked(url):
+            waiting = threading.Thread(target=s.put, args=("b", b"2"), kwargs={"durability": "replicated"})
+            waiting.start()
+            time.sleep(0.3)
+            assert waiting.is_alive()
+        waiting.join(10)
+        assert not waiting.is_alive() and s.stats()["archived_lsn"] == 2
+        assert s.stats()["archive_rpo_overruns"] == 0
+        with Blocked(url):  # one acknowledged at once, held back past the bound: still counted
+            s.put("c", b"3")
+            time.sleep(0.3)
+        wait_until(lambda: s.stats()["archived_lsn"] == 3)
+        assert s.stats()["archive_rpo_overruns"] == 1
+
+
 class SlowObjects(FileObjects):
     """A file:// archive whose PUTs take their size over `rate` bytes per second, as an object
     store that is the bottleneck does."""

@@ -263,6 +263,10 @@ class Shipper:
         self._record_bytes = 0.0
         self._drain_ms = 0.0
         self._overrun_logged_at = -math.inf
+        # LSNs of commits acknowledged only once archived on a store whose level is not
+        # `replicated` (durability="replicated" per commit), not archived yet: no overrun is
+        # theirs (`note_waited`, `_acknowledged_early`). Under _cond.
+        self._waited: set[int] = set()
         self.policy = policy
         self.snapshot_bytes = snapshot_bytes
         self.merge_objects = merge_objects
@@ -926,7 +930,7 @@ class Shipper:
             return False
         if not self.store._replicated:
             lag = self.lag_ms()  # the age bound of the oldest commit archived now
-            if lag > self.rpo_ms:
+            if self._acknowledged_early(self.archived + 1, moved) and lag > self.rpo_ms:
                 self._overrun(lag)
         if wake:
             self._publish(moved)
@@ -934,6 +938,23 @@ class Shipper:
             with self._cond:
                 self.archived = moved
         return True
+
+    def note_waited(self, lsn: int) -> None:
+        """The commit `lsn`, on a store whose level is not `replicated`, is acknowledged only once
+        the archive holds it (durability="replicated"): reaching the archive late is no overrun."""
+        with self._cond:
+            if lsn > self.archived:
+                self._waited.add(lsn)
+
+    def _acknowledged_early(self, first: int, last: int) -> bool:
+        """Whether any commit from `first` to `last` (archived now) was acknowledged before the
+        archive held it: any but those `note_waited` named. Forgets those."""
+        with self._cond:
+            if not self._waited:
+                return True
+            waited = sum(1 for lsn in self._waited if first <= lsn <= last)
+            self._waited = {lsn for lsn in self._waited if lsn > last}
+        return waited < last - first + 1
 
     def _overrun(self, lag_ms: float) -> None:
         """Commits reached the archive up to `lag_ms` after they were acknowledged, past

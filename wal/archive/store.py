@@ -174,6 +174,8 @@ class ArchivedStore(Store):
         once the commit is acknowledged."""
         shipper, log = self._shipper, self._log
         assert shipper is not None and log is not None
+        if not self._replicated:
+            shipper.note_waited(lsn)
         shipper.kick_for(lsn, appended=appended)
         cancelled: asyncio.CancelledError | None = None
         while True:
@@ -196,6 +198,8 @@ class ArchivedStore(Store):
         fdatasync is waited for in the same call."""
         shipper = self._shipper
         assert shipper is not None
+        if not self._replicated:
+            shipper.note_waited(lsn)
         try:
             shipper.wait_archived(lsn, appended=appended)
         except FailedError as exc:
