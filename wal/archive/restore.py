@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime as _dt
+import fcntl
 import logging
 import os
 import shutil
@@ -321,9 +322,12 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     snap_read = snap.read  # closed below if the restore fails before the builder took it
     tail: list[Piece] = []
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
-    building = os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.restoring-{os.urandom(4).hex()}")
+    building = os.path.join(os.path.dirname(root), f"{_building_prefix(root)}{os.urandom(4).hex()}")
     made = _missing_dirs(os.path.dirname(root))  # a refused restore leaves none of them behind
+    _sweep_abandoned_builds(root)
+    held = -1
     try:
+        held = _hold_build(building)
         builder = StoreBuilder(building, snap, sealed)
         del snap  # its bytes go once the builder has loaded them
         snap_read = None  # the builder's now (it closes it)
@@ -340,21 +344,80 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
                             "the end of the chain, without %s (an unfinished tail, never acknowledged at "
                             "replicated; or, if an object was deleted from the archive, what came after it)",
                             objects.url, end, ", ".join(p.name for p in tail))
+        os.unlink(os.path.join(building, _BUILD_LOCK))  # (still held: no sweep takes it meanwhile)
         os.rename(building, root)  # onto a missing or empty directory: atomic
         fsync_dir(os.path.dirname(root))
     except BaseException as exc:
         if snap_read is not None:
             snap_read.close()
         shutil.rmtree(building, ignore_errors=True)
+        if held >= 0:
+            os.close(held)
+            held = -1
         for made_dir in made:  # deepest first; one something else was put in meanwhile stays
             with contextlib.suppress(OSError):
                 os.rmdir(made_dir)
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
+    os.close(held)
     open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
     return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
+
+
+# A store being built by a restore is a hidden directory beside its target, holding this file
+# flocked (LOCK_EX) by its restore for as long as it runs: a build no one holds was abandoned
+# (its restore killed, or the machine lost power) and the next restore into the target removes it.
+_BUILD_LOCK = ".restore-lock"
+# An abandoned build's directory without its lock file (killed between making one and the
+# other, or between giving the lock file up and the rename into place) is removed once this old.
+_UNLOCKED_BUILD_AGE_S = 60.0
+
+
+def _building_prefix(root: str) -> str:
+    return f".{os.path.basename(root)}.restoring-"
+
+
+def _hold_build(building: str) -> int:
+    """Make the directory a restore builds in, holding its lock file; the fd that holds it."""
+    makedirs_durable(building)
+    fd = os.open(os.path.join(building, _BUILD_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sweep_abandoned_builds(root: str) -> None:
+    """Remove the builds of earlier restores into `root` that were killed midway (each up to
+    the store's size, hidden beside it): those whose lock file no restore holds."""
+    parent, prefix = os.path.dirname(root), _building_prefix(root)
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, _BUILD_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if _time.time() - os.stat(path).st_mtime > _UNLOCKED_BUILD_AGE_S:
+                    shutil.rmtree(path, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a restore into `root` is running now: its build stays
+        finally:
+            os.close(fd)  # (closing it gives the lock back)
+        _logger.warning("removing %s: the store a restore into %s was building when it was stopped", path, root)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _missing_dirs(path: str) -> list[str]:
