@@ -56,7 +56,7 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import list_archive
 from wal.archive.restore import verify
-from wal.archive.shipper import ArchiveLagError, Shipper
+from wal.archive.shipper import Shipper
 from wal.archive.spool import SpooledSnapshot
 from wal.cli import main
 from wal.ops.metrics import prometheus_text
@@ -410,14 +410,14 @@ def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
             s.put("b", b"2")
             time.sleep(0.3)
             assert s.stats()["archive_lag_ms"] > 150
-            with pytest.raises(ArchiveLagError, match="archive_rpo_ms=150"):
+            with pytest.raises(wal.ArchiveLagError, match="archive_rpo_ms=150"):
                 s.put("c", b"3")
-            with pytest.raises(ArchiveLagError), s.transaction() as tx:
+            with pytest.raises(wal.ArchiveLagError), s.transaction() as tx:
                 tx.put("c", b"3")
             # The asyncio API is held to the bound too (aput took the C path, which skipped it).
-            with pytest.raises(ArchiveLagError):
+            with pytest.raises(wal.ArchiveLagError):
                 asyncio.run(s.aput("c", b"3"))
-            with pytest.raises(ArchiveLagError):
+            with pytest.raises(wal.ArchiveLagError):
                 asyncio.run(s.adelete("a"))
             assert s.get("c") is None and s.get("a") == b"1"
         wait_until(lambda: s.stats()["archive_lag_ms"] == 0)
@@ -781,6 +781,19 @@ def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archiv
         wal.restore(archive_url, tmp_path / "full")
     # Before the first commit: the archive's log starts at LSN 1, so that is an empty store.
     assert wal.restore(archive_url, tmp_path / "empty", time="2000-01-01T00:00:00Z").lsn == 0
+    # An empty path (an unset variable) restored onto the current directory, as wal.open refuses.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with pytest.raises(wal.ArgumentError, match="empty: name it"):
+            wal.restore(archive_url, "")
+        with pytest.raises(wal.ArgumentError, match="empty: name it"):
+            wal.follow(archive_url, "")
+        assert os.getcwd() == str(cwd) and os.listdir(cwd) == []
+    finally:
+        os.chdir(here)
 
 
 def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog, capsys):

@@ -11,6 +11,7 @@ from wal._open import open_store as open
 from wal.archive.follow import Follower, follow
 from wal.archive.restore import RestoreReport, restore
 from wal.errors import (
+    ArchiveLagError,
     ArgumentError,
     ArgumentTypeError,
     ClosedError,
@@ -37,6 +38,7 @@ from wal.store.store import Store, Transaction, Watermarks
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml and `agentwal --version` read it
 
 __all__ = [
+    "ArchiveLagError",
     "ArgumentError",
     "ArgumentTypeError",
     "ClosedError",

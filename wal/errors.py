@@ -70,6 +70,11 @@ class ConflictError(WalError):
         self.conflicting_lsn = conflicting_lsn
 
 
+class ArchiveLagError(WalError):
+    """A commit was refused, and not made: the store's object archive lags past its bound
+    (`archive_rpo_ms`, with `archive_policy="error"`). Retry once the archive has caught up."""
+
+
 class FailedError(WalError):
     """The log stopped after an I/O or fsync failure (fail-stop, invariant I5).
 

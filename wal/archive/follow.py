@@ -573,6 +573,8 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
         raise ArgumentError(f"poll_ms must be milliseconds > 0, got {poll_ms!r}")
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
+    if not os.fspath(directory):  # "" (an unset variable, say) would make the current directory the follower
+        raise ArgumentError("the follower's directory is empty: name it")
     raw = open_objects(url)
     # Started before its writer shipped anything: whether the archive is sealed, and how, is
     # known once objects come (`Follower._confirm_sealing`).

@@ -67,7 +67,7 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import Piece
 from wal.archive.spool import SpooledSnapshot
-from wal.errors import CorruptionError, FailedError, NoSpaceError, WalError
+from wal.errors import ArchiveLagError, CorruptionError, FailedError, NoSpaceError, WalError
 from wal.store.store import ARCHIVE_STATUS_FILE
 
 if TYPE_CHECKING:
@@ -222,10 +222,6 @@ _GATHER_ROUNDS = 100  # gathers in a row that found nothing durable to send (`_g
 # Merges one maintenance job makes at most (then snapshots, retention and the owner check get
 # their turn): at 400 PUTs/s and 32 objects a merge, 13 are due a second and jobs run about 4.
 _MERGES_PER_JOB = 8
-
-
-class ArchiveLagError(WalError):
-    """A commit was refused: the archive lags more than archive_rpo_ms (policy "error")."""
 
 
 def _stopped_before(path: str, lsn: int) -> str:
