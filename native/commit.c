@@ -93,7 +93,19 @@ typedef struct {
     int n;
 } wake_list;
 
+/* Forks this process came out of (a pthread_atfork handler, run in the child by any fork(),
+ * also one that skips Python's os.register_at_fork hooks: a C extension's, ctypes'). A log
+ * remembers the count at open and appends nothing where it differs: the child is not the
+ * process that opened it, and its commits would take LSNs its parent also hands out, each
+ * acknowledged, one lost. Checked before `mu` is taken: a thread of the parent may have held
+ * it at the fork, and in the child nothing would ever release it. */
+static volatile uint64_t g_forks;
+static pthread_once_t g_fork_counting = PTHREAD_ONCE_INIT;
+static void count_fork(void) { g_forks++; }
+static void start_counting_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
+
 struct wal_log {
+    uint64_t forks; /* g_forks at open */
     pthread_mutex_t mu;
     pthread_cond_t progress; /* the sync slot freed, failure, close (do_write waits on it before a roll) */
     wal_waiter *waiters, *waiters_tail; /* followers, oldest first */
@@ -169,6 +181,7 @@ const char *wal_strerror(int code) {
     case WAL_EAGAIN: return "would block";
     case WAL_ENOMEM: return "out of memory";
     case WAL_EOS: return "operating-system error";
+    case WAL_EFORKED: return "this process is a fork of the one that opened the log; open it again here";
     default: return "unknown error";
     }
 }
@@ -723,6 +736,7 @@ int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
 
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
                             int wait) {
+    if (log->forks != g_forks) return WAL_EFORKED;
     if (!level_ok(log, level) || n == 0 || wait < WAL_WAIT_NONE || wait > WAL_WAIT_TRY) return WAL_EINVAL;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
@@ -838,8 +852,10 @@ int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out) {
     if (!cfg || cfg->level < WAL_LEVEL_SYNC || cfg->level > WAL_LEVEL_BUFFERED || cfg->segment_bytes < 4096 ||
         (cfg->level != WAL_LEVEL_SYNC && cfg->rpo_ms == 0) || cfg->next_lsn == 0 || cfg->segment_no == 0)
         return WAL_EINVAL;
+    pthread_once(&g_fork_counting, start_counting_forks);
     wal_log *log = calloc(1, sizeof *log);
     if (!log) return WAL_ENOMEM;
+    log->forks = g_forks;
     log->marks = calloc(MARK_RING, sizeof *log->marks);
     if (!log->marks) {
         free(log);

@@ -23,6 +23,7 @@
 #define WAL_EAGAIN -7    /* would block (non-waiting append under back-pressure) */
 #define WAL_ENOMEM -8
 #define WAL_EOS -9       /* other operating-system error; errno in the error detail */
+#define WAL_EFORKED -10  /* a forked child: the log belongs to the process that opened it */
 
 #define WAL_LEVEL_SYNC 0      /* acknowledged after an fdatasync covering it */
 #define WAL_LEVEL_INTERVAL 1  /* acknowledged after write() to the OS */

@@ -25,6 +25,7 @@ import signal
 import struct
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections import defaultdict
@@ -407,6 +408,39 @@ def test_a_forked_child_gets_locked_error_from_the_inherited_store_and_from_a_ne
         assert store.get(b"k") == b"parent"
     with wal.open(tmp_path) as store:
         assert store.get(b"k") == b"parent"
+
+
+def test_a_child_forked_past_pythons_fork_hooks_cannot_commit_through_the_inherited_store(tmp_path: Path) -> None:
+    """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook, so
+    the inherited Store did not know it was in a child: the child's commits were acknowledged,
+    then the parent handed out the same LSNs again and the child's were lost. The log's C core
+    counts forks itself (pthread_atfork) and refuses the child's appends."""
+    script = textwrap.dedent(f"""
+        import ctypes, os
+        import wal
+        store = wal.open({str(tmp_path)!r})
+        store.put("before", b"1")
+        r, w = os.pipe()
+        pid = ctypes.CDLL(None).fork()
+        if pid == 0:
+            outcomes = []
+            for attempt in (lambda: store.put("child", b"c"), lambda: store.delete("before")):
+                try:
+                    outcomes.append(f"acknowledged at LSN {{attempt()}}")
+                except wal.WalError as exc:
+                    outcomes.append(type(exc).__name__)
+            os.write(w, " ".join(outcomes).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(r, 4096).decode())
+        print(store.put("parent", b"p"))
+        store.close()
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "LockedError LockedError"
+    assert out[1] == "2"  # the parent's next LSN: the child took none
+    with wal.open(tmp_path) as store:
+        assert dict(store.scan()) == {b"before": b"1", b"parent": b"p"}
 
 
 def test_a_forked_child_that_never_uses_the_store_does_not_keep_it_locked_after_the_parent_closes(

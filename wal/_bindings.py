@@ -131,6 +131,7 @@ _BY_CODE: dict[int, type[errors.WalError]] = {
     lib.WAL_EINVAL: errors.ArgumentError,
     lib.WAL_ETOOBIG: errors.RecordTooLargeError,
     lib.WAL_ENOSPC: errors.NoSpaceError,
+    lib.WAL_EFORKED: errors.LockedError,  # as a child forked through os.fork is told (Store._usable)
 }
 
 
