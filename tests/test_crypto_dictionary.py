@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -330,4 +333,51 @@ def test_a_standby_started_before_a_compressing_writer_reads_its_values(
         assert standby.stats()["follower_error"] is None
         assert all(standby.get(f"k/{i}") == value for i, value in enumerate(values))
     finally:
+        standby.close()
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["compressed", "encrypted-and-compressed"])
+def test_readers_opened_before_their_writer_first_compresses_with_a_dictionary_read_its_values(
+        tmp_path: Path, zdict: bytes, keyed: bool) -> None:
+    """A read-only handle and a follower, both opened while the writer compressed without a
+    dictionary, then the writer reopened with one: each loaded the dictionaries once, at its
+    open, and every value compressed with the new one was "compressed with zstd dictionary ...,
+    which was not given" (the follower stopped applying, for good, and its promotion failed).
+    They now read the stored one (dicts/, the archive's dict/) when a value first names it, and
+    the follower keeps it in its own store, for its reads and once promoted."""
+    key = {"encryption": KEY} if keyed else {}
+    url = f"file://{tmp_path}/a"
+    values = samples(40)
+    with wal.open(tmp_path / "s", archive=url, compression="zstd", compression_threshold=32, **key) as store:
+        store.put("plain/0", values[0], durability="replicated")
+    reader = wal.open(tmp_path / "s", readonly=True, **key)
+    standby = wal.follow(url, tmp_path / "f", poll_ms=20, **key)
+    try:
+        wait_until(lambda: standby.lsn == 1)
+        # The writer, in another process (LMDB takes one handle per process), given a dictionary.
+        (tmp_path / "zdict").write_bytes(zdict)
+        script = textwrap.dedent(f"""
+            import sys
+            import wal
+            values = [bytes.fromhex(h) for h in sys.stdin.read().split()]
+            with wal.open({str(tmp_path / "s")!r}, archive={url!r}, compression="zstd", compression_threshold=32,
+                          compression_dict=open({str(tmp_path / "zdict")!r}, "rb").read(), **{key!r}) as store:
+                for i, value in enumerate(values):
+                    store.put(f"d/{{i}}", value, durability="replicated")
+            """)
+        subprocess.run([sys.executable, "-c", script], input=" ".join(v.hex() for v in values), text=True, check=True)
+        assert (tmp_path / "s" / DICT_DIR).is_dir()
+        assert all(reader.get(f"d/{i}") == value for i, value in enumerate(values))
+        wait_until(lambda: standby.lsn == 1 + len(values))
+        assert standby.stats()["follower_error"] is None
+        assert all(standby.get(f"d/{i}") == value for i, value in enumerate(values))
+        assert sorted(os.listdir(tmp_path / "f" / DICT_DIR)) == sorted(os.listdir(tmp_path / "s" / DICT_DIR))
+        promoted = standby.promote()
+        try:
+            assert promoted.get("d/0") == values[0]
+            promoted.put("after", values[1])
+        finally:
+            promoted.close()
+    finally:
+        reader.close()
         standby.close()

@@ -71,6 +71,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import record
+from wal.store.sealed import store_dictionaries
 from wal.store.state import StateError
 from wal.store.store import Store, open_local
 
@@ -347,6 +348,7 @@ class Follower:
             try:
                 for obj in chain:
                     fresh = [(lsn, p) for lsn, p in obj.records if lsn > self._pos]
+                    _keep_dictionaries(self._objects, store)
                     _append(store, fresh)
                     applied += len(fresh)
                     self._pos, self._writer = obj.last, obj.writer_id
@@ -540,6 +542,22 @@ class Follower:
 
     def __repr__(self) -> str:
         return f"<wal.Follower {self._objects.url} -> {self._dir!r} at LSN {self._pos}>"
+
+
+def _keep_dictionaries(objects: ObjectStore, store: Store) -> None:
+    """Dictionaries the archive's writer started compressing with after this follower started
+    (read from the archive when an object first needed one): stored in the follower's own
+    store (dicts/) before any value compressed with them is, so that its reads, a reopen and a
+    promotion find them there."""
+    local = getattr(store, "_sealer", None)
+    if not isinstance(objects, SealedObjects) or local is None:
+        return
+    known = local.dictionaries
+    new = {did: data for did, data in objects.sealer.dictionaries.items() if did not in known}
+    if new:
+        for data in new.values():
+            local.add_dictionary(data)
+        store_dictionaries(store.path, local, list(new))
 
 
 def _append(store: Store, records: list[tuple[int, bytes]]) -> None:

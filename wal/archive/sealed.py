@@ -332,6 +332,8 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
         sealed["key_ids"] = [i.hex() for i in sealer.keys.ids]
     sealed_objects = SealedObjects(objects, sealer)
     sealed_objects.load_dictionaries()
+    # A follower reads on while its writer ships dictionaries it starts compressing with.
+    sealer.learn_dictionaries = sealed_objects.load_dictionaries
     return sealed_objects, sealed
 
 

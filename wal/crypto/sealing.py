@@ -387,6 +387,12 @@ class Sealer:
         self._opened: OrderedDict[bytes, Any] = OrderedDict()  # (key id + session) -> AEAD, bounded
         self._opened_lock = threading.Lock()
         self._session_lock = threading.Lock()
+        # Called (once at a time) when a value names a dictionary this sealer does not know: it
+        # gives the sealer the dictionaries stored since it was made (a store's dicts/, an
+        # archive's dict/), so a reader opened before its writer first compressed with a new
+        # one reads it. None: what was given at the start is all there is.
+        self.learn_dictionaries: Callable[[], object] | None = None
+        self._learning = threading.Lock()
         # A C session (wal._storecore.SealSession) or a _Session; the sealed Store.put reads it
         # from here (native/storecore.c, FastCommit) to seal in C with the same counter.
         self._session: Any = None
@@ -639,6 +645,10 @@ class Sealer:
             cache = self._local.d = {}
         d: zstd.Decompressor | None = cache.get(dict_id)
         if d is None:
+            if dict_id and dict_id not in self._dicts and self.learn_dictionaries is not None:
+                with self._learning:
+                    if dict_id not in self._dicts:
+                        self.learn_dictionaries()
             if dict_id and dict_id not in self._dicts:
                 raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id:08x}, which was not "
                                       "given: open with compression_dict= that dictionary (a store keeps its "

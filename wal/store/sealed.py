@@ -255,6 +255,9 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                                 key_id=stored[-1], where=root)
     given = list(sealer.dictionaries)
     stale = load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
+    # One stored later by the store's writer (a read-only open beside it, a follower's store
+    # given one from its archive) is read from dicts/ when a value first names it.
+    sealer.learn_dictionaries = lambda: load_dictionaries(root, sealer, None)
     return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered,
                        stale=stale)
 
