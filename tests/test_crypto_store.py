@@ -613,6 +613,31 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+def test_an_envelope_that_says_encrypted_in_a_store_never_encrypted_is_damage(tmp_path: Path) -> None:
+    """A compressed-only store (STORE: never encrypted) whose blob's codec byte was flipped to
+    "encrypted": it was MissingKeyError, asking for a key that never existed; it is damage. The
+    same in a compressed-only archive's object. A keyless reader of a store or archive that *is*
+    encrypted still gets MissingKeyError (above)."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", compression="zstd") as store:  # no archive: a large value is a blob file
+        AgentStore(store, "a", blob_threshold=64).append("t", SECRET * 10)
+    with wal.open(tmp_path / "shipping", compression="zstd", archive=url) as store:
+        store.put("k", SECRET * 10, durability="replicated")
+    blob = next(p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file())
+    data = bytearray(blob.read_bytes())
+    data[0] |= CODEC_ENCRYPTED
+    blob.write_bytes(bytes(data))
+    with wal.open(tmp_path / "store", compression="zstd") as store, \
+            pytest.raises(SealDamagedError, match=f"blob file {blob}.*says encrypted, in a store never encrypted"):
+        list(AgentStore(store, "a").read("t"))
+    obj = sorted((tmp_path / "archive" / "log").glob("*.wal"))[-1]
+    data = bytearray(obj.read_bytes())
+    data[0] |= CODEC_ENCRYPTED
+    obj.write_bytes(bytes(data))
+    with pytest.raises(SealDamagedError, match=f"archive object log/{obj.name}.*never encrypted"):
+        wal.restore(url, tmp_path / "r")
+
+
 def _watch_sealed_reads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Every read a sealed archive makes for `read_ranged` from now on, in a list."""
     from wal.archive import sealed as sealed_mod  # noqa: PLC0415

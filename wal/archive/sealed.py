@@ -308,11 +308,13 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
             sealed["key_ids"] = [i.hex() for i in objects.sealer.keys.ids]
         return objects, sealed
     meta = read_manifest(objects)
+    manifest = meta is not None
     if meta is None and any(v is not None for v in options.values()):
         empty = holds_nothing(objects)
         # Read again after the listing: a writer stores its manifest before its first object, so
         # one shipped between the first read and the listing is found now.
         meta = None if empty else read_manifest(objects)
+        manifest = meta is not None
         if meta is None and not empty:
             check_manifest(None, sealer_for({}, options, "the archive " + objects.url), objects.url)
         if meta is None:
@@ -325,6 +327,7 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
     sealer = sealer_for(sealed, options, "the archive " + objects.url)
     check_manifest(meta, sealer, objects.url)
+    sealer.never_encrypted = manifest and not sealed["encrypted"]  # not a standby's guess (see above)
     if sealer.keys is not None:
         # Every key given, the current one first: the archive's objects may be under any of
         # them, and so the restored store's values (listing the current one alone refused an

@@ -367,6 +367,9 @@ class Sealer:
         # An encrypted store holds only encrypted envelopes: an unencrypted one put in its place
         # (a downgrade) is refused as damage, never returned.
         self.require_encrypted = require_encrypted or keys is not None
+        # Set for a store (or archive) whose STORE file (manifest) says it was never encrypted: an
+        # encrypted envelope in it can only be damage (a changed codec byte), not a missing key.
+        self.never_encrypted = False
         self.compression = compression
         self.threshold = threshold
         self._dicts: dict[int, bytes] = {}
@@ -537,6 +540,9 @@ class Sealer:
             raise _damaged(where(), "not encrypted, in an encrypted store (a value put in place of a ciphertext)")
         body = bytes(envelope[1:]) if not codec & CODEC_ENCRYPTED else b""
         if codec & CODEC_ENCRYPTED:
+            if self.never_encrypted:
+                raise _damaged(where(), f"codec 0x{codec:02x} says encrypted, in a store never encrypted (its codec "
+                                        "byte was changed)")
             body = self._decrypt(envelope, context, where)
         if codec & CODEC_ZSTD:
             body = self._decompress(body, where)

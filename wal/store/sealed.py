@@ -236,6 +236,7 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
     sealer = sealer_for(sealed, options, f"the store at {root}", where=root)
     keys = sealer.keys
     encrypted = bool(sealed.get("encrypted"))
+    sealer.never_encrypted = meta is not None and not encrypted  # STORE says so (encrypted from creation or never)
     stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
     if (meta is not None or recovered is not None) and keys is not None and not encrypted:
         raise ArgumentError(f"the store at {root} was created without encryption: its values are not encrypted, and "
