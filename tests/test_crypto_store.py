@@ -340,6 +340,9 @@ def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_
     for readonly in (False, True):
         with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
             wal.open(tmp_path, readonly=readonly)
+        # Given its key: the same (it said the store "was created without encryption").
+        with pytest.raises(wal.CorruptionError, match="STORE file names no sealing"):
+            wal.open(tmp_path, readonly=readonly, encryption=KEY)
     (tmp_path / "STORE").unlink()
     with wal.open(tmp_path, encryption=KEY) as store:
         assert store.get(b"k") == SECRET

@@ -195,6 +195,15 @@ _NOT_SEALED = ("the store at {root} was created without encryption or compressio
                "--create` with the same options")
 
 
+def store_lost(root: str) -> CorruptionError:
+    """The error for a store whose state records sealed values but whose STORE names no sealing."""
+    return CorruptionError(
+        f"the store at {root} holds sealed (encrypted or compressed) values, as its state records, but its "
+        f"STORE file names no sealing: STORE was lost or replaced. Put back the STORE file from a copy of the "
+        "store, or delete it and open the store with its options (encryption=..., compression=...), which "
+        "writes it again", path=os.path.join(root, "STORE"), reason="STORE damaged")
+
+
 def read_meta(root: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(root, "STORE"), "rb") as f:
@@ -221,6 +230,8 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
         if not wanted:
             return None
         if meta is not None:
+            if read_state_mark(root) not in (None, UNREADABLE):
+                raise store_lost(root)  # its state says sealed: STORE lost the field (damage)
             raise ArgumentError(_NOT_SEALED.format(root=root))
         if readonly:
             raise ArgumentError(f"no agentwal store at {root} to open read-only")

@@ -106,6 +106,7 @@ from wal.store.sealed import (
     read_meta,
     read_state_mark,
     record_sealing,
+    store_lost,
 )
 from wal.store.sealed import plan as plan_sealing
 from wal.store.snapshot import Snapshot, lmdb_only, merged, refuse_lone_key
@@ -1580,7 +1581,7 @@ def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *
     # read its envelopes as stored (wal/ops/target.py, open_reader).
     sealed = (read_meta(root) or {}).get(STORE_FIELD)
     if mark is not None and not isinstance(sealed, dict):
-        raise _store_lost(root)
+        raise store_lost(root)
     recorded = parse_mark(mark)
     if recorded is not None and isinstance(sealed, dict) and (
             recorded["encrypted"] != bool(sealed.get("encrypted"))
@@ -1596,14 +1597,6 @@ def _check_sealed_marker(root: str, state: State, sealing: SealingPlan | None, *
             "the store, or delete it and open the store with its options", path=path, reason="STORE damaged")
     if sealing is not None and writable and isinstance(sealed, dict) and mark != mark_for(sealed):
         record_sealing(state, sealed)  # durable now: a STORE lost after a power cut is recovered from it
-
-
-def _store_lost(root: str) -> CorruptionError:
-    return CorruptionError(
-        f"the store at {root} holds sealed (encrypted or compressed) values, as its state records, but its "
-        f"STORE file names no sealing: STORE was lost or replaced. Put back the STORE file from a copy of the "
-        "store, or delete it and open the store with its options (encryption=..., compression=...), which "
-        "writes it again", path=os.path.join(root, STORE_FILE), reason="STORE damaged")
 
 
 def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> None:
@@ -1626,7 +1619,7 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
                                   "open it with its options (encryption=..., compression=...)",
                                   path=path, reason="STORE damaged")
         if mark is not None:
-            raise _store_lost(root)
+            raise store_lost(root)
     found = _check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
