@@ -1812,8 +1812,27 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
     data = objects.get(name)
     objects.put(name, data[:-1] + bytes([data[-1] ^ 0xFF]), create_only=False)  # the last byte flipped
     assert main(["verify", url]) == 1
-    assert f"DAMAGE: archive object {name}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"DAMAGE: archive object {name}" in out
     assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1
+
+
+def test_verify_of_an_archive_whose_only_log_object_is_damaged_names_no_empty_range(tmp_path, capsys):
+    """It said "log LSN 1..0" and "LSNs 1..0 are missing: no object holds them" beside the
+    damage: the object that holds them is there, and damaged, which is said once."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url) as s, s.transaction(durability="replicated") as tx:
+        for i in range(30):
+            tx.put(f"k{i}", b"v" * 200)
+    [name] = names(url, layout.LOG_PREFIX)
+    path = tmp_path / "a" / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    assert main(["verify", url]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGE: archive object {name}" in out and "no log readable from LSN 1" in out
+    assert "1..0" not in out and "missing" not in out
 
 
 def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path, archive_url):

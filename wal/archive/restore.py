@@ -674,7 +674,8 @@ def _verify_listing(objects: ObjectStore, listing: Listing, parallel: int,
     pos = chain.pos
     past = [p for p in beyond(listing.logs, pos) if p.name not in damaged]
     tail = unfinished_tail(objects, past, pos, chain.heads) if past else None
-    if past and tail is None:
+    # (An object starting right after pos that the chain could not take is damaged, said above.)
+    if past and tail is None and past[0].first > pos + 1:
         problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
     return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,
                         tuple(p.name for p in tail or ())), vanished

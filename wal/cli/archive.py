@@ -107,8 +107,9 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
         print(f"  {report.problems[0]}")
         print("EMPTY")
         return EXIT_FAILED
-    print(f"  {report.objects} object(s), {report.bytes / 1e6:.1f} MB read; {report.snapshots} snapshot(s); "
-          f"log LSN {report.first_lsn}..{report.last_lsn}")
+    log = (f"log LSN {report.first_lsn}..{report.last_lsn}" if report.last_lsn >= report.first_lsn else
+           f"no log readable from LSN {report.first_lsn}")
+    print(f"  {report.objects} object(s), {report.bytes / 1e6:.1f} MB read; {report.snapshots} snapshot(s); {log}")
     for problem in report.problems:
         print(f"  DAMAGE: {problem}")
     if report.unfinished_tail:
