@@ -282,6 +282,24 @@ def test_a_compressed_stores_export_imports_into_an_encrypted_store_and_a_mixed_
     assert not (tmp_path / "other").exists()
 
 
+def test_a_plain_stores_export_imports_into_a_new_compressed_store_as_the_refusal_says(tmp_path: Path) -> None:
+    """`compression=` on a plain store is refused with the way to a compressed copy: export, then
+    import with --create and --compression zstd. `agentwal import` had no --compression: the way
+    the message gave could not be taken."""
+    long_value = b'{"role": "user", "content": "' + SECRET * 20 + b'"}'
+    with wal.open(tmp_path / "src") as store:
+        store.put("long", long_value)
+    with pytest.raises(wal.ArgumentError, match="--compression zstd") as refused:
+        wal.open(tmp_path / "src", compression="zstd")
+    assert "agentwal import NEW all.jsonl --create" in str(refused.value)
+    assert run("export", str(tmp_path / "src"), "-o", str(tmp_path / "all.jsonl")).returncode == 0
+    r = run("import", str(tmp_path / "zstd"), str(tmp_path / "all.jsonl"), "--create", "--compression", "zstd")
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "zstd") as store:  # a compressed store: it opens without the option
+        assert store.get("long") == long_value
+        assert [env[0] for _, env in Store.scan(store)] == [0x01]  # stored compressed (codec zstd)
+
+
 def test_export_of_a_store_with_blob_files_is_refused_rather_than_carry_references_to_missing_files(
         tmp_path: Path) -> None:
     """An AgentStore's large values are blob files its keys reference: an export carried the

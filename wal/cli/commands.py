@@ -696,6 +696,7 @@ a whole is not, and running it again is harmless (it puts the same values). Keys
 examples:
   agentwal import /var/lib/agent/store backup.jsonl
   agentwal export /old/store | agentwal import /new/store --create
+  agentwal export /old/store | agentwal import /new/store --create --compression zstd --key-file new.key
 """
 
 
@@ -705,6 +706,8 @@ def _import_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_int_in(1, 100_000), default=1000, metavar="N",
                    help="keys per transaction (default: %(default)s)")
     p.add_argument("--create", action="store_true", help="create the store if STORE does not exist")
+    p.add_argument("--compression", choices=("zstd",), default=None,
+                   help="store the values compressed (a store --create makes is a compressed one)")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -725,7 +728,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                                 "file") from None
     read = ops.parse_import(iter(text.splitlines()), source)
     result = ops.import_pairs(args.store, read.pairs, batch=args.batch, create=args.create,
-                              dictionaries=read.dictionaries)
+                              dictionaries=read.dictionaries, compression=args.compression)
     print(f"imported {result['keys']} key(s) in {result['commits']} commit(s)"
           + (f", last LSN {result['last_lsn']}" if result["commits"] else ""))
     return EXIT_OK

@@ -139,9 +139,11 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
 
 def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 1000,
                  batch_bytes: int = 8 << 20, create: bool = False,
-                 dictionaries: Sequence[SealedDictionary] = ()) -> dict[str, int]:
+                 dictionaries: Sequence[SealedDictionary] = (), compression: str | None = None) -> dict[str, int]:
     """Commit the pairs as the store's writer, in transactions of up to `batch` keys /
-    `batch_bytes`. Sealed values are opened first, with the `dictionaries` an export carried."""
+    `batch_bytes`. Sealed values are opened first, with the `dictionaries` an export carried.
+    `compression` ("zstd"): the store is opened with it, so the values are stored compressed
+    (and a store `create`d is a compressed one)."""
     target = _writer_target(path, create)
     commits = 0
     last = 0
@@ -154,7 +156,7 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
                                 "it was changed, nothing was imported")
         opener = _opener(path, dictionaries, encrypted.pop())
         pairs = [(k, opener(k, v) if isinstance(v, Sealed) else v) for k, v in pairs]
-    with open_writer(target, "import") as store:
+    with open_writer(target, "import", compression=compression) as store:
         i = 0
         while i < len(pairs):
             size = 0

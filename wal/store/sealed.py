@@ -192,7 +192,7 @@ class SealingPlan:
 _NOT_SEALED = ("the store at {root} was created without encryption or compression, so its values are "
                "stored as they are: it cannot be opened with encryption= or compression=. Copy it into a new "
                "store that has them: `agentwal export {root} -o all.jsonl`, then `agentwal import NEW all.jsonl "
-               "--create` with the same options")
+               "--create` with --key-file KEY (encryption) and/or --compression zstd")
 
 
 def store_lost(root: str) -> CorruptionError:
