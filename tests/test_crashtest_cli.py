@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,26 @@ def test_crashtest_refuses_bad_arguments_with_status_2(capsys: pytest.CaptureFix
     for url, said in (("s3://", "names no bucket"), ("s3:///x", "names no bucket"), ("file://host/x", "local path")):
         assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", url]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_crashtest_with_an_object_store_that_does_not_answer_stops_with_status_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A wrong endpoint (nothing listens there): said before anything runs, status 2. The drill
+    ran, every restore failed, and it reported the level FAILed (status 1), as if the engine had
+    lost commits."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens on it
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    out = io.StringIO()
+    assert crashtest.main_crashtest([str(tmp_path / "d"), "--level", "sync", "--kills", "0", "--power-cuts", "0",
+                                     "--archive", "s3://bucket/prefix", "--machine-losses", "1"], out=out) == 2
+    assert "--archive s3://bucket/prefix cannot be used" in capsys.readouterr().err
+    assert out.getvalue() == ""  # nothing ran
     assert crashtest.main_crashtest(["--level", "interval", "--rpo-ms", str(2**40)]) == 2
     assert "--rpo-ms must be at most" in capsys.readouterr().err
     assert crashtest.main_crashtest(["--kills", "0", "--power-cuts", "0", "--archive", "file:///tmp/x",

@@ -1264,12 +1264,20 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
             print(f"agentwal crashtest: error: {name} must be at most {dur.MAX_RPO_MS}", file=sys.stderr)
             return 2
     if args.archive:
-        from wal.archive.objects import parse_url  # noqa: PLC0415 -- only the machine-loss drill needs the archive
+        from wal.archive.objects import open_objects, parse_url  # noqa: PLC0415 -- only the machine-loss drill
 
         try:
             parse_url(args.archive)
         except wal.ArgumentError as exc:
             print(f"agentwal crashtest: error: --archive: {exc}", file=sys.stderr)
+            return 2
+        # An object store that does not answer (a wrong endpoint, credentials, bucket) is said
+        # before anything runs: the drill would otherwise report each level FAILed, as if the
+        # engine had lost commits. (The probe is the one a writer makes: two create-only PUTs.)
+        try:
+            open_objects(args.archive).check_create_only()
+        except wal.WalError as exc:
+            print(f"agentwal crashtest: error: --archive {args.archive} cannot be used: {exc}", file=sys.stderr)
             return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     shim_note = None
