@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import select
+import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
@@ -45,7 +48,10 @@ class StrippingProxy:
 
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = proxy._read_body(self.rfile, length)
+                if body is None or (length and proxy._abandoned(self.connection)):
+                    self.close_connection = True  # the client gave up first: the request never completes
+                    return
                 if proxy.hold is not None and proxy.hold(self.command, self.path):
                     with proxy._lock:
                         proxy.held.append(self.path)
@@ -78,6 +84,14 @@ class StrippingProxy:
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
+    def _read_body(self, stream: Any, length: int) -> bytes | None:
+        return stream.read(length) if length else b""
+
+    def _abandoned(self, conn: socket.socket) -> bool:
+        """Whether the client closed its side before its request was answered (None here: a
+        proxy that reads bodies at once never sees that)."""
+        return False
+
     def _sign(self, method: str, path: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
         from botocore.auth import S3SigV4Auth  # noqa: PLC0415
         from botocore.awsrequest import AWSRequest  # noqa: PLC0415
@@ -102,3 +116,30 @@ class HoldingProxy(StrippingProxy):
     `hold` picks until `release` is set (module docstring)."""
 
     strip = False
+
+
+class SlowUploadProxy(HoldingProxy):
+    """Forwards requests unchanged, taking in each request's body at `rate` bytes per second:
+    an object store far away (a slow uplink), where a large PUT takes long to send."""
+
+    def __init__(self, upstream: str, rate: float) -> None:
+        super().__init__(upstream)
+        self.rate = rate
+
+    def _read_body(self, stream: Any, length: int) -> bytes | None:
+        chunks, got, started = [], 0, time.monotonic()
+        while got < length:
+            chunk = stream.read(min(64 << 10, length - got))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            got += len(chunk)
+            time.sleep(max(0.0, started + got / self.rate - time.monotonic()))
+        return b"".join(chunks)
+
+    def _abandoned(self, conn: socket.socket) -> bool:
+        """The client timed out while its body was still on its way (the kernel's buffers hand
+        the proxy all of it even so, after the client closed): as over a real slow link, the
+        object store never gets the request whole, and nothing is stored."""
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""

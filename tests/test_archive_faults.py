@@ -14,6 +14,7 @@ AGENTWAL_LONG=1: the server killed at every level, twenty machine losses per lev
 # ruff: noqa: F811, PLR0917 -- fixtures imported by name (tests/archive_server.py); parametrized tests
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 import os
@@ -170,3 +171,33 @@ def test_machine_loss_then_restore_keeps_each_levels_bound(tmp_path, s3_server: 
         acked, _ = _machine_loss_round(tmp_path, s3_server, level, rpo_ms, rng, n)
         total += acked
     assert total > 0
+
+
+def test_a_snapshot_larger_than_the_request_timeout_allows_reaches_a_slow_object_store(
+        tmp_path, s3_server: WeedServer, monkeypatch) -> None:
+    """The S3 client's timeout covers a whole request, body included: a snapshot that takes
+    longer than it to send was cut off and tried again, for ever (at the default 30 s, any
+    snapshot over ~1 GB sent at less than ~33 MB/s). A large PUT is given time for its size.
+    Scaled down here: a 1 s timeout, and a link of 2 MB/s that takes ~2 s for the snapshot."""
+    from s3_proxy import SlowUploadProxy  # noqa: PLC0415
+
+    from wal.archive import objects  # noqa: PLC0415
+
+    monkeypatch.setattr(objects, "_OBSTORE_TIMEOUTS", {**objects._OBSTORE_TIMEOUTS, "timeout": dt.timedelta(seconds=1)})
+    monkeypatch.setattr(objects, "_LARGE_PUT_BYTES", 1 << 20)
+    s3_server.use_env(monkeypatch)
+    with SlowUploadProxy(s3_server.endpoint, rate=2e6) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        url = _url("slow-link")
+        values = {f"k{i}": os.urandom(100_000) for i in range(40)}  # 4 MB the snapshot holds, incompressible
+        with wal.open(tmp_path / "s", archive=url, archive_snapshot_bytes=3_000_000) as store:
+            for key, value in values.items():
+                store.put(key, value)
+            deadline = time.monotonic() + 60
+            while not store.stats()["archive_last_snapshot_lsn"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert store.stats()["archive_last_snapshot_lsn"] > 0, store.stats()["archive_error"]
+        report = wal.restore(url, tmp_path / "r")
+        assert report.snapshot_lsn > 0
+    with wal.open(tmp_path / "r") as restored:
+        assert dict(restored.scan()) == {k.encode(): v for k, v in values.items()}

@@ -38,6 +38,7 @@ import concurrent.futures
 import contextlib
 import datetime as _dt
 import io
+import math
 import mmap
 import os
 import threading
@@ -627,6 +628,12 @@ class S3Objects(ObjectStore):
 
 
 _OBSTORE_TIMEOUTS = {"connect_timeout": _dt.timedelta(seconds=5), "timeout": _dt.timedelta(seconds=30)}
+# The client's timeout is for a whole request, body included: a PUT of a snapshot or a merged
+# object larger than this is given that timeout plus its size at _SLOWEST_PUT_RATE (bytes/s),
+# through a client made for it. With 30 s for all, a snapshot over ~1 GB never reached an
+# object store slower than ~33 MB/s away: each PUT was cut off and tried again, for ever.
+_LARGE_PUT_BYTES = 8 << 20
+_SLOWEST_PUT_RATE = 1_000_000
 # Few retries inside the client, as for boto3: the shipper retries with its own backoff and must
 # notice an outage rather than sit in a client's retry loop.
 _OBSTORE_RETRY = {"max_retries": 2, "retry_timeout": _dt.timedelta(seconds=10),
@@ -642,15 +649,18 @@ def _obstore() -> Any:
     return obstore
 
 
-def _s3_store(bucket: str, prefix: str) -> Any:
+def _s3_store(bucket: str, prefix: str, timeout: _dt.timedelta | None = None) -> Any:
     """An obstore S3Store for ``s3://bucket/prefix`` from the standard AWS environment; plain
-    ``http://`` endpoints (a local S3-compatible server) are allowed when the endpoint says so."""
+    ``http://`` endpoints (a local S3-compatible server) are allowed when the endpoint says so.
+    `timeout`: a request's, when not _OBSTORE_TIMEOUTS' (a large PUT's)."""
     from obstore.store import S3Store  # noqa: PLC0415
 
     make: Any = S3Store  # its keyword TypedDicts are checked by obstore at run time
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     options: dict[str, Any] = dict(_OBSTORE_TIMEOUTS, allow_http=endpoint.startswith("http://"))
+    if timeout is not None:
+        options["timeout"] = timeout
     return make(bucket, prefix=prefix.strip("/") or None, region=region, client_options=options,
                 retry_config=_OBSTORE_RETRY, **({"endpoint": endpoint} if endpoint else {}))
 
@@ -660,10 +670,27 @@ class ObstoreObjects(ObjectStore):
     obstore store given as ``archive=`` (S3, GCS, Azure, a local folder), names relative to the
     store's prefix."""
 
-    def __init__(self, store: Any, url: str | None = None) -> None:
+    def __init__(self, store: Any, url: str | None = None,
+                 remake: Callable[[_dt.timedelta], Any] | None = None) -> None:
         self.store = store
         self._obstore = _obstore()
         self.url = url or _store_url(store)
+        # `remake(timeout)`: the same store with another request timeout, for large PUTs (an
+        # s3:// URL's; a store object given as archive= keeps the timeouts it was made with).
+        self._remake = remake
+        self._large_put_stores: dict[int, Any] = {}
+
+    def _store_for_put(self, size: int) -> Any:
+        """The store a PUT of `size` bytes goes through: its timeout long enough for the body at
+        _SLOWEST_PUT_RATE (one client per timeout, rounded up to a power of two seconds)."""
+        if self._remake is None or size <= _LARGE_PUT_BYTES:
+            return self.store
+        base = _OBSTORE_TIMEOUTS["timeout"].total_seconds()
+        seconds = 1 << math.ceil(math.log2(base + size / _SLOWEST_PUT_RATE))
+        store = self._large_put_stores.get(seconds)
+        if store is None:
+            store = self._large_put_stores[seconds] = self._remake(_dt.timedelta(seconds=seconds))
+        return store
 
     def _err(self, exc: BaseException, doing: str, name: str) -> ArchiveError:
         exceptions = self._obstore.exceptions
@@ -682,8 +709,8 @@ class ObstoreObjects(ObjectStore):
 
     def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         try:
-            self._obstore.put(self.store, name, data, mode="create" if create_only else "overwrite",
-                              use_multipart=False)
+            self._obstore.put(self._store_for_put(len(data)), name, data,
+                              mode="create" if create_only else "overwrite", use_multipart=False)
         except Exception as exc:
             raise self._err(exc, "writing", name) from exc
 
@@ -832,5 +859,6 @@ def open_objects(archive: str | ObjectStore) -> ObjectStore:
     if kind == "file":
         return FileObjects(where)
     if _obstore() is not None:
-        return ObstoreObjects(_s3_store(where, prefix), f"s3://{where}/{prefix.strip('/')}".rstrip("/"))
+        return ObstoreObjects(_s3_store(where, prefix), f"s3://{where}/{prefix.strip('/')}".rstrip("/"),
+                              remake=lambda timeout: _s3_store(where, prefix, timeout))
     return S3Objects(where, prefix)
