@@ -103,6 +103,13 @@ static volatile uint64_t g_forks;
 static pthread_once_t g_fork_counting = PTHREAD_ONCE_INIT;
 static void count_fork(void) { g_forks++; }
 static void start_counting_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
+/* Every entry point that writes, syncs or waits starts with this: in a forked child it returns
+ * `rc` before touching `mu` or a file (the parent's batch, copied at the fork, would be written
+ * again over what the parent wrote since: zero padding over its acknowledged records). */
+#define REFUSE_IN_A_FORK(log, rc)                                                                   \
+    do {                                                                                            \
+        if ((log)->forks != g_forks) return rc;                                                     \
+    } while (0)
 
 struct wal_log {
     uint64_t forks; /* g_forks at open */
@@ -355,6 +362,7 @@ static int pick_awaiters(wal_log *log, int everyone, wake_list *wl) {
 }
 
 int wal_log_set_archived(wal_log *log, uint64_t lsn) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     wake_list wl = {.n = 0};
     pthread_mutex_lock(&log->mu);
     int n = 0;
@@ -369,6 +377,7 @@ int wal_log_set_archived(wal_log *log, uint64_t lsn) {
 }
 
 void wal_log_stop_archived(wal_log *log) {
+    REFUSE_IN_A_FORK(log, );
     pthread_mutex_lock(&log->mu);
     log->archive_stopped = 1;
     pick_awaiters(log, 1, NULL);
@@ -393,6 +402,7 @@ int wal_log_settled(wal_log *log) {
 }
 
 int wal_log_wait_archived(wal_log *log, uint64_t lsn) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     pthread_mutex_lock(&log->mu);
     /* First durable (the `sync` wait, helping with the I/O as any waiter does): a commit
      * appended without waiting waits for both in this one call, the GIL released once. */
@@ -707,6 +717,7 @@ static int64_t finish(wal_log *log, uint64_t first, uint64_t last, int level, in
 }
 
 int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
     pthread_mutex_lock(&log->mu);
     int unlocked = 0;
@@ -716,6 +727,7 @@ int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
 }
 
 int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;
     /* The common answer at interval, without mu: the append (WAL_WAIT_TRY) made the write.
      * written <= appended, so an LSN it covers was appended: no WAL_EINVAL is missed. */
@@ -736,7 +748,7 @@ int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
 
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
                             int wait) {
-    if (log->forks != g_forks) return WAL_EFORKED;
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     if (!level_ok(log, level) || n == 0 || wait < WAL_WAIT_NONE || wait > WAL_WAIT_TRY) return WAL_EINVAL;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
@@ -787,6 +799,7 @@ int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, in
 }
 
 int wal_log_sync(wal_log *log) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
     pthread_mutex_lock(&log->mu);
     uint64_t target = log->appended, since = log->write_attempts;
     int rc = 0;
@@ -895,6 +908,7 @@ int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out) {
 }
 
 int wal_log_close(wal_log *log) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED); /* the parent's to close; its flusher is not in the child either */
     pthread_mutex_lock(&log->mu);
     if (log->closed) {
         pthread_mutex_unlock(&log->mu);
@@ -928,7 +942,7 @@ int wal_log_close(wal_log *log) {
 
 void wal_log_free(wal_log *log) {
     if (!log) return;
-    if (!log->closed) wal_log_close(log);
+    if (!log->closed && log->forks == g_forks) wal_log_close(log);
     if (log->notify_fd >= 0) close(log->notify_fd);
     wal_batch_free(&log->pending);
     wal_batch_free(&log->spare);

@@ -410,37 +410,46 @@ def test_a_forked_child_gets_locked_error_from_the_inherited_store_and_from_a_ne
         assert store.get(b"k") == b"parent"
 
 
-def test_a_child_forked_past_pythons_fork_hooks_cannot_commit_through_the_inherited_store(tmp_path: Path) -> None:
+def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherited_store(tmp_path: Path) -> None:
     """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook, so
     the inherited Store did not know it was in a child: the child's commits were acknowledged,
-    then the parent handed out the same LSNs again and the child's were lost. The log's C core
-    counts forks itself (pthread_atfork) and refuses the child's appends."""
+    then the parent handed out the same LSNs again and the child's were lost; and a sync or a
+    checkpoint in the child wrote the batch it had copied at the fork over what the parent wrote
+    since (zero padding over an acknowledged record). The log's C core counts forks itself
+    (pthread_atfork) and refuses every write, sync and wait in the child."""
     script = textwrap.dedent(f"""
         import ctypes, os
         import wal
-        store = wal.open({str(tmp_path)!r})
+        store = wal.open({str(tmp_path)!r}, segment_bytes=1 << 16)
         store.put("before", b"1")
-        r, w = os.pipe()
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
         pid = ctypes.CDLL(None).fork()
         if pid == 0:
+            os.read(go_r, 1)  # once the parent committed after the fork
             outcomes = []
-            for attempt in (lambda: store.put("child", b"c"), lambda: store.delete("before")):
+            for attempt in (lambda: store.put("child", b"c"), lambda: store.delete("before"),
+                            lambda: store._log.sync(), store.checkpoint):
                 try:
-                    outcomes.append(f"acknowledged at LSN {{attempt()}}")
+                    attempt()
+                    outcomes.append("done")
                 except wal.WalError as exc:
                     outcomes.append(type(exc).__name__)
-            os.write(w, " ".join(outcomes).encode())
+            os.write(out_w, " ".join(outcomes).encode())
             os._exit(0)
+        print(store.put("parent", b"p"))  # acknowledged (sync) before the child tries anything
+        os.write(go_w, b"x")
         os.waitpid(pid, 0)
-        print(os.read(r, 4096).decode())
-        print(store.put("parent", b"p"))
+        print(os.read(out_r, 4096).decode())
+        print(store.put("parent2", b"p2"))
         store.close()
         """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[0] == "LockedError LockedError"
-    assert out[1] == "2"  # the parent's next LSN: the child took none
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split("\n")
+    assert out[0] == "2" and out[2] == "3"  # the parent's LSNs: the child took none
+    assert out[1] == "LockedError LockedError LockedError LockedError"
     with wal.open(tmp_path) as store:
-        assert dict(store.scan()) == {b"before": b"1", b"parent": b"p"}
+        assert dict(store.scan()) == {b"before": b"1", b"parent": b"p", b"parent2": b"p2"}
 
 
 def test_a_forked_child_that_never_uses_the_store_does_not_keep_it_locked_after_the_parent_closes(
