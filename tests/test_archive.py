@@ -1248,6 +1248,32 @@ def test_a_restore_killed_part_way_leaves_nothing_at_the_target_and_can_be_run_a
         assert dict(s.scan()) == expected
 
 
+def test_a_sweep_never_removes_the_build_of_a_restore_just_starting(tmp_path, monkeypatch):
+    """A second restore into the same directory sweeps abandoned builds first. The lock file of
+    one just starting was there unlocked for a moment (made, then locked): a sweep then took
+    the lock and removed the build, and the running restore failed. It is now locked under
+    another name and renamed into place. (The moment is widened here: the flock is slowed.)"""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url) as s:
+        for i in range(20):
+            s.put(f"k{i}", b"v" * 100, durability="replicated")
+    real = fcntl.flock
+
+    def slow_flock(fd: int, op: int) -> None:
+        if op == fcntl.LOCK_EX and threading.current_thread().name == "restoring":
+            time.sleep(0.5)
+        real(fd, op)
+
+    monkeypatch.setattr(restore_mod.fcntl, "flock", slow_flock)
+    got: list[object] = []
+    restoring = threading.Thread(target=lambda: got.append(wal.restore(url, tmp_path / "t").lsn), name="restoring")
+    restoring.start()
+    time.sleep(0.25)
+    restore_mod._sweep_abandoned_builds(str(tmp_path / "t"))  # what another restore into it does first
+    restoring.join(30)
+    assert got == [20]
+
+
 # ---- followers -------------------------------------------------------------------------------
 
 

@@ -382,11 +382,15 @@ def _building_prefix(root: str) -> str:
 
 
 def _hold_build(building: str) -> int:
-    """Make the directory a restore builds in, holding its lock file; the fd that holds it."""
+    """Make the directory a restore builds in, holding its lock file; the fd that holds it. The
+    lock file is locked under another name and renamed into place: a sweep never finds it
+    there unlocked (it would take the lock and remove the build being made)."""
     makedirs_durable(building)
-    fd = os.open(os.path.join(building, _BUILD_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    made = os.path.join(building, f"{_BUILD_LOCK}.new")
+    fd = os.open(made, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(made, os.path.join(building, _BUILD_LOCK))
     except BaseException:
         os.close(fd)
         raise
