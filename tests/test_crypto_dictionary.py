@@ -381,3 +381,38 @@ def test_readers_opened_before_their_writer_first_compresses_with_a_dictionary_r
     finally:
         reader.close()
         standby.close()
+
+
+def test_a_value_naming_a_dictionary_nowhere_stored_looks_for_it_at_most_once_a_second(
+        tmp_path: Path, zdict: bytes) -> None:
+    """Each read of a value compressed with a dictionary the store does not hold (damage, or one
+    never given) read every stored dictionary again: a scan of dicts/ (an archive: a LIST and a
+    GET of each) per read. One look a second at most; the reads still say which is missing."""
+    with wal.open(tmp_path, compression="zstd", compression_threshold=32) as store:
+        store.put("k", b"v" * 64)
+    other = bytes([CODEC_ZSTD]) + zstandard.ZstdCompressor(
+        dict_data=zstandard.ZstdCompressionDict(zdict)).compress(samples(1)[0] * 2)
+    with wal.open(tmp_path, compression="zstd", compression_threshold=32) as store:
+        sealer = store._sealer  # type: ignore[attr-defined]
+        looks = []
+        learn = sealer.learn_dictionaries
+        sealer.learn_dictionaries = lambda: looks.append(1) or learn()
+        for _ in range(200):
+            with pytest.raises(wal.MissingKeyError, match="compressed with zstd dictionary"):
+                sealer.open(other, b"ctx", lambda: "a value")
+        assert len(looks) == 1
+
+
+def test_a_stored_dictionary_that_says_it_is_compressed_is_damage_not_a_dictionary_to_look_for(
+        tmp_path: Path, zdict: bytes) -> None:
+    """A stored dictionary is never compressed. One whose codec byte says zstd, with a frame
+    naming an unknown dictionary, was opened as any value: its dictionary looked for, which read
+    this one again, under the lock the look holds (the reader hung). It is damage, named."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, compression="zstd", compression_threshold=32) as store:
+        store.put("k", b"v" * 100, durability="replicated")
+    frame = zstandard.ZstdCompressor(dict_data=zstandard.ZstdCompressionDict(zdict)).compress(b"x" * 5000)
+    (tmp_path / "a" / "dict").mkdir(exist_ok=True)
+    (tmp_path / "a" / "dict" / "0badd1c7.zdict").write_bytes(bytes([CODEC_ZSTD]) + frame)
+    with pytest.raises(SealDamagedError, match=r"dict/0badd1c7.zdict .* never compressed"):
+        for_reading(open_objects(url), {"compression": "zstd"})

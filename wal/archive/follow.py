@@ -71,7 +71,7 @@ from wal.errors import (
     WalError,
 )
 from wal.log import record
-from wal.store.sealed import store_dictionaries
+from wal.store.sealed import dict_file, store_dictionaries
 from wal.store.state import StateError
 from wal.store.store import Store, open_local
 
@@ -552,12 +552,13 @@ def _keep_dictionaries(objects: ObjectStore, store: Store) -> None:
     local = getattr(store, "_sealer", None)
     if not isinstance(objects, SealedObjects) or local is None:
         return
-    known = local.dictionaries
-    new = {did: data for did, data in objects.sealer.dictionaries.items() if did not in known}
+    # Told new by dicts/ itself, not by what the sealer knows: one a failed write left out is
+    # written by the next object's call (values compressed with it are appended only after).
+    new = [did for did in objects.sealer.dictionaries if not os.path.exists(dict_file(store.path, did))]
     if new:
-        for data in new.values():
-            local.add_dictionary(data)
-        store_dictionaries(store.path, local, list(new))
+        for did in new:
+            local.add_dictionary(objects.sealer.dictionaries[did])
+        store_dictionaries(store.path, local, new)
 
 
 def _append(store: Store, records: list[tuple[int, bytes]]) -> None:

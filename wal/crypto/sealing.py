@@ -89,9 +89,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import math
 import os
 import struct
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -113,6 +115,8 @@ TAG_BYTES = 16
 OVERHEAD = HEADER_BYTES + TAG_BYTES  # an encrypted value's envelope adds 49 bytes
 # A session is replaced after this many encryptions (never near the counter's 2^64).
 SESSION_LIMIT = 1 << 48
+# A value naming a dictionary not known has the stored ones read again, at most once a second.
+_LOOK_AGAIN_S = 1.0
 DEFAULT_THRESHOLD = 128  # values shorter than this are not worth a zstd frame (its ~10-byte header)
 ZSTD_LEVEL = 1  # as small as level 3 on agent JSON here (2.20x vs 2.22x), a quarter faster
 MAX_PLAIN_BYTES = 1 << 30  # a zstd frame claiming more than this is damage, not data (no bomb)
@@ -396,6 +400,7 @@ class Sealer:
         # one reads it. None: what was given at the start is all there is.
         self.learn_dictionaries: Callable[[], object] | None = None
         self._learning = threading.Lock()
+        self._looked_for: dict[int, float] = {}  # dictionary id -> when last looked for (monotonic)
         # A C session (wal._storecore.SealSession) or a _Session; the sealed Store.put reads it
         # from here (native/storecore.c, FastCommit) to seal in C with the same counter.
         self._session: Any = None
@@ -434,6 +439,10 @@ class Sealer:
     def open_dictionary(self, envelope: bytes, context: bytes, where: Callable[[], str]) -> int:
         """Know the dictionary sealed in `envelope` (`seal_dictionary`), for reading; its id.
         SealDamagedError if its bytes were changed or it does not load."""
+        if envelope[:1] and envelope[0] & CODEC_ZSTD:
+            # Never compressed (`seal_dictionary`): opening it would need a dictionary itself,
+            # and one naming an unknown one would have `_look_for` read this one again.
+            raise _damaged(where(), "a stored dictionary is never compressed, and this one says it is")
         payload = self.open(envelope, context, where)
         data, digest = payload[:-32], payload[-32:]
         if len(payload) < 32 or hashlib.sha256(data).digest() != digest:
@@ -645,6 +654,18 @@ class Sealer:
         except zstd.FrameError as exc:
             raise _damaged(where(), f"its zstd frame does not decode ({exc})") from None
 
+    def _look_for(self, dict_id: int) -> None:
+        """Have `learn_dictionaries` read the stored dictionaries, one thread at a time, at most
+        once a second for one id (a value naming one that truly is not there, damaged, read in a
+        loop, costs a listing a second, not one per read)."""
+        with self._learning:
+            now = time.monotonic()
+            if dict_id in self._dicts or now - self._looked_for.get(dict_id, -math.inf) < _LOOK_AGAIN_S:
+                return
+            self._looked_for[dict_id] = now
+            assert self.learn_dictionaries is not None
+            self.learn_dictionaries()
+
     def _decompressor(self, dict_id: int, where: Callable[[], str]) -> zstd.Decompressor:
         cache = getattr(self._local, "d", None)
         if cache is None:
@@ -652,9 +673,7 @@ class Sealer:
         d: zstd.Decompressor | None = cache.get(dict_id)
         if d is None:
             if dict_id and dict_id not in self._dicts and self.learn_dictionaries is not None:
-                with self._learning:
-                    if dict_id not in self._dicts:
-                        self.learn_dictionaries()
+                self._look_for(dict_id)
             if dict_id and dict_id not in self._dicts:
                 raise MissingKeyError(f"{where()} is compressed with zstd dictionary {dict_id:08x}, which was not "
                                       "given: open with compression_dict= that dictionary (a store keeps its "
