@@ -995,6 +995,16 @@ int wal_log_watermarks(wal_log *log, uint64_t *out) {
     return failed;
 }
 
+int wal_log_watermarks_archived(wal_log *log, uint64_t *out) {
+    pthread_mutex_lock(&log->mu);
+    out[0] = log->appended;
+    out[1] = log->written;
+    out[2] = log->durable < log->archived ? log->durable : log->archived;
+    int failed = log->failed ? log->failed : (log->closed ? WAL_ECLOSED : 0);
+    pthread_mutex_unlock(&log->mu);
+    return failed;
+}
+
 uint64_t wal_log_write_failed_through(wal_log *log) {
     pthread_mutex_lock(&log->mu);
     uint64_t v = log->write_failed_through > log->written ? log->write_failed_through : 0;

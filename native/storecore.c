@@ -822,6 +822,9 @@ typedef struct {
     wal_log *marks;      /* the same handle, kept for reads' watermark (NULL: read-only) */
     CommitLock *lock;    /* the store's commit lock */
     overlay ov;          /* acknowledged-or-about-to-be versions not yet in LMDB */
+    /* The watermarks reads take V from: wal_log_watermarks, or at `replicated`
+     * wal_log_watermarks_archived (acknowledge_archived()): NULL until then. */
+    int (*marks_fn)(wal_log *log, uint64_t *out);
     PyObject *wake_set;  /* the materializer's Event: bound set / is_set */
     PyObject *wake_is_set;
     int level;
@@ -1204,9 +1207,20 @@ static PyObject *core_visible_lsn(Core *c, PyObject *unused) {
         return NULL;
     }
     uint64_t marks[3]; /* appended, written, durable */
-    (void)g_watermarks(c->marks, marks); /* a failed log's marks still stand; its code is for writers */
+    (void)(c->marks_fn ? c->marks_fn : g_watermarks)(c->marks, marks); /* a failed log's marks still stand */
     int at = c->level == WAL_LEVEL_SYNC ? 2 : c->level == WAL_LEVEL_INTERVAL ? 1 : 0;
     return PyLong_FromUnsignedLongLong(marks[at]);
+}
+
+/* acknowledge_archived(address): the store acknowledges at `replicated`; its reads' V is then no
+ * higher than the archive's watermark, from `address` (the cffi module's
+ * wal_log_watermarks_archived): a commit durable here but not yet held by the object store is
+ * not acknowledged, and no other thread reads it (machine loss would take it back). */
+static PyObject *core_acknowledge_archived(Core *c, PyObject *address) {
+    unsigned long long p = PyLong_AsUnsignedLongLong(address);
+    if (p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    c->marks_fn = (int (*)(wal_log *, uint64_t *))(uintptr_t)p;
+    Py_RETURN_NONE;
 }
 
 /* ---- Reads: a get, a batch of gets, the start of a scan, a snapshot, each in one call ----
@@ -1232,7 +1246,7 @@ static const wal_lmdb_capi *g_lmdb; /* set by bind_lmdb() */
 static uint64_t read_limit(Core *c) {
     if (c->marks == NULL || g_watermarks == NULL) return UINT64_MAX;
     uint64_t marks[3]; /* appended, written, durable */
-    (void)g_watermarks(c->marks, marks);
+    (void)(c->marks_fn ? c->marks_fn : g_watermarks)(c->marks, marks);
     return marks[c->level == WAL_LEVEL_SYNC ? 2 : c->level == WAL_LEVEL_INTERVAL ? 1 : 0];
 }
 
@@ -1539,6 +1553,8 @@ static PyMethodDef core_methods[] = {
      "take(durable_lsn, limit) -> (first, last, commits, puts, deletes, idem) or None (commit lock held)."},
     {"prune", (PyCFunction)(void (*)(void))core_prune, METH_FASTCALL,
      "prune(applied_lsn, puts, deletes): drop applied versions of those keys from the overlay (lock held)."},
+    {"acknowledge_archived", (PyCFunction)core_acknowledge_archived, METH_O,
+     "acknowledge_archived(address): reads see only what the object archive holds (a replicated store)."},
     {"visible_lsn", (PyCFunction)core_visible_lsn, METH_NOARGS,
      "visible_lsn() -> the highest LSN acknowledged at the store's level (durable, written or appended)."},
     {"overlay_get", (PyCFunction)(void (*)(void))core_overlay_get, METH_FASTCALL,

@@ -172,6 +172,9 @@ void wal_log_free(wal_log *log);  /* after close, when no thread can call in */
 void wal_log_get_stats(wal_log *log, wal_log_stats *out);
 /* out[0..3) = appended, written, durable LSN; returns the failure code (0 while running). */
 int wal_log_watermarks(wal_log *log, uint64_t *out);
+/* The same, with out[2] no higher than the archive's watermark (wal_log_set_archived): what is
+ * acknowledged at `replicated`, for that level's reads and its materializer. */
+int wal_log_watermarks_archived(wal_log *log, uint64_t *out);
 /* Last LSN of a write that failed for lack of space, if still unwritten (else 0). */
 uint64_t wal_log_write_failed_through(wal_log *log);
 /* What that write lacked: ENOSPC or EDQUOT (space), EMFILE or ENFILE (a descriptor for a

@@ -425,6 +425,32 @@ def test_lag_over_the_bound_refuses_commits_with_policy_error(tmp_path):
         assert s.get("c") == b"3"
 
 
+def test_a_replicated_commit_is_read_by_no_other_thread_before_the_archive_holds_it(tmp_path):
+    """At `replicated` a commit is acknowledged once the object store holds it too. Another
+    thread read it as soon as it was durable here (get, version, scan, snapshot), while its own
+    put still waited, so an agent could act on what a machine loss then took back. Reads see a
+    replicated store's commits from the archive's watermark on, and the state is applied up to
+    it."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, durability="replicated") as s:
+        s.put("x", b"0")
+        with Blocked(url):
+            writer = threading.Thread(target=s.put, args=("x", b"1"))
+            writer.start()
+            time.sleep(0.5)
+            assert writer.is_alive() and s.stats()["archived_lsn"] == 1
+            assert s.watermarks.durable == 2  # durable here: the local part is done
+            assert (s.get("x"), s.version("x"), list(s.scan("x"))) == (b"0", 1, [(b"x", b"0")])
+            assert s.get_many(["x"]) == [b"0"]
+            with s.snapshot() as snap:
+                assert snap.get("x") == b"0"
+            s.checkpoint()  # the state takes nothing the archive does not hold
+            assert s.watermarks.applied == 1
+        writer.join(10)
+        assert not writer.is_alive()
+        assert (s.get("x"), s.version("x")) == (b"1", 2)
+
+
 def test_coroutines_held_back_by_the_bound_hold_no_thread_of_the_default_executor(tmp_path):
     """Policy "block" from asyncio: each held-back commit waited in a thread of the loop's
     default executor (asyncio.to_thread), so with more of them than its threads every other

@@ -75,8 +75,8 @@ try:
 except ImportError as exc:
     raise ImportError(_core_missing(exc)) from exc
 
-__all__ = ["append_nowait", "append_record", "check", "durable_lsn_reader", "ffi", "handle_address", "lib",
-           "lmdbcall", "object_records", "raise_code", "span_records", "storecore"]
+__all__ = ["WATERMARKS_ARCHIVED", "append_nowait", "append_record", "check", "durable_lsn_reader", "ffi",
+           "handle_address", "lib", "lmdbcall", "object_records", "raise_code", "span_records", "storecore"]
 
 
 def _address(name: str) -> int:
@@ -90,6 +90,8 @@ _appendcall.bind(*_LOG_CALLS)
 _storecore.bind(*_LOG_CALLS)
 _WATERMARKS = _address("wal_log_watermarks")
 _storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
+# ... at `replicated`, this one: no higher than the archive's (Core.acknowledge_archived)
+WATERMARKS_ARCHIVED = _address("wal_log_watermarks_archived")
 _storecore.bind_lmdb(_lmdbcall.CAPI)  # ... and read LMDB through wal._lmdbcall's C API (native/lmdbapi.h)
 storecore = _storecore
 # Sealing sessions in C for wal/crypto/sealing.py, which sits below this floor (native/sealcore.c).
@@ -117,11 +119,13 @@ def handle_address(handle: Any) -> int:
     return int(ffi.cast("uintptr_t", handle))
 
 
-def durable_lsn_reader(log: Any, native_address: int) -> Callable[[], int]:
+def durable_lsn_reader(log: Any, native_address: int, *, archived: bool = False) -> Callable[[], int]:
     """The durable LSN of `log` (a wal.Log taking appends; `native_address` its handle's
     address) as a callable that `State.apply` reads in C without taking the GIL back
-    (native/lmdbcall.c, DurableLsn). It keeps `log`, so the handle outlives it."""
-    reader: Callable[[], int] = _lmdbcall.DurableLsn(_WATERMARKS, native_address, log)
+    (native/lmdbcall.c, DurableLsn). It keeps `log`, so the handle outlives it. `archived`: no
+    higher than the archive's watermark (what `replicated` acknowledges)."""
+    reader: Callable[[], int] = _lmdbcall.DurableLsn(WATERMARKS_ARCHIVED if archived else _WATERMARKS,
+                                                     native_address, log)
     return reader
 
 

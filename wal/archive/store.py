@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from wal._bindings import WATERMARKS_ARCHIVED, durable_lsn_reader
 from wal.archive import layout
 from wal.archive.objects import (
     ArchiveUnavailableError,
@@ -433,6 +434,12 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     except BaseException:
         store.close()
         raise
+    if store._replicated and store._log is not None and store._log.native_address:
+        # Acknowledged at `replicated` = held by the archive too: no other thread reads a commit,
+        # nor does the materializer put it in the state, before the archive holds it (its
+        # commit not returned yet, and a machine loss would take it back).
+        store._core.acknowledge_archived(WATERMARKS_ARCHIVED)
+        store._apply_limit_lsn = durable_lsn_reader(store._log, store._log.native_address, archived=True)
     return store
 
 

@@ -19,7 +19,8 @@ LMDB, newest first, in a C hash table owned by the commit core (native/overlay.h
 commits enter versions under the commit lock, the materializer drops applied ones under
 it, and a read looks a key up in one C call, which the GIL makes atomic, so reads take
 no lock. A read takes the newest version whose LSN is acknowledged under the store's
-level (sync: durable; interval: written; buffered: appended) and otherwise reads LMDB:
+level (sync: durable; interval: written; buffered: appended; replicated: durable and held by
+the object archive) and otherwise reads LMDB:
 it looks the key up, and if the newest version is above the watermark it reads next,
 looks again for the newest at or below that watermark. A commit acknowledged before a
 read starts is at or below any watermark the read takes, and is in the overlay or
@@ -449,10 +450,13 @@ class Store:
                                     self._wake, level.code, max_unapplied, checkpoint_bytes)
         self._commit_fast = self._core.commit
         self._core.bind_state(state.lmdb_env)  # reads in one C call (get, version, get_many, scan)
-        # I1's durable LSN for State.apply, read in C without the GIL (native/lmdbcall.c): a
-        # Python callable would make apply take the GIL back from a thread busy putting.
-        self._durable_lsn = (durable_lsn_reader(log, log.native_address) if log is not None and log.native_address
-                             else lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
+        # The LSN the materializer applies up to (I1: the durable LSN; at `replicated` no higher
+        # than the archive's, wal/archive/store.py), for State.apply read in C without the GIL
+        # (native/lmdbcall.c): a Python callable would make apply take the GIL back from a
+        # thread busy putting.
+        self._apply_limit_lsn: Callable[[], int] = (
+            durable_lsn_reader(log, log.native_address) if log is not None and log.native_address
+            else lambda: self._log.watermarks.durable)  # type: ignore[union-attr]
         self._idem_pending: dict[bytes, int] = {}
         self._applied = state.applied_lsn()
         self._last_checkpoint = time.time()
@@ -1061,13 +1065,13 @@ class Store:
             # state) only delays the apply until space returns.
             batch = self._unapplied_batch
             if batch is None:
-                durable = self._log.watermarks.durable
+                durable = self._apply_limit_lsn()
                 with self._commit_lock:
                     batch = self._core.take(durable, limit)  # collapsed to each key's last write, in C
                 if batch is None:
                     return 0
             try:
-                self._applied = self._state.apply(batch, self._durable_lsn, background=background)
+                self._applied = self._state.apply(batch, self._apply_limit_lsn, background=background)
             except BaseException as exc:
                 self._unapplied_batch = batch
                 if not _retryable(exc):  # anything else stops writes (reads keep working)
