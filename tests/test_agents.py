@@ -145,6 +145,19 @@ def test_begin_call_is_sync_durable_under_buffered_store(tmp_path: Path) -> None
         s.close()
 
 
+def test_begin_call_on_a_replicated_store_is_held_by_the_archive_when_it_returns(tmp_path: Path) -> None:
+    """begin_call asked for durability="sync", which a store at "replicated" refuses as weaker
+    than its own: every intent failed with ArgumentError. It asks for the store's level there,
+    and the intent is in the archive when begin_call returns."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "db", durability="replicated", archive=url) as s:
+        ag = AgentStore(s)
+        rec = ag.begin_call("t", "c1", "tool", b"a")
+        lsn = s.version(ag._ckey(b"c1", b"i"))
+        assert rec.call_id == "c1" and lsn is not None and s.stats()["archived_lsn"] >= lsn
+        assert [c.call_id for c in ag.pending_calls()] == ["c1"]
+
+
 def test_concurrent_begin_call_registers_once(store: wal.Store) -> None:
     ag = AgentStore(store)
     results = []

@@ -1312,6 +1312,12 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
     assert replica.get("k29") == b"a"
     with pytest.raises(wal.ReadOnlyError):
         replica.put("x", b"y")
+    # Every write of the Store API, the async ones too (they were AttributeError).
+    for write in (lambda: replica.delete("x"), replica.transaction, lambda: replica.update("x", bytes),
+                  lambda: asyncio.run(replica.aput("x", b"y")), lambda: asyncio.run(replica.adelete("x")),
+                  lambda: asyncio.run(replica.aupdate("x", bytes)), replica.atransaction):
+        with pytest.raises(wal.ReadOnlyError, match="promote"):
+            write()
     for i in range(30, 60):
         primary.put(f"k{i}", b"b")
     wait_until(lambda: replica.lsn == 60)

@@ -12,7 +12,8 @@ Contracts
   transaction. Sequence numbers start at 1 and are contiguous per thread even with
   concurrent appenders: each append checks the thread's record key with ``if_version``
   and retries on `wal.ConflictError`.
-* ``begin_call`` makes the intent durable (``durability="sync"``) before it returns, so
+* ``begin_call`` makes the intent durable (``durability="sync"``, or the store's level where
+  that is ``"replicated"``) before it returns, so
   a side effect started after it is never forgotten; ``end_call`` records the outcome.
   ``pending_calls()`` lists intents without outcome (after a crash: reconcile them).
   ``begin_call`` of a finished call returns the recorded outcome instead of
@@ -266,6 +267,10 @@ class AgentStore:
         # A sealed store's blob files are sealed too, with its keys and codec (wal/crypto/).
         self._sealer: Sealer | None = getattr(store, "_sealer", None)
         self._blob_lock = _blob_lock_for(os.path.realpath(store.path))
+        # begin_call's intent is made durable: "sync", unless the store's own level is that or
+        # stronger ("replicated", where asking for the weaker "sync" is refused).
+        level = getattr(getattr(store, "_durability", None), "level", None)
+        self._intent_durability = None if level in ("sync", "replicated") else "sync"
 
     # ---- keys -------------------------------------------------------------------------------
 
@@ -589,7 +594,7 @@ class AgentStore:
                 tx.put(self._tkey(tname, b"c", cname), b"")
 
             try:
-                self._mutate(thread, body, durability="sync")
+                self._mutate(thread, body, durability=self._intent_durability)
             except ConflictError as exc:
                 if exc.key == ikey:
                     continue  # registered concurrently: report that one

@@ -169,8 +169,15 @@ class Follower:
     def put(self, *_a: object, **_k: object) -> int:
         raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
 
-    delete = put
-    transaction = put
+    delete = transaction = update = put  # every write of the Store API, and the async ones below
+
+    async def aput(self, *_a: object, **_k: object) -> int:
+        raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
+
+    adelete = aupdate = aput
+
+    def atransaction(self, *_a: object, **_k: object) -> Any:
+        raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
 
     def lag(self) -> dict[str, float]:
         """lag_lsns: LSNs the archive held at the last listing that are not applied here;
