@@ -451,6 +451,32 @@ def test_a_replicated_commit_is_read_by_no_other_thread_before_the_archive_holds
         assert (s.get("x"), s.version("x")) == (b"1", 2)
 
 
+def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_path):
+    """A share unmounted under a running writer leaves its empty mount point; an archive folder
+    deleted may be made anew. The writer made the folders it missed and shipped on there:
+    `replicated` commits were acknowledged into a folder the archive is not. It ships only into
+    the folder it first wrote to: a commit waits until that one is back."""
+    archive = tmp_path / "a"
+    url = f"file://{archive}"
+    with wal.open(tmp_path / "s", archive=url, durability="replicated") as s:
+        s.put("before", b"1")
+        os.rename(archive, tmp_path / "away")
+        archive.mkdir()  # an empty folder in its place, as an unmounted share's mount point
+        writer = threading.Thread(target=s.put, args=("paid", b"yes"))
+        writer.start()
+        time.sleep(1.0)
+        assert writer.is_alive(), "acknowledged at replicated, shipped into another folder"
+        assert list(archive.iterdir()) == []
+        assert "is another folder" in (s.stats()["archive_error"] or "")
+        archive.rmdir()
+        os.rename(tmp_path / "away", archive)  # the share is back
+        writer.join(30)
+        assert not writer.is_alive()
+    report = wal.restore(url, tmp_path / "r")
+    with wal.open(tmp_path / "r") as r:
+        assert report.lsn == 2 and r.get("paid") == b"yes"
+
+
 def test_coroutines_held_back_by_the_bound_hold_no_thread_of_the_default_executor(tmp_path):
     """Policy "block" from asyncio: each held-back commit waited in a thread of the loop's
     default executor (asyncio.to_thread), so with more of them than its threads every other
@@ -1563,6 +1589,30 @@ def test_restore_into_a_mount_point_is_refused_before_anything_is_downloaded(tmp
             wal.restore(url, disk)
         assert os.listdir(disk) == [] and sorted(os.listdir(tmp_path)) == ["a", "disk", "p"]
         assert wal.restore(url, disk / "store").lsn == 1  # as the error says
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
+def test_a_put_to_a_full_file_archive_leaves_no_partial_file_eating_the_space(tmp_path):
+    """A write refused for lack of space left its `.tmp-*` file (removed only by the hourly
+    sweep of stale ones): each retry left another, and they took the space an operator freed,
+    so shipping never resumed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
+    try:
+        objects = FileObjects(str(disk / "archive"))
+        objects.put("log/1.wal", b"x" * 1000)
+        free = os.statvfs(disk).f_bavail
+        for attempt in range(3):
+            with pytest.raises(ArchiveUnavailableError, match="No space left"):
+                objects.put(f"log/{attempt + 2}.wal", os.urandom(2 << 20))
+        assert sorted(os.listdir(disk / "archive" / "log")) == ["1.wal"]
+        assert os.statvfs(disk).f_bavail == free
+        objects.put("log/2.wal", b"y" * 1000)  # room for what fits: shipping goes on
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 

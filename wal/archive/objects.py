@@ -298,6 +298,12 @@ class FileObjects(ObjectStore):
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
         self._made: set[str] = set()  # directories known to exist durably (makedirs_durable fsyncs)
+        # The archive's folder as this handle first found (or made) it: (st_dev, st_ino). Made
+        # only by the first put (a writer's open), never again; a folder gone later, or another
+        # in its place (a share unmounted leaves its empty mount point; an archive deleted and
+        # made anew), is refused: objects would be stored there -- and `replicated` commits
+        # acknowledged -- that the archive does not hold.
+        self._root_id: tuple[int, int] | None = None
         self._local: bool | None = None  # on a local disk (not a network or FUSE filesystem): see read_ranged
 
     def _path(self, name: str) -> str:
@@ -323,13 +329,35 @@ class FileObjects(ObjectStore):
                         removed += 1
         return removed
 
+    def _check_root(self, name: str) -> None:
+        """Refuse a put into an archive folder that is not the one this handle wrote to (above)."""
+        if self._root_id is None:
+            return
+        try:
+            st = os.stat(self.root)
+            found: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            found = None
+        if found != self._root_id:
+            what = "is gone" if found is None else "is another folder than the one written to so far"
+            raise ArchiveUnavailableError(
+                f"writing {self.url}/{name}: the archive's folder {self.root} {what} (a share unmounted, or the "
+                "archive deleted or replaced); it is not written into, where it would hold objects the archive "
+                "does not: mount it again (or put it back) and shipping goes on, or reopen the store to ship to "
+                "this folder")
+
     def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
         path = self._path(name)
         directory = os.path.dirname(path)
+        tmp = ""
         try:
             if directory not in self._made:
+                self._check_root(name)
                 makedirs_durable(directory)
                 self._made.add(directory)
+                if self._root_id is None:
+                    st = os.stat(self.root)
+                    self._root_id = (st.st_dev, st.st_ino)
             tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             view = memoryview(data)
@@ -352,11 +380,15 @@ class FileObjects(ObjectStore):
             finally:
                 if tmp:
                     os.unlink(tmp)
+                    tmp = ""
             fsync_dir(directory)
         except ArchiveError:
             raise
         except OSError as exc:
-            self._made.discard(directory)  # it may have gone (an unmounted share): make it again
+            if tmp:  # a write or fsync refused (a full disk): the partial file goes, and its space
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self._made.discard(directory)  # it may have gone: looked at again (the folder never made again)
             raise ArchiveUnavailableError(f"writing {self.url}/{name}: {exc}") from exc
 
     def get(self, name: str) -> bytes:
