@@ -1617,6 +1617,40 @@ def test_a_put_to_a_full_file_archive_leaves_no_partial_file_eating_the_space(tm
         subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
+def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_once_there_is_room(tmp_path):
+    """With a few KiB free, a restore died of SIGBUS (LMDB sets up its lock file through a
+    mapping of it); with tens of KiB, it built the store, moved it into place, then failed at
+    its first open and left it there, so a restore once there was room was refused ("not an
+    empty directory"). Both are NoSpaceError now, with nothing left at the target. In a child
+    process, so that a SIGBUS shows as one."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        for i in range(50):
+            primary.put(f"k{i}", b"v" * 1000)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
+    child = ("import sys, wal\n"
+             "try:\n    wal.restore(sys.argv[1], sys.argv[2])\nexcept wal.NoSpaceError as exc:\n"
+             "    print('NoSpaceError', exc)\n")
+    try:
+        for free in (4 << 10, 56 << 10):
+            filler = disk / "filler"
+            with open(filler, "wb") as f:
+                f.write(b"\0" * ((os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize) - free))
+            ran = subprocess.run([sys.executable, "-c", child, url, str(disk / "r")], check=False, capture_output=True,
+                                 text=True, timeout=120)
+            assert ran.returncode == 0 and ran.stdout.startswith("NoSpaceError"), (free, ran.returncode, ran.stderr)
+            assert sorted(os.listdir(disk)) == ["filler"]
+            filler.unlink()
+        assert wal.restore(url, disk / "r").lsn == 50
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
 def test_an_idle_follower_waiting_on_an_unfinished_tail_lists_only_what_is_new(tmp_path):
     """While the archive ends in an unfinished tail (its writer lost with PUTs in flight: when a
     follower waits to be promoted), every poll listed all of merged/ and read the tail's headers

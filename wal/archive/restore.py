@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import logging
 import os
@@ -326,6 +327,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     # Built beside `root` and moved into place whole, so `root` never holds half a store.
     building = os.path.join(os.path.dirname(root), f"{_building_prefix(root)}{os.urandom(4).hex()}")
     made = _missing_dirs(os.path.dirname(root))  # a refused restore leaves none of them behind
+    existed = os.path.isdir(root)  # an empty directory (checked above)
     _sweep_abandoned_builds(root)
     held = -1
     try:
@@ -363,7 +365,20 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
             raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
         raise
     os.close(held)
-    open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
+    try:
+        open_local(root, **with_dictionaries(objects, sealing)).close()  # an ordinary store: it opens as one
+    except BaseException as exc:
+        # Its first open writes too (its log's first segment, the state's metadata): refused (a
+        # full disk), the store is not left in place, where it would refuse a restore once there
+        # is room ("not an empty directory"); what was there before (nothing, or an empty
+        # directory) is.
+        shutil.rmtree(root, ignore_errors=True)
+        if existed:
+            with contextlib.suppress(OSError):
+                os.mkdir(root)
+        if isinstance(exc, OSError):
+            raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
+        raise
     return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
 
@@ -375,6 +390,19 @@ _BUILD_LOCK = ".restore-lock"
 # An abandoned build's directory without its lock file (killed between making one and the
 # other, or between giving the lock file up and the rename into place) is removed once this old.
 _UNLOCKED_BUILD_AGE_S = 60.0
+
+
+# Free space a restore needs before it opens the state it builds: LMDB sets up its lock file
+# through a shared mapping of it, and a page of that mapping the disk has no block for is a
+# SIGBUS, not an error (a restore into a disk with a few KiB left died so).
+_MIN_FREE_BYTES = 1 << 20
+
+
+def _check_room(root: str) -> None:
+    st = os.statvfs(root)
+    if st.f_bavail * st.f_frsize < _MIN_FREE_BYTES:
+        raise OSError(errno.ENOSPC, f"{st.f_bavail * st.f_frsize} bytes free, fewer than a restore needs to start "
+                                    f"({_MIN_FREE_BYTES})", root)
 
 
 def _building_prefix(root: str) -> str:
@@ -458,6 +486,7 @@ class StoreBuilder:
         self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentwal-restore-syncer")
         self._syncing: concurrent.futures.Future[None] | None = None
         self._data_fd = -1
+        _check_room(root)
         self._state: State | None = State(os.path.join(root, store_mod.STATE_DIR))
         try:
             self._data_fd = os.open(os.path.join(root, store_mod.STATE_DIR, DATA_FILE), os.O_RDONLY)
