@@ -1651,6 +1651,39 @@ def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_o
         subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
+def test_a_follower_whose_disk_fills_goes_on_once_space_returns_and_promotes(tmp_path):
+    """A record the follower's log took before its write was refused for lack of space stays in
+    the log, written once space returns; the follower appended it again on its next poll: an LSN
+    mismatch, a stray record in its log at each poll, and a follower that never caught up and
+    could not be promoted."""
+    url = f"file://{tmp_path}/a"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=800k", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
+    try:
+        with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=1000) as primary:
+            primary.put("a", b"1", durability="replicated")
+            replica = wal.follow(url, disk / "f", poll_ms=50)
+            try:
+                for i in range(300):
+                    last = primary.put(f"k{i:04d}", os.urandom(4000))
+                primary.put("end", b"1", durability="replicated")
+                wait_until(lambda: "NoSpaceError" in (replica.stats()["follower_error"] or ""))
+                subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+                wait_until(lambda: replica.lsn == last + 1, timeout=60)
+                assert replica.stats()["follower_error"] is None
+                assert replica.get("k0299") is not None and replica.get("end") == b"1"
+                with replica.promote() as promoted:
+                    assert promoted.put("after", b"x") == last + 3  # after "end" and the fence
+            finally:
+                replica.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+
+
 def test_an_idle_follower_waiting_on_an_unfinished_tail_lists_only_what_is_new(tmp_path):
     """While the archive ends in an unfinished tail (its writer lost with PUTs in flight: when a
     follower waits to be promoted), every poll listed all of merged/ and read the tail's headers

@@ -577,6 +577,15 @@ def _append(store: Store, records: list[tuple[int, bytes]]) -> None:
         txn = record.decode(payload, lsn)
         while True:
             with store._commit_lock:
+                # Taken already by an earlier call that then failed waiting for durability (a
+                # full disk: the log keeps it and writes it once space returns): not again.
+                # Anything but the next LSN is refused before the log gives it one.
+                appended = log.watermarks.appended
+                if lsn <= appended:
+                    break
+                if lsn != appended + 1:
+                    raise CorruptionError(f"the follower's log in {store.path} ends at LSN {appended}, and the next "
+                                          f"record archived is LSN {lsn}", lsn=lsn, reason="follower LSN mismatch")
                 got = log.enqueue(payload, durability="sync", block=False)
                 if got is not None:
                     if got != lsn:

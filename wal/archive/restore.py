@@ -395,7 +395,7 @@ _UNLOCKED_BUILD_AGE_S = 60.0
 # Free space a restore needs before it opens the state it builds: LMDB sets up its lock file
 # through a shared mapping of it, and a page of that mapping the disk has no block for is a
 # SIGBUS, not an error (a restore into a disk with a few KiB left died so).
-_MIN_FREE_BYTES = 1 << 20
+_MIN_FREE_BYTES = 256 << 10
 
 
 def _check_room(root: str) -> None:
