@@ -451,6 +451,39 @@ def test_a_replicated_commit_is_read_by_no_other_thread_before_the_archive_holds
         assert (s.get("x"), s.version("x")) == (b"1", 2)
 
 
+def test_a_conflict_at_replicated_is_raised_once_the_conflicting_commit_is_readable(tmp_path):
+    """A commit refused for a conflict waits until the commit it conflicted with is readable, so
+    a retry reads that version and makes progress. At `replicated` that is once the archive
+    holds it: waiting for it to be durable here only, a retry loop read the old version again
+    and spun for as long as the object store was out."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, durability="replicated") as s:
+        s.put("k", b"0")
+        with Blocked(url):
+            writer = threading.Thread(target=s.put, args=("k", b"1"))
+            writer.start()
+            wait_until(lambda: s.watermarks.durable == 2)
+            conflicts = []
+
+            def retry_loop() -> None:
+                while True:
+                    version = s.version("k")
+                    try:
+                        with s.transaction() as tx:
+                            tx.put("k", b"2", if_version=version)
+                        return
+                    except wal.ConflictError:
+                        conflicts.append(version)
+
+            retrying = threading.Thread(target=retry_loop)
+            retrying.start()
+            time.sleep(0.6)
+            assert conflicts == [] and retrying.is_alive()  # the conflict waits: no spin on the old version
+        writer.join(10)
+        retrying.join(10)
+        assert not retrying.is_alive() and s.get("k") == b"2" and conflicts == [1]
+
+
 def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_path):
     """A share unmounted under a running writer leaves its empty mount point; an archive folder
     deleted may be made anew. The writer made the folders it missed and shipped on there:

@@ -41,7 +41,7 @@ from wal.archive.sealed import SealedObjects
 from wal.archive.sealed import wrap as seal_objects
 from wal.archive.shipper import ADMIT_POLL_S, Resolved, Shipper, wait_for_lingering_puts
 from wal.archive.spool import SpooledSnapshot
-from wal.errors import ArgumentError, FailedError, NoSpaceError, storage_error
+from wal.errors import ArgumentError, ConflictError, FailedError, NoSpaceError, WalError, storage_error
 from wal.log import record
 from wal.store.sealed import plan as plan_sealing
 from wal.store.store import Store, shipping_archive
@@ -153,10 +153,28 @@ class ArchivedStore(Store):
                             payload: bytes | None = None, *, wait_visible: bool = True) -> tuple[int, bool]:
         await self._admit_async()
         replicated = self._is_replicated(durability)
-        done = await super()._commit_async(txn, checks, self._inner(durability), payload, wait_visible=wait_visible)
+        try:
+            done = await super()._commit_async(txn, checks, self._inner(durability), payload,
+                                               wait_visible=wait_visible)
+        except ConflictError as exc:
+            # As `_until_visible`: raised once the conflicting commit is readable, here once the
+            # archive holds it too (a replicated store's reads wait for that).
+            lsn = exc.conflicting_lsn
+            if wait_visible and self._replicated and lsn is not None and lsn > self._visible_lsn():
+                with contextlib.suppress(WalError):
+                    await self._wait_archived_async(lsn)
+            raise
         if replicated:
             await self._wait_archived_async(done[0])
         return done
+
+    def _until_visible(self, lsn: int | None) -> None:
+        """A replicated store's reads see a commit once the archive holds it: a caller told of a
+        conflict waits for that too, or its retry reads the version it conflicted with, again."""
+        super()._until_visible(lsn)
+        if self._replicated and lsn is not None and self._log is not None and lsn > self._visible_lsn():
+            with contextlib.suppress(WalError):
+                self._wait_archived(lsn)
 
     async def _admit_async(self) -> None:
         """`_admit` for a coroutine: it sleeps on its loop while held back (policy "block"); a
