@@ -1677,6 +1677,7 @@ def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_o
             ran = subprocess.run([sys.executable, "-c", child, url, str(disk / "r")], check=False, capture_output=True,
                                  text=True, timeout=120)
             assert ran.returncode == 0 and ran.stdout.startswith("NoSpaceError"), (free, ran.returncode, ran.stderr)
+            assert "restore again once there is room" in ran.stdout  # a restore's advice, not a store's
             assert sorted(os.listdir(disk)) == ["filler"]
             filler.unlink()
         assert wal.restore(url, disk / "r").lsn == 50

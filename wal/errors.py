@@ -152,10 +152,11 @@ def no_descriptor_error(doing: str, detail: str, code: int) -> StorageError:
     return StorageError(message, errno=code)
 
 
-def storage_error(exc: OSError, doing: str) -> WalError:
+def storage_error(exc: OSError, doing: str, advice: dict[int, str] | None = None) -> WalError:
     """The WalError for an OSError met while `doing` (e.g. "opening the store in /x"): itself if
     it already is one; NoSpaceError for ENOSPC/EDQUOT, NotFoundError for ENOENT, else
-    StorageError -- each keeping errno and filename and saying what the caller can do."""
+    StorageError -- each keeping errno and filename and saying what the caller can do (a
+    store's caller; `advice`, by errno, in place of that for another one, a restore's)."""
     if isinstance(exc, WalError):
         return exc
     code = exc.errno
@@ -165,8 +166,8 @@ def storage_error(exc: OSError, doing: str) -> WalError:
     if code is not None and not exc.strerror:
         what = _os.strerror(code)
     where = f" ({exc.filename})" if exc.filename else ""
-    advice = _ADVICE.get(code or 0)
-    message = f"{doing}: {what}{where}" + (f"; {advice}" if advice else "")
+    said = (advice or {}).get(code or 0) or _ADVICE.get(code or 0)
+    message = f"{doing}: {what}{where}" + (f"; {said}" if said else "")
     cls: type[StorageError] = StorageError
     if code in (_errno.ENOSPC, _errno.EDQUOT):
         cls = NoSpaceError

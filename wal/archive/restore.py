@@ -362,7 +362,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
             with contextlib.suppress(OSError):
                 os.rmdir(made_dir)
         if isinstance(exc, OSError):  # a full disk: NoSpaceError, as for any store write
-            raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
+            raise storage_error(exc, f"restoring {objects.url} into {root}", _RESTORE_ADVICE) from exc
         raise
     os.close(held)
     try:
@@ -377,7 +377,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
             with contextlib.suppress(OSError):
                 os.mkdir(root)
         if isinstance(exc, OSError):
-            raise storage_error(exc, f"restoring {objects.url} into {root}") from exc
+            raise storage_error(exc, f"restoring {objects.url} into {root}", _RESTORE_ADVICE) from exc
         raise
     return RestoreReport(root, end, snap_lsn, builder.records, count + 1, nbytes + snap_bytes,
                          _time.monotonic() - started, download, tuple(p.name for p in tail)), writer
@@ -392,6 +392,11 @@ _BUILD_LOCK = ".restore-lock"
 _UNLOCKED_BUILD_AGE_S = 60.0
 
 
+# What a refused restore tells its caller (errors.storage_error's advice is a running store's).
+_RESTORE_ADVICE = {
+    errno.ENOSPC: "the filesystem is full: nothing of the restore was left behind; restore again once there is room",
+    errno.EDQUOT: "the disk quota is used up: nothing of the restore was left behind; restore again once there is room",
+}
 # Free space a restore needs before it opens the state it builds: LMDB sets up its lock file
 # through a shared mapping of it, and a page of that mapping the disk has no block for is a
 # SIGBUS, not an error (a restore into a disk with a few KiB left died so).
