@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
@@ -88,6 +89,21 @@ class Blocked:
         os.unlink(self.path)
         if os.path.exists(self.aside):
             os.rename(self.aside, self.path)
+
+
+@contextlib.contextmanager
+def _tmpfs(disk, size: str) -> Iterator[None]:
+    """A tmpfs of `size` mounted at `disk` (made here) for the block: a small disk that fills for
+    real. Skips the test where mounting is not allowed (it needs root, CAP_SYS_ADMIN)."""
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
 # ---- object-store backends ------------------------------------------------------------------
@@ -1612,18 +1628,11 @@ def test_restore_into_a_mount_point_is_refused_before_anything_is_downloaded(tmp
     with wal.open(tmp_path / "p", archive=url) as primary:
         primary.put("k", b"v")
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=False,
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
-    try:
+    with _tmpfs(disk, "8m"):
         with pytest.raises(wal.ArgumentError, match=r"is a mount point: .*restore into a new directory inside it"):
             wal.restore(url, disk)
         assert os.listdir(disk) == [] and sorted(os.listdir(tmp_path)) == ["a", "disk", "p"]
         assert wal.restore(url, disk / "store").lsn == 1  # as the error says
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
 def test_a_put_to_a_full_file_archive_leaves_no_partial_file_eating_the_space(tmp_path):
@@ -1631,12 +1640,7 @@ def test_a_put_to_a_full_file_archive_leaves_no_partial_file_eating_the_space(tm
     sweep of stale ones): each retry left another, and they took the space an operator freed,
     so shipping never resumed."""
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=False,
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
-    try:
+    with _tmpfs(disk, "1m"):
         objects = FileObjects(str(disk / "archive"))
         objects.put("log/1.wal", b"x" * 1000)
         free = os.statvfs(disk).f_bavail
@@ -1646,8 +1650,6 @@ def test_a_put_to_a_full_file_archive_leaves_no_partial_file_eating_the_space(tm
         assert sorted(os.listdir(disk / "archive" / "log")) == ["1.wal"]
         assert os.statvfs(disk).f_bavail == free
         objects.put("log/2.wal", b"y" * 1000)  # room for what fits: shipping goes on
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
 def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_once_there_is_room(tmp_path):
@@ -1661,15 +1663,10 @@ def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_o
         for i in range(50):
             primary.put(f"k{i}", b"v" * 1000)
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=False,
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
     child = ("import sys, wal\n"
              "try:\n    wal.restore(sys.argv[1], sys.argv[2])\nexcept wal.NoSpaceError as exc:\n"
              "    print('NoSpaceError', exc)\n")
-    try:
+    with _tmpfs(disk, "4m"):
         for free in (4 << 10, 56 << 10):
             filler = disk / "filler"
             with open(filler, "wb") as f:
@@ -1681,8 +1678,6 @@ def test_a_restore_into_a_nearly_full_disk_is_refused_leaving_nothing_and_runs_o
             assert sorted(os.listdir(disk)) == ["filler"]
             filler.unlink()
         assert wal.restore(url, disk / "r").lsn == 50
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
 
 
 def test_a_follower_whose_disk_fills_goes_on_once_space_returns_and_promotes(tmp_path):
@@ -1692,30 +1687,22 @@ def test_a_follower_whose_disk_fills_goes_on_once_space_returns_and_promotes(tmp
     could not be promoted."""
     url = f"file://{tmp_path}/a"
     disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=800k", "tmpfs", str(disk)], check=False,
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({mounted.stderr.strip()}): needs root (CAP_SYS_ADMIN)")
-    try:
-        with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=1000) as primary:
-            primary.put("a", b"1", durability="replicated")
-            replica = wal.follow(url, disk / "f", poll_ms=50)
-            try:
-                for i in range(300):
-                    last = primary.put(f"k{i:04d}", os.urandom(4000))
-                primary.put("end", b"1", durability="replicated")
-                wait_until(lambda: "NoSpaceError" in (replica.stats()["follower_error"] or ""))
-                subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-                wait_until(lambda: replica.lsn == last + 1, timeout=60)
-                assert replica.stats()["follower_error"] is None
-                assert replica.get("k0299") is not None and replica.get("end") == b"1"
-                with replica.promote() as promoted:
-                    assert promoted.put("after", b"x") == last + 3  # after "end" and the fence
-            finally:
-                replica.close()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False, capture_output=True)
+    with _tmpfs(disk, "800k"), wal.open(tmp_path / "p", archive=url, archive_rpo_ms=1000) as primary:
+        primary.put("a", b"1", durability="replicated")
+        replica = wal.follow(url, disk / "f", poll_ms=50)
+        try:
+            for i in range(300):
+                last = primary.put(f"k{i:04d}", os.urandom(4000))
+            primary.put("end", b"1", durability="replicated")
+            wait_until(lambda: "NoSpaceError" in (replica.stats()["follower_error"] or ""))
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+            wait_until(lambda: replica.lsn == last + 1, timeout=60)
+            assert replica.stats()["follower_error"] is None
+            assert replica.get("k0299") is not None and replica.get("end") == b"1"
+            with replica.promote() as promoted:
+                assert promoted.put("after", b"x") == last + 3  # after "end" and the fence
+        finally:
+            replica.close()
 
 
 def test_an_idle_follower_waiting_on_an_unfinished_tail_lists_only_what_is_new(tmp_path):
