@@ -56,6 +56,7 @@ def test_puts_in_flight_are_1_to_8(tmp_path) -> None:
 def test_objects_stored_out_of_order_acknowledge_only_the_gap_free_run(tmp_path) -> None:
     objects = HeldPut(str(tmp_path / "archive"), hold_from=20)
     store = wal.open(tmp_path / "s", archive=objects, archive_puts_in_flight=4, **ONE_WRITER)
+    stop = threading.Event()
     try:
         first = [store.put(f"a{i}", b"x", durability="replicated") for i in range(19)]  # shipped one by one
         acked: list[int] = []
@@ -63,9 +64,21 @@ def test_objects_stored_out_of_order_acknowledge_only_the_gap_free_run(tmp_path)
         wait_until(lambda: objects.held is not None)
         held = layout.parse_name(objects.held)
         assert held is not None
+        # The held object may hold every waiting thread's commit, so a `sync` writer, which does
+        # not wait for the archive, goes on until objects past the held one are stored.
+        def beyond_the_hold() -> None:
+            i = 0
+            while not stop.is_set():
+                store.put(f"sync/{i}", b"x", durability="sync")
+                i += 1
+                time.sleep(0.002)
+        writer = threading.Thread(target=beyond_the_hold)
+        writer.start()
         # Objects past the held one get stored; nothing from the held one on is acknowledged.
         wait_until(lambda: any((p := layout.parse_name(n)) is not None and p.first > held.first
                                for n in objects.put_names))
+        stop.set()
+        writer.join(60)
         time.sleep(0.2)
         assert store.stats()["archived_lsn"] == held.first - 1
         assert all(lsn < held.first for lsn in acked), "a replicated commit was acknowledged past a gap"
@@ -76,6 +89,7 @@ def test_objects_stored_out_of_order_acknowledge_only_the_gap_free_run(tmp_path)
         assert first[-1] < held.first
         end = store.watermarks.durable
     finally:
+        stop.set()
         objects.release.set()
         store.close()
     report = wal.restore(f"file://{tmp_path}/archive", tmp_path / "r")
