@@ -500,6 +500,14 @@ def test_a_conflict_at_replicated_is_raised_once_the_conflicting_commit_is_reada
         assert not retrying.is_alive() and s.get("k") == b"2" and conflicts == [1]
 
 
+def _agentwal(*args: str) -> str:
+    """`agentwal ARGS` in another process (as an operator runs it beside the writer): its stdout."""
+    done = subprocess.run([sys.executable, "-m", "wal", *args], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_path):
     """A share unmounted under a running writer leaves its empty mount point; an archive folder
     deleted may be made anew. The writer made the folders it missed and shipped on there:
@@ -517,10 +525,19 @@ def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_p
         assert writer.is_alive(), "acknowledged at replicated, shipped into another folder"
         assert list(archive.iterdir()) == []
         assert "is another folder" in (s.stats()["archive_error"] or "")
+        s._shipper.write_status()
+        # Another process sees the failure too: `agentwal stats` says why, with a gauge to alert on.
+        failing = json.loads(_agentwal("stats", str(tmp_path / "s"), "--format", "json"))
+        assert failing["archive_failing"] == 1 and "is another folder" in failing["archive_error"]
+        text = _agentwal("stats", str(tmp_path / "s"), "--format", "prometheus")
+        assert "agentwal_archive_failing{" in text and "another folder" not in text
         archive.rmdir()
         os.rename(tmp_path / "away", archive)  # the share is back
         writer.join(30)
         assert not writer.is_alive()
+        s._shipper.write_status()
+        recovered = json.loads(_agentwal("stats", str(tmp_path / "s"), "--format", "json"))
+        assert recovered["archive_failing"] == 0 and "archive_error" not in recovered
     report = wal.restore(url, tmp_path / "r")
     with wal.open(tmp_path / "r") as r:
         assert report.lsn == 2 and r.get("paid") == b"yes"

@@ -1003,7 +1003,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.format == "json":
         _print_json(data)
     elif args.format == "prometheus":
-        sys.stdout.write(metrics.prometheus_text(data, labels={"store": os.path.abspath(args.store)}))
+        # The error's text stays out of the labels: each new message would start a new series.
+        gauges = {k: v for k, v in data.items() if k != "archive_error"}
+        sys.stdout.write(metrics.prometheus_text(gauges, labels={"store": os.path.abspath(args.store)}))
     else:
         width = max(len(k) for k in data)
         for key, value in data.items():

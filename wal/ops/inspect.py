@@ -315,7 +315,9 @@ def _archive_gauges(root: str) -> dict[str, Any]:
     """The archive's gauges and counters as the store's writer last reported them (its
     archive.json, about once a second): the archived LSN, the lag, the PUTs made (a counter, for
     rate()), ... with the report's age, so a scrape from another process sees the archive too.
-    Text beside them is the URL only (an error's text would make a new series each time)."""
+    archive_failing is 1 while the shipper's last attempt failed, and archive_error then says
+    why (text: `agentwal stats --format prometheus` leaves it out, since each new message would
+    make a new series)."""
     status = read_archive_status(root)
     if status is None:
         return {}
@@ -323,6 +325,10 @@ def _archive_gauges(root: str) -> dict[str, Any]:
                            if (k.startswith("archive_") or k == "archived_lsn") and isinstance(v, int | float)}
     if isinstance(status.get("archive_url"), str):
         out["archive_url"] = status["archive_url"]
+    error = status.get("archive_error")
+    out["archive_failing"] = int(isinstance(error, str) and bool(error))
+    if out["archive_failing"]:
+        out["archive_error"] = error
     updated = status.get("updated_unix_ms")
     if isinstance(updated, int) and not isinstance(updated, bool):
         out["archive_status_age_seconds"] = round(max(0.0, time.time() - updated / 1000), 3)
