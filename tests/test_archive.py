@@ -1493,15 +1493,26 @@ def test_a_promote_that_fails_before_its_fence_leaves_the_follower_following(tmp
     """A promote stops the follower's polling first; one that failed (here: a gap, an object
     missing for a moment) left it stopped for good, serving the state of that moment."""
     url = f"file://{tmp_path}/a"
-    with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
+    seventh = tmp_path / "a" / layout.log_name(7)
+
+    class SeventhAside(FileObjects):
+        """LSN 7's object stored under another name: missing from the start, so the follower,
+        polling all the while, never applies it before the promote."""
+
+        def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+            if name == layout.log_name(7):
+                name += ".aside"
+            super().put(name, data, create_only=create_only)
+
+    with wal.open(tmp_path / "p", archive=SeventhAside(str(tmp_path / "a")),
+                  durability="replicated") as primary:  # an object per commit
         for i in range(6):
             primary.put(f"k{i}", b"v")
         replica = wal.follow(url, tmp_path / "f", poll_ms=20)
         try:
             wait_until(lambda: replica.lsn == 6)
-            seventh = tmp_path / "a" / layout.log_name(7)
-            primary.put("k6", b"v")
-            os.rename(seventh, f"{seventh}.aside")  # LSN 7's object missing for a moment
+            primary.put("k6", b"v")  # LSN 7's object missing for a moment
+            assert not seventh.exists() and os.path.exists(f"{seventh}.aside")
             for i in range(7, 10):
                 primary.put(f"k{i}", b"v")  # LSNs 8..10
             with pytest.raises(wal.CorruptionError, match=r"missing LSNs 7\.\.7"):
