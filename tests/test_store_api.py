@@ -1271,31 +1271,40 @@ def test_the_materializer_applies_at_low_priority_only_while_its_queue_is_short(
     calls: list[tuple[bool, bool, int, int, int]] = []  # (materializer?, background, queue, limit, applied)
     with wal.open(tmp_path / "s", durability="buffered", max_unapplied=limit, apply_interval_ms=10_000_000) as s:
         real = s._apply_ready
+        recorded = [0]
 
         def spy(n: int = 4096, *, background: bool = False) -> int:
             queued = len(s._core)
             applied = real(n, background=background)
             calls.append((threading.current_thread() is s._thread, background, queued, n, applied))
+            recorded[0] = s.watermarks.applied  # the calls up to this LSN's apply are in `calls`
             return applied
 
         s._apply_ready = spy  # type: ignore[method-assign]
         wake = starve_materializer(s)
         for i in range(30_000):  # a backlog: more than a quarter of the limit, not the limit
             s.put(b"k%07d" % i, b"v" * 32)
-        s.put(b"last", b"v", durability="sync")
+        end = s.put(b"last", b"v", durability="sync")
         time.sleep(0.2)  # the one pass the starving may have cost is over
         calls.clear()
         wake()  # one wake-up: batches until one is not full, from a queue of ~30,000
+        # The whole backlog applied and its calls recorded: a batch of it still running once the
+        # trickle begins would be counted in `before` or in the trickle's calls, not in both.
         deadline = time.monotonic() + 10
-        while s.stats()["unapplied_commits"] > 4096 and time.monotonic() < deadline:
+        while recorded[0] < end and time.monotonic() < deadline:
             time.sleep(0.01)
         backlog = list(calls)
         calls.clear()
         before = s.stats()["background_applies"]
         for i in range(5):  # a trickle: the queue stays short
-            s.put(b"t%02d" % i, b"v", durability="sync")
+            last = s.put(b"t%02d" % i, b"v", durability="sync")
             wake()
             time.sleep(0.05)
+        # Every trickle commit applied and its call recorded before the calls are read: an apply
+        # landing between that read and stats() below would be counted by one and not the other.
+        deadline = time.monotonic() + 10
+        while recorded[0] < last and time.monotonic() < deadline:
+            time.sleep(0.01)
         trickle = list(calls)
         stats = s.stats()
     assert backlog and all(c[0] for c in backlog)
