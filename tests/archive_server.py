@@ -125,8 +125,19 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeedServer]:
         import boto3  # noqa: F401, PLC0415
     except ImportError:
         pytest.skip("boto3 is not installed (pip install 'agentwal[s3]'; ./run.sh test installs it)")
-    server = WeedServer(binary, str(tmp_path_factory.mktemp("seaweedfs")))
-    server.start()
+    # The ports are chosen free, then closed for the server to bind: another process may take
+    # one meanwhile (an outgoing connection's ephemeral port), and the server exits. Then once
+    # more, on other ports.
+    for attempt in range(3):
+        server = WeedServer(binary, str(tmp_path_factory.mktemp("seaweedfs")))
+        try:
+            server.start()
+            break
+        except RuntimeError:
+            with open(os.path.join(server.dir, "weed.log"), errors="replace") as f:
+                taken = "address already in use" in f.read()
+            if not taken or attempt == 2:
+                raise
     yield server
     server.stop()
 
