@@ -38,13 +38,14 @@ from urllib.parse import urlparse
 
 import crcmod.predefined
 import pytest
-from archive_helpers import wait_until
+from archive_helpers import HeldPut, wait_until
 from archive_server import BUCKET, archive_url, s3_server  # noqa: F401 -- fixtures
 from obstore.store import LocalStore
 
 import wal
 from wal.archive import layout
 from wal.archive import restore as restore_mod
+from wal.archive import shipper as shipper_mod
 from wal.archive.objects import (
     ArchiveUnavailableError,
     FileObjects,
@@ -506,6 +507,31 @@ def _agentwal(*args: str) -> str:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_a_request_the_object_store_does_not_answer_is_shown_waiting(tmp_path, monkeypatch, capsys):
+    """An object store that stops answering without refusing (a frozen server) fails a request
+    only at the client's timeout, 30 s or more; until then `archive_error` says nothing, and the
+    lag grows with no reason given. The wait of the oldest request is a gauge, and `agentwal
+    archive status` names the request once it has waited SLOW_REQUEST_S."""
+    monkeypatch.setattr(shipper_mod, "SLOW_REQUEST_S", 0.3)
+    objects = HeldPut(str(tmp_path / "a"), hold_from=2)
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=60_000) as s:
+        s.put("first", b"1", durability="replicated")
+        wait_until(lambda: s.stats()["archive_request_wait_s"] == 0.0)
+        s.put("held", b"2")
+        wait_until(lambda: s.stats()["archive_request_wait_s"] >= 0.5)
+        assert s.stats()["archive_error"] is None  # nothing failed: it is waiting
+        s._shipper.write_status()
+        assert main(["archive", "status", str(tmp_path / "s")]) == 0
+        out = capsys.readouterr().out
+        assert f"WAITING:    a request for {layout.log_name(2)} unanswered for" in out, out
+        objects.release.set()
+        wait_until(lambda: s.stats()["archived_lsn"] == 2)
+        wait_until(lambda: s.stats()["archive_request_wait_s"] == 0.0)
+        s._shipper.write_status()
+        assert main(["archive", "status", str(tmp_path / "s")]) == 0
+        assert "WAITING" not in capsys.readouterr().out
 
 
 def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_path):

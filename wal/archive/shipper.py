@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -53,7 +54,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wal._fs import replace_durably
@@ -92,6 +93,10 @@ ASSUMED_RATE = 1e6
 ASSUMED_RECORD_BYTES = 32 << 10
 MERGE_MEMORY_BYTES = 32 << 20  # small objects' bytes kept for merging (beyond: read back)
 _SNAPSHOT_SPACE_RETRY_S = 60.0  # a snapshot the disk had no room for is tried again after this
+# A request unanswered this long is shown as waiting (`agentwal archive status`): an object
+# store that stopped answering without refusing (a frozen server, a dropped connection) fails a
+# request only at the client's timeout, 30 s or more, and until then no error says why the lag grows.
+SLOW_REQUEST_S = 5.0
 
 
 # How often a commit takes a lag sample (Shipper.admit): often enough that the bound it gives is
@@ -311,6 +316,9 @@ class Shipper:
         self._backoff = 0.05
         self._epoch = 0  # one more per failed request: tells answers to requests sent since apart
         self._counter_lock = threading.Lock()  # counters move in the PUT and maintenance threads too
+        # id -> (object name, when sent) of each PUT and GET not answered yet (`_request`).
+        self._unanswered: dict[int, tuple[str, float]] = {}
+        self._request_ids = itertools.count()
         # Guards the shipping state (_dispatched, _inflight, _stored, the outage state): taken by
         # the shipper thread, by a PUT thread once its PUT is answered (it publishes and sends the
         # next PUTs itself: no thread hand-off between an answer and the acknowledgements), and
@@ -644,6 +652,8 @@ class Shipper:
         self._status_at = time.monotonic()
         data = {k: v for k, v in self.stats().items() if k != "archive_puts_per_s"}
         data.update({"pid": os.getpid(), "updated_unix_ms": time.time_ns() // 1_000_000})
+        if (waiting := self.waiting()) is not None and waiting[1] >= SLOW_REQUEST_S:
+            data["archive_waiting_for"] = waiting[0]
         with contextlib.suppress(OSError):
             replace_durably(os.path.join(self.store.path, ARCHIVE_STATUS_FILE), json.dumps(data).encode())
 
@@ -1076,14 +1086,34 @@ class Shipper:
         """In any shipper thread (the outage state is the shipper thread's: `_harvest`).
         sealed: `data` is an envelope of the archive's `stream_sealer()` already."""
         try:
-            (self.objects.put_envelope if sealed else self.objects.put)(name, data, create_only=create_only)
+            with self._request(name):
+                (self.objects.put_envelope if sealed else self.objects.put)(name, data, create_only=create_only)
         finally:
             self._count("archive_puts")
         self._count("archive_put_bytes", len(data))
 
     def _get(self, name: str) -> bytes:
         self._count("archive_gets")
-        return self.objects.get(name)
+        with self._request(name):
+            return self.objects.get(name)
+
+    @contextlib.contextmanager
+    def _request(self, name: str) -> Iterator[None]:
+        """A request to the object store, noted while it waits for its answer (`waiting`)."""
+        request = next(self._request_ids)  # atomic under the GIL, as are the dict's updates
+        self._unanswered[request] = (name, time.monotonic())
+        try:
+            yield
+        finally:
+            del self._unanswered[request]
+
+    def waiting(self) -> tuple[str, float] | None:
+        """(object name, seconds) of the request that has waited longest for its answer, or None."""
+        pending = list(self._unanswered.values())
+        if not pending:
+            return None
+        name, sent = min(pending, key=lambda p: p[1])
+        return name, time.monotonic() - sent
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counter_lock:
@@ -1415,5 +1445,6 @@ class Shipper:
             "archive_last_snapshot_lsn": self.last_snapshot,
             "archive_error": self.error,
             "archive_fenced": self.fenced is not None,
+            "archive_request_wait_s": round(waiting[1], 3) if (waiting := self.waiting()) is not None else 0.0,
         })
         return out

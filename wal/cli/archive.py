@@ -205,6 +205,9 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"last snapshot at LSN {data.get('archive_last_snapshot_lsn')}")
     if data.get("archive_error"):
         print(f"  ERROR:      {data['archive_error']}")
+    if data.get("archive_waiting_for"):
+        print(f"  WAITING:    a request for {data['archive_waiting_for']} unanswered for "
+              f"{float(data.get('archive_request_wait_s', 0)):.0f} s (the object store is slow or not answering)")
     if data.get("archive_fenced"):
         print("  FENCED:     another writer took the archive over (a follower was promoted); this store stopped")
     return EXIT_OK

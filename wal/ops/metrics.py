@@ -100,6 +100,7 @@ HELP = {
     "archive_rpo_overruns": "Times commits reached the archive more than archive_rpo_ms after they were acknowledged.",
     "archive_last_snapshot_lsn": "LSN of the newest state snapshot in the archive.",
     "archive_fenced": "1 if another writer took the archive over and this store stopped.",
+    "archive_request_wait_s": "Seconds the oldest unanswered object-store request has waited (0: none waiting).",
     "archive_failing": "1 if the shipper's last attempt failed (archive_error says why; it retries).",
 }
 
