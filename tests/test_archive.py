@@ -403,7 +403,7 @@ def test_a_store_opened_without_its_archive_keeps_the_log_the_archive_has_not_re
         assert r.get("k149") == b"b" * 64 and r.get("k150") is None
 
 
-def test_a_fenced_store_opened_without_its_archive_keeps_no_log_for_it(tmp_path):
+def test_a_fenced_store_opened_without_its_archive_keeps_no_log_for_it(tmp_path, capsys):
     url = f"file://{tmp_path}/a"
     opts = dict(segment_bytes=4096, checkpoint_bytes=1 << 16)
     with wal.open(tmp_path / "s", archive=url, **opts) as s:
@@ -411,6 +411,11 @@ def test_a_fenced_store_opened_without_its_archive_keeps_no_log_for_it(tmp_path)
     status = tmp_path / "s" / "archive.json"
     data = json.loads(status.read_text())
     status.write_text(json.dumps({**data, "archive_fenced": True}))
+    # Its status says it was fenced, and does not send the operator to reopen it with the
+    # archive, which is refused.
+    assert main(["archive", "status", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "FENCED:" in out and "which is not running" in out and "opened with its archive again" not in out
     with wal.open(tmp_path / "s", **opts) as s:
         for i in range(300):
             s.put(f"k{i}", b"b" * 64)
@@ -912,6 +917,46 @@ def test_restore_to_the_end_an_lsn_and_a_time(tmp_path, archive_url):
     assert 140 <= r.lsn <= 152  # commit times are the coarse clock's (a few ms)
     with wal.open(tmp_path / "time") as s:
         assert dict(s.scan()) == _expected(r.lsn)
+
+
+def test_a_time_restore_keeps_every_commit_acknowledged_by_then_and_is_a_prefix_of_the_log(tmp_path):
+    """Concurrent commits are stamped before they take their LSN, so stamps may run a few ms
+    backwards along the log, and a restore is always a prefix of it (up to the first commit
+    stamped after the target). What it keeps: every commit acknowledged at or before the target
+    (a commit before it in the log, stamped after the target, was stamped, so appended, before
+    that commit's own append). A commit stamped before the target but acknowledged after it
+    may be left out; one stamped after the target never is kept."""
+    url = f"file://{tmp_path}/a"
+    acked: list[tuple[str, int]] = []  # (key, acknowledged at: ms since the epoch)
+    with wal.open(tmp_path / "p", durability="interval", rpo_ms=20, archive=url, archive_rpo_ms=200) as p:
+        def commit(t: int) -> None:
+            for i in range(300):
+                key = f"t{t}/{i}"
+                p.put(key, b"v")
+                acked.append((key, time.time_ns() // 1_000_000))
+                if i % 10 == 0:
+                    time.sleep(0.001)  # spread over some 100 ms: targets between commits
+
+        threads = [threading.Thread(target=commit, args=(t,)) for t in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        end = p.watermarks.written
+        wait_until(lambda: p.stats()["archived_lsn"] == end)
+    acked.sort(key=lambda a: a[1])
+    for n, where in enumerate((0.25, 0.5, 0.75)):
+        target = acked[int(len(acked) * where)][1]
+        report = wal.restore(url, tmp_path / f"r{n}", time=dt.datetime.fromtimestamp(target / 1000, dt.UTC))
+        with wal.open(tmp_path / f"r{n}") as r:
+            kept = {k.decode() for k, _ in r.scan()}
+            assert r.watermarks.durable == report.lsn
+        missing = [(k, at) for k, at in acked if at <= target and k not in kept]
+        assert not missing, f"acknowledged by {target} and not restored ({report}): {missing[:5]}"
+        # A prefix: each thread's commits kept are its first ones, with no hole.
+        for t in range(3):
+            mine = sorted(int(k.split("/")[1]) for k in kept if k.startswith(f"t{t}/"))
+            assert mine == list(range(len(mine)))
 
 
 def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archive_url):

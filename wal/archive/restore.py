@@ -272,7 +272,8 @@ def restore(url: str | ObjectStore, directory: str | os.PathLike[str], *, lsn: i
             time: Any = None, parallel: int = 16, progress: Progress | None = None,
             **sealing: Any) -> RestoreReport:
     """Restore the archive at `url` into a new store at `directory`, to `lsn`, to `time` (an
-    aware datetime or ISO 8601 string: every commit made at or before it), or to its end.
+    aware datetime or ISO 8601 string: the log up to the first commit stamped after it, which
+    keeps every commit acknowledged at or before it; README, "Disaster recovery"), or to its end.
     `sealing`: the `wal.open` options of a sealed store (encryption=, compression=, ...): an
     encrypted archive needs its key, and the store restored is sealed as the one that shipped."""
     _refuse_missing_folder(url)

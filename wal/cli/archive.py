@@ -69,7 +69,9 @@ def restore_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", metavar="DIR", help="a new (or empty) directory for the restored store")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--lsn", type=int, default=None, help="restore up to this LSN")
-    target.add_argument("--time", default=None, help="restore every commit made at or before this ISO 8601 time")
+    target.add_argument("--time", default=None,
+                        help="restore the log up to the first commit stamped after this ISO 8601 time "
+                             "(every commit acknowledged at or before it is kept)")
     p.add_argument("--parallel", type=int, default=16, help="concurrent downloads (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -198,8 +200,8 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"({data['unarchived_lsns']} not archived yet)")
     print(f"  lag:        {float(data.get('archive_lag_ms', 0)):.0f} ms (bound archive_rpo_ms="
           f"{data.get('archive_rpo_ms')}), reported {data['age_s']} s ago by pid {data.get('pid')}"
-          + ("" if data["writer_running"] else ", which is not running: nothing ships until the store is "
-             "opened with its archive again"))
+          + ("" if data["writer_running"] else ", which is not running" if data.get("archive_fenced")
+             else ", which is not running: nothing ships until the store is opened with its archive again"))
     print(f"  requests:   {data.get('archive_puts')} PUT(s), {data.get('archive_put_bytes')} bytes, "
           f"{data.get('archive_put_errors')} failed; {data.get('archive_merges')} merge(s); "
           f"last snapshot at LSN {data.get('archive_last_snapshot_lsn')}")
