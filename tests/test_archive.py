@@ -1624,6 +1624,49 @@ def test_a_follower_stuck_at_a_damaged_object_counts_what_the_archive_holds_past
         assert replica.lsn == 5 and replica.lag()["lag_lsns"] >= 19
 
 
+class HeldGet(FileObjects):
+    """file:// objects whose GET of `held` waits for `release`, and of `failing` fails (an
+    object store that refuses it for now)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.held: str | None = None
+        self.failing: str | None = None
+        self.release = threading.Event()
+
+    def get(self, name: str) -> bytes:
+        if name == self.failing:
+            raise ArchiveUnavailableError(f"reading {self.url}/{name}: refused for now")
+        if name == self.held:
+            assert self.release.wait(30), "never released"
+        return super().get(name)
+
+
+def test_a_follower_says_no_error_once_it_applies_again_not_only_when_its_poll_ends(tmp_path):
+    """The error of a failed poll stayed in stats() until the next successful poll ended, while
+    that poll already applied what had failed and moved the LSN on."""
+    url = f"file://{tmp_path}/a"
+    objects = HeldGet(str(tmp_path / "a"))
+    with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
+        primary.put("k1", b"v")
+        primary.put("k2", b"v")
+        with wal.follow(objects, tmp_path / "f", poll_ms=20) as replica:
+            wait_until(lambda: replica.lsn == 2)
+            objects.failing = layout.log_name(3)
+            for i in range(3, 6):
+                primary.put(f"k{i}", b"v")
+            wait_until(lambda: "refused for now" in (replica.stats()["follower_error"] or ""))
+            assert replica.lsn == 2
+            objects.held = layout.log_name(5)  # the next poll applies LSNs 3 and 4, then waits here
+            objects.failing = None
+            try:
+                wait_until(lambda: replica.lsn == 4)
+                assert replica.stats()["follower_error"] is None
+            finally:
+                objects.release.set()
+            wait_until(lambda: replica.lsn == 5)
+
+
 @pytest.mark.parametrize("bad", [{"poll_ms": 0}, {"poll_ms": -100}, {"poll_ms": "x"}, {"poll_ms": None},
                                  {"parallel": 0}])
 def test_follow_refuses_a_bad_poll_interval_or_parallelism_before_it_makes_anything(tmp_path, bad):

@@ -358,6 +358,9 @@ class Follower:
                     _keep_dictionaries(self._objects, store)
                     _append(store, fresh)
                     applied += len(fresh)
+                    # An object applied: whatever failed the last poll (an outage, a full disk)
+                    # has passed, and `stats()` no longer says it while the LSN moves on.
+                    self._error = None
                     self._pos, self._writer = obj.last, obj.writer_id
                     self._end_seen = max(self._end_seen, obj.last)
             except ObjectMissingError:
