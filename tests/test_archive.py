@@ -1642,9 +1642,11 @@ class HeldGet(FileObjects):
         return super().get(name)
 
 
-def test_a_follower_says_no_error_once_it_applies_again_not_only_when_its_poll_ends(tmp_path):
+def test_a_follower_says_no_error_once_it_applies_again_not_only_when_its_poll_ends(tmp_path, caplog):
     """The error of a failed poll stayed in stats() until the next successful poll ended, while
-    that poll already applied what had failed and moved the LSN on."""
+    that poll already applied what had failed and moved the LSN on. And a follower that stops
+    applying says so in the log (once), as the writer's shipper does, not in stats() alone."""
+    caplog.set_level(logging.INFO, logger="wal.archive")
     url = f"file://{tmp_path}/a"
     objects = HeldGet(str(tmp_path / "a"))
     with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:  # an object per commit
@@ -1665,6 +1667,10 @@ def test_a_follower_says_no_error_once_it_applies_again_not_only_when_its_poll_e
             finally:
                 objects.release.set()
             wait_until(lambda: replica.lsn == 5)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if str(tmp_path / "f") in r.getMessage()]
+    said = [level for level, message in lines if "stopped applying" in message or "applies again" in message]
+    assert said == ["ERROR", "INFO"], lines
+    assert "stopped applying at LSN 2" in lines[0][1] and "refused for now" in lines[0][1]
 
 
 @pytest.mark.parametrize("bad", [{"poll_ms": 0}, {"poll_ms": -100}, {"poll_ms": "x"}, {"poll_ms": None},

@@ -236,6 +236,14 @@ def test_bad_encryption_arguments_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(wal.ArgumentError, match="compression"):
         wal.open(tmp_path / "c", compression="lz4")
     assert not (tmp_path / "a").exists()
+    # A dictionary that is not bytes is an argument's error, named (was a bare TypeError from
+    # bytes()); a threshold of 0 is refused as -5 is (it was taken as the default).
+    for bad in ("x", 5, ["x"]):
+        with pytest.raises(wal.ArgumentTypeError, match="compression_dict must be"):
+            wal.open(tmp_path / "d", compression="zstd", compression_dict=bad)
+    with pytest.raises(wal.ArgumentError, match="compression_threshold must be an int >= 1, got 0"):
+        wal.open(tmp_path / "d", compression="zstd", compression_threshold=0)
+    assert not (tmp_path / "d").exists()
 
 
 def test_a_plain_store_cannot_be_opened_sealed_and_an_unencrypted_one_cannot_gain_encryption(tmp_path: Path) -> None:

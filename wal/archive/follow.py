@@ -198,11 +198,20 @@ class Follower:
         while not self._stop.wait(self._poll):
             try:
                 self.poll()
-                self._error = None
+                self._applying()
             except ClosedError:
                 return
             except WalError as exc:  # an outage, a gap, a full disk, a missing key: said, tried again
+                if self._error is None:  # one ERROR line when it begins, however many polls fail
+                    _logger.error("follower %s stopped applying at LSN %d (it tries again at every poll): %s",
+                                  self._dir, self._pos, exc)
                 self._error = f"{type(exc).__name__}: {exc}"
+
+    def _applying(self) -> None:
+        """A poll ended, or an object applied: whatever failed before has passed (said once)."""
+        if self._error is not None:
+            self._error = None
+            _logger.info("follower %s applies again (LSN %d)", self._dir, self._pos)
 
     def _list_new(self, *, full_merged: bool) -> list[Piece]:
         pos = self._pos
@@ -358,10 +367,10 @@ class Follower:
                     _keep_dictionaries(self._objects, store)
                     _append(store, fresh)
                     applied += len(fresh)
+                    self._pos, self._writer = obj.last, obj.writer_id
                     # An object applied: whatever failed the last poll (an outage, a full disk)
                     # has passed, and `stats()` no longer says it while the LSN moves on.
-                    self._error = None
-                    self._pos, self._writer = obj.last, obj.writer_id
+                    self._applying()
                     self._end_seen = max(self._end_seen, obj.last)
             except ObjectMissingError:
                 return applied  # merged away meanwhile: the next poll finds the merged object

@@ -43,6 +43,7 @@ from wal.crypto.sealing import (
 )
 from wal.errors import (
     ArgumentError,
+    ArgumentTypeError,
     CorruptionError,
     EncryptionKeyError,
     MissingKeyError,
@@ -442,16 +443,22 @@ def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where
         raise MissingKeyError(f"{what} is encrypted{' (key ids ' + ', '.join(stored) + ')' if stored else ''}: open "
                               "it with encryption=KEY (or a key provider)", key_id=stored[0] if stored else None,
                               where=where or what)
-    zdict = options.get("compression_dict")
-    dicts: list[bytes]
+    threshold = options.get("compression_threshold")
+    return Sealer(keys, options.get("compression"), threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+                  dictionaries=_given_dictionaries(options.get("compression_dict")), require_encrypted=encrypted)
+
+
+def _given_dictionaries(zdict: object) -> list[bytes]:
+    """compression_dict=: None, a trained dictionary's bytes, or a sequence of them."""
     if zdict is None:
-        dicts = []
-    elif isinstance(zdict, bytes | bytearray | memoryview):
-        dicts = [bytes(zdict)]
-    else:
-        dicts = [bytes(d) for d in zdict]
-    return Sealer(keys, options.get("compression"), threshold=options.get("compression_threshold") or DEFAULT_THRESHOLD,
-                  dictionaries=dicts, require_encrypted=encrypted)
+        return []
+    if isinstance(zdict, bytes | bytearray | memoryview):
+        return [bytes(zdict)]
+    items = list(zdict) if isinstance(zdict, list | tuple) else None
+    if items is None or not all(isinstance(d, bytes | bytearray | memoryview) for d in items):
+        raise ArgumentTypeError("compression_dict must be a trained zstd dictionary's bytes (or a list of them), "
+                                f"got {type(zdict).__name__}")
+    return [bytes(d) for d in items]
 
 
 # ---- the store's public reads and writes, sealed --------------------------------------------------
