@@ -624,6 +624,24 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+def test_a_sealing_manifest_whose_encrypted_field_is_damaged_is_refused_as_damage(tmp_path: Path) -> None:
+    """sealed.json with its "encrypted" name or value changed by a byte read as "not encrypted":
+    the right key was refused as one given to an archive of a store without encryption."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url) as store:
+        store.put("k", SECRET, durability="replicated")
+    manifest = tmp_path / "archive" / "sealed.json"
+    good = manifest.read_bytes()
+    for damaged in (good.replace(b'"encrypted"', b'"encryptee"'), good.replace(b"true", b"1")):
+        assert damaged != good
+        manifest.write_bytes(damaged)
+        with pytest.raises(wal.CorruptionError, match=r"unreadable sealed\.json"):
+            wal.restore(url, tmp_path / "r", encryption=KEY)
+        assert not (tmp_path / "r").exists()
+    manifest.write_bytes(good)
+    assert wal.restore(url, tmp_path / "r", encryption=KEY).lsn == 1
+
+
 def test_an_envelope_that_says_encrypted_in_a_store_never_encrypted_is_damage(tmp_path: Path) -> None:
     """A compressed-only store (STORE: never encrypted) whose blob's codec byte was flipped to
     "encrypted": it was MissingKeyError, asking for a key that never existed; it is damage. The

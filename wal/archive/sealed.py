@@ -265,7 +265,10 @@ def read_manifest(objects: ObjectStore) -> dict[str, Any] | None:
         meta = json.loads(raw)
     except ValueError:
         meta = None
-    if not isinstance(meta, dict) or meta.get("format") != MANIFEST_FORMAT or meta.get("version") != 1:
+    # "encrypted" must be there and a bool: a damaged name or value read as "not encrypted"
+    # would have an encrypted archive's key refused as one given to a plain archive.
+    if (not isinstance(meta, dict) or meta.get("format") != MANIFEST_FORMAT or meta.get("version") != 1
+            or not isinstance(meta.get("encrypted"), bool)):
         raise CorruptionError(f"the archive {objects.url} has an unreadable {MANIFEST}: {raw[:200]!r}",
                               path=MANIFEST, reason="bad archive manifest")
     return meta
