@@ -985,25 +985,19 @@ void wal_log_get_stats(wal_log *log, wal_log_stats *s) {
     pthread_mutex_unlock(&log->mu);
 }
 
-int wal_log_watermarks(wal_log *log, uint64_t *out) {
+static int read_watermarks(wal_log *log, uint64_t *out, int archived) {
     pthread_mutex_lock(&log->mu);
     out[0] = log->appended;
     out[1] = log->written;
-    out[2] = log->durable;
+    out[2] = archived && log->archived < log->durable ? log->archived : log->durable;
     int failed = log->failed ? log->failed : (log->closed ? WAL_ECLOSED : 0);
     pthread_mutex_unlock(&log->mu);
     return failed;
 }
 
-int wal_log_watermarks_archived(wal_log *log, uint64_t *out) {
-    pthread_mutex_lock(&log->mu);
-    out[0] = log->appended;
-    out[1] = log->written;
-    out[2] = log->durable < log->archived ? log->durable : log->archived;
-    int failed = log->failed ? log->failed : (log->closed ? WAL_ECLOSED : 0);
-    pthread_mutex_unlock(&log->mu);
-    return failed;
-}
+int wal_log_watermarks(wal_log *log, uint64_t *out) { return read_watermarks(log, out, 0); }
+
+int wal_log_watermarks_archived(wal_log *log, uint64_t *out) { return read_watermarks(log, out, 1); }
 
 uint64_t wal_log_write_failed_through(wal_log *log) {
     pthread_mutex_lock(&log->mu);

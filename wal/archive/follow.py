@@ -169,15 +169,12 @@ class Follower:
     def put(self, *_a: object, **_k: object) -> int:
         raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
 
-    delete = transaction = update = put  # every write of the Store API, and the async ones below
+    delete = transaction = update = atransaction = put  # every write of the Store API, and the async ones
 
-    async def aput(self, *_a: object, **_k: object) -> int:
-        raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
+    async def aput(self, *args: object, **kwargs: object) -> int:
+        return self.put(*args, **kwargs)  # refused as put is, once awaited
 
     adelete = aupdate = aput
-
-    def atransaction(self, *_a: object, **_k: object) -> Any:
-        raise ReadOnlyError(f"the follower in {self._dir} is read-only; promote() it to write")
 
     def lag(self) -> dict[str, float]:
         """lag_lsns: LSNs the archive held at the last listing that are not applied here;
