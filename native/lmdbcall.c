@@ -2636,16 +2636,28 @@ static PyObject *mod_check_pages(PyObject *self, PyObject *const *args, Py_ssize
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         err = errno;
-    } else if ((file = malloc(st.st_size > 0 ? (size_t)st.st_size : 1)) == NULL) {
-        err = ENOMEM;
     } else {
-        size_t got = 0;
-        while (got < (size_t)st.st_size) {
-            ssize_t r = pread(fd, file + got, (size_t)st.st_size - got, (off_t)got);
-            if (r <= 0) {
-                err = r < 0 ? errno : EIO;
-                break;
+        /* Read to the end of the file, not to the size fstat gave: beside a running writer (a
+         * read-only open) the file may grow in between. Its meta pages come first in the file,
+         * and LMDB writes a transaction's pages before its meta page, so every page the meta
+         * read here names is in the file by the time the read reaches it; read only to the
+         * size first seen, a meta page written since named pages past it ("damaged"). */
+        size_t cap = st.st_size > 0 ? (size_t)st.st_size : 4096, got = 0;
+        if ((file = malloc(cap)) == NULL) err = ENOMEM;
+        while (!err) {
+            if (got == cap) {
+                size_t grown = cap + cap / 8 + (64 << 10); /* the end is usually near: grow a little */
+                unsigned char *more = realloc(file, grown);
+                if (more == NULL) {
+                    err = ENOMEM;
+                    break;
+                }
+                file = more;
+                cap = grown;
             }
+            ssize_t r = pread(fd, file + got, cap - got, (off_t)got);
+            if (r < 0) err = errno;
+            if (r <= 0) break;
             got += (size_t)r;
         }
         w.file = file;
