@@ -839,6 +839,32 @@ def test_automatic_checkpoints_keep_the_log_bounded_without_explicit_checkpoints
         assert sum(1 for _ in store.scan()) == 2000
 
 
+def test_a_load_that_stops_right_after_a_checkpoint_taken_with_a_long_queue_leaves_a_bounded_log(
+        tmp_path: Path) -> None:
+    """A checkpoint taken while many commits wait to be applied keeps their segments; once the
+    load stops and they are applied, a checkpoint must let them go without another write.
+    The materializer is held back (the apply lock, which it takes per batch) while 3 MB are
+    committed, as a starved low-priority materializer is on a busy machine. Values of 3 KB
+    (overflow pages) free few pages, so no checkpoint falls due for space: only the log's
+    own bound can release the segments."""
+    with wal.open(tmp_path, segment_bytes=65536, checkpoint_bytes=256 << 10) as store:
+        fill(store, 200, size=3000)
+        deadline = time.monotonic() + 30
+        while store.stats()["auto_checkpoints"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.stats()["auto_checkpoints"] >= 1
+        with store._apply_lock:
+            last = fill(store, 1000, size=3000, prefix="m")
+        deadline = time.monotonic() + 30
+        bound = (256 << 10) // 65536 + 2  # one checkpoint's bound of segments, the open one, one partial
+        while len(wal_files(tmp_path)) > bound and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.stats()["applied_lsn"] == last
+        assert len(wal_files(tmp_path)) <= bound
+    with wal.open(tmp_path) as store:
+        assert sum(1 for _ in store.scan()) == 1200
+
+
 def test_automatic_checkpoints_bound_the_records_replayed_after_a_kill(tmp_path: Path) -> None:
     """A writer SIGKILLed after ~2 MB: the next open replays about one checkpoint's worth of
     records, not the whole log, and keeps only a few segments (counts, not times)."""
