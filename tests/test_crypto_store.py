@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -624,6 +625,55 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+def test_a_restore_or_follower_given_a_wrong_key_is_told_so_and_one_lacking_an_older_key_is_asked_for_it(
+        tmp_path: Path) -> None:
+    """An encrypted archive names the keys its objects are under (keys/<id>, FORMAT.md §18): a
+    restore or follower given none of them gets WrongKeyError before anything is downloaded
+    (it was MissingKeyError, asking for a key it had no way to have). After a rotation, the
+    old key alone is not wrong: the first object under the new one asks for it
+    (MissingKeyError). An archive without the markers (written before them) still gives
+    MissingKeyError naming the key id."""
+    url = f"file://{tmp_path}/archive"
+    wrong = os.urandom(32)
+    with wal.open(tmp_path / "s", encryption=KEY, archive=url) as s:
+        for i in range(5):
+            s.put(f"k/{i}", SECRET, durability="replicated")
+    assert sorted(p.name for p in (tmp_path / "archive" / "keys").iterdir()) == [key_id(KEY).hex()]
+    with pytest.raises(WrongKeyError, match=f"archive {url} is encrypted under \\({key_id(KEY).hex()}\\)") as info:
+        wal.restore(url, tmp_path / "r", encryption=wrong)
+    assert info.value.key_id == key_id(KEY).hex() and not (tmp_path / "r").exists()
+    with pytest.raises(WrongKeyError, match="a wrong key"):
+        wal.follow(url, tmp_path / "f", encryption=wrong)
+    with pytest.raises(WrongKeyError):  # a provider that knows none of them
+        wal.restore(url, tmp_path / "r", encryption=lambda kid: wrong if kid is None else None)
+    # A provider whose current key is newer but which knows the archive's.
+    provider = {None: KEY2, key_id(KEY2): KEY2, key_id(KEY): KEY}
+    assert wal.restore(url, tmp_path / "r", encryption=provider.get).lsn == 5
+    with wal.open(tmp_path / "s", encryption=[KEY2, KEY], archive=url) as s:  # rotated
+        s.put("k/new", SECRET, durability="replicated")
+    assert sorted(p.name for p in (tmp_path / "archive" / "keys").iterdir()) == sorted(
+        [key_id(KEY).hex(), key_id(KEY2).hex()])
+    with pytest.raises(MissingKeyError, match=f"encrypted under key id {key_id(KEY2).hex()}"):
+        wal.restore(url, tmp_path / "r2", encryption=KEY)
+    assert wal.restore(url, tmp_path / "r3", encryption=[KEY2, KEY]).lsn == 6
+    shutil.rmtree(tmp_path / "archive" / "keys")  # as an archive written before the markers
+    with pytest.raises(MissingKeyError, match=f"encrypted under key id {key_id(KEY2).hex()}"):
+        wal.restore(url, tmp_path / "r4", encryption=wrong)  # the newest snapshot's, under the new key
+
+
+def test_a_standby_follower_given_a_wrong_key_says_so_once_its_writer_ships(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    (tmp_path / "archive").mkdir()
+    standby = wal.follow(url, tmp_path / "f", encryption=os.urandom(32), poll_ms=20)
+    try:
+        with wal.open(tmp_path / "s", encryption=KEY, archive=url) as s:
+            s.put("k", SECRET, durability="replicated")
+        wait_until(lambda: standby.stats()["follower_error"] is not None)
+        assert standby.lsn == 0 and "WrongKeyError" in standby.stats()["follower_error"]
+    finally:
+        standby.close()
+
+
 def test_a_sealing_manifest_whose_encrypted_field_is_damaged_is_refused_as_damage(tmp_path: Path) -> None:
     """sealed.json with its "encrypted" name or value changed by a byte read as "not encrypted":
     the right key was refused as one given to an archive of a store without encryption."""
@@ -640,6 +690,39 @@ def test_a_sealing_manifest_whose_encrypted_field_is_damaged_is_refused_as_damag
         assert not (tmp_path / "r").exists()
     manifest.write_bytes(good)
     assert wal.restore(url, tmp_path / "r", encryption=KEY).lsn == 1
+
+
+@pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}], ids=["encrypted", "compressed"])
+def test_an_archive_whose_sealing_manifest_was_deleted_says_so(tmp_path: Path, options: dict[str, Any]) -> None:
+    """sealed.json deleted (or not copied with the objects): a restore or follower without the
+    sealing options called its first log object damaged (a SHA-256 mismatch), and one with them
+    called the archive a plain store's. Both now say the manifest is missing, and make nothing.
+    A plain archive whose object's first byte alone was flipped is still damage, as before."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "s", archive=url, **options) as s:
+        for i in range(5):
+            s.put(f"k/{i}", SECRET * 20, durability="replicated")
+    manifest = tmp_path / "archive" / "sealed.json"
+    good = manifest.read_bytes()
+    manifest.unlink()
+    for given in ({}, options):
+        with pytest.raises(wal.CorruptionError, match=r"has no sealed\.json, which says so"):
+            wal.restore(url, tmp_path / "r", **given)
+        with pytest.raises(wal.CorruptionError, match=r"has no sealed\.json"):
+            wal.follow(url, tmp_path / "f", **given)
+        assert not (tmp_path / "r").exists() and not (tmp_path / "f").exists()
+    manifest.write_bytes(good)
+    assert wal.restore(url, tmp_path / "r", **options).lsn == 5
+    plain_url = f"file://{tmp_path}/plain"
+    with wal.open(tmp_path / "p", archive=plain_url) as p:
+        p.put("k", b"v", durability="replicated")
+    obj = next((tmp_path / "plain" / "log").glob("*.wal"))
+    for codec in (CODEC_ENCRYPTED, CODEC_ZSTD, CODEC_PLAIN):
+        data = bytearray(obj.read_bytes())
+        data[0] = codec
+        obj.write_bytes(bytes(data))
+        with pytest.raises(wal.CorruptionError, match=f"{obj.name} .*is damaged"):
+            wal.restore(plain_url, tmp_path / "pr")
 
 
 def test_an_envelope_that_says_encrypted_in_a_store_never_encrypted_is_damage(tmp_path: Path) -> None:

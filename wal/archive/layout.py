@@ -175,7 +175,33 @@ def _damaged(name: str, why: str, lsns: str) -> CorruptionError:
                            path=name, reason="damaged archive object")
 
 
+_ZSTD_FRAME = b"\x28\xb5\x2f\xfd"
+
+
+def looks_sealed(head: bytes | bytearray | memoryview) -> bool:
+    """Whether an object read as a plain one begins as a sealed envelope (FORMAT.md §19) does:
+    encrypted (codec 0x80/0x81, then a key id, session and counter), a zstd frame after codec
+    0x01, or a plain object after codec 0x00. A plain object begins with its magic, so no byte
+    flipped in it alone makes it look so (its first byte alone changed: the rest of its magic
+    follows)."""
+    head = bytes(head[:9])
+    if len(head) < 9 or head[1:8] in (LOG_MAGIC[1:], SNAP_MAGIC[1:]):
+        return False
+    return (head[0] in (0x80, 0x81) or (head[0] == 0x01 and head[1:5] == _ZSTD_FRAME)
+            or (head[0] == 0x00 and head[1:9] in (LOG_MAGIC, SNAP_MAGIC)))
+
+
+def missing_manifest(name: str) -> CorruptionError:
+    """The error for an object of a sealed store (an envelope, a key marker, a dictionary) in an
+    archive without its sealing manifest."""
+    return CorruptionError(f"archive object {name} belongs to a store that encrypts or compresses, but the archive "
+                           "has no sealed.json, which says so: it was deleted or never copied with the objects; "
+                           "nothing was used", path=name, reason="missing archive manifest")
+
+
 def _check_digest(data: bytes | bytearray | memoryview, name: str, lsns: str) -> memoryview:
+    if looks_sealed(data):
+        raise missing_manifest(name)
     if len(data) < 64 + DIGEST:
         raise _damaged(name, f"{len(data)} bytes is shorter than a header and trailer", lsns)
     body = memoryview(data)[:-DIGEST]
@@ -384,6 +410,8 @@ def snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> Snapsh
     """A snapshot's header from its first SNAPSHOT_HEADER_BYTES bytes (of a plain snapshot object),
     checked: magic, version, the LSN its name gives."""
     magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(buffer, 0)
+    if looks_sealed(buffer):
+        raise missing_manifest(name)
     if magic != SNAP_MAGIC:
         raise _damaged(name, f"bad magic {magic!r}", _snapshot_hint(name))
     if version != VERSION:

@@ -42,11 +42,13 @@ from wal.crypto.sealing import (
     Sealer,
     parse,
 )
-from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError
+from wal.errors import ArgumentError, CorruptionError, MissingKeyError, SealDamagedError, WrongKeyError
 
 MANIFEST = "sealed.json"
 MANIFEST_FORMAT = "agentwal-archive-sealing"
 DICT_PREFIX = "dict/"
+KEY_PREFIX = "keys/"
+KEY_FORMAT = "agentwal-archive-key"
 
 
 class DecryptingRead(RangedRead):
@@ -135,6 +137,43 @@ class EnvelopedRead(RangedRead):
         self._inner.close()
 
 
+def key_object(key_id: bytes) -> str:
+    """The name of the marker of a key an encrypted archive holds objects under (FORMAT.md §18)."""
+    return f"{KEY_PREFIX}{key_id.hex()}"
+
+
+def archive_key_ids(objects: ObjectStore) -> list[str]:
+    """The ids (hex) of every key the archive's writers have sealed objects under, from their
+    markers: empty for an archive written before markers were (its keys are then learnt only
+    from its objects' envelopes, one at a time)."""
+    ids = []
+    for name, _ in objects.list(KEY_PREFIX):
+        kid = name[len(KEY_PREFIX):]
+        if len(kid) == 2 * KEY_ID_BYTES and all(c in "0123456789abcdef" for c in kid):
+            ids.append(kid)
+    return ids
+
+
+def check_keys(objects: ObjectStore, sealer: Sealer) -> None:
+    """WrongKeyError if the archive names the keys its objects are sealed under and none of the
+    keys given (nor any a key provider knows) is one of them: a mistyped or wrong key, told
+    from a missing older one (MissingKeyError, raised by the object that needs it)."""
+    keys = sealer.keys
+    if keys is None:
+        return
+    listed = archive_key_ids(objects)
+    if not listed:
+        return
+    known = {i.hex() for i in keys.ids}
+    if known & set(listed):
+        return
+    if keys.has_provider and any(keys.lookup(bytes.fromhex(i)) is not None for i in listed):
+        return
+    raise WrongKeyError(f"none of the keys given (key ids {', '.join(sorted(known))}) is one the archive "
+                        f"{objects.url} is encrypted under ({', '.join(listed)}): a wrong key?",
+                        key_id=listed[-1], where=objects.url)
+
+
 def dict_object(dict_id: int, key_id: bytes | None) -> str:
     """The name of a dictionary's object: with the id of the key it is sealed under, if any, so
     that a writer session under a new key (after rotation) ships it again under that key, and a
@@ -164,6 +203,13 @@ class SealedObjects(ObjectStore):
             self.inner.put(MANIFEST, body, create_only=True)
         except ObjectExistsError:
             check_manifest(read_manifest(self.inner), self.sealer, self.inner.url)
+        if self.sealer.encrypting and self.sealer.keys is not None:
+            # Before any object under the current key: readers tell a wrong key from a
+            # missing one by these markers (`check_keys`).
+            marker = {"format": KEY_FORMAT, "version": 1, "key_id": self.sealer.keys.current_id.hex()}
+            with contextlib.suppress(ObjectExistsError):
+                self.inner.put(key_object(self.sealer.keys.current_id), json.dumps(marker).encode(),
+                               create_only=True)
         for did in sorted(self.sealer.dictionaries):
             name = dict_object(did, self.sealer.keys.current_id if self.sealer.keys is not None else None)
             try:
@@ -282,6 +328,21 @@ def holds_nothing(objects: ObjectStore) -> bool:
                    for prefix in (layout.LOG_PREFIX, layout.MERGED_PREFIX, layout.SNAP_PREFIX))
 
 
+def _check_not_sealed(objects: ObjectStore) -> None:
+    """For an archive that holds objects and no manifest, read with sealing options: if its
+    objects are sealed, the manifest was lost (CorruptionError saying so), rather than the
+    archive being a plain store's (an ArgumentError sending the caller to open it without them).
+    Its key markers or dictionaries say so, else its first object's first bytes."""
+    for prefix in (KEY_PREFIX, DICT_PREFIX):
+        marker = next(iter(objects.list(prefix)), None)
+        if marker is not None:
+            raise layout.missing_manifest(marker[0])
+    for prefix in (layout.SNAP_PREFIX, layout.LOG_PREFIX, layout.MERGED_PREFIX):
+        first = next(iter(objects.list(prefix)), None)
+        if first is not None and layout.looks_sealed(objects.get_head(first[0], 9)):
+            raise layout.missing_manifest(first[0])
+
+
 def check_manifest(meta: dict[str, Any] | None, sealer: Sealer | None, url: str) -> None:
     if meta is None:
         if sealer is not None:
@@ -319,6 +380,7 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
         meta = None if empty else read_manifest(objects)
         manifest = meta is not None
         if meta is None and not empty:
+            _check_not_sealed(objects)
             check_manifest(None, sealer_for({}, options, "the archive " + objects.url), objects.url)
         if meta is None:
             # Nothing shipped yet (a standby started before its writer): sealed as the caller
@@ -330,6 +392,8 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
     sealer = sealer_for(sealed, options, "the archive " + objects.url)
     check_manifest(meta, sealer, objects.url)
+    if manifest and sealed["encrypted"]:
+        check_keys(objects, sealer)
     sealer.never_encrypted = manifest and not sealed["encrypted"]  # not a standby's guess (see above)
     if sealer.keys is not None:
         # Every key given, the current one first: the archive's objects may be under any of
