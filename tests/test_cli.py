@@ -458,6 +458,29 @@ def test_import_checks_every_line_before_writing_anything(store: Path, tmp_path:
     assert len(records(store)) == before
 
 
+def test_an_export_line_changed_after_the_export_is_refused_and_nothing_is_imported(store: Path,
+                                                                                     tmp_path: Path) -> None:
+    """Each line carries a CRC-32C of its key and value: a character changed in a value (still
+    JSON, still a value) was imported as a wrong value. Lines without one are imported as before."""
+    with wal.open(tmp_path / "src") as s:
+        s.put("a", b"first value")
+        s.put("b", b"second value")
+    exported = run("export", str(tmp_path / "src"))
+    assert exported.returncode == 0, exported.stderr
+    lines = exported.stdout.splitlines()
+    assert all(isinstance(json.loads(x)["crc32c"], int) for x in lines)
+    changed = [lines[0], lines[1].replace("second", "sekond")]
+    assert changed[1] != lines[1]
+    result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(changed) + "\n")
+    assert result.returncode != 0 and "line 2" in result.stderr and "crc32c" in result.stderr, result.stderr
+    assert not (tmp_path / "copy").exists() or run("export", str(tmp_path / "copy")).stdout == ""
+    unchecked = [json.dumps({k: v for k, v in json.loads(x).items() if k != "crc32c"}) for x in lines]
+    result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(unchecked) + "\n")
+    assert result.returncode == 0, result.stderr
+    with wal.open(tmp_path / "copy", readonly=True) as copy:
+        assert dict(copy.scan()) == {b"a": b"first value", b"b": b"second value"}
+
+
 # ---- checkpoint ------------------------------------------------------------------------------------------
 
 

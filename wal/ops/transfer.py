@@ -10,6 +10,12 @@ A store that compresses with trained dictionaries (kept in its ``dicts/``) expor
 first, as a line ``{"zstd_dictionary": "<id, 8 hex digits>", "sealed": envelope}`` holding the
 dictionary file's bytes as stored (sealed, so encrypted in an encrypted store): an import opens
 them before the values compressed with them, and needs nothing but the export and the keys.
+
+Every key's line carries ``"crc32c"``: the CRC-32C of the key's length (4 bytes, little-endian),
+the key and the value (or envelope) bytes. An import checks it before anything is written, so
+a line changed after the export (a flipped character that still parses) is refused, naming it,
+rather than imported as a wrong value. Lines without it (older exports, or written by hand) are
+imported unchecked.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from wal._bindings import lib
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_VALUE
-from wal.errors import ArgumentError
+from wal.errors import ArgumentError, CorruptionError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
@@ -99,7 +106,13 @@ def dictionary_lines(path: str) -> Iterator[str]:
 def value_line(key: bytes, value: bytes, version: int, *, sealed: bool) -> str:
     """The export line of a key's value as stored: under "sealed" for a sealed store's envelope."""
     return json.dumps({"key": render_bytes(key), "sealed" if sealed else "value": render_bytes(value),
-                       "version": version}, ensure_ascii=False)
+                       "version": version, "crc32c": line_crc(key, value)}, ensure_ascii=False)
+
+
+def line_crc(key: bytes, value: bytes) -> int:
+    """An export line's "crc32c": of the key's length (u32 LE), the key and the value's bytes."""
+    crc = lib.wal_crc32c(0, len(key).to_bytes(4, "little") + key, len(key) + 4)
+    return int(lib.wal_crc32c(crc, value, len(value)))
 
 
 def parse_import(lines: Iterator[str], source: str) -> Imported:
@@ -133,6 +146,11 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
             raise ArgumentError(f"{source} line {n}: key must be 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
         if len(value) > MAX_VALUE_BYTES:
             raise ArgumentError(f"{source} line {n}: value of {len(value)} bytes is over the limit")
+        crc = obj.get("crc32c")
+        if crc is not None and crc != line_crc(key, value):
+            raise CorruptionError(f"{source} line {n}: its crc32c ({crc}) does not match its key and value: the line "
+                                  "was changed after the export; nothing was imported", path=source,
+                                  reason="export line damaged")
         out.append((key, value))
     return Imported(out, dictionaries)
 
