@@ -2024,7 +2024,10 @@ def test_a_follower_of_an_archive_without_a_start_yet_waits_at_lsn_0_saying_why(
         assert "holds no snapshot" in caplog.text and "follows it from LSN 0" in caplog.text
         wait_until(lambda: "missing LSNs 1..20" in (replica.stats()["follower_error"] or ""))
         assert replica.lsn == 0
-        snap.write_bytes(held)  # the snapshot arrives
+        # The snapshot arrives, whole at once as a PUT makes it (a file written in place could be
+        # listed half-written: a rebuild from it fails, and is tried again only a minute later).
+        (tmp_path / "held.snap").write_bytes(held)
+        os.replace(tmp_path / "held.snap", snap)
         wait_until(lambda: replica.lsn == 21)
         assert replica.get("old3") == b"o" and replica.get("new") == b"n"
         wait_until(lambda: replica.stats()["follower_error"] is None)
