@@ -5,6 +5,11 @@
  */
 #include "commitlock.h"
 
+volatile uint64_t commitlock_forks;
+static pthread_once_t g_fork_counting = PTHREAD_ONCE_INIT;
+static void count_fork(void) { commitlock_forks++; }
+static void start_counting_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
+
 void commitlock_wake(CommitLock *l) {
     pthread_mutex_lock(&l->mu);
     l->gen++;
@@ -27,14 +32,27 @@ static void commitlock_acquire(CommitLock *l) {
 }
 
 static int commitlock_setup(CommitLock *l) {
+    pthread_once(&g_fork_counting, start_counting_forks);
     l->locked = 0;
     l->waiters = 0;
     l->gen = 0;
+    l->forks = commitlock_forks;
     if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv, NULL) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "CommitLock: cannot initialise its mutex or condition variable");
         return -1;
     }
     return 0;
+}
+
+void commitlock_after_fork(CommitLock *l) {
+    /* Only this thread exists in the child (any other started since found the lock started
+     * over already: this runs with the GIL held, before the lock is used). A mutex or
+     * condition variable that cannot be initialised again is left as it is: `locked` and the
+     * count of waiters are what a try and a release read. */
+    if (commitlock_setup(l) < 0) {
+        PyErr_Clear();
+        l->forks = commitlock_forks;
+    }
 }
 
 static PyObject *commitlock_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {

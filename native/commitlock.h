@@ -23,6 +23,12 @@
  *    thread that never slept, and then waits for the next release.
  *  - A blocked acquire is not interrupted by a signal (KeyboardInterrupt): the lock is
  *    only ever held for in-memory work, so it waits microseconds.
+ *  - Fork. A child has only the forking thread: a lock another thread held at the fork is
+ *    held by nobody, forever. os.fork() resets it (threading's hooks: _at_fork_reinit); a
+ *    fork past Python's hooks (libc's fork through ctypes or a C extension) did not, and the
+ *    child's first commit waited forever instead of being refused by the log. A
+ *    pthread_atfork handler counts forks (`commitlock_forks`): a lock first touched in a
+ *    child it has not seen starts over there, before it is tried or waited for.
  */
 #ifndef WAL_COMMITLOCK_H
 #define WAL_COMMITLOCK_H
@@ -38,12 +44,20 @@ typedef struct {
     uint64_t gen;   /* releases that found waiters; under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    uint64_t forks; /* commitlock_forks when the lock was set up (or last started over) */
 } CommitLock;
 
 extern PyTypeObject CommitLockType;
 
+/* Forks this process came out of: a pthread_atfork handler, run in the child by any fork(). */
+extern volatile uint64_t commitlock_forks;
+
+/* In a child the lock has not seen yet: an unlocked lock with no waiters. GIL held. */
+void commitlock_after_fork(CommitLock *l);
+
 /* Non-blocking acquire, GIL held: 1 if taken. */
 static inline int commitlock_try(CommitLock *l) {
+    if (__builtin_expect(l->forks != commitlock_forks, 0)) commitlock_after_fork(l);
     if (l->locked) return 0;
     l->locked = 1;
     return 1;

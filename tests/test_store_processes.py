@@ -452,6 +452,58 @@ def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherit
         assert dict(store.scan()) == {b"before": b"1", b"parent": b"p", b"parent2": b"p2"}
 
 
+def test_a_child_forked_past_pythons_fork_hooks_while_another_thread_held_the_commit_lock_is_refused_not_hung(
+        tmp_path: Path) -> None:
+    """The commit lock held by another of the parent's threads at a libc fork() is held by no
+    thread of the child: its first commit waited for it forever, before the log could refuse
+    it. The lock counts forks itself (native/commitlock.h) and starts over in such a child."""
+    script = textwrap.dedent(f"""
+        import ctypes, os, select, threading
+        import wal
+        store = wal.open({str(tmp_path)!r})
+        store.put("before", b"1")
+        held, done = threading.Event(), threading.Event()
+        def holder():
+            with store._commit_lock:
+                held.set()
+                done.wait()
+        thread = threading.Thread(target=holder)
+        thread.start()
+        held.wait()
+        out_r, out_w = os.pipe()
+        pid = ctypes.CDLL(None).fork()
+        if pid == 0:
+            def txn():
+                with store.transaction() as t:
+                    t.put("x", b"y")
+            outcomes = []
+            for attempt in (lambda: store.put("child", b"c"), lambda: store.delete("before"), txn,
+                            store.checkpoint):
+                try:
+                    attempt()
+                    outcomes.append("done")
+                except wal.WalError as exc:
+                    outcomes.append(type(exc).__name__)
+            os.write(out_w, " ".join(outcomes).encode())
+            os._exit(0)
+        done.set()
+        thread.join()
+        ready, _, _ = select.select([out_r], [], [], 20)
+        print(os.read(out_r, 4096).decode() if ready else "hung")
+        if not ready:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print(store.put("parent", b"p"))
+        store.close()
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split("\n")
+    assert out[0] == "LockedError LockedError LockedError LockedError"
+    assert out[1] == "2"  # the parent's next LSN: the child took none
+    with wal.open(tmp_path) as store:
+        assert dict(store.scan()) == {b"before": b"1", b"parent": b"p"}
+
+
 def test_a_forked_child_that_never_uses_the_store_does_not_keep_it_locked_after_the_parent_closes(
         tmp_path: Path) -> None:
     store = wal.open(tmp_path)
