@@ -1542,6 +1542,29 @@ def test_a_fenced_primarys_directory_is_not_followed_as_if_its_unshipped_commits
         again.close()
 
 
+def test_of_two_followers_promoted_at_once_the_later_fences_the_earlier(tmp_path):
+    """Two followers at the same LSN, both promoted (README: promote one at a time): the second
+    finds the first's fence at its name, applies it, and fences the first at the next LSN; the
+    first stops with FailedError at its next PUT, and the archive goes on with the second."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as primary:
+        for i in range(5):
+            primary.put(f"k{i}", b"v", durability="replicated")
+    first = wal.follow(url, tmp_path / "f1", poll_ms=20)
+    second = wal.follow(url, tmp_path / "f2", poll_ms=20)
+    wait_until(lambda: first.lsn == 5 and second.lsn == 5)
+    earlier = first.promote()  # its fence at LSN 6
+    later = second.promote()  # the name taken: catches up to 6, fences at 7
+    assert earlier.watermarks.durable == 6 and later.watermarks.durable == 7
+    with pytest.raises(wal.FailedError, match="fenced"):
+        earlier.put("lost", b"x", durability="replicated")
+    earlier.close()
+    assert later.put("kept", b"y", durability="replicated") == 8
+    later.close()
+    with wal.open(wal.restore(url, tmp_path / "r").path) as restored:
+        assert restored.get("kept") == b"y" and restored.get("lost") is None and restored.get("k4") == b"v"
+
+
 @pytest.mark.parametrize("bad", [{"archive_rpo_ms": 0}, {"durability": "bogus"}, {"archive_typo": 1},
                                  {"checkpoint_bytes": 1}])
 def test_promote_with_a_bad_option_is_refused_before_it_fences_anything(tmp_path, bad):
