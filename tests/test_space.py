@@ -101,9 +101,7 @@ def test_sustained_overwrites_keep_the_state_file_bounded_by_the_live_data(
             stale = [line for line in maps if str(tmp_path) in line and "(deleted)" in line]
         assert not stale, stale
         assert stats["segments_removed"] > 0, {k: v for k, v in stats.items() if "checkpoint" in k or "segment" in k}
-    # The policy, not luck, kept it bounded: a checkpoint fell due at least once per pass, for
-    # the pages freed or for the log kept (whichever reached its bound first), and for pages at least once.
-    assert stats["auto_checkpoints"] >= PASSES - 1 and stats["space_checkpoints"] >= 1, stats
+    assert stats["space_checkpoints"] >= PASSES - 1, stats  # the policy, not luck, kept it bounded
     assert len(sizes) == PASSES
     assert max(sizes) <= 3 * LIVE, f"state file {sizes} for {LIVE} bytes of live data"
     # Stops growing: the later passes write as much as the first three, in pages LMDB reuses.

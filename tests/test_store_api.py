@@ -857,7 +857,8 @@ def test_a_load_that_stops_right_after_a_checkpoint_taken_with_a_long_queue_leav
             last = fill(store, 1000, size=3000, prefix="m")
         deadline = time.monotonic() + 30
         bound = (256 << 10) // 65536 + 2  # one checkpoint's bound of segments, the open one, one partial
-        while len(wal_files(tmp_path)) > bound and time.monotonic() < deadline:
+        while ((store.stats()["applied_lsn"] < last or len(wal_files(tmp_path)) > bound)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
         assert store.stats()["applied_lsn"] == last
         assert len(wal_files(tmp_path)) <= bound

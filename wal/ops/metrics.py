@@ -82,7 +82,8 @@ HELP = {
     "state_free_bytes": "Bytes of free pages in the state (reused before the file grows; compact returns them).",
     "state_free_pages": "Free pages in the state.",
     "state_pinned_free_bytes": "Bytes of pages freed since the last checkpoint: reusable after the next.",
-    "checkpoint_space_bound_bytes": "Pages freed since the last checkpoint, or log it kept, at which the next is due.",
+    "checkpoint_space_bound_bytes": ("Pages freed, or log written or applied, since the last checkpoint at which "
+                                     "the next is due."),
     "archived_lsn": "Last LSN the object archive holds.",
     "archive_status_age_seconds": "Age of the archive figures read from archive.json (the writer's last report), s.",
     "archive_lag_ms": "Upper bound on the age of the oldest commit not yet in the object archive, milliseconds.",

@@ -39,20 +39,21 @@ Space (bounded at any write rate). LMDB reuses no page freed after the snapshot 
 checkpoint pins (wal/store/state.py), so every page a transaction copies on write between two
 checkpoints is new space: overwriting 1 KiB values scattered over many keys writes a 4 KiB page
 per key. A checkpoint is therefore due, checked after every applied batch (not once the backlog
-is gone: under a sustained load it never is), when the pages freed since the last one or the log
-it kept (the records still queued when it was taken, and all written since) reach
-`_space_bound`: 1/8 of the state's pages in use, at least 8 MiB, at most `checkpoint_bytes`. The
-file then holds its pages in use, at most one bound of pinned free pages and one of reusable
-ones (~1.25x its pages in use), and the log about one bound plus its open segment. The trade: a
-checkpoint fdatasyncs what the state wrote since the last one while holding the apply lock, so
-when commits arrive faster than the disk takes the state's pages, the apply queue fills to its
-bound (`_limit_unapplied`: about one space bound of log bytes, at most `max_unapplied` commits)
-and committers wait for the state (they help apply, behind the checkpoint): the commit rate
-falls to what the disk sustains, rather than the disk filling. `stats()` counts it
-(``state_backpressure_waits``, ``state_backpressure_ms``). The pages in use are full for keys
-inserted in order, where LMDB alone leaves two ~1 KiB entries on pages with room for three
-(native/lmdbcall.c, `put_order`). A bloated file (from an older version, or pages in use that a
-workload has since deleted) shrinks only by `compact_state` (`agentwal compact`).
+is gone: under a sustained load it never is), when the pages freed since the last one, the log
+written since it, or the log a checkpoint now would let go of (applied since, which includes
+what was still queued then) reach `_space_bound`: 1/8 of the state's pages in use, at least 8
+MiB, at most `checkpoint_bytes`. The file then holds its pages in use, at most one bound of
+pinned free pages and one of reusable ones (~1.25x its pages in use), and the log about one
+bound plus its open segment. The trade: a checkpoint fdatasyncs what the state wrote since the
+last one while holding the apply lock, so when commits arrive faster than the disk takes the
+state's pages, the apply queue fills to its bound (`_limit_unapplied`: about one space bound of
+log bytes, at most `max_unapplied` commits) and committers wait for the state (they help apply,
+behind the checkpoint): the commit rate falls to what the disk sustains, rather than the disk
+filling. `stats()` counts it (``state_backpressure_waits``, ``state_backpressure_ms``). The
+pages in use are full for keys inserted in order, where LMDB alone leaves two ~1 KiB entries on
+pages with room for three (native/lmdbcall.c, `put_order`). A bloated file (from an older
+version, or pages in use that a workload has since deleted) shrinks only by `compact_state`
+(`agentwal compact`).
 
 Recovery on open: the log's own recovery (torn tail cut, damage refused), then replay of
 (applied_lsn, last LSN] into LMDB in batches; a crash during it leaves a valid
@@ -154,7 +155,7 @@ _SCAN_FIRST = 256
 _IDLE_AFTER_ROUNDS = 50
 _IDLE_WAIT_S = 1.0
 # Space policy (module docstring): a checkpoint once the state's pages freed since the last one, or
-# the log it kept, reach 1/_SPACE_FRACTION of the state's pages in use, but at least
+# the log written or applied since, reach 1/_SPACE_FRACTION of the state's pages in use, but at least
 # _SPACE_MIN_BYTES (a small store is not checkpointed at every batch) and at most checkpoint_bytes.
 _SPACE_FRACTION = 8
 _SPACE_MIN_BYTES = 8 << 20
@@ -428,12 +429,12 @@ class Store:
         self._max_unapplied = max_unapplied  # the caller's bound; _unapplied_limit is the one in force
         self._unapplied_limit = max_unapplied
         self._batch_limit = _APPLY_BATCH_RECORDS  # records per apply: lowered with the space bound
-        self._appended_at_checkpoint = 0
-        # Log bytes the last checkpoint had to keep (its records were queued but not applied
-        # yet), estimated from the mean commit size; counted toward the next one (_checkpoint_due).
-        self._kept_log_bytes = 0
-        self._mean_commit_bytes = 0.0
-        self._checkpointed_lsn = 0  # applied_lsn at the last checkpoint
+        self._appended_at_checkpoint = 0  # the log's appended LSN at the last checkpoint (or open)
+        self._mean_commit_bytes = 0.0  # log bytes per commit, since the last checkpoint but one
+        # The LSN below which the log holds no segment: applied_lsn at the last checkpoint, and
+        # at open the LSN before the log's first (_replay). A checkpoint lets go of the log
+        # from here to applied_lsn (_checkpoint_due).
+        self._checkpointed_lsn = 0
         self._async_helping = False  # an async commit is applying a backlog (_commit_async)
         self._pid = os.getpid()
         self._forked = False  # set in a forked child by _after_fork_in_child
@@ -639,6 +640,8 @@ class Store:
             replayer.feed(self._log.read_spans(replayer.next_lsn), durable=self._log.watermarks.durable)
         replayer.finish()
         self._applied = self._state.applied_lsn()
+        self._checkpointed_lsn = max(0, last - report.records)  # below the log's first LSN
+        self._appended_at_checkpoint = last
         self._recovery.update({
             "recovery_seconds": time.monotonic() - started,
             "records_replayed": replayer.replayed,
@@ -1217,18 +1220,21 @@ class Store:
 
     def _checkpoint_due(self) -> str | None:
         """Why an automatic checkpoint is due now ("space": the state's pages freed since the last
-        one; "log": the log it kept), or None. Reads the state's free list (a short read)."""
+        one; "log": the log written, or applied, since), or None. Reads the state's free list (a short read)."""
         space = self._state.space()
         bound = self._space_bound(space["state_used_bytes"])
         if space["state_pinned_free_bytes"] >= bound:
             return "space"
-        # The log the last checkpoint kept is every record from its applied LSN on: those
-        # queued then (a sustained load checkpoints with a queue) and those written since.
-        # Counting only the latter, a load that stopped right after a checkpoint taken with
-        # a long queue left that queue's segments until the next write. Due only once the
-        # state has moved past that checkpoint: one taken at the same applied LSN frees nothing.
-        if (self._core.bytes_since_checkpoint + self._kept_log_bytes >= bound
-                and self._applied > self._checkpointed_lsn):
+        if self._core.bytes_since_checkpoint >= bound:
+            return "log"
+        # Or once the log a checkpoint would let go of now reaches it: a checkpoint taken with a
+        # long queue (as under a sustained load) keeps that queue's log, and a load that stopped
+        # right after it wrote too little since for the rule above: the queue's segments stayed
+        # until the next write. Estimated from the mean commit size; as often as the rule above.
+        appended = self._log.watermarks.appended if self._log is not None else 0
+        commits = appended - self._appended_at_checkpoint
+        mean = self._core.bytes_since_checkpoint / commits if commits > 0 else self._mean_commit_bytes
+        if (self._applied - self._checkpointed_lsn) * mean >= bound:
             return "log"
         return None
 
@@ -1236,18 +1242,14 @@ class Store:
         """Bound the apply queue to about one space bound of log bytes (every unapplied record keeps
         its segment), from the mean commit size since the last checkpoint; the caller's
         max_unapplied stays the upper bound. And an apply batch to about one bound of pages.
-        And estimate the log this checkpoint keeps for its queue (`_kept_log_bytes`).
         Called at each checkpoint (apply lock held)."""
         assert self._log is not None
         appended = self._log.watermarks.appended
         commits = appended - self._appended_at_checkpoint
         self._appended_at_checkpoint = appended
-        if commits > 0 and self._core.bytes_since_checkpoint > 0:
-            self._mean_commit_bytes = self._core.bytes_since_checkpoint / commits
-        self._kept_log_bytes = int(max(0, appended - self._applied) * self._mean_commit_bytes)
         if commits <= 0 or self._core.bytes_since_checkpoint <= 0:
             return
-        mean = self._mean_commit_bytes
+        mean = self._mean_commit_bytes = self._core.bytes_since_checkpoint / commits
         bound = self._space_bound(self._state.space()["state_used_bytes"])
         limit = min(self._max_unapplied, max(_MIN_UNAPPLIED, int(bound / mean)))
         self._unapplied_limit = self._core.max_unapplied = limit
