@@ -33,6 +33,7 @@ from wal.store.store import Store
 
 KEY = bytes(range(32))
 KEY2 = bytes(range(1, 33))
+KEY3 = bytes(range(2, 34))
 SECRET = b"the-patient-said-their-ssn-is-078-05-1120"
 
 
@@ -659,6 +660,41 @@ def test_a_restore_or_follower_given_a_wrong_key_is_told_so_and_one_lacking_an_o
     shutil.rmtree(tmp_path / "archive" / "keys")  # as an archive written before the markers
     with pytest.raises(MissingKeyError, match=f"encrypted under key id {key_id(KEY2).hex()}"):
         wal.restore(url, tmp_path / "r4", encryption=wrong)  # the newest snapshot's, under the new key
+
+
+def test_an_archive_begun_before_key_markers_never_calls_an_old_key_wrong(tmp_path: Path) -> None:
+    """An archive whose manifest does not say "key_markers" (begun before them) lists only the
+    keys its later writers marked: a restore with an older key, under which its early objects
+    are, is not refused as a wrong key. And a key provider that fails for one listed id (a KMS
+    refusing a retired key) is asked for the next rather than ending the restore."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "s", encryption=KEY, archive=url) as s:
+        for i in range(4):
+            s.put(f"k/{i}", SECRET, durability="replicated")
+    manifest = tmp_path / "archive" / "sealed.json"
+    meta = json.loads(manifest.read_bytes())
+    assert meta.pop("key_markers") is True
+    manifest.write_text(json.dumps(meta))  # as an older writer wrote it
+    shutil.rmtree(tmp_path / "archive" / "keys")
+    with wal.open(tmp_path / "s", encryption=[KEY2, KEY], archive=url) as s:  # upgraded, rotated
+        s.put("k/new", SECRET, durability="replicated")
+    assert [p.name for p in (tmp_path / "archive" / "keys").iterdir()] == [key_id(KEY2).hex()]
+    assert wal.restore(url, tmp_path / "r", lsn=3, encryption=KEY).lsn == 3  # before the new snapshot
+
+    # The retired key's id first in the listing (name order), so it is asked for first.
+    retired, current = sorted((KEY, KEY2), key=key_id)
+    url2 = f"file://{tmp_path}/archive2"
+    with wal.open(tmp_path / "s2", encryption=retired, archive=url2) as s:
+        s.put("k", SECRET, durability="replicated")
+    with wal.open(tmp_path / "s2", encryption=[current, retired], archive=url2) as s:
+        s.put("k2", SECRET, durability="replicated")  # a new snapshot under `current`: all a restore needs
+
+    def provider(kid: bytes | None) -> bytes | None:
+        if kid == key_id(retired):
+            raise RuntimeError("key disabled in the KMS")
+        return {None: KEY3, key_id(current): current}.get(kid)
+
+    assert wal.restore(url2, tmp_path / "r2", encryption=provider).lsn == 2
 
 
 def test_a_standby_follower_given_a_wrong_key_says_so_once_its_writer_ships(tmp_path: Path) -> None:

@@ -155,9 +155,11 @@ def archive_key_ids(objects: ObjectStore) -> list[str]:
 
 
 def check_keys(objects: ObjectStore, sealer: Sealer) -> None:
-    """WrongKeyError if the archive names the keys its objects are sealed under and none of the
-    keys given (nor any a key provider knows) is one of them: a mistyped or wrong key, told
-    from a missing older one (MissingKeyError, raised by the object that needs it)."""
+    """WrongKeyError if the archive names every key its objects are sealed under (its manifest
+    says "key_markers") and none of the keys given (nor any a key provider knows) is one of
+    them: a mistyped or wrong key, told from a missing older one (MissingKeyError, raised by
+    the object that needs it). A provider that fails for an id (a KMS refusing a retired key)
+    is asked for the next; if it knows none and failed for some, its first failure is raised."""
     keys = sealer.keys
     if keys is None:
         return
@@ -167,8 +169,16 @@ def check_keys(objects: ObjectStore, sealer: Sealer) -> None:
     known = {i.hex() for i in keys.ids}
     if known & set(listed):
         return
-    if keys.has_provider and any(keys.lookup(bytes.fromhex(i)) is not None for i in listed):
-        return
+    failure: Exception | None = None
+    if keys.has_provider:
+        for kid in listed:
+            try:
+                if keys.lookup(bytes.fromhex(kid)) is not None:
+                    return
+            except Exception as exc:  # the provider's own error, wrapped (sealing._ask)
+                failure = failure or exc
+    if failure is not None:
+        raise failure
     raise WrongKeyError(f"none of the keys given (key ids {', '.join(sorted(known))}) is one the archive "
                         f"{objects.url} is encrypted under ({', '.join(listed)}): a wrong key?",
                         key_id=listed[-1], where=objects.url)
@@ -198,7 +208,10 @@ class SealedObjects(ObjectStore):
     def _ensure_manifest(self) -> None:
         if self._manifest_checked:
             return
-        body = json.dumps({"format": MANIFEST_FORMAT, "version": 1, "encrypted": self.sealer.encrypting}).encode()
+        # "key_markers": every writer of this archive, from its first, marks its keys (below);
+        # readers of an archive begun before markers were cannot tell a wrong key by them.
+        body = json.dumps({"format": MANIFEST_FORMAT, "version": 1, "encrypted": self.sealer.encrypting,
+                           "key_markers": True}).encode()
         try:
             self.inner.put(MANIFEST, body, create_only=True)
         except ObjectExistsError:
@@ -392,7 +405,7 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
     sealed = {"encrypted": bool(meta.get("encrypted")), "key_ids": []}
     sealer = sealer_for(sealed, options, "the archive " + objects.url)
     check_manifest(meta, sealer, objects.url)
-    if manifest and sealed["encrypted"]:
+    if manifest and sealed["encrypted"] and meta.get("key_markers") is True:
         check_keys(objects, sealer)
     sealer.never_encrypted = manifest and not sealed["encrypted"]  # not a standby's guess (see above)
     if sealer.keys is not None:
