@@ -47,7 +47,7 @@ def _delete_archive(url: str) -> None:
     from wal.archive.objects import open_objects  # noqa: PLC0415 -- only this drill needs the archive
 
     objects = open_objects(url)
-    for prefix in ("log/", "merged/", "snap/", "probe/"):
+    for prefix in ("log/", "merged/", "snap/", "probe/", "keys/", "dict/"):
         for name, _ in list(objects.list(prefix)):
             objects.delete(name)
     objects.delete("sealed.json")  # a sealed store's archive manifest (FORMAT.md §19), if any
