@@ -41,8 +41,8 @@ checkpoints is new space: overwriting 1 KiB values scattered over many keys writ
 per key. A checkpoint is therefore due, checked after every applied batch (not once the backlog
 is gone: under a sustained load it never is), when the pages freed since the last one, the log
 written since it, or the log a checkpoint now would let go of (applied since, which includes
-what was still queued then) reach `_space_bound`: 1/8 of the state's pages in use, at least 8
-MiB, at most `checkpoint_bytes`. The file then holds its pages in use, at most one bound of
+what was still queued then) reach `_space_bound`: 1/8 of the state's pages in use, at least
+8 MiB, at most `checkpoint_bytes`. The file then holds its pages in use, at most one bound of
 pinned free pages and one of reusable ones (~1.25x its pages in use), and the log about one
 bound plus its open segment. The trade: a checkpoint fdatasyncs what the state wrote since the
 last one while holding the apply lock, so when commits arrive faster than the disk takes the
