@@ -1588,6 +1588,46 @@ def test_a_fenced_primarys_directory_is_not_followed_as_if_its_unshipped_commits
         again.close()
 
 
+def test_promote_fences_an_old_primary_that_ships_an_object_per_commit_without_a_pause(tmp_path, archive_url):
+    """An old primary still committing flat out at `replicated` ships an object every few ms: it
+    took the fence's name each time while the follower polled (list, read, apply) between two
+    tries, and promote gave up ("the archive kept growing"), leaving it unfenced. The fence is
+    now tried past the objects it finds, read but not applied: the old primary stops, fenced,
+    and every commit either acknowledged at `replicated` is in the archive."""
+    primary = wal.open(tmp_path / "p", archive=archive_url, durability="replicated")
+    for i in range(5):
+        primary.put(f"k{i}", b"v")
+    replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
+    acked: list[int] = []
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in itertools.count():
+                primary.put(f"w{i}", b"%d" % i)
+                acked.append(i)
+        except BaseException as exc:  # the fence: FailedError
+            failures.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        wait_until(lambda: len(acked) > 50)
+        new = replica.promote()
+    except BaseException:
+        replica.close()
+        raise
+    finally:
+        writer.join(60)
+        primary.close()
+    assert failures and isinstance(failures[0], wal.FailedError) and "fenced" in str(failures[0]), failures
+    with new:
+        after = new.put("after", b"1", durability="replicated")
+    with wal.open(wal.restore(archive_url, tmp_path / "r").path) as restored:
+        assert restored.watermarks.durable == after and restored.get("after") == b"1"
+        assert [i for i in acked if restored.get(f"w{i}") != b"%d" % i] == []
+
+
 def test_of_two_followers_promoted_at_once_the_later_fences_the_earlier(tmp_path):
     """Two followers at the same LSN, both promoted (README: promote one at a time): the second
     finds the first's fence at its name, applies it, and fences the first at the next LSN; the

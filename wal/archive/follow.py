@@ -76,6 +76,7 @@ from wal.store.state import StateError
 from wal.store.store import Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
+_FENCE_HOPS = 64  # objects a fence is tried past, read but not applied, before a poll (`_put_fence`)
 _REBUILD_RETRY_S = 60.0  # a rebuild that failed is tried again after this
 _logger = logging.getLogger("wal.archive")
 _T = TypeVar("_T")
@@ -483,28 +484,62 @@ class Follower:
         for _ in range(_PROMOTE_ATTEMPTS):
             self.poll()
             store = self._live()  # the poll may have rebuilt it (`_rebuild_from_snapshot`)
-            nxt = self._pos + 1
             payload = record.encode((), time.time_ns() // 1_000_000, None)
-            try:
-                self._objects.put(layout.log_name(nxt), layout.encode_log([(nxt, payload)], os.urandom(16)),
-                                  create_only=True)
-            except ObjectExistsError:
+            nxt, taken = self._put_fence(self._pos + 1, payload)
+            if nxt is None:
                 # The old primary shipped more (catch up, try again), or the name is taken by a
                 # stray (FORMAT.md §18): delete it, try again.
-                self._delete_stray(nxt)
+                if taken == self._pos + 1:
+                    self._delete_stray(taken)
                 continue
             if self._overtaken(nxt):
                 # The old primary shipped nxt and merged its group object away before our PUT
                 # (the listing missed it): the name fences nothing. Withdraw, catch up, retry.
                 self._objects.delete(layout.log_name(nxt))
                 continue
+            # The objects the fence was put after are in the archive: apply them (and the
+            # fence with them, as any object) before the store is handed over.
+            for _ in range(_PROMOTE_ATTEMPTS):
+                if self._pos >= nxt - 1:
+                    break
+                self.poll()
+            else:
+                raise ArchiveError(f"the follower in {self._dir} put its fence at LSN {nxt} but could not apply "
+                                   f"the archive's objects before it (it is at LSN {self._pos}); promote again")
             with self._lock:
-                _append(store, [(nxt, payload)])
-                self._pos = nxt
+                if self._pos < nxt:
+                    _append(store, [(nxt, payload)])
+                    self._pos = nxt
             self._delete_tail(nxt)
             return store
         raise ArchiveError(f"could not promote the follower in {self._dir}: the archive kept growing "
                            f"({_PROMOTE_ATTEMPTS} attempts); stop the old primary first")
+
+    def _put_fence(self, nxt: int, payload: bytes) -> tuple[int | None, int]:
+        """Store the fence create-only at `nxt`, this follower's next LSN, or further on: where
+        the name is taken, the object holding it is read (not applied) and the fence tried
+        right after it, up to _FENCE_HOPS objects on. A writer shipping an object every few ms
+        (at `replicated`, one per commit) took each name while a whole poll -- list, read,
+        apply -- ran between two tries: the promote gave up. Objects are read on only as the
+        chain takes them (FORMAT.md §18): one sent while its writer had another in flight
+        follows only an object of that writer; else (and where an object is gone, merged away)
+        the caller polls. Returns (the LSN fenced, or None, and the last name tried)."""
+        writer = self._writer
+        for _ in range(_FENCE_HOPS):
+            name = layout.log_name(nxt)
+            try:
+                self._objects.put(name, layout.encode_log([(nxt, payload)], os.urandom(16)), create_only=True)
+                return nxt, nxt
+            except ObjectExistsError:
+                pass
+            try:
+                obj = layout.decode_log(self._objects.get(name), name)
+            except (ObjectMissingError, CorruptionError):
+                return None, nxt
+            if obj.first != nxt or (obj.behind and obj.writer_id != writer):
+                return None, nxt
+            writer, nxt = obj.writer_id, obj.last + 1
+        return None, nxt
 
     def _delete_stray(self, lsn: int) -> None:
         """``log/<lsn>.wal``, just after this follower's chain, if it is a stray: sent with an
