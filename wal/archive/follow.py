@@ -454,7 +454,8 @@ class Follower:
 
     def promote(self, **open_kwargs: Any) -> Store:
         """Make this follower the archive's writer: catch up, fence the old primary (create-only
-        ``log/<n+1>.wal``), and return a writable store shipping to the archive, continuing the
+        ``log/<n+1>.wal``, or right past the objects an old primary still shipping has stored
+        there: `_put_fence`), and return a writable store shipping to the archive, continuing the
         LSN sequence. open_kwargs go to `wal.open` (durability, archive_rpo_ms, ...), and are
         checked before the fence is written: a fence cannot be undone."""
         check_open_options(open_kwargs)
