@@ -508,6 +508,7 @@ class Follower:
                 raise ArchiveError(f"the follower in {self._dir} put its fence at LSN {nxt} but could not apply "
                                    f"the archive's objects before it (it is at LSN {self._pos}); promote again")
             with self._lock:
+                store = self._live()  # taken again: a poll may have rebuilt it, closing the one before
                 if self._pos < nxt:
                     _append(store, [(nxt, payload)])
                     self._pos = nxt
