@@ -17,8 +17,20 @@ void commitlock_wake(CommitLock *l) {
     pthread_mutex_unlock(&l->mu);
 }
 
+static void commitlock_after_fork(CommitLock *l);
+
+/* A lock used first in a child forked past Python's hooks starts over (commitlock.h). Called by
+ * every acquire of the Python face, not by commitlock_try: the C commit path holds the GIL
+ * from its try to its release, so in a child a holder that took the lock by a try is never
+ * found mid-hold by an acquire, and a try of a lock left held by the parent fails over to
+ * the Python path, whose acquire starts it over. */
+static void commitlock_check_fork(CommitLock *l) {
+    if (l->forks != commitlock_forks) commitlock_after_fork(l);
+}
+
 /* Blocking acquire, GIL held. */
 static void commitlock_acquire(CommitLock *l) {
+    commitlock_check_fork(l);
     while (!commitlock_try(l)) {
         pthread_mutex_lock(&l->mu); /* held by others only for a few instructions */
         __atomic_fetch_add(&l->waiters, 1, __ATOMIC_RELAXED);
@@ -44,7 +56,8 @@ static int commitlock_setup(CommitLock *l) {
     return 0;
 }
 
-void commitlock_after_fork(CommitLock *l) {
+/* In a child the lock has not seen yet: an unlocked lock with no waiters. GIL held. */
+static void commitlock_after_fork(CommitLock *l) {
     /* Only this thread exists in the child (any other started since found the lock started
      * over already: this runs with the GIL held, before the lock is used). A mutex or
      * condition variable that cannot be initialised again is left as it is: `locked` and the
@@ -83,6 +96,7 @@ static PyObject *commitlock_py_acquire(CommitLock *l, PyObject *args, PyObject *
         commitlock_acquire(l);
         Py_RETURN_TRUE;
     }
+    commitlock_check_fork(l);
     return PyBool_FromLong(commitlock_try(l));
 }
 

@@ -27,8 +27,8 @@
  *    held by nobody, forever. os.fork() resets it (threading's hooks: _at_fork_reinit); a
  *    fork past Python's hooks (libc's fork through ctypes or a C extension) did not, and the
  *    child's first commit waited forever instead of being refused by the log. A
- *    pthread_atfork handler counts forks (`commitlock_forks`): a lock first touched in a
- *    child it has not seen starts over there, before it is tried or waited for.
+ *    pthread_atfork handler counts forks (`commitlock_forks`): a lock first acquired
+ *    through its Python face in a child it has not seen starts over there.
  */
 #ifndef WAL_COMMITLOCK_H
 #define WAL_COMMITLOCK_H
@@ -52,12 +52,8 @@ extern PyTypeObject CommitLockType;
 /* Forks this process came out of: a pthread_atfork handler, run in the child by any fork(). */
 extern volatile uint64_t commitlock_forks;
 
-/* In a child the lock has not seen yet: an unlocked lock with no waiters. GIL held. */
-void commitlock_after_fork(CommitLock *l);
-
 /* Non-blocking acquire, GIL held: 1 if taken. */
 static inline int commitlock_try(CommitLock *l) {
-    if (__builtin_expect(l->forks != commitlock_forks, 0)) commitlock_after_fork(l);
     if (l->locked) return 0;
     l->locked = 1;
     return 1;
