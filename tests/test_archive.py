@@ -2296,6 +2296,32 @@ def test_verify_of_an_archive_whose_only_log_object_is_damaged_names_no_empty_ra
     assert "1..0" not in out and "missing" not in out
 
 
+def test_verify_reads_on_past_a_gap_and_reports_damage_after_it(tmp_path, capsys):
+    """verify ended its reading at the first gap: an object damaged past it went unreported (a
+    restore from a snapshot past the gap then failed on it), and the summary ended the log at
+    the gap. It now reads every object, reporting the gap and the damage after it."""
+    url = f"file://{tmp_path}/a"
+    for session in range(3):  # two objects each: its first, and its newest (neither merged at close)
+        with wal.open(tmp_path / "s", archive=url) as s:
+            for i in range(2):
+                s.put(f"k{session}.{i}", b"v" * 200, durability="replicated")
+    objects = names(url, layout.LOG_PREFIX)
+    assert len(objects) == 6
+    (tmp_path / "a" / objects[1]).unlink()
+    damaged = tmp_path / "a" / objects[4]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 1
+    damaged.write_bytes(bytes(data))
+    report = verify(url)
+    gap = layout.parse_name(objects[1])
+    assert any(f"LSNs {gap.first}..{gap.first} are missing" in p for p in report.problems), report.problems
+    assert any(objects[4] in p and "damaged" in p for p in report.problems), report.problems
+    assert report.last_lsn == 6 and report.objects == 5 + report.snapshots  # every object left was read
+    assert main(["verify", url]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGE: archive object {objects[4]}" in out and "log LSN 1..6" in out
+
+
 def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path, archive_url):
     with wal.open(tmp_path / "s", archive=archive_url, archive_rpo_ms=50, archive_snapshot_bytes=500,
                   archive_retention_s=1.0) as s:

@@ -697,24 +697,29 @@ def _verify_listing(objects: ObjectStore, listing: Listing, parallel: int,
         try:
             for _ in chain:
                 pass
-            break
         except CorruptionError as exc:
             problems.append(str(exc))
             if chain.current is not None:
                 damaged.add(chain.current.name)
-            if not chain.skip():
-                break
+            if chain.skip():
+                continue
         except ObjectMissingError:  # merged away meanwhile (or deleted by retention)
             vanished = True
             listing = list_archive(objects)
             chain.relist(listing.logs)
+            continue
+        pos = chain.pos
+        past = [p for p in beyond(listing.logs, pos) if p.name not in damaged]
+        tail = unfinished_tail(objects, past, pos, chain.heads) if past else None
+        # (An object starting right after pos that the chain could not take is damaged, said above.)
+        if not past or tail is not None or past[0].first <= pos + 1:
+            break
+        problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
+        # Every object is read, those past a gap too: damage there is reported with the gap (an
+        # operator who restores from a snapshot past the gap needs to know the log after it is
+        # sound). The chain goes on from the gap's end, its writer not known, as past damage.
+        chain.pos, chain.writer, chain.start = past[0].first - 1, None, False
     count += chain.fetched
     nbytes += chain.bytes
-    pos = chain.pos
-    past = [p for p in beyond(listing.logs, pos) if p.name not in damaged]
-    tail = unfinished_tail(objects, past, pos, chain.heads) if past else None
-    # (An object starting right after pos that the chain could not take is damaged, said above.)
-    if past and tail is None and past[0].first > pos + 1:
-        problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
     return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,
                         tuple(p.name for p in tail or ())), vanished
