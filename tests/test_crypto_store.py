@@ -626,6 +626,26 @@ def test_a_flipped_byte_of_a_sealed_blob_or_archive_object_is_a_clean_error_nami
         wal.restore(url, tmp_path / "r2")
 
 
+@pytest.mark.parametrize("offset", [13, 27, 41, 50, -40])
+def test_a_flipped_byte_in_an_encrypted_snapshot_is_a_seal_damaged_error_not_what_it_decrypts_to(
+        tmp_path: Path, offset: int) -> None:
+    """A restore reads an encrypted snapshot as it decrypts, before its tag is checked: a flipped
+    byte of its session, counter or first ciphertext bytes decrypted to a header that failed to
+    parse, and was reported as that ("bad magic", "format version 0", a header disagreeing with
+    its name), not as the changed ciphertext it is. The tag is now checked first on such damage."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "store", encryption=KEY, archive=url, archive_snapshot_bytes=4096) as store:
+        for i in range(200):
+            store.put(f"k/{i:03d}", b"v" * 100)
+    snap = sorted((tmp_path / "archive" / "snap").glob("*.snap"))[-1]
+    data = bytearray(snap.read_bytes())
+    data[offset] ^= 1
+    snap.write_bytes(bytes(data))
+    with pytest.raises(SealDamagedError, match=f"archive object snap/{snap.name}.*authentication failed"):
+        wal.restore(url, tmp_path / "r", encryption=KEY)
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_restore_or_follower_given_a_wrong_key_is_told_so_and_one_lacking_an_older_key_is_asked_for_it(
         tmp_path: Path) -> None:
     """An encrypted archive names the keys its objects are under (keys/<id>, FORMAT.md §18): a

@@ -242,6 +242,10 @@ class RangedRead:
             self.buffer.madvise(mmap.MADV_DONTNEED, self._dropped, drop - self._dropped)
             self._dropped = drop
 
+    def authenticate(self) -> None:
+        """Check whatever authenticates the object's bytes beyond what `wait` checked (an
+        encrypted object's tag, `wal.archive.sealed.DecryptingRead`); nothing for plain bytes."""
+
     def close(self) -> None:
         """Stop fetching (ranges not started are dropped; the buffer stays)."""
         with self._gate:

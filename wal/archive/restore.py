@@ -47,7 +47,7 @@ from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, RangedRead, file_path, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading, with_dictionaries
-from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, storage_error
+from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, SealDamagedError, storage_error
 from wal.log import record
 from wal.log.log import Log, RecordSpan
 from wal.store import store as store_mod
@@ -143,6 +143,27 @@ class ChosenSnapshot(NamedTuple):
     read: RangedRead | None
 
 
+@contextlib.contextmanager
+def _damage_blamed_on_the_ciphertext(read: RangedRead) -> Iterator[None]:
+    """Damage found while reading a snapshot's bytes as they arrive: an encrypted snapshot's are
+    handed out before its tag is checked (`sealed.DecryptingRead`), so a changed ciphertext byte
+    shows as damage in the plaintext (a bad magic, a header that disagrees with the name, an
+    entry's CRC). Then the tag is checked first, and a tag that fails is what is raised
+    (SealDamagedError: the ciphertext was changed); one that passes leaves the damage found."""
+    try:
+        yield
+    except SealDamagedError:
+        raise
+    except CorruptionError as exc:
+        try:
+            read.authenticate()
+        except SealDamagedError as changed:
+            raise changed from exc
+        except Exception:  # the tag could not be read (the object store): the damage found stands
+            pass
+        raise
+
+
 def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                      time_ms: int | None) -> ChosenSnapshot:
     """The newest snapshot at or before the target, its header read and checked, its bytes on
@@ -164,7 +185,8 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
             return ChosenSnapshot("", layout.EMPTY_SNAPSHOT_HEADER, None)
         read = objects.read_ranged(name, window=_SNAPSHOT_WINDOW_BYTES)
         try:
-            header = layout.read_snapshot_header(read, name)
+            with _damage_blamed_on_the_ciphertext(read):
+                header = layout.read_snapshot_header(read, name)
         except BaseException:
             read.close()
             raise
@@ -173,7 +195,8 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
         read.close()  # before the next one comes in
     read = objects.read_ranged(candidates[0][1], window=_SNAPSHOT_WINDOW_BYTES)  # never the implicit one
     try:
-        oldest = layout.read_snapshot_header(read, candidates[0][1])
+        with _damage_blamed_on_the_ciphertext(read):
+            oldest = layout.read_snapshot_header(read, candidates[0][1])
     finally:
         read.close()
     raise ArgumentError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
@@ -504,8 +527,9 @@ class StoreBuilder:
                 # A snapshot of the empty state (a writer's first): nothing to load, but it is
                 # checked whole all the same (its trailer; an encrypted one's tag) before its
                 # writer_id starts the chain.
-                for _ in layout.snapshot_pieces(snap.read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
-                    pass
+                with _damage_blamed_on_the_ciphertext(snap.read):
+                    for _ in layout.snapshot_pieces(snap.read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
+                        pass
         except BaseException:
             self.close()
             raise
@@ -553,15 +577,16 @@ class StoreBuilder:
         assert self._state is not None and snap.read is not None
         read = snap.read
         try:
-            for piece in layout.snapshot_pieces(read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
-                offset, left = piece.offset, piece.n_entries
-                while left:
-                    offset, done = self._state.load_snapshot(piece.body, offset, min(left, _LOAD_ENTRIES),
-                                                             BATCH_BYTES, piece.in_key_order)
-                    assert done > 0, "load_snapshot puts at least one entry of those asked for"
-                    left -= done
-                    self._sync_soon()
-                del piece  # its view of the buffer
+            with _damage_blamed_on_the_ciphertext(read):
+                for piece in layout.snapshot_pieces(read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
+                    offset, left = piece.offset, piece.n_entries
+                    while left:
+                        offset, done = self._state.load_snapshot(piece.body, offset, min(left, _LOAD_ENTRIES),
+                                                                 BATCH_BYTES, piece.in_key_order)
+                        assert done > 0, "load_snapshot puts at least one entry of those asked for"
+                        left -= done
+                        self._sync_soon()
+                    del piece  # its view of the buffer
         finally:
             read.close()
         self._snap_read = None  # its bytes go once loaded

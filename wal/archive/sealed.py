@@ -64,7 +64,8 @@ class DecryptingRead(RangedRead):
     disposable. The snapshot loader does (layout.snapshot_pieces, whose last wait is for the
     whole object: the restore builds its store aside and moves it into place only once whole).
     A flipped ciphertext byte flips the same plaintext byte (GCM is a stream cipher), so a
-    damaged entry may also fail its CRC-32C first: refused either way. The header's fields are
+    damaged entry or header may fail its own check first: refused either way, and the reader
+    then calls `authenticate`, so that a changed ciphertext is reported as that. The header's fields are
     read before the tag is checked, to choose which snapshot a restore starts from: a forged
     one can make it pass over a snapshot (it then starts from an older one, its own checked) or
     choose one that is then refused when its tag fails, never load bytes that were changed."""
@@ -99,6 +100,14 @@ class DecryptingRead(RangedRead):
             inner.wait(inner.size)
             self._opening.finish(bytes(memoryview(inner.buffer)[inner.size - TAG_BYTES:inner.size]))
             self._authenticated = True
+
+    def authenticate(self) -> None:
+        """Decrypt on to the end, releasing as it goes, and check the tag (SealDamagedError if it
+        fails). What a reader that found damage in plaintext handed out before the tag was
+        checked calls to tell a changed ciphertext (the tag fails) from damage in what was sealed."""
+        while not self._authenticated:
+            self.wait(min(self.size, self._done + _DECRYPT_STEP))
+            self.release(self._done)
 
     def release(self, upto: int) -> None:
         drop = min(upto, self._done) // mmap.PAGESIZE * mmap.PAGESIZE
