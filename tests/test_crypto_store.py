@@ -301,6 +301,30 @@ def test_a_key_provider_is_asked_for_the_current_key_and_for_old_ids_once_each(t
         store.get(b"old")  # KEY2 is current and listed: the open asked for nothing else
 
 
+def test_a_key_provider_answering_with_a_wrong_key_is_a_wrong_key_error_as_the_key_given_directly(
+        tmp_path: Path) -> None:
+    """A provider that answered the store's key id with a wrong key gave MissingKeyError at open,
+    where the same key given directly gives WrongKeyError; it is WrongKeyError now, saying what
+    the provider answered. Likewise for a restore and a follower of an archive."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "s", encryption=KEY, archive=url) as store:
+        store.put(b"k", b"v", durability="replicated")
+    before = {p: b for p, b in _files(tmp_path / "s").items() if p.name != "lock.mdb"}  # as above
+
+    def wrong(kid: bytes | None) -> bytes:
+        return KEY3
+
+    with pytest.raises(WrongKeyError, match=f"none of the keys given.*whose id is {key_id(KEY3).hex()}"):
+        wal.open(tmp_path / "s", encryption=wrong)
+    with pytest.raises(WrongKeyError):
+        wal.open(tmp_path / "s", encryption=KEY3)
+    assert {p: b for p, b in _files(tmp_path / "s").items() if p.name != "lock.mdb"} == before
+    with pytest.raises(WrongKeyError):
+        wal.restore(url, tmp_path / "r", encryption=wrong)
+    with pytest.raises(WrongKeyError):
+        wal.follow(url, tmp_path / "f", encryption=wrong)
+
+
 def test_a_key_provider_that_raises_gives_an_encryption_key_error_naming_the_store_and_the_key(
         tmp_path: Path) -> None:
     """A provider's own exception came out raw (or, being an OSError, as a StorageError, which

@@ -179,17 +179,20 @@ def check_keys(objects: ObjectStore, sealer: Sealer) -> None:
     if known & set(listed):
         return
     failure: Exception | None = None
+    answers: list[str] = []  # what the provider answered instead of a key asked for
     if keys.has_provider:
         for kid in listed:
             try:
                 if keys.lookup(bytes.fromhex(kid)) is not None:
                     return
+            except MissingKeyError as exc:  # another key than the one asked for: a wrong key
+                answers.append(f" ({exc})")
             except Exception as exc:  # the provider's own error, wrapped (sealing._ask)
                 failure = failure or exc
     if failure is not None:
         raise failure
     raise WrongKeyError(f"none of the keys given (key ids {', '.join(sorted(known))}) is one the archive "
-                        f"{objects.url} is encrypted under ({', '.join(listed)}): a wrong key?",
+                        f"{objects.url} is encrypted under ({', '.join(listed)}): a wrong key?{''.join(answers)}",
                         key_id=listed[-1], where=objects.url)
 
 

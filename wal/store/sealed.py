@@ -255,8 +255,14 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                             "encryption cannot be turned on for it. " + _NOT_SEALED.format(root=root).split(". ", 1)[1])
     if keys is not None and stored:
         known = {i.hex() for i in keys.ids}
+        answers: list[str] = []  # what a provider answered instead of a key asked for
         if not known & set(stored) and keys.has_provider:  # it may know older ids than the current one
-            known |= {i for i in stored if keys.lookup(bytes.fromhex(i)) is not None}
+            for i in stored:
+                try:
+                    if keys.lookup(bytes.fromhex(i)) is not None:
+                        known.add(i)
+                except MissingKeyError as exc:  # another key than the one asked for: a wrong key
+                    answers.append(f" ({exc})")
         if not known & set(stored) and _sealed_under_any(root, keys.ids):
             # Values under a key STORE does not list: a store restored, or followed, with a newer
             # key than most of its values are under (a restore lists the keys it was given). The
@@ -264,8 +270,8 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
             known |= set(stored)
         if not known & set(stored):
             raise WrongKeyError(f"none of the keys given (key ids {', '.join(i.hex() for i in keys.ids)}) is one the "
-                                f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?",
-                                key_id=stored[-1], where=root)
+                                f"store at {root} is encrypted under ({', '.join(stored)}): a wrong key?"
+                                f"{''.join(answers)}", key_id=stored[-1], where=root)
     given = list(sealer.dictionaries)
     stale = load_dictionaries(root, sealer, None if given else _named_dict(root, sealed))
     # One stored later by the store's writer (a read-only open beside it, a follower's store
