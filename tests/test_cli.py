@@ -426,6 +426,12 @@ def test_scan_lists_keys_under_a_prefix_in_order(store: Path) -> None:
 # ---- export / import -----------------------------------------------------------------------------------
 
 
+def key_lines(lines: list[str]) -> list[str]:
+    """An export's key lines: not its first line and its end line (wal/ops/transfer.py)."""
+    assert json.loads(lines[0]) == {"agentwal_export": 1} and "end" in json.loads(lines[-1])
+    return lines[1:-1]
+
+
 def test_export_import_round_trip_with_binary_keys_and_values(store: Path, tmp_path: Path) -> None:
     with wal.open(store) as s:
         s.put(b"\x00\x01", b"\xff\xfe\x00")
@@ -434,7 +440,7 @@ def test_export_import_round_trip_with_binary_keys_and_values(store: Path, tmp_p
         expected = {k: v for k, v in s.scan()}
     exported = run("export", str(store), "-o", str(tmp_path / "backup.jsonl"))
     assert exported.returncode == 0, exported.stderr
-    lines = (tmp_path / "backup.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = key_lines((tmp_path / "backup.jsonl").read_text(encoding="utf-8").splitlines())
     assert len(lines) == len(expected)
     assert any(json.loads(x)["key"] == {"base64": base64.b64encode(b"\x00\x01").decode()} for x in lines)
     imported = run("import", str(tmp_path / "copy"), str(tmp_path / "backup.jsonl"), "--create")
@@ -444,7 +450,7 @@ def test_export_import_round_trip_with_binary_keys_and_values(store: Path, tmp_p
     # stdin works too, and importing twice changes nothing.
     piped = run("import", str(tmp_path / "copy"), "--batch", "2", stdin=(tmp_path / "backup.jsonl").read_text())
     assert piped.returncode == 0 and f"imported {len(expected)} key(s)" in piped.stdout
-    again = run("export", str(tmp_path / "copy")).stdout.splitlines()
+    again = key_lines(run("export", str(tmp_path / "copy")).stdout.splitlines())
     assert [{k: v for k, v in json.loads(x).items() if k != "version"} for x in again] == [
         {k: v for k, v in json.loads(x).items() if k != "version"} for x in lines]
 
@@ -468,17 +474,46 @@ def test_an_export_line_changed_after_the_export_is_refused_and_nothing_is_impor
     exported = run("export", str(tmp_path / "src"))
     assert exported.returncode == 0, exported.stderr
     lines = exported.stdout.splitlines()
-    assert all(isinstance(json.loads(x)["crc32c"], int) for x in lines)
-    changed = [lines[0], lines[1].replace("second", "sekond")]
-    assert changed[1] != lines[1]
+    assert all(isinstance(json.loads(x)["crc32c"], int) for x in key_lines(lines))
+    changed = [x.replace("second", "sekond") for x in lines]
+    assert changed[2] != lines[2]
     result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(changed) + "\n")
-    assert result.returncode != 0 and "line 2" in result.stderr and "crc32c" in result.stderr, result.stderr
+    assert result.returncode != 0 and "line 3" in result.stderr and "crc32c" in result.stderr, result.stderr
     assert not (tmp_path / "copy").exists() or run("export", str(tmp_path / "copy")).stdout == ""
-    unchecked = [json.dumps({k: v for k, v in json.loads(x).items() if k != "crc32c"}) for x in lines]
+    unchecked = [json.dumps({k: v for k, v in json.loads(x).items() if k != "crc32c"}) for x in key_lines(lines)]
     result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(unchecked) + "\n")
     assert result.returncode == 0, result.stderr
     with wal.open(tmp_path / "copy", readonly=True) as copy:
         assert dict(copy.scan()) == {b"a": b"first value", b"b": b"second value"}
+
+
+@pytest.mark.parametrize("cut", ["end line", "last key line", "a middle line", "moved", "header"])
+def test_an_export_cut_short_or_with_lines_dropped_or_moved_is_refused_and_nothing_is_imported(
+        tmp_path: Path, cut: str) -> None:
+    """An export cut short at a line's end (a full disk, a copy interrupted) imported as a
+    smaller store, and so did one with lines dropped or moved: every line was sound on its own.
+    The export's first and last lines frame it now; an import checks the last."""
+    with wal.open(tmp_path / "src") as s:
+        for i in range(5):
+            s.put(f"k{i}", f"value {i}".encode())
+    lines = run("export", str(tmp_path / "src")).stdout.splitlines()
+    assert len(key_lines(lines)) == 5
+    damaged = {"end line": lines[:-1], "last key line": lines[:-2], "a middle line": lines[:3] + lines[4:],
+               "moved": [lines[0], lines[2], lines[1], *lines[3:]], "header": [lines[1], lines[0], *lines[2:]]}[cut]
+    result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(damaged) + "\n")
+    assert result.returncode == 1, result.stderr
+    assert ("without the export's end line" if "line" in cut and cut != "a middle line" else "nothing was imported") \
+        in result.stderr
+    assert not (tmp_path / "copy").exists()
+    whole = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(lines) + "\n")
+    assert whole.returncode == 0 and "imported 5 key(s)" in whole.stdout, whole.stderr
+
+
+def test_an_export_of_a_newer_format_is_refused_naming_it(tmp_path: Path) -> None:
+    newer = '{"agentwal_export": 2}\n{"key": "a", "value": "1"}\n{"end": {"lines": 1, "crc32c": 0}}\n'
+    result = run("import", str(tmp_path / "copy"), "--create", stdin=newer)
+    assert result.returncode == 1 and "export of format 2, written by a newer agentwal" in result.stderr
+    assert not (tmp_path / "copy").exists()
 
 
 # ---- checkpoint ------------------------------------------------------------------------------------------
@@ -536,7 +571,7 @@ def test_repair_cuts_mid_log_damage_at_the_last_good_record_then_verify_passes(s
     assert f"gave up LSNs {lsn}.." in result.stdout
     assert list(store.glob("log.backup-*")) and list(store.glob("state.backup-*"))
     export = next(store.glob("state.backup-*.jsonl"))  # the old state, to import again if wanted
-    assert any(json.loads(x)["key"] == "agent/7/step" for x in export.read_text().splitlines())
+    assert any(json.loads(x)["key"] == "agent/7/step" for x in key_lines(export.read_text().splitlines()))
     verify = run("verify", str(store))
     assert verify.returncode == 0, verify.stdout
     # The store opens and takes writes again.

@@ -163,7 +163,8 @@ def test_repair_of_an_encrypted_store_exports_its_state_so_the_printed_import_re
     assert r.returncode == 0, r.stderr
     [export] = store_dir.glob("state.backup-*.jsonl")
     text = export.read_text()
-    assert SECRET.decode() not in text and all('"sealed"' in line for line in text.splitlines())
+    assert SECRET.decode() not in text and all('"sealed"' in line for line in text.splitlines()[1:-1])
+    assert json.loads(text.splitlines()[-1])["end"]["lines"] == len(committed)  # framed, as `export`'s
     r = run("import", str(store_dir), str(export), "--key-file", old_file)
     assert r.returncode == 0, r.stderr
     with wal.open(store_dir, encryption=OLD) as store:
@@ -231,7 +232,7 @@ def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_import
     r = run("export", str(tmp_path / "src"), "-o", str(tmp_path / "backup.jsonl"))
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "backup.jsonl").read_text()
-    lines = [json.loads(line) for line in text.splitlines()]
+    lines = [json.loads(line) for line in text.splitlines()[1:-1]]  # between the export's first and end lines
     assert len(lines) == 50 and all("sealed" in line and "value" not in line for line in lines)
     assert SECRET.decode() not in text and "board" not in text
     for command in (["info"], ["verify"], ["scan", "k/", "--keys-only"]):  # reading needs no key
@@ -277,6 +278,12 @@ def test_a_compressed_stores_export_imports_into_an_encrypted_store_and_a_mixed_
     assert run("export", str(tmp_path / "sealed"), "-o", str(tmp_path / "enc.jsonl")).returncode == 0
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text((tmp_path / "plain.jsonl").read_text() + (tmp_path / "enc.jsonl").read_text())
+    r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file)
+    assert r.returncode == 1 and "a line after the export's end line" in r.stderr, r.stderr  # two joined
+    # Their key lines alone, unframed (as lines written by hand are):
+    key_lines = [line for name in ("plain.jsonl", "enc.jsonl")
+                 for line in (tmp_path / name).read_text().splitlines()[1:-1]]
+    mixed.write_text("\n".join(key_lines) + "\n")
     r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file)
     assert r.returncode == 2 and "mixes encrypted and unencrypted values" in r.stderr, r.stderr
     assert not (tmp_path / "other").exists()

@@ -233,7 +233,7 @@ def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_
 
     r = run("export", str(tmp_path / "src"), "-o", str(backup))
     assert r.returncode == 0, r.stderr
-    lines = [json.loads(line) for line in backup.read_text().splitlines()]
+    lines = [json.loads(line) for line in backup.read_text().splitlines()[1:-1]]  # inside the export's frame
     did = zstandard.ZstdCompressionDict(zdict).dict_id()
     assert lines[0]["zstd_dictionary"] == f"{did:08x}" and len(lines) == 121  # the dictionary first
     assert MARK.decode() not in backup.read_text()  # the dictionary is sealed: encrypted with the store
@@ -241,13 +241,14 @@ def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_
     assert r.returncode == 0, r.stderr
     with wal.open(tmp_path / "copy", encryption=KEY) as copy:
         assert [copy.get(f"r/{i}") for i in range(120)] == values
-    # Without the dictionary's line the compressed values cannot be opened: refused before any write.
+    # Without the dictionary's line the compressed values cannot be opened: refused before any write
+    # (the key lines alone, unframed: in the export, the frame's end line refuses a line dropped).
     without = tmp_path / "without.jsonl"
-    without.write_text("".join(line + "\n" for line in backup.read_text().splitlines()[1:]))
+    without.write_text("".join(line + "\n" for line in backup.read_text().splitlines()[2:-1]))
     r = run("import", str(tmp_path / "copy2"), str(without), "--create", "--key-file", str(key_file))
     assert r.returncode == 1 and f"{did:08x}" in r.stderr and not (tmp_path / "copy2").exists()
     # A changed byte in the dictionary's envelope: a clean error naming it, nothing written.
-    text = list(export_lines(str(tmp_path / "src")))
+    text = list(export_lines(str(tmp_path / "src")))[1:-1]  # unframed, as above
     first = json.loads(text[0])
     envelope = bytearray(__import__("base64").b64decode(first["sealed"]["base64"]))
     envelope[len(envelope) // 2] ^= 1

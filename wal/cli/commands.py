@@ -41,6 +41,7 @@ from typing import Any, TextIO
 
 import wal
 from wal import ops
+from wal._fs import fsync_dir
 from wal.cli import archive as _archive_cli
 from wal.drill import demo
 from wal.log import durability as dur
@@ -665,15 +666,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is None:
         for line in lines:
             sys.stdout.write(line + "\n")
-            count += 1
         return EXIT_OK
     tmp = args.output + ".tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for line in lines:
                 f.write(line + "\n")
-                count += 1
+                count += line.startswith('{"key"')  # not the first and end lines, nor a dictionary's
+            # A backup: durable once the command says it is written (then renamed into place).
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, args.output)
+        fsync_dir(os.path.dirname(os.path.abspath(args.output)))
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # never left beside the output as if it were an export
@@ -684,7 +688,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 _IMPORT_DESCRIPTION = f"""\
 Read JSON lines {{"key", "value"}} (the `agentwal export` format; other fields are
-ignored) from FILE or stdin and put every key. The values of a sealed store's export
+ignored) from FILE or stdin and put every key. An export's first and end lines frame it:
+one cut short, or with lines dropped, moved or changed, is refused. The values of a sealed store's export
 ({{"key", "sealed"}} lines) are opened with --key-file and the dictionaries the export
 carries ({{"zstd_dictionary", "sealed"}} lines), and sealed again as the target store seals.
 The whole input is parsed and checked first: a bad line means nothing is written. Then

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import wal
@@ -15,7 +16,7 @@ from wal.log import recovery
 from wal.log.log import LOCK_NAME, take_lock
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
-from wal.ops.transfer import dictionary_lines, is_sealed, value_line
+from wal.ops.transfer import dictionary_lines, framed, is_sealed, value_line
 
 # ---- repair ----------------------------------------------------------------------------------------------
 
@@ -172,11 +173,14 @@ def _export_snapshot(target: Target, dest: str) -> int:
     count = 0
     try:
         with open(dest, "w", encoding="utf-8") as f:
-            for line in dictionary_lines(target.path):
+            def lines() -> Iterator[str]:
+                nonlocal count
+                yield from dictionary_lines(target.path)
+                for key, version, value in snap.items():
+                    yield value_line(key, value, version, sealed=sealed)
+                    count += 1
+            for line in framed(lines()):
                 f.write(line + "\n")
-            for key, version, value in snap.items():
-                f.write(value_line(key, value, version, sealed=sealed) + "\n")
-                count += 1
             f.flush()
             os.fsync(f.fileno())
     finally:

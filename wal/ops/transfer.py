@@ -16,10 +16,18 @@ the key and the value (or envelope) bytes. An import checks it before anything i
 a line changed after the export (a flipped character that still parses) is refused, naming it,
 rather than imported as a wrong value. Lines without it (older exports, or written by hand) are
 imported unchecked.
+
+An export is framed: a first line ``{"agentwal_export": 1}`` and a last line ``{"end": {"lines":
+N, "crc32c": C}}``, N the lines between them and C the CRC-32C of those lines (each one's UTF-8
+bytes and a newline). An import of a file that begins with the first line checks the last, so an
+export cut short at a line's end (a full disk, a copy interrupted), with lines dropped, moved or
+changed, is refused before anything is written, rather than imported as a smaller store. A file
+without the first line (an older export, or lines written by hand) is imported unframed.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +35,7 @@ from typing import NamedTuple
 
 from wal._bindings import lib
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_VALUE
-from wal.errors import ArgumentError, CorruptionError
+from wal.errors import ArgumentError, CorruptionError, FormatVersionError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
@@ -83,9 +91,28 @@ def _refuse_blobs(path: str) -> None:
 
 def _export_lines(path: str, prefix: bytes, on_warning: Callable[[str], None] | None) -> Iterator[str]:
     sealed = is_sealed(path)
-    yield from dictionary_lines(path)
-    for key, version, value in scan(path, prefix, on_warning=on_warning, opened=False):  # a sealed store's envelopes
-        yield value_line(key, value, version, sealed=sealed)
+    lines = (value_line(key, value, version, sealed=sealed)  # a sealed store's envelopes
+             for key, version, value in scan(path, prefix, on_warning=on_warning, opened=False))
+    return framed(itertools.chain(dictionary_lines(path), lines))
+
+
+EXPORT_FORMAT = 1  # the "agentwal_export" of an export's first line (module docstring)
+
+
+def framed(lines: Iterator[str]) -> Iterator[str]:
+    """`lines` between an export's first line and its last (module docstring)."""
+    yield json.dumps({"agentwal_export": EXPORT_FORMAT})
+    count, crc = 0, 0
+    for line in lines:
+        crc = _chain_crc(crc, line)
+        count += 1
+        yield line
+    yield json.dumps({"end": {"lines": count, "crc32c": crc}})
+
+
+def _chain_crc(crc: int, line: str) -> int:
+    data = line.encode("utf-8") + b"\n"
+    return int(lib.wal_crc32c(crc, data, len(data)))
 
 
 def is_sealed(path: str) -> bool:
@@ -119,13 +146,28 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
     """Parse and check every line before anything is written."""
     out: list[tuple[bytes, bytes]] = []
     dictionaries: list[SealedDictionary] = []
+    framing: tuple[int, int] | None = None  # a framed export's (lines, crc) so far (module docstring)
+    ended = False
+    n = 0
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        if ended:
+            raise CorruptionError(f"{source} line {n}: a line after the export's end line: the file was changed; "
+                                  "nothing was imported", path=source, reason="export damaged")
         try:
             obj = json.loads(line)
         except ValueError as exc:
             raise ArgumentError(f"{source} line {n}: not JSON ({exc})") from None
+        if isinstance(obj, dict) and "agentwal_export" in obj:
+            framing = _export_header(obj, source, n, first=not out and not dictionaries and framing is None)
+            continue
+        if framing is not None and isinstance(obj, dict) and "end" in obj and "key" not in obj:
+            _check_end(obj["end"], framing, source, n)
+            ended = True
+            continue
+        if framing is not None:
+            framing = (framing[0] + 1, _chain_crc(framing[1], line.rstrip("\r\n")))
         if isinstance(obj, dict) and "zstd_dictionary" in obj:
             did = obj["zstd_dictionary"]
             if not isinstance(did, str) or len(did) != 8 or "sealed" not in obj:
@@ -152,7 +194,32 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
                                   "was changed after the export; nothing was imported", path=source,
                                   reason="export line damaged")
         out.append((key, value))
+    if framing is not None and not ended:
+        raise CorruptionError(f"{source} ends at line {n} without the export's end line: it was cut short (a full "
+                              "disk, a copy interrupted) or lines were dropped; nothing was imported",
+                              path=source, reason="export incomplete")
     return Imported(out, dictionaries)
+
+
+def _export_header(obj: dict[str, object], source: str, n: int, *, first: bool) -> tuple[int, int]:
+    version = obj["agentwal_export"]
+    if not first:
+        raise CorruptionError(f"{source} line {n}: an export's first line, not first: the file was changed or two "
+                              "exports were joined; nothing was imported", path=source, reason="export damaged")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ArgumentError(f"{source} line {n}: agentwal_export {version!r} is not an export format version")
+    if version > EXPORT_FORMAT:
+        raise FormatVersionError(f"{source} is an export of format {version}, written by a newer agentwal; this "
+                                 f"one reads format {EXPORT_FORMAT}: import it with the newer one")
+    return 0, 0
+
+
+def _check_end(end: object, framing: tuple[int, int], source: str, n: int) -> None:
+    lines, crc = framing
+    if not isinstance(end, dict) or end.get("lines") != lines or end.get("crc32c") != crc:
+        raise CorruptionError(f"{source} line {n}: the export's end line says {end!r}, the lines before it are "
+                              f"{{'lines': {lines}, 'crc32c': {crc}}}: lines were dropped, moved or changed "
+                              "after the export; nothing was imported", path=source, reason="export damaged")
 
 
 def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 1000,
