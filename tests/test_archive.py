@@ -700,6 +700,51 @@ def test_lag_over_the_bound_holds_commits_back_with_policy_block(tmp_path):
         assert done.is_set() and s.stats()["archive_lag_ms"] <= 150
 
 
+class RefusingLogPuts(FileObjects):
+    """A file:// archive that refuses its log objects' PUTs while `down` is set: an object store
+    out of reach, then back."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.down = threading.Event()
+
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        if self.down.is_set() and name.startswith(layout.LOG_PREFIX):
+            raise ArchiveUnavailableError(f"storing {self.url}/{name}: connection refused")
+        super().put(name, data, create_only=create_only)
+
+
+def test_commits_held_back_by_an_outage_resume_within_a_quarter_bound_of_the_object_store_returning(tmp_path):
+    """The retries' backoff doubled to 5 s whatever the bound: after an outage of a few seconds,
+    commits a 1 s bound held back (policy "block") could wait up to 5 s more once the object
+    store was back. It now waits at most a quarter of archive_rpo_ms between tries (250 ms here)."""
+    objects = RefusingLogPuts(str(tmp_path / "a"))
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=1000) as store:
+        store.put("first", b"x", durability="replicated")
+        shipper = store._shipper
+        assert shipper.max_backoff == 0.25
+        seen: dict[str, Any] = {}
+
+        def end_outage() -> None:
+            seen["error"], seen["backoff"] = store.stats()["archive_error"], shipper._backoff
+            seen["back"] = time.monotonic()
+            objects.down.clear()
+
+        objects.down.set()
+        timer = threading.Timer(6.6, end_outage)
+        timer.start()
+        i = 0
+        while objects.down.is_set():
+            store.put(f"k{i}", b"v" * 100)  # held back once the lag passes the bound, until the store is back
+            i += 1
+        resumed = time.monotonic()
+        timer.join()
+        assert seen["error"] is not None and seen["backoff"] <= 0.25  # was 5 s after 6.6 s of outage
+        assert resumed - seen["back"] < 2.5, "the object store back was found late"
+        store.put("after", b"y", durability="replicated")
+        assert store.stats()["archive_error"] is None
+
+
 class UnansweredLogPuts(FileObjects):
     """A file:// archive whose log objects' PUTs wait for `answer`: an object store down from
     the store's open on, as far as the log is concerned."""

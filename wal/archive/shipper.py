@@ -26,7 +26,8 @@ Contracts:
   configured bound says (`admit`): when the archive lag passes ``archive_rpo_ms`` a commit
   waits for it to fall back (policy "block") or gets `ArchiveLagError` (policy "error").
 - The object store down, slow or refusing: the PUT is retried with exponential backoff
-  (50 ms .. 5 s), one ERROR log line per outage, one INFO line when shipping resumes.
+  (50 ms .. 5 s, or a quarter of archive_rpo_ms if less: `max_backoff`), one ERROR log line per
+  outage, one INFO line when shipping resumes.
 - A create-only PUT that finds its name taken by another writer's object is decided once every
   object of this writer before it is stored (until then, an earlier PUT of this writer may be
   the one a fence took): an object sent with nothing of its writer in flight (behind 0: a
@@ -695,9 +696,18 @@ class Shipper:
                 with self._cond:
                     self._cond.wait(1.0)
 
+    @property
+    def max_backoff(self) -> float:
+        """The longest wait between tries during an outage: 5 s, or a quarter of archive_rpo_ms
+        if less (at least 250 ms). Once the object store is back, the next try finds it within
+        that: the commits an archive lag past the bound holds back (policy "block") and the
+        `replicated` ones are not kept waiting seconds past its return (a 1 s bound waited up to
+        5 s). It costs a request per wait while the outage lasts: 4 a second at a 1 s bound."""
+        return min(5.0, max(0.25, self.rpo_ms / 4000))
+
     def _outage(self, exc: ArchiveError) -> None:
         """A request failed for now: one ERROR line per outage; requests wait out a backoff
-        (50 ms doubling to 5 s) before the next try."""
+        (50 ms doubling to `max_backoff`) before the next try."""
         with self._ship_lock:
             self._outage_locked(exc)
 
@@ -710,7 +720,7 @@ class Shipper:
             _logger.error("archive %s unreachable, retrying with backoff (commits are kept locally; "
                           "archived LSN %d): %s", self.objects.url, self.archived, exc)
         self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, 5.0)
+        self._backoff = min(self._backoff * 2, self.max_backoff)
 
     def _succeeded(self, epoch: int) -> None:
         """A request sent at `epoch` succeeded. Only one sent after the newest failure ends the
