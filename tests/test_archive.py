@@ -2341,6 +2341,25 @@ def test_verify_of_an_archive_whose_only_log_object_is_damaged_names_no_empty_ra
     assert "1..0" not in out and "missing" not in out
 
 
+def test_restore_to_a_target_the_archive_does_not_hold_exits_1_and_bad_arguments_exit_2(tmp_path, capsys):
+    """A target the archive cannot give (past its end) exited 2, "bad usage", as a malformed one
+    does: a script could not tell its flags were wrong from an archive shorter than expected.
+    The archive not holding a sound target is a failure (1); `wal.restore` still raises an
+    ArgumentError (TargetNotHeldError) for it."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url) as s:
+        for i in range(10):
+            s.put(f"k{i}", b"v", durability="replicated")
+    assert main(["restore", url, str(tmp_path / "r1"), "--lsn", "11"]) == 1
+    assert "past the end of the archive" in capsys.readouterr().err
+    with pytest.raises(wal.ArgumentError, match="past the end"):
+        wal.restore(url, tmp_path / "r2", lsn=11)
+    assert main(["restore", url, str(tmp_path / "r3"), "--time", "yesterday"]) == 2
+    assert "ISO 8601" in capsys.readouterr().err
+    assert not any((tmp_path / r).exists() for r in ("r1", "r2", "r3"))
+    assert main(["restore", url, str(tmp_path / "r4"), "--lsn", "10"]) == 0
+
+
 def test_verify_reads_on_past_a_gap_and_reports_damage_after_it(tmp_path, capsys):
     """verify ended its reading at the first gap: an object damaged past it went unreported (a
     restore from a snapshot past the gap then failed on it), and the summary ended the log at

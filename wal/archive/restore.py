@@ -61,6 +61,12 @@ Progress = Callable[[int, int], None]  # (bytes downloaded, bytes planned)
 Sink = Callable[[layout.LogObject, int, int], None]  # records [start, stop) of an object, in LSN order
 
 
+class TargetNotHeldError(ArgumentError):
+    """The archive does not hold the restore's target: an LSN past its end, or an LSN or a time
+    before its oldest snapshot (retention removed what a restore to it needs). The arguments were
+    sound; the archive cannot give what they name (`agentwal restore` exits 1, not 2)."""
+
+
 class RestoreReport(NamedTuple):
     path: str
     lsn: int  # the restored store's last LSN
@@ -178,7 +184,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
                               path=objects.url, reason="no snapshot")
     candidates = [(s, n) for s, n in listing.snapshots if lsn is None or s <= lsn]
     if not candidates:
-        raise ArgumentError(f"LSN {lsn} is before the oldest snapshot in {objects.url} (LSN "
+        raise TargetNotHeldError(f"LSN {lsn} is before the oldest snapshot in {objects.url} (LSN "
                             f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
     for _, name in reversed(candidates):
         if not name:
@@ -199,7 +205,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
             oldest = layout.read_snapshot_header(read, candidates[0][1])
     finally:
         read.close()
-    raise ArgumentError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
+    raise TargetNotHeldError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
                         f"(taken {_iso(oldest.taken_ms)})")
 
 
@@ -266,7 +272,7 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
     if upto is not None:
         beyond_end = (f": LSNs {pos + 1}..{tail[0].first - 1} are missing and {len(tail)} object(s) past them "
                       "are an unfinished tail (of a writer stopped, or fenced, with PUTs in flight)" if tail else "")
-        raise ArgumentError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
+        raise TargetNotHeldError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
                             f"{pos}{beyond_end}")
     if tail_out is not None and tail:
         tail_out.extend(tail)

@@ -77,11 +77,15 @@ def restore_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_restore(args: argparse.Namespace, bar: Any) -> int:
-    from wal.archive.restore import restore  # noqa: PLC0415
+    from wal.archive.restore import TargetNotHeldError, restore  # noqa: PLC0415
 
     try:
         report = restore(args.url, args.dir, lsn=args.lsn, time=args.time, parallel=args.parallel,
                          progress=lambda done, total: bar("downloading", done, total), **sealing_options())
+    except TargetNotHeldError as exc:  # sound arguments the archive cannot serve: a failure, not bad usage
+        bar.close()
+        print(f"agentwal restore: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         bar.close()
     out = report._asdict() | {"mb_per_s": round(report.mb_per_s, 2)}
