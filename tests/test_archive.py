@@ -2360,6 +2360,41 @@ def test_restore_to_a_target_the_archive_does_not_hold_exits_1_and_bad_arguments
     assert main(["restore", url, str(tmp_path / "r4"), "--lsn", "10"]) == 0
 
 
+@pytest.mark.parametrize("where", ["header", "entries", "trailer"])
+def test_a_damaged_newest_snapshot_is_passed_over_for_an_older_one_and_the_log_after_it(tmp_path, caplog, where):
+    """A restore refused an archive whose newest snapshot was damaged, though an older snapshot
+    and the log after it held the same state. It now passes over it (a WARNING names it), and is
+    refused, naming that damage, only where nothing else holds the LSNs."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_snapshot_bytes=4096) as s:
+        for i in range(300):
+            s.put(f"k/{i % 50}", os.urandom(100))
+        want = dict(s.scan())
+        last = s.watermarks.durable
+    snaps = sorted((tmp_path / "a" / "snap").glob("*.snap"))
+    assert len(snaps) >= 2 and layout.parse_name(f"snap/{snaps[-1].name}").first > 0
+    data = bytearray(snaps[-1].read_bytes())
+    data[{"header": 12, "entries": len(data) // 2, "trailer": -3}[where]] ^= 1
+    snaps[-1].write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, logger="wal.archive")
+    report = wal.restore(url, tmp_path / "r")
+    assert report.lsn == last and report.snapshot_lsn < layout.parse_name(f"snap/{snaps[-1].name}").first
+    with wal.open(tmp_path / "r", readonly=True) as r:
+        assert dict(r.scan()) == want
+    assert any(f"snapshot snap/{snaps[-1].name} is damaged" in m for m in caplog.messages)
+    assert wal.restore(url, tmp_path / "rt", time=dt.datetime.now(dt.UTC)).lsn == last  # a time target too
+    assert not verify(url).ok  # still damage, said by verify
+    # Without an older snapshot and the log after it (as retention leaves an archive), refused:
+    for older in snaps[:-1]:
+        older.unlink()
+    for obj in names(url, layout.LOG_PREFIX) + names(url, layout.MERGED_PREFIX):
+        if (layout.parse_name(obj).last or 0) <= layout.parse_name(f"snap/{snaps[-1].name}").first:
+            (tmp_path / "a" / obj).unlink()
+    with pytest.raises(wal.CorruptionError, match=f"snap/{snaps[-1].name}"):
+        wal.restore(url, tmp_path / "r2")
+    assert not (tmp_path / "r2").exists()
+
+
 def test_verify_reads_on_past_a_gap_and_reports_damage_after_it(tmp_path, capsys):
     """verify ended its reading at the first gap: an object damaged past it went unreported (a
     restore from a snapshot past the gap then failed on it), and the summary ended the log at

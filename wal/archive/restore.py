@@ -17,7 +17,9 @@
 
 Refused, with nothing written to `dir`: a damaged object or a gap in the LSNs needed (naming
 the range), a target LSN past the archive's end (naming the end), a time before the oldest
-snapshot, a `dir` that exists and is not empty.
+snapshot, a `dir` that exists and is not empty. A damaged snapshot is not needed where an older
+one and the log after it hold the same LSNs: it is passed over for them, with a WARNING
+(`restore_chain`), and refused, naming its damage, only where they do not.
 
 The archive's end is the chain's. Objects past it left by a writer that stopped with PUTs in
 flight (the machine lost), or stored after the fence by a writer fenced with PUTs in flight
@@ -150,6 +152,15 @@ class ChosenSnapshot(NamedTuple):
 
 
 @contextlib.contextmanager
+def _snapshot_damage(snap: ChosenSnapshot) -> Iterator[None]:
+    """Damage found in the snapshot being loaded, as `_SnapshotDamagedError` (`restore_chain`)."""
+    try:
+        yield
+    except CorruptionError as exc:
+        raise _SnapshotDamagedError(snap.name, exc) from exc
+
+
+@contextlib.contextmanager
 def _damage_blamed_on_the_ciphertext(read: RangedRead) -> Iterator[None]:
     """Damage found while reading a snapshot's bytes as they arrive: an encrypted snapshot's are
     handed out before its tag is checked (`sealed.DecryptingRead`), so a changed ciphertext byte
@@ -170,10 +181,22 @@ def _damage_blamed_on_the_ciphertext(read: RangedRead) -> Iterator[None]:
         raise
 
 
+class _SnapshotDamagedError(Exception):
+    """The snapshot a restore started from is damaged (`error`): `restore_chain` passes over it
+    for an older one, whose log after it may be whole."""
+
+    def __init__(self, name: str, error: CorruptionError) -> None:
+        super().__init__(str(error))
+        self.name = name
+        self.error = error
+
+
 def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
-                     time_ms: int | None) -> ChosenSnapshot:
+                     time_ms: int | None, passed_over: dict[str, CorruptionError]) -> ChosenSnapshot:
     """The newest snapshot at or before the target, its header read and checked, its bytes on
-    their way. An archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0."""
+    their way. An archive whose log starts at LSN 1 has an implicit empty snapshot at LSN 0.
+    Snapshots found damaged (`passed_over`, by name: a restore found one, or this finds a header)
+    are passed over for older ones; with none left, the newest one's damage is raised."""
     if any(p.first == 1 for p in listing.logs) or (not listing.logs and not listing.snapshots):
         # Its log from LSN 1 on, or nothing at all (a writer that shipped nothing yet): the state
         # at LSN 0 is the empty one.
@@ -189,16 +212,24 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
     for _, name in reversed(candidates):
         if not name:
             return ChosenSnapshot("", layout.EMPTY_SNAPSHOT_HEADER, None)
+        if name in passed_over:
+            continue
         read = objects.read_ranged(name, window=_SNAPSHOT_WINDOW_BYTES)
         try:
             with _damage_blamed_on_the_ciphertext(read):
                 header = layout.read_snapshot_header(read, name)
+        except CorruptionError as exc:
+            read.close()
+            _pass_over(objects, name, exc, passed_over)
+            continue
         except BaseException:
             read.close()
             raise
         if time_ms is None or header.taken_ms <= time_ms:
             return ChosenSnapshot(name, header, read)
         read.close()  # before the next one comes in
+    if passed_over:  # every snapshot that could serve is damaged: the newest one's damage
+        raise next(iter(passed_over.values()))
     read = objects.read_ranged(candidates[0][1], window=_SNAPSHOT_WINDOW_BYTES)  # never the implicit one
     try:
         with _damage_blamed_on_the_ciphertext(read):
@@ -207,6 +238,21 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
         read.close()
     raise TargetNotHeldError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
                         f"(taken {_iso(oldest.taken_ms)})")
+
+
+def _pass_over(objects: ObjectStore, name: str, error: CorruptionError,
+               passed_over: dict[str, CorruptionError]) -> None:
+    passed_over[name] = error
+    _logger.warning("archive %s: the snapshot %s is damaged (%s); restoring from an older snapshot and the log "
+                    "after it instead, if they are whole", objects.url, name, error)
+
+
+def _passed_over_lsn(passed_over: dict[str, CorruptionError]) -> int:
+    """The LSN of the newest snapshot passed over as damaged (its name's): the archive held every
+    LSN up to it, so a restore from an older snapshot must reach it (a time target taken before
+    a damaged header's snapshot too: refused then, as without the older one)."""
+    names = (layout.parse_name(name) for name in passed_over)
+    return max((n.first for n in names if n is not None), default=0)
 
 
 def _iso(ms: int) -> str:
@@ -349,7 +395,31 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
         _logger.warning("archive %s holds nothing (its writer shipped nothing yet, or the URL names no archive): "
                         "restoring the empty state at LSN 0", objects.url)
     t0 = _time.monotonic()
-    snap = _choose_snapshot(objects, listing, lsn, time_ms)
+    passed_over: dict[str, CorruptionError] = {}  # damaged snapshots, by name, the newest first
+    while True:
+        try:
+            return _restore_from(objects, listing, root, sealing=sealing, sealed=sealed, started=started, t0=t0,
+                                 lsn=lsn, time_ms=time_ms, parallel=parallel, progress=progress,
+                                 passed_over=passed_over)
+        except _SnapshotDamagedError as damaged:
+            # Passed over for an older snapshot (`_choose_snapshot`), whose log after it makes the
+            # same state: a restore is refused for damage only where nothing else holds the LSNs.
+            _pass_over(objects, damaged.name, damaged.error, passed_over)
+        except CorruptionError as exc:
+            # From an older snapshot, a gap or damage in its log: the newest snapshot's damage stands.
+            first = next(iter(passed_over.values()), None)
+            if first is None or first is exc:
+                raise
+            raise first from exc
+
+
+def _restore_from(objects: ObjectStore, listing: Listing, root: str, *, sealing: dict[str, Any],
+                  sealed: dict[str, Any] | None, started: float, t0: float, lsn: int | None, time_ms: int | None,
+                  parallel: int, progress: Progress | None,
+                  passed_over: dict[str, CorruptionError]) -> tuple[RestoreReport, bytes | None]:
+    """One try of `restore_chain`, from the newest snapshot at or before the target not found
+    damaged yet; `_SnapshotDamagedError` if that one is."""
+    snap = _choose_snapshot(objects, listing, lsn, time_ms, passed_over)
     snap_lsn, snap_writer = snap.header.lsn, snap.header.writer_id
     snap_bytes = snap.read.size if snap.read is not None else 0
     snap_read = snap.read  # closed below if the restore fails before the builder took it
@@ -369,6 +439,10 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
             end, count, nbytes, writer = stream(objects, listing, snap_lsn, builder.add, upto=lsn, time_ms=time_ms,
                                                 parallel=parallel, progress=progress, writer=snap_writer,
                                                 tail_out=tail)
+            if passed_over and end < _passed_over_lsn(passed_over):
+                # The archive reached the damaged snapshot's LSN; a chain from an older one that
+                # ends before it lacks objects (retention, or deleted): not a shorter archive.
+                raise next(iter(passed_over.values()))
             builder.finish()
         finally:
             builder.close()
@@ -533,7 +607,7 @@ class StoreBuilder:
                 # A snapshot of the empty state (a writer's first): nothing to load, but it is
                 # checked whole all the same (its trailer; an encrypted one's tag) before its
                 # writer_id starts the chain.
-                with _damage_blamed_on_the_ciphertext(snap.read):
+                with _snapshot_damage(snap), _damage_blamed_on_the_ciphertext(snap.read):
                     for _ in layout.snapshot_pieces(snap.read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
                         pass
         except BaseException:
@@ -583,7 +657,7 @@ class StoreBuilder:
         assert self._state is not None and snap.read is not None
         read = snap.read
         try:
-            with _damage_blamed_on_the_ciphertext(read):
+            with _snapshot_damage(snap), _damage_blamed_on_the_ciphertext(read):
                 for piece in layout.snapshot_pieces(read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
                     offset, left = piece.offset, piece.n_entries
                     while left:
