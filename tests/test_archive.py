@@ -2358,6 +2358,16 @@ def test_restore_to_a_target_the_archive_does_not_hold_exits_1_and_bad_arguments
     assert "ISO 8601" in capsys.readouterr().err
     assert not any((tmp_path / r).exists() for r in ("r1", "r2", "r3"))
     assert main(["restore", url, str(tmp_path / "r4"), "--lsn", "10"]) == 0
+    with wal.open(tmp_path / "s", archive=url) as s:  # a snapshot past LSN 1, then history before it gone
+        s._ship_snapshot_now()
+    for name in names(url, layout.SNAP_PREFIX) + names(url, layout.LOG_PREFIX) + names(url, layout.MERGED_PREFIX):
+        if layout.parse_name(name).first <= 1:
+            (tmp_path / "a" / name).unlink()  # as retention deletes what no restore in its window needs
+    assert main(["restore", url, str(tmp_path / "r5"), "--lsn", "1"]) == 1
+    assert "before the oldest snapshot" in capsys.readouterr().err
+    assert main(["restore", url, str(tmp_path / "r6"), "--time", "2000-01-01T00:00:00Z"]) == 1
+    assert "before the oldest snapshot" in capsys.readouterr().err
+    assert not (tmp_path / "r5").exists() and not (tmp_path / "r6").exists()
 
 
 @pytest.mark.parametrize("where", ["header", "entries", "trailer"])
@@ -2393,6 +2403,29 @@ def test_a_damaged_newest_snapshot_is_passed_over_for_an_older_one_and_the_log_a
     with pytest.raises(wal.CorruptionError, match=f"snap/{snaps[-1].name}"):
         wal.restore(url, tmp_path / "r2")
     assert not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("sealing", [{}, {"encryption": bytes(range(32))}], ids=["plain", "encrypted"])
+def test_verify_reads_on_past_damaged_objects_and_names_each(tmp_path, sealing):
+    """An encrypted object whose tag failed was raised as it was opened, in its download thread,
+    while the chain still named the object before it: verify stopped there, reporting neither
+    the object nor any damage after it. It is now met in LSN order, as a plain object's damage."""
+    url = f"file://{tmp_path}/a"
+    for session in range(4):  # two objects each: its first, and its newest (neither merged at close)
+        with wal.open(tmp_path / "s", archive=url, **sealing) as s:
+            for i in range(2):
+                s.put(f"k{session}.{i}", b"v" * 200, durability="replicated")
+    objects = names(url, layout.LOG_PREFIX)
+    assert len(objects) == 8
+    for victim in (objects[1], objects[5]):
+        path = tmp_path / "a" / victim
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+    report = verify(url, **sealing)
+    assert [victim for victim in (objects[1], objects[5]) if any(victim in p for p in report.problems)] == \
+        [objects[1], objects[5]], report.problems
+    assert report.last_lsn == 8 and len(report.problems) == 2
 
 
 def test_verify_reads_on_past_a_gap_and_reports_damage_after_it(tmp_path, capsys):

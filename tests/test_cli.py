@@ -487,7 +487,8 @@ def test_an_export_line_changed_after_the_export_is_refused_and_nothing_is_impor
         assert dict(copy.scan()) == {b"a": b"first value", b"b": b"second value"}
 
 
-@pytest.mark.parametrize("cut", ["end line", "last key line", "a middle line", "moved", "header"])
+@pytest.mark.parametrize("cut", ["end line", "last key line", "mid-line", "a middle line", "moved", "header",
+                                 "beginning"])
 def test_an_export_cut_short_or_with_lines_dropped_or_moved_is_refused_and_nothing_is_imported(
         tmp_path: Path, cut: str) -> None:
     """An export cut short at a line's end (a full disk, a copy interrupted) imported as a
@@ -498,15 +499,26 @@ def test_an_export_cut_short_or_with_lines_dropped_or_moved_is_refused_and_nothi
             s.put(f"k{i}", f"value {i}".encode())
     lines = run("export", str(tmp_path / "src")).stdout.splitlines()
     assert len(key_lines(lines)) == 5
-    damaged = {"end line": lines[:-1], "last key line": lines[:-2], "a middle line": lines[:3] + lines[4:],
-               "moved": [lines[0], lines[2], lines[1], *lines[3:]], "header": [lines[1], lines[0], *lines[2:]]}[cut]
+    damaged = {"end line": lines[:-1], "last key line": lines[:-2], "mid-line": [*lines[:3], lines[3][:20]],
+               "a middle line": lines[:3] + lines[4:], "moved": [lines[0], lines[2], lines[1], *lines[3:]],
+               "header": [lines[1], lines[0], *lines[2:]], "beginning": lines[1:]}[cut]
     result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(damaged) + "\n")
     assert result.returncode == 1, result.stderr
-    assert ("without the export's end line" if "line" in cut and cut != "a middle line" else "nothing was imported") \
-        in result.stderr
+    assert {"end line": "without the export's end line", "last key line": "without the export's end line",
+            "mid-line": "line 4: not JSON", "beginning": "without the export's first line"}.get(
+        cut, "nothing was imported") in result.stderr, result.stderr
     assert not (tmp_path / "copy").exists()
     whole = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(lines) + "\n")
     assert whole.returncode == 0 and "imported 5 key(s)" in whole.stdout, whole.stderr
+
+
+def test_an_export_of_what_is_not_a_store_writes_nothing(tmp_path: Path) -> None:
+    """The export's first line was written before the store was looked for: refused, it left a
+    file holding that line alone, which an import then called an export cut short."""
+    result = run("export", str(tmp_path / "missing"))
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert run("export", str(tmp_path / "missing"), "-o", str(tmp_path / "out.jsonl")).returncode == 2
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_an_export_of_a_newer_format_is_refused_naming_it(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from wal.errors import (
     RecordTooLargeError,
     SealDamagedError,
     StorageError,
+    TargetNotHeldError,
     WalError,
     WrongKeyError,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "Store",
+    "TargetNotHeldError",
     "Transaction",
     "WalError",
     "Watermarks",

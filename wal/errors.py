@@ -70,6 +70,12 @@ class ConflictError(WalError):
         self.conflicting_lsn = conflicting_lsn
 
 
+class TargetNotHeldError(ArgumentError):
+    """The archive does not hold a restore's target: an LSN past its end, or an LSN or a time
+    before its oldest snapshot (retention removed what a restore to it needs). The arguments were
+    sound; the archive cannot give what they name (`agentwal restore` exits 1, not 2)."""
+
+
 class ArchiveLagError(WalError):
     """A commit was refused, and not made: the store's object archive lags past its bound
     (`archive_rpo_ms`, with `archive_policy="error"`). Retry once the archive has caught up."""

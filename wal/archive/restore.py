@@ -49,7 +49,14 @@ from wal.archive import layout
 from wal.archive.objects import ObjectMissingError, ObjectStore, RangedRead, file_path, open_objects
 from wal.archive.plan import Chain, Listing, Piece, beyond, decoded, list_archive, unfinished_tail
 from wal.archive.sealed import for_reading, with_dictionaries
-from wal.errors import ArgumentError, ArgumentTypeError, CorruptionError, SealDamagedError, storage_error
+from wal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CorruptionError,
+    SealDamagedError,
+    TargetNotHeldError,
+    storage_error,
+)
 from wal.log import record
 from wal.log.log import Log, RecordSpan
 from wal.store import store as store_mod
@@ -61,12 +68,6 @@ _logger = logging.getLogger("wal.archive")
 
 Progress = Callable[[int, int], None]  # (bytes downloaded, bytes planned)
 Sink = Callable[[layout.LogObject, int, int], None]  # records [start, stop) of an object, in LSN order
-
-
-class TargetNotHeldError(ArgumentError):
-    """The archive does not hold the restore's target: an LSN past its end, or an LSN or a time
-    before its oldest snapshot (retention removed what a restore to it needs). The arguments were
-    sound; the archive cannot give what they name (`agentwal restore` exits 1, not 2)."""
 
 
 class RestoreReport(NamedTuple):
@@ -103,8 +104,13 @@ def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogO
     """One log object downloaded and verified (layout.decode_log), in a download thread: the
     SHA-256 and the CRC-32Cs run without the GIL, so verifying keeps pace with downloading
     instead of queueing behind it on the caller's thread. Damage is returned, not raised, so
-    the caller meets it in LSN order."""
-    data = objects.get_buffer(name)
+    the caller meets it in LSN order. So is an encrypted object's that fails its tag, which the
+    sealed object store raises as it opens the object (so the chain names the right object, and
+    `verify` reads on past it)."""
+    try:
+        data = objects.get_buffer(name)
+    except CorruptionError as exc:
+        return 0, exc
     return len(data), decoded(name, data)
 
 
@@ -166,7 +172,8 @@ def _damage_blamed_on_the_ciphertext(read: RangedRead) -> Iterator[None]:
     handed out before its tag is checked (`sealed.DecryptingRead`), so a changed ciphertext byte
     shows as damage in the plaintext (a bad magic, a header that disagrees with the name, an
     entry's CRC). Then the tag is checked first, and a tag that fails is what is raised
-    (SealDamagedError: the ciphertext was changed); one that passes leaves the damage found."""
+    (SealDamagedError: the ciphertext was changed); one that passes leaves the damage found.
+    The check reads the rest of the snapshot (a window at a time), on damage only."""
     try:
         yield
     except SealDamagedError:

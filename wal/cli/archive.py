@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from wal.errors import WalError
+from wal.errors import TargetNotHeldError, WalError
 from wal.ops.target import lock_holder, sealing_options  # sealing_options: the command line's --key-file
 from wal.store.store import ARCHIVE_STATUS_FILE, LOG_DIR, read_archive_status
 
@@ -77,7 +77,7 @@ def restore_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_restore(args: argparse.Namespace, bar: Any) -> int:
-    from wal.archive.restore import TargetNotHeldError, restore  # noqa: PLC0415
+    from wal.archive.restore import restore  # noqa: PLC0415
 
     try:
         report = restore(args.url, args.dir, lsn=args.lsn, time=args.time, parallel=args.parallel,
@@ -121,8 +121,9 @@ def verify_url(url: str, as_json: bool, bar: Any) -> int:
     if report.unfinished_tail:
         # Not damage by the archive's rules (FORMAT.md §18), but what a restore to the end leaves
         # out: an operator who knows no writer stopped with PUTs in flight should look.
+        ends = "a restore to the end ends before it" if report.ok else "past the damage above"
         print(f"  unfinished tail past LSN {report.last_lsn} (a writer stopped or fenced with PUTs in flight; "
-              f"a restore ends before it): {', '.join(report.unfinished_tail)}")
+              f"{ends}): {', '.join(report.unfinished_tail)}")
     print("sound" if report.ok else "DAMAGED")
     return EXIT_OK if report.ok else EXIT_FAILED
 

@@ -639,9 +639,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 _EXPORT_DESCRIPTION = f"""\
 Write every key (or those starting with --prefix) as JSON lines {{"key", "value",
-"version"}}, in key order, from one consistent snapshot. Keys and values are JSON strings
-when printable UTF-8, otherwise {{"base64": "..."}}, so binary data round-trips.
-`agentwal import` reads the same format.
+"version", "crc32c"}}, in key order, from one consistent snapshot, between a first line
+{{"agentwal_export": 1}} and an end line that counts and checksums them (so an import
+refuses an export cut short). Keys and values are JSON strings when printable UTF-8,
+otherwise {{"base64": "..."}}, so binary data round-trips. -o FILE is fsynced before it
+is renamed into place. `agentwal import` reads the same format.
 
 {_READ_ONLY}
 

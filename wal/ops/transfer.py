@@ -64,11 +64,13 @@ class Imported(NamedTuple):
 
 
 def export_lines(path: str, prefix: bytes = b"", on_warning: Callable[[str], None] | None = None) -> Iterator[str]:
-    """One JSON line per key: {"key", "value", "version"}; bytes as text or {"base64": ...}. A
-    sealed store's lines carry {"sealed": envelope} instead of "value", after a line for each
-    dictionary it keeps (module docstring). Refused, before any line is made, for a store that
-    keeps blob files (`_refuse_blobs`). `on_warning` hears what `scan` warns of (a log it could
-    not read to its end: the export then lacks the commits past that point)."""
+    """An export: a first line {"agentwal_export": 1}, one JSON line per key ({"key", "value",
+    "version", "crc32c"}; bytes as text or {"base64": ...}), and an end line counting and
+    checksumming the lines between (module docstring). A sealed store's lines carry {"sealed":
+    envelope} instead of "value", after a line for each dictionary it keeps. Refused, before any
+    line is made, for a store that keeps blob files (`_refuse_blobs`). `on_warning` hears what
+    `scan` warns of (a log it could not read to its end: the export then lacks the commits past
+    that point)."""
     _refuse_blobs(path)
     return _export_lines(path, prefix, on_warning)
 
@@ -100,10 +102,15 @@ EXPORT_FORMAT = 1  # the "agentwal_export" of an export's first line (module doc
 
 
 def framed(lines: Iterator[str]) -> Iterator[str]:
-    """`lines` between an export's first line and its last (module docstring)."""
+    """`lines` between an export's first line and its last (module docstring). The first of
+    `lines` is made before the first line is given: a store that `lines` refuses (not a store, one
+    with blob files) is refused before any output, as a file left holding a first line alone
+    would import as an export cut short."""
+    lines = iter(lines)
+    first = next(lines, None)
     yield json.dumps({"agentwal_export": EXPORT_FORMAT})
     count, crc = 0, 0
-    for line in lines:
+    for line in itertools.chain(() if first is None else (first,), lines):
         crc = _chain_crc(crc, line)
         count += 1
         yield line
@@ -158,6 +165,10 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
         try:
             obj = json.loads(line)
         except ValueError as exc:
+            if framing is not None:  # an export's line: cut mid-line (a full disk) or changed
+                raise CorruptionError(f"{source} line {n}: not JSON ({exc}): the export was cut short there or "
+                                      "changed; nothing was imported", path=source,
+                                      reason="export incomplete") from None
             raise ArgumentError(f"{source} line {n}: not JSON ({exc})") from None
         if isinstance(obj, dict) and "agentwal_export" in obj:
             framing = _export_header(obj, source, n, first=not out and not dictionaries and framing is None)
@@ -166,6 +177,10 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
             _check_end(obj["end"], framing, source, n)
             ended = True
             continue
+        if framing is None and isinstance(obj, dict) and "end" in obj and "key" not in obj:
+            raise CorruptionError(f"{source} line {n}: an export's end line in a file without the export's first "
+                                  "line: it lost its beginning; nothing was imported", path=source,
+                                  reason="export damaged")
         if framing is not None:
             framing = (framing[0] + 1, _chain_crc(framing[1], line.rstrip("\r\n")))
         if isinstance(obj, dict) and "zstd_dictionary" in obj:
