@@ -97,6 +97,41 @@ def test_a_growing_history_is_written_as_parts_and_read_back_exactly(tmp_path: P
         assert history(AgentwalSaver(store), "t") == history(reference, "t")
 
 
+def test_a_history_past_the_record_limit_grows_a_step_at_a_time_whichever_saver_writes_it(
+        tmp_path: Path) -> None:
+    """A history of 1 MiB messages: its 16th message merged the 15 before it into one part as
+    large as the whole history, refused past the 16 MiB record limit, while a new saver on the
+    same store (which wrote the value whole once, then small parts after it) took the same step.
+    Parts now merge only up to 1 MiB, and a saver continues from the parts of the latest
+    checkpoint it reads: each step writes its new message and little more, from any saver."""
+    body = "x" * (1 << 20)
+
+    def step(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=body, id=f"m{len(state['messages'])}")]}
+
+    def graph(saver: Any) -> Any:
+        g = StateGraph(MessagesState)
+        g.add_node("step", step)
+        g.add_edge(START, "step")
+        g.add_edge("step", END)
+        return g.compile(checkpointer=saver)
+
+    with wal.open(tmp_path / "db", durability="interval") as store:
+        first = graph(AgentwalSaver(store))
+        for _ in range(18):  # past 16 MiB of history
+            first.invoke({"messages": []}, cfg("t"))
+        second = graph(AgentwalSaver(store))  # as in a new process
+        before = store.stats()["bytes_written"]
+        out = second.invoke({"messages": []}, cfg("t"))
+        assert len(out["messages"]) == 19
+        assert store.stats()["bytes_written"] - before < 3 << 20, "the new saver wrote the history whole"
+        first.invoke({"messages": []}, cfg("t"))
+        latest = AgentwalSaver(store).get_tuple({"configurable": {"thread_id": "t"}})
+        assert latest is not None
+        assert [m.id for m in latest.checkpoint["channel_values"]["messages"]] == [f"m{i}" for i in range(20)]
+        assert max(length for _, length in newest_parts(store, "t")) <= (1 << 20) + 4096
+
+
 def test_a_fork_from_an_older_checkpoint_is_written_whole_and_reads_back(tmp_path: Path) -> None:
     with wal.open(tmp_path / "db", durability="interval") as store:
         saver = AgentwalSaver(store)

@@ -29,11 +29,13 @@ thread and namespace, only the new elements are written, as one more immutable p
 stored value then names its parts, and a read joins them back into exactly the bytes the
 serializer produced (the same ``loads_typed`` as for a whole value). Parts are merged as a
 binary counter is carried (a new part absorbs the previous one while that one is no larger),
-so a value has O(log n) parts and each byte is rewritten O(log n) times. Which parts held the
-previous value is remembered in memory (`_PartsIndex`) but never trusted: before a part is
-reused, its stored bytes are compared with the new value's, in the same transaction, so a
-saver that restarts, a thread pruned or forked from an older checkpoint, or another saver on
-the same store simply writes the value whole once more. A part's key ends with a hash of its
+up to parts of 1 MiB (`_PART_MERGE_BYTES`), which are never rewritten: a value has O(log n)
+parts per MiB, each byte is rewritten O(log n) times, and a step writes its new elements and at
+most 1 MiB of parts merged with them. Which parts held the previous value is remembered in memory
+(`_PartsIndex`: from this saver's writes, and from reads of a thread's latest checkpoint, which
+a graph's step makes first) but never trusted: before a part is reused, its stored bytes are
+compared with the new value's, in the same transaction, so a thread pruned or forked from an
+older checkpoint simply writes the value whole once more. A part's key ends with a hash of its
 bytes, so a version written again with other bytes (a graph re-run from an older checkpoint
 with the same versions) never changes a part an existing value uses.
 
@@ -162,6 +164,7 @@ def _idx(idx: int) -> bytes:
 _PARTS = "agentwal.parts"  # the header type of a value stored in parts
 _PARTS_MIN = 16 << 10  # smaller values are written whole: one key, and a whole write costs little
 _PARTS_REMEMBERED = 4096  # (thread, ns, channel) whose parts _PartsIndex remembers, newest used kept
+_PART_MERGE_BYTES = 1 << 20  # parts merge (`_put_value`) only into parts of at most this size
 _Part = tuple[str, int]  # (<version>/<hash> key component, length)
 
 
@@ -266,11 +269,14 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
 
     # ---- reading --------------------------------------------------------------------------------
 
-    def _tuple(self, raw: bytes, reader: Store | Snapshot | None = None
+    def _tuple(self, raw: bytes, reader: Store | Snapshot | None = None, *, remember: bool = False
                ) -> tuple[CheckpointTuple, dict[str, Any]]:
         """The CheckpointTuple of checkpoint record `raw`, its channel values and pending writes
         read through `reader` (a snapshot: all of one instant; default the store), the values
-        in one batched read."""
+        in one batched read. `remember`: the thread's latest checkpoint, which the graph's next
+        step continues from: the parts of its values become `_PartsIndex`'s hint, so a saver
+        that did not write them (a new process, another saver on the store) writes only the new
+        bytes too, not the value whole once more."""
         src = reader if reader is not None else self.store
         head, (ckpt_b, meta_b) = _unframe(raw)
         thread, ns, cid, parent = head["thread"], head["ns"], head["id"], head["parent"]
@@ -288,6 +294,8 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             if bhead["t"] == _PARTS:
                 joined = self._joined(data, bhead["parts"], parts, (thread, ns, channel))
                 values[channel] = self.serde.loads_typed((bhead["pt"], joined))
+                if remember:
+                    self._parts_index.set((thread, ns, channel), [(name, length) for name, length in bhead["parts"]])
             elif bhead["t"] != "empty":
                 values[channel] = self.serde.loads_typed((bhead["t"], data))
         writes = []
@@ -348,7 +356,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                     last = value  # ids are time-ordered UUIDs: the last in key order is the newest
             if last is None:
                 return None
-            return self._tuple(last, snap)[0]
+            return self._tuple(last, snap, remember=True)[0]
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
@@ -449,8 +457,13 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                 break
             kept.append((name, length))
             at += length
-        # The new bytes absorb the kept parts no larger than them: O(log n) parts per value.
-        while kept and kept[-1][1] <= len(data) - at:
+        # The new bytes absorb the kept parts no larger than them: O(log n) parts per value. Not
+        # past _PART_MERGE_BYTES: a part that large is never rewritten, so a step writes its new
+        # bytes and at most that much more, and whether it fits the record limit depends on what
+        # it changed, not on where the merges stand (a history's 16th message merged 15 earlier
+        # ones into one part as large as the whole, refused past 16 MiB by one saver and not by
+        # another whose parts lay otherwise).
+        while kept and kept[-1][1] <= len(data) - at and len(data) - at + kept[-1][1] <= _PART_MERGE_BYTES:
             at -= kept.pop()[1]
         if at < len(data):
             piece = data[at:]
