@@ -5,14 +5,16 @@ before the CancelledError or never will."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
 pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import START, StateGraph
 
 import wal
 from wal.integrations.langgraph import AgentwalSaver
@@ -118,3 +120,33 @@ def test_cancelled_async_writes_took_effect_before_the_error_or_never(tmp_path: 
     with AgentwalSaver.from_conn_string(tmp_path / "db") as saver:
         assert {t: saver.get_tuple(_cfg(t)) is not None for t in seen} == seen
         assert {t: len(list(saver.store.scan(b"lg/w/%s/" % t.encode()))) for t in writes_seen} == writes_seen
+
+
+def test_an_int_or_uuid_thread_id_names_the_same_thread_as_its_str_in_every_saver_call(tmp_path: Path) -> None:
+    """A graph passes an int or a UUID thread_id on as it is; AgentwalSaver's list and
+    delete_thread called with one raised an AttributeError from its key escaping (SqliteSaver
+    takes 7 and "7" for one thread). Other types are refused clearly."""
+    class S(TypedDict):
+        n: int
+
+    b = StateGraph(S)
+    b.add_node("x", lambda s: {"n": s["n"] + 1})
+    b.add_edge(START, "x")
+    with wal.open(tmp_path / "db") as store:
+        saver = AgentwalSaver(store)
+        g = b.compile(checkpointer=saver)
+        tid = uuid.uuid4()
+        for thread in (7, tid):
+            assert g.invoke({"n": 0}, {"configurable": {"thread_id": thread}}) == {"n": 1}
+            assert [h.values for h in g.get_state_history({"configurable": {"thread_id": thread}})] == \
+                [{"n": 1}, {"n": 0}, {}]
+        assert len(list(saver.list({"configurable": {"thread_id": "7"}}))) == 3
+        saver.copy_thread(7, 8)
+        assert len(list(saver.list({"configurable": {"thread_id": 8}}))) == 3
+        saver.prune([8])
+        saver.delete_thread(7)
+        saver.delete_thread(tid)
+        assert list(saver.list({"configurable": {"thread_id": 7}})) == []
+        assert list(saver.list({"configurable": {"thread_id": str(tid)}})) == []
+        with pytest.raises(wal.ArgumentTypeError, match="thread_id must be a str"):
+            saver.delete_thread(7.5)  # type: ignore[arg-type]

@@ -95,6 +95,7 @@ import os
 import random
 import struct
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
@@ -201,6 +202,17 @@ class _PartsIndex:
             while len(self._parts) > _PARTS_REMEMBERED:
                 self._parts.popitem(last=False)
 
+
+
+def _thread(thread_id: Any) -> str:
+    """A thread id as the saver keys it: a str; an int or a UUID as its str, as a graph passes
+    them on (so ``7`` and ``"7"`` name one thread, as in SqliteSaver). Anything else is refused
+    (it raised an AttributeError deep in the key escaping)."""
+    if isinstance(thread_id, str):
+        return thread_id
+    if isinstance(thread_id, int | uuid.UUID) and not isinstance(thread_id, bool):
+        return str(thread_id)
+    raise ArgumentTypeError(f"thread_id must be a str (or an int or a UUID), not {type(thread_id).__name__}")
 
 
 def _ids(ids: Sequence[str], what: str) -> list[str]:
@@ -337,7 +349,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint named by config (``checkpoint_id``), or the thread/ns's latest."""
         conf = config["configurable"]
-        thread: str = conf["thread_id"]
+        thread = _thread(conf["thread_id"])
         ns: str = conf.get("checkpoint_ns", "")
         cid = get_checkpoint_id(config)
         # One snapshot for every read: the latest pointer, the checkpoint, its channel values and
@@ -366,7 +378,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         if config is not None:
             conf = config["configurable"]
             if conf.get("thread_id") is not None:
-                prefix += _c(conf["thread_id"]) + b"/"
+                prefix += _c(_thread(conf["thread_id"])) + b"/"
                 if conf.get("checkpoint_ns") is not None:
                     prefix += _c(conf["checkpoint_ns"]) + b"/"
             want_id = get_checkpoint_id(config)
@@ -377,7 +389,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             cid = head["id"]
             if config is not None:
                 conf = config["configurable"]
-                if conf.get("thread_id") is not None and head["thread"] != conf["thread_id"]:
+                if conf.get("thread_id") is not None and head["thread"] != _thread(conf["thread_id"]):
                     continue  # a hashed component collided in the prefix
                 if conf.get("checkpoint_ns") is not None and head["ns"] != conf["checkpoint_ns"]:
                     continue
@@ -404,7 +416,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
             new_versions: ChannelVersions) -> RunnableConfig:
         """Store the checkpoint and the values of the channels in new_versions, in one transaction."""
         conf = config["configurable"]
-        thread: str = conf["thread_id"]
+        thread = _thread(conf["thread_id"])
         ns: str = conf.get("checkpoint_ns", "")
         c: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = c.pop("channel_values", {})
@@ -491,7 +503,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         savers); special channels (errors, interrupts, ...) are overwritten.
         """
         conf = config["configurable"]
-        thread: str = conf["thread_id"]
+        thread = _thread(conf["thread_id"])
         ns: str = conf.get("checkpoint_ns", "")
         cid: str = conf["checkpoint_id"]
         prefix = self._wprefix(thread, ns, cid) + _c(task_id) + b"/"
@@ -508,6 +520,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         """Delete every checkpoint, channel value and write of the thread: in one transaction
         when the keys fit in _TXN_BUDGET bytes, else in batches, the checkpoints (and latest
         pointers) first, so a crash never leaves a checkpoint without its values."""
+        thread_id = _thread(thread_id)
         keys = [key for kind in (b"c", b"l", b"w", b"b", b"p")
                 for key, _ in self.store.scan(b"lg/" + kind + b"/" + _c(thread_id) + b"/")]
         self._commit_batched(keys)
@@ -611,6 +624,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         The values and writes go first and the checkpoints after them (batched by size), so a
         crash part-way leaves no checkpoint of the target without its values. The source's
         values are read into memory first: a copy needs as much memory as the thread holds."""
+        source_thread_id, target_thread_id = _thread(source_thread_id), _thread(target_thread_id)
         src, dst = _c(source_thread_id), _c(target_thread_id)
         if src == dst:
             return
@@ -642,7 +656,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         no error."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
-        for thread in dict.fromkeys(_ids(thread_ids, "thread_ids")):
+        for thread in dict.fromkeys(_thread(t) for t in _ids(thread_ids, "thread_ids")):
             if strategy == "delete":
                 self.delete_thread(thread)
                 continue
