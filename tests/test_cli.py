@@ -842,6 +842,34 @@ def test_verify_of_a_damaged_state_names_the_repair_that_rebuilds_it(tmp_path: P
         assert s.get("key/3") == b"v3"
 
 
+@pytest.mark.parametrize("damage", ["value byte", "checkpoint.meta"])
+def test_the_rebuild_verify_names_repairs_a_small_state_an_open_refuses(tmp_path: Path, damage: str) -> None:
+    """A flipped value byte in a small state (an open checks every entry of one), or a damaged
+    checkpoint.meta: verify named `repair --rebuild-state`, and that repair exited 1 with the
+    same damage, changing nothing: it planned by opening the store, which refused the state."""
+    path = tmp_path / "store"
+    with wal.open(path) as s:
+        for i in range(200):
+            s.put(f"k/{i:03d}", b"VALUE-%03d-" % i + b"z" * 300)
+    if damage == "value byte":
+        data_file = path / "state" / "data.mdb"
+        data = bytearray(data_file.read_bytes())
+        data[data.find(b"VALUE-123-") + 7] ^= 1
+        data_file.write_bytes(bytes(data))
+    else:
+        meta = path / "state" / "checkpoint.meta"
+        data = bytearray(meta.read_bytes())
+        data[len(data) // 2] ^= 1
+        meta.write_bytes(bytes(data))
+    r = run("verify", str(path))
+    assert r.returncode == 1 and f"agentwal repair --rebuild-state {path}" in r.stdout, r.stdout
+    r = run("repair", "--rebuild-state", str(path), "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert run("verify", str(path)).returncode == 0
+    with wal.open(path) as s:
+        assert s.get("k/123") == b"VALUE-123-" + b"z" * 300 and len(list(s.scan("k/"))) == 200
+
+
 def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, store: Path) -> None:
     """Each of these ended in a Python traceback (OverflowError, UnicodeDecodeError,
     FileExistsError, ValueError), or ran a busy loop, or a drill of nothing that passed."""

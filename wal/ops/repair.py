@@ -93,9 +93,19 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
                             "are kept as a .broken file")
     if target.is_store:
         applied = 0
+        unreadable: wal.CorruptionError | None = None
         if os.path.exists(os.path.join(target.state_dir, "data.mdb")):
-            with open_reader(target) as store:
-                applied = store.stats()["applied_lsn"]
+            try:
+                with open_reader(target) as store:
+                    applied = store.stats()["applied_lsn"]
+            except wal.CorruptionError as exc:
+                # A damaged state (what `verify` sends here with --rebuild-state): an open checks
+                # every entry of a small state, and refused it, so the rebuild it needs could
+                # not be planned. Rebuilt, it is moved aside as it is (not exported: it cannot
+                # be read).
+                if not rebuild_state:
+                    raise
+                unreadable = exc
         first = segs[0].first_lsn if segs else 1
         if applied > good_last or rebuild_state:
             if first > 1:
@@ -108,7 +118,9 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
             plan.rebuild_state = True
             plan.state_backup_dir = _free_name(os.path.join(target.path, f"state.backup-{stamp}"))
             why = (f"the state reflects LSN {applied}, beyond the last good record (LSN {good_last})"
-                   if applied > good_last else "asked for (--rebuild-state)")
+                   if applied > good_last else
+                   f"asked for (--rebuild-state); the state is damaged: {unreadable}" if unreadable is not None else
+                   "asked for (--rebuild-state)")
             plan.actions.append(f"rebuild the state from the log ({why}): move {target.state_dir} to "
                                 f"{plan.state_backup_dir} and replay LSNs 1..{good_last}")
             if applied > good_last:
