@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import mmap
 import os
 import queue
 import re
@@ -842,11 +843,12 @@ def test_verify_of_a_damaged_state_names_the_repair_that_rebuilds_it(tmp_path: P
         assert s.get("key/3") == b"v3"
 
 
-@pytest.mark.parametrize("damage", ["value byte", "checkpoint.meta"])
+@pytest.mark.parametrize("damage", ["value byte", "checkpoint.meta", "meta pages"])
 def test_the_rebuild_verify_names_repairs_a_small_state_an_open_refuses(tmp_path: Path, damage: str) -> None:
     """A flipped value byte in a small state (an open checks every entry of one), or a damaged
     checkpoint.meta: verify named `repair --rebuild-state`, and that repair exited 1 with the
-    same damage, changing nothing: it planned by opening the store, which refused the state."""
+    same damage, changing nothing: it planned by opening the store, which refused the state.
+    A byte changed in both LMDB meta pages: a writable open refused it, and verify said sound."""
     path = tmp_path / "store"
     with wal.open(path) as s:
         for i in range(200):
@@ -854,13 +856,24 @@ def test_the_rebuild_verify_names_repairs_a_small_state_an_open_refuses(tmp_path
     if damage == "value byte":
         data_file = path / "state" / "data.mdb"
         data = bytearray(data_file.read_bytes())
-        data[data.find(b"VALUE-123-") + 7] ^= 1
+        at = data.find(b"VALUE-123-")
+        while at >= 0:  # every copy: LMDB may keep an older one in a free page
+            data[at + 7] ^= 1
+            at = data.find(b"VALUE-123-", at + 1)
         data_file.write_bytes(bytes(data))
-    else:
+    elif damage == "checkpoint.meta":
         meta = path / "state" / "checkpoint.meta"
         data = bytearray(meta.read_bytes())
         data[len(data) // 2] ^= 1
         meta.write_bytes(bytes(data))
+    else:
+        data_file = path / "state" / "data.mdb"
+        data = bytearray(data_file.read_bytes())
+        for page in (0, 1):  # a field of the main tree's record in each meta page
+            data[mmap.PAGESIZE * page + 100] ^= 0x04
+        data_file.write_bytes(bytes(data))
+        with pytest.raises(wal.CorruptionError, match="meta page"):
+            wal.open(path)
     r = run("verify", str(path))
     assert r.returncode == 1 and f"agentwal repair --rebuild-state {path}" in r.stdout, r.stdout
     r = run("repair", "--rebuild-state", str(path), "--yes")

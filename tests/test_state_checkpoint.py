@@ -177,7 +177,7 @@ def test_a_data_file_older_than_its_checkpoint_is_damage_not_a_crash(tmp_path: P
     with wal.open(tmp_path) as store:
         store.put("k", b"2")
     (tmp_path / "state" / DATA_FILE).write_bytes(older)  # e.g. restored from an old copy
-    with pytest.raises(wal.CorruptionError, match="not the one its last checkpoint made durable") as info:
+    with pytest.raises(wal.CorruptionError, match="older than the one its last checkpoint made durable") as info:
         wal.open(tmp_path)
     assert info.value.reason == "state damaged"
 

@@ -23,6 +23,7 @@ from wal.ops.segments import (
 )
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import Progress, Target, _extra_files, locate, lock_holder
+from wal.store.state import check_meta_pages, read_checkpoint
 
 # ---- verify ----------------------------------------------------------------------------------------------
 
@@ -164,6 +165,13 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
             snapshot = _StateSnapshot.open(target)  # before the log: the log then holds all it reflects (I1)
         except WalError as exc:
             report.problems.append(Problem("state", f"cannot open the state: {exc}"))
+        else:
+            try:  # what a writable open refuses and a read-only one does not look at
+                saved = read_checkpoint(target.state_dir)
+                if saved is not None:
+                    check_meta_pages(target.state_dir, saved)
+            except CorruptionError as exc:
+                report.problems.append(Problem("state", str(exc)))
     opened: list[_Seg] = []
     try:
         opened = _open_segments(target.log_dir)  # after the snapshot, and kept open: see _Seg

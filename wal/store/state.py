@@ -374,6 +374,29 @@ def read_checkpoint(path: str) -> SavedCheckpoint | None:
     return SavedCheckpoint(page, txnid, applied, boot, unix_ms)
 
 
+def check_meta_pages(path: str, saved: SavedCheckpoint) -> tuple[int, bytes] | None:
+    """The newest meta page of the state in `path` (txnid, page), checked against its checkpoint
+    `saved`; None where a slot is not a meta page (left to LMDB, which refuses the file).
+    CorruptionError where they cannot come from LMDB writing after the checkpoint: the newest
+    older than the checkpoint, or another page under the checkpoint's transaction id. A
+    writable open refuses such a state, and `agentwal verify` reports it (it said "sound")."""
+    pages = _meta_pages(path, len(saved.page))
+    newest = _newest_meta(pages)
+    if len(pages) != 2 or any(_meta_txnid(page) is None for page in pages) or newest is None:
+        return None
+    if not _is_saved_snapshot(newest, saved) and newest[0] <= saved.txnid:
+        which = (f"differs from the one its last checkpoint made durable under the same transaction, {saved.txnid}"
+                 if newest[0] == saved.txnid else
+                 f"is older than the one its last checkpoint made durable, transaction {saved.txnid}")
+        raise CorruptionError(
+            f"the LMDB state {os.path.join(path, DATA_FILE)} is damaged (its newest meta page, transaction "
+            f"{newest[0]}, {which}): "
+            "the file was replaced by an older copy or overwritten. If the log still holds every commit from "
+            "LSN 1, move state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
+            path=os.path.join(path, DATA_FILE), reason="state damaged")
+    return newest
+
+
 def _write_checkpoint(path: str, saved: SavedCheckpoint) -> None:
     """Durably replace path/checkpoint.meta: written aside, fsynced, renamed, directory fsynced."""
     body = _CKP_HEAD.pack(_CKP_MAGIC, _CKP_VERSION, len(saved.page), saved.boot_id, saved.txnid,
@@ -537,23 +560,10 @@ class State:
         (its newest meta page is a later one) and the machine restarted since the checkpoint, so the
         pages that later meta page points at may not have reached the disk. After a process kill the
         page cache still holds them: the state is taken as it is, and the open checkpoints it.
-        A data.mdb whose meta pages cannot come from LMDB writing after the checkpoint is damage:
-        left to LMDB when a slot is not a meta page (it refuses the file), refused here when the
-        newest is older than the checkpoint or another page under the checkpoint's transaction id."""
-        pages = _meta_pages(self.path, len(saved.page))
-        newest = _newest_meta(pages)
-        if len(pages) != 2 or any(_meta_txnid(page) is None for page in pages) or newest is None:
-            return None
-        if _is_saved_snapshot(newest, saved):
-            return None  # closed cleanly (or nothing written since the checkpoint)
-        newest_txnid = newest[0]
-        if newest_txnid <= saved.txnid:
-            raise CorruptionError(
-                f"the LMDB state {os.path.join(self.path, DATA_FILE)} is damaged (its newest meta page, transaction "
-                f"{newest_txnid}, is not the one its last checkpoint made durable, transaction {saved.txnid}): "
-                "the file was replaced by an older copy or overwritten. If the log still holds every commit from "
-                "LSN 1, move state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
-                path=os.path.join(self.path, DATA_FILE), reason="state damaged")
+        Damage to the meta pages is refused first (`check_meta_pages`)."""
+        newest = check_meta_pages(self.path, saved)
+        if newest is None or _is_saved_snapshot(newest, saved):
+            return None  # closed cleanly (or nothing written since the checkpoint); or left to LMDB
         return saved.page if saved.boot_id != boot_id() else None
 
     def _may_write_lock(self) -> bool:
