@@ -190,8 +190,12 @@ def test_a_map_starts_at_twice_the_file_and_at_least_the_minimum(tmp_path: Path)
 
 
 def test_a_missing_state_opened_read_only_is_a_state_error(tmp_path: Path) -> None:
-    with pytest.raises(StateError, match="No such file or directory"):
+    """An errno from LMDB is the operating system's refusal: a StateError and a StorageError
+    (an OSError with errno and filename), as the README says every such refusal is."""
+    with pytest.raises(StateError, match="No such file or directory") as info:
         State(str(tmp_path / "nothing"), readonly=True)
+    assert isinstance(info.value, wal.StorageError) and isinstance(info.value, OSError)
+    assert info.value.errno == errno.ENOENT and info.value.filename == str(tmp_path / "nothing" / "data.mdb")
 
 
 def test_stored_values_of_the_wrong_size_are_corruption_errors(tmp_path: Path) -> None:

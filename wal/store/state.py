@@ -197,6 +197,12 @@ class StateError(WalError):
     """LMDB failed for a reason other than damage (disk error, map full, too many readers...)."""
 
 
+class StateStorageError(StateError, StorageError):
+    """LMDB failed because the operating system refused it (a read-only filesystem, no
+    permission, an I/O error...): a StateError, and a `wal.StorageError` (an `OSError`, with
+    `errno` and `filename` set) as every refusal of the operating system is."""
+
+
 READER_SLOTS = _lmdbcall.MAX_READERS  # of a lock file this version makes (native/lmdbcall.c says why so many)
 
 
@@ -254,8 +260,8 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
         if code == errno.EACCES and opening:
             advice = ("LMDB needs read access to state/data.mdb, and write access to state/lock.mdb (its table of "
                       "readers) unless the store is opened read-only while no writer has it open; " + (advice or ""))
-        raise StateError(f"the LMDB state in {path} failed while {doing}: {text}"
-                         + (f"; {advice}" if advice else "")) from exc
+        raise StateStorageError(f"the LMDB state in {path} failed while {doing}: {text}"
+                                + (f"; {advice}" if advice else ""), errno=code, filename=data) from exc
     if opening or code is None or code in _DAMAGE or code > 0:
         raise CorruptionError(
             f"the LMDB state {data} is damaged ({text}) -- found while {doing}. No crash leaves the state so "
