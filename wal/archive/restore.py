@@ -215,7 +215,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
     candidates = [(s, n) for s, n in listing.snapshots if lsn is None or s <= lsn]
     if not candidates:
         raise TargetNotHeldError(f"LSN {lsn} is before the oldest snapshot in {objects.url} (LSN "
-                            f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
+                                 f"{listing.snapshots[0][0]}); retention removed what an older restore needs")
     for _, name in reversed(candidates):
         if not name:
             return ChosenSnapshot("", layout.EMPTY_SNAPSHOT_HEADER, None)
@@ -244,7 +244,7 @@ def _choose_snapshot(objects: ObjectStore, listing: Listing, lsn: int | None,
     finally:
         read.close()
     raise TargetNotHeldError(f"time {_iso(time_ms or 0)} is before the oldest snapshot in {objects.url} "
-                        f"(taken {_iso(oldest.taken_ms)})")
+                             f"(taken {_iso(oldest.taken_ms)})")
 
 
 def _pass_over(objects: ObjectStore, name: str, error: CorruptionError,
@@ -326,7 +326,7 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
         beyond_end = (f": LSNs {pos + 1}..{tail[0].first - 1} are missing and {len(tail)} object(s) past them "
                       "are an unfinished tail (of a writer stopped, or fenced, with PUTs in flight)" if tail else "")
         raise TargetNotHeldError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
-                            f"{pos}{beyond_end}")
+                                 f"{pos}{beyond_end}")
     if tail_out is not None and tail:
         tail_out.extend(tail)
     return pos, *found
