@@ -9,6 +9,8 @@ directory for fault tests.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -60,11 +62,16 @@ class WeedServer:
         self.env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, S3_BUCKET=BUCKET)
 
     def start(self, timeout: float = 60.0) -> None:
-        args = [self.binary, "mini", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        # Everything in self.dir: by default its log files, its sockets (the filer's, the S3
+        # gateway's, the master's and volume's gRPC ones: in $TMPDIR) and the WebDAV chunk cache go
+        # to /tmp, and each server left them there.
+        args = [self.binary, f"-logdir={self.dir}", "mini", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", f"-filer.localSocket={self.dir}/filer.sock",
+                f"-s3.localFilerSocket={self.dir}/filer.sock", f"-s3.localSocket={self.dir}/s3.sock",
+                f"-webdav.cacheDir={self.dir}/webdav-cache"]
         args += [f"-{flag}={port}" for flag, port in self.ports.items()]
         log = open(os.path.join(self.dir, "weed.log"), "ab")  # noqa: SIM115 -- the server's lifetime
-        self.proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(args, env=dict(self.env, TMPDIR=self.dir), stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
@@ -89,6 +96,14 @@ class WeedServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """The gRPC sockets the server makes in /tmp whatever it is told (named by their ports)."""
+        for port in self.ports.values():
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -99,6 +114,7 @@ class WeedServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+        self._remove_sockets()
 
     def client(self) -> object:
         import boto3  # noqa: PLC0415
