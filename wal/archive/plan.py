@@ -198,9 +198,13 @@ class Chain:
         piece = self.current
         if piece is None or piece.last is None or piece.last <= self.pos:
             return False
-        self.pos, self.writer, self.start = piece.last, None, False
+        self.go_on_after(piece.last)
         self.rejected.add(piece.name)
         return True
+
+    def go_on_after(self, lsn: int) -> None:
+        """Go on from LSN `lsn` (past damage or a gap `verify` reports), its writer not known."""
+        self.pos, self.writer, self.start = lsn, None, False
 
     def __iter__(self) -> Iterator[layout.LogObject]:
         while True:

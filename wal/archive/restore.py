@@ -829,8 +829,8 @@ def _verify_listing(objects: ObjectStore, listing: Listing, parallel: int,
         problems.append(f"LSNs {pos + 1}..{past[0].first - 1} are missing: no object holds them")
         # Every object is read, those past a gap too: damage there is reported with the gap (an
         # operator who restores from a snapshot past the gap needs to know the log after it is
-        # sound). The chain goes on from the gap's end, its writer not known, as past damage.
-        chain.pos, chain.writer, chain.start = past[0].first - 1, None, False
+        # sound). The chain goes on from the gap's end, as past damage.
+        chain.go_on_after(past[0].first - 1)
     count += chain.fetched
     nbytes += chain.bytes
     return VerifyReport(objects.url, count, nbytes, first, pos, len(listing.snapshots), problems,

@@ -44,13 +44,16 @@ def round_url(archive: str, tag: str) -> str:
 
 
 def _delete_archive(url: str) -> None:
-    from wal.archive.objects import open_objects  # noqa: PLC0415 -- only this drill needs the archive
+    # Only this drill needs the archive.
+    from wal.archive.layout import LOG_PREFIX, MERGED_PREFIX, SNAP_PREFIX  # noqa: PLC0415
+    from wal.archive.objects import PROBE_PREFIX, open_objects  # noqa: PLC0415
+    from wal.archive.sealed import DICT_PREFIX, KEY_PREFIX, MANIFEST  # noqa: PLC0415
 
     objects = open_objects(url)
-    for prefix in ("log/", "merged/", "snap/", "probe/", "keys/", "dict/"):
+    for prefix in (LOG_PREFIX, MERGED_PREFIX, SNAP_PREFIX, PROBE_PREFIX, KEY_PREFIX, DICT_PREFIX):
         for name, _ in list(objects.list(prefix)):
             objects.delete(name)
-    objects.delete("sealed.json")  # a sealed store's archive manifest (FORMAT.md §19), if any
+    objects.delete(MANIFEST)  # a sealed store's archive manifest (FORMAT.md §19), if any
 
 
 def _restore_and_read(url: str, directory: str) -> Recovered:

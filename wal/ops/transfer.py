@@ -173,14 +173,14 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
         if isinstance(obj, dict) and "agentwal_export" in obj:
             framing = _export_header(obj, source, n, first=not out and not dictionaries and framing is None)
             continue
-        if framing is not None and isinstance(obj, dict) and "end" in obj and "key" not in obj:
+        if isinstance(obj, dict) and "end" in obj and "key" not in obj:
+            if framing is None:
+                raise CorruptionError(f"{source} line {n}: an export's end line in a file without the export's "
+                                      "first line: it lost its beginning; nothing was imported", path=source,
+                                      reason="export damaged")
             _check_end(obj["end"], framing, source, n)
             ended = True
             continue
-        if framing is None and isinstance(obj, dict) and "end" in obj and "key" not in obj:
-            raise CorruptionError(f"{source} line {n}: an export's end line in a file without the export's first "
-                                  "line: it lost its beginning; nothing was imported", path=source,
-                                  reason="export damaged")
         if framing is not None:
             framing = (framing[0] + 1, _chain_crc(framing[1], line.rstrip("\r\n")))
         if isinstance(obj, dict) and "zstd_dictionary" in obj:
