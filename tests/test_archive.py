@@ -566,6 +566,10 @@ def test_a_file_archive_folder_replaced_under_a_writer_is_not_shipped_into(tmp_p
         os.rename(tmp_path / "away", archive)  # the share is back
         writer.join(30)
         assert not writer.is_alive()
+        # A request that failed while the folder was being put back (a retry, every 250 ms at most,
+        # may find none there) can answer after the PUT that succeeded: its outage ends at the next
+        # request that succeeds, a maintenance round later (Shipper._succeeded).
+        wait_until(lambda: s.stats()["archive_error"] is None)
         s._shipper.write_status()
         recovered = json.loads(_agentwal("stats", str(tmp_path / "s"), "--format", "json"))
         assert recovered["archive_failing"] == 0 and "archive_error" not in recovered
