@@ -593,6 +593,37 @@ def test_repair_cuts_mid_log_damage_at_the_last_good_record_then_verify_passes(s
     assert run("get", str(store), "agent/7/step").stdout == "1"
 
 
+def test_repair_of_damage_in_the_newest_segment_names_every_lsn_it_gives_up(tmp_path: Path) -> None:
+    # One segment: the scan of the damaged segment stops at the damage, but every valid record
+    # after it (here the log's whole rest) goes into the .broken file with it, and the plan and
+    # the result must say so, not only the damaged record's LSN.
+    store = make_store(tmp_path / "store", commits=40, segment_bytes=64 << 20)
+    recs = records(store)
+    victim = recs[len(recs) // 2]
+    flip_byte(store / "log" / str(victim["segment"]), int(victim["offset"]) + 24 + 2)  # type: ignore[call-overload]
+    last = max(int(r["lsn"]) for r in recs)  # type: ignore[call-overload]
+    plan = run("repair", str(store))
+    assert f"LSNs {victim['lsn']}..{last} are given up" in plan.stdout, plan.stdout
+    verify = run("verify", str(store))
+    assert verify.returncode == 1
+    assert "invariant I1" not in verify.stdout  # the log's damage explains the state being ahead
+    assert "past the log's damage" in verify.stdout, verify.stdout
+
+
+@pytest.mark.parametrize("cut", ["at_a_record_end", "mid_record"])
+def test_verify_refuses_a_segment_cut_shorter_than_it_was_created_as_an_open_does(tmp_path: Path, cut: str) -> None:
+    store = make_store(tmp_path / "store", commits=40, segment_bytes=64 << 20)
+    seg = segment_files(store)[-1]
+    recs = [r for r in records(store) if r["segment"] == seg.name]
+    end = max(int(r["offset"]) + 24 + ((int(r["bytes"]) + 7) & ~7) for r in recs)  # type: ignore[call-overload]
+    os.truncate(seg, end if cut == "at_a_record_end" else end - 40)
+    with pytest.raises(wal.CorruptionError, match="segment truncated"):
+        wal.open(store).close()
+    verify = run("verify", str(store))
+    assert verify.returncode == 1, verify.stdout
+    assert "segment truncated" in verify.stdout and "A crash leaves this" not in verify.stdout
+
+
 def test_repair_asks_first_and_refuses_without_a_terminal_or_yes(store: Path) -> None:
     damage_sealed_segment(store)
     before = {p.name: p.read_bytes() for p in (store / "log").iterdir() if p.is_file()}

@@ -14,6 +14,7 @@ import wal
 from wal.errors import LockedError
 from wal.log import recovery
 from wal.log.log import LOCK_NAME, take_lock
+from wal.ops.segments import Skip, iter_log
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
 from wal.ops.transfer import dictionary_lines, framed, is_sealed, value_line
@@ -71,7 +72,8 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
         bad = segs[d.index]
         later = [recovery.scan_segment_file(p, n) for n, p in recovery.list_segments(target.log_dir)
                  if n > bad.segment_no]
-        last_known = max([s.last_lsn for s in [bad, *later] if s.header_ok] + [bad.next_valid_lsn], default=0)
+        last_known = max([s.last_lsn for s in [bad, *later] if s.header_ok] + [bad.next_valid_lsn,
+                                                                                 _last_lsn_past(target.log_dir, d.lsn)])
         plan.lost = (d.lsn, last_known if last_known >= d.lsn else None)
         plan.damage = d.message
         good_last = d.lsn - 1
@@ -130,6 +132,22 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
     if plan.actions:
         plan.actions.insert(0, f"copy the log to {plan.backup_dir} first")
     return plan
+
+
+def _last_lsn_past(log_dir: str, first: int) -> int:
+    """The highest LSN any readable record from `first` on holds, reading past damage as `dump
+    --salvage` does: a segment's own scan stops at its first damage, and the valid records after
+    it (in the newest segment, the log's whole rest) are given up too, so the plan must say so."""
+    last = 0
+
+    def skipped(skip: Skip) -> None:
+        nonlocal last
+        if skip.lost is not None:
+            last = max(last, skip.lost[1])
+
+    for rec in iter_log(log_dir, first, salvage=True, on_skip=skipped, live=False):
+        last = max(last, rec.lsn)
+    return last
 
 
 def _copy_sparse(src: str, dst: str) -> None:

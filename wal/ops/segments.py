@@ -415,6 +415,7 @@ class SegmentInfo:
     header_ok: bool
     header_segment_no: int
     log_id: int
+    prealloc_bytes: int  # the size the header says the segment was created with (rule S6)
 
     @property
     def damaged(self) -> bool:
@@ -439,7 +440,7 @@ def _scan_segments(segs: list[_Seg], progress: Progress | None = None) -> list[S
             end_offset=int(res.end_offset), bad_offset=int(res.bad_offset), damage_end=int(res.damage_end),
             next_valid_offset=int(res.next_valid_offset), next_valid_lsn=int(res.next_valid_lsn),
             version=int.from_bytes(head[8:10], "little") if len(head) >= 10 else 0, header_ok=bool(res.header_ok),
-            header_segment_no=int(h.segment_no), log_id=int(h.log_id),
+            header_segment_no=int(h.segment_no), log_id=int(h.log_id), prealloc_bytes=int(h.prealloc_bytes),
         ))
         done += st.st_size
         if progress is not None:

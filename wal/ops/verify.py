@@ -103,6 +103,13 @@ def _log_problems(report: VerifyReport, writer_running: bool) -> None:
                     msg += (f"; a valid record (LSN {s.next_valid_lsn}) follows at offset {s.next_valid_offset}, "
                             "so this is damage, not a torn tail")
             report.problems.append(Problem("log", msg, s.path, s.bad_offset, s.last_lsn + 1 if s.header_ok else None))
+        elif s.status != "sealed" and s.header_ok and 0 < s.size < s.prealloc_bytes <= recovery.MAX_PREALLOC:
+            # S6, as an open checks it: no crash leaves a segment shorter than it was created, so
+            # what looks like a torn tail (or a clean end) here is a cut that took records with it.
+            report.problems.append(Problem(
+                "log", f"segment truncated: {s.path} is {s.size} bytes but was created with {s.prealloc_bytes}; "
+                       f"records after LSN {s.last_lsn} may have been cut off (no crash leaves this)",
+                s.path, s.end_offset, s.last_lsn + 1))
         elif s.status == "torn":
             text = f"torn tail: {s.path} has {s.reason} at offset {s.bad_offset} (after LSN {s.last_lsn})"
             if s.next_valid_offset:
@@ -219,7 +226,13 @@ def _verify_state(report: VerifyReport, snap: _StateSnapshot, segs: list[_Seg], 
     report.applied_lsn = applied
     report.state_keys = snap.entries()
     first, last = report.first_lsn, report.last_lsn
-    if applied > last:
+    log_damaged = any(p.area == "log" for p in report.problems)
+    if applied > last and log_damaged:
+        report.problems.append(Problem(
+            "state", f"the state reflects LSN {applied}, past the log's damage (its last good record is LSN "
+                     f"{last}): a repair that keeps the log up to there rebuilds the state from it, exporting the "
+                     "old state's newer values first", lsn=last + 1))
+    elif applied > last:
         report.problems.append(Problem(
             "state", f"the state reflects LSN {applied} but the log ends at LSN {last}: the log lost records "
                      "the state was built from (invariant I1 broken from outside agentwal?)", lsn=last + 1))
@@ -228,7 +241,7 @@ def _verify_state(report: VerifyReport, snap: _StateSnapshot, segs: list[_Seg], 
             "state", f"the state reflects LSN {applied} but the oldest retained record is LSN {first}: segments "
                      f"holding LSNs {applied + 1}..{first - 1} are missing", lsn=applied + 1))
     report.records_to_replay = max(0, last - applied)
-    if any(p.area == "log" for p in report.problems):
+    if log_damaged:
         report.notes.append("the state was not checked key by key against the log: the log is damaged "
                             "(repair it first)")
         return
