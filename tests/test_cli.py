@@ -874,6 +874,21 @@ def test_verify_of_a_damaged_state_names_the_repair_that_rebuilds_it(tmp_path: P
         assert s.get("key/3") == b"v3"
 
 
+@pytest.mark.parametrize("content", ["garbage\n", '{"format": "agentwal-store", "version": 99}\n'])
+def test_an_unusable_store_file_is_reported_and_no_repair_touches_the_store(store: Path, content: str) -> None:
+    (store / "STORE").write_text(content)
+    before = sorted(p.name for p in store.iterdir())
+    verify = run("verify", str(store))
+    assert verify.returncode == 1
+    assert "DAMAGE (store)" in verify.stdout and "--rebuild-state" not in verify.stdout, verify.stdout
+    for args in (["repair", "--rebuild-state", "--yes"], ["repair", "--yes"]):
+        result = run(*args, str(store))
+        assert result.returncode == 1 and "Nothing was changed" in result.stderr, result.stderr
+    assert sorted(p.name for p in store.iterdir()) == before  # the state was not moved aside
+    info = run("info", str(store))
+    assert info.returncode == 1 and info.stderr.startswith("agentwal info: error:"), info.stderr
+
+
 @pytest.mark.parametrize("damage", ["value byte", "checkpoint.meta", "meta pages"])
 def test_the_rebuild_verify_names_repairs_a_small_state_an_open_refuses(tmp_path: Path, damage: str) -> None:
     """A flipped value byte in a small state (an open checks every entry of one), or a damaged

@@ -390,6 +390,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     advice = []
     if "log" in areas or not areas:
         advice.append(f"to open at the log's last good record, keeping a backup: agentwal repair {t.path}")
+    if "store" in areas:  # nothing rebuilds STORE: it names the format and an encrypted store's key ids
+        advice.append(f"no repair rewrites {t.path}/STORE (it names the store's format version and an encrypted "
+                      "store's key ids): as the problem above says, put it back from a backup or use the agentwal "
+                      "that wrote it")
     if "state" in areas:  # `repair` alone sees a sound log and does nothing about the state
         advice.append(f"to rebuild the state from the log, keeping a backup: agentwal repair --rebuild-state {t.path}")
     print(f"result: DAMAGED ({count} problem(s)). " + "; ".join(a[0].upper() + a[1:] for a in advice))

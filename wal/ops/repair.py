@@ -18,6 +18,7 @@ from wal.ops.segments import Skip, iter_log
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
 from wal.ops.transfer import dictionary_lines, framed, is_sealed, value_line
+from wal.store.store import check_store_file
 
 # ---- repair ----------------------------------------------------------------------------------------------
 
@@ -94,6 +95,12 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
                             f"{last.bad_offset} of {last.path} ({last.reason}; nothing valid after it); the bytes "
                             "are kept as a .broken file")
     if target.is_store:
+        try:
+            check_store_file(target.path, create=False)
+        except (wal.CorruptionError, wal.FormatVersionError) as exc:
+            plan.refuse = (f"{exc}. Nothing was changed: repair works on a store it can read the description of; "
+                           "put STORE back from a backup first")
+            return plan
         applied = 0
         unreadable: wal.CorruptionError | None = None
         if os.path.exists(os.path.join(target.state_dir, "data.mdb")):

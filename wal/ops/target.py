@@ -15,7 +15,7 @@ import wal
 from wal.errors import LockedError, WalError, storage_error
 from wal.log import recovery
 from wal.log.log import LOCK_NAME
-from wal.store.store import ARCHIVE_DIR, LOG_DIR, STATE_DIR, STORE_FILE, Store
+from wal.store.store import ARCHIVE_DIR, LOG_DIR, STATE_DIR, STORE_FILE, Store, check_store_file
 
 # Optional callback for long work: progress(phase, done, total).
 Progress = Callable[[str, int, int], None]
@@ -187,6 +187,7 @@ def _extra_files(log_dir: str) -> tuple[list[str], list[str]]:
 
 
 def _store_meta(target: Target) -> dict[str, Any]:
+    check_store_file(target.path, create=False)  # damaged or of a newer agentwal: its own clear error
     with open(os.path.join(target.path, STORE_FILE), encoding="utf-8") as f:
         meta: dict[str, Any] = json.load(f)
     return meta

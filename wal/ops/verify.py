@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from wal.errors import CorruptionError, WalError
+from wal.errors import CorruptionError, FormatVersionError, WalError
 from wal.log import record, recovery
 from wal.ops.render import render_bytes, text_preview
 from wal.ops.segments import (
@@ -24,15 +24,16 @@ from wal.ops.segments import (
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import Progress, Target, _extra_files, locate, lock_holder
 from wal.store.state import check_meta_pages, read_checkpoint
+from wal.store.store import STORE_FILE, check_store_file
 
 # ---- verify ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong: where ("log" or "state"), the file and offset or key, and what."""
+    """One thing wrong: where ("log", "state", or "store": the STORE file), the file and offset or key, and what."""
 
-    area: Literal["log", "state"]
+    area: Literal["log", "state", "store"]
     message: str
     path: str | None = None
     offset: int | None = None
@@ -167,7 +168,14 @@ def verify(path: str, progress: Progress | None = None) -> VerifyReport:
         report.seconds = time.monotonic() - started
         return report
     snapshot: _StateSnapshot | None = None
+    store_file_ok = True
     if target.is_store:
+        try:
+            check_store_file(target.path, create=False)
+        except (CorruptionError, FormatVersionError) as exc:
+            report.problems.append(Problem("store", str(exc), os.path.join(target.path, STORE_FILE)))
+            store_file_ok = False
+    if target.is_store and store_file_ok:
         try:
             snapshot = _StateSnapshot.open(target)  # before the log: the log then holds all it reflects (I1)
         except WalError as exc:

@@ -526,7 +526,7 @@ class Store:
                       idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
                       max_unapplied=max_unapplied)
         if readonly:
-            _check_store_file(root, create=False)
+            check_store_file(root, create=False)
             state = State(os.path.join(root, STATE_DIR), readonly=True,
                           writer_lock=os.path.join(root, LOG_DIR, LOCK_NAME))
             try:
@@ -543,7 +543,7 @@ class Store:
         # Refuse an unknown or newer format before the log's recovery touches (or misreads as
         # damage) a log laid out by another version.
         if os.path.exists(os.path.join(root, STORE_FILE)):
-            _check_store_file(root, create=False)
+            check_store_file(root, create=False)
         # Sealed segments are replayed into the state while the open reads the next ones
         # (wal/store/replay.py). The STORE file is brought to this version right before the state is
         # first opened for writing: under the log's lock (a writer of another version still
@@ -1642,7 +1642,7 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
                                   path=path, reason="STORE damaged")
         if mark is not None:
             raise store_lost(root)
-    found = _check_store_file(root, create=True)
+    found = check_store_file(root, create=True)
     if found < STORE_VERSION:
         _upgrade_store(root, found)
     if sealing is not None:
@@ -1653,7 +1653,7 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
         sealing.after_store_written()
 
 
-def _check_store_file(root: str, *, create: bool) -> int:
+def check_store_file(root: str, *, create: bool) -> int:
     """The STORE file names the store format and version (FORMAT.md, "Store layout"); returns the
     version (creating the file at the current one if `create` and it is missing)."""
     path = os.path.join(root, STORE_FILE)
