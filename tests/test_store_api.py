@@ -54,6 +54,25 @@ def fill(store: wal.Store, n: int, size: int = 1000, prefix: str = "k") -> int:
 # ---- put / get / delete / version -------------------------------------------------------
 
 
+def test_a_store_and_a_bare_log_are_never_opened_as_each_other(tmp_path: Path) -> None:
+    # A store made in a bare log's directory kept its own log in log/ and hid the bare log's
+    # records from every tool; a bare log opened at a store's root put segments beside it.
+    with wal.Log.open(tmp_path / "bare") as log:
+        log.append(b"record")
+    with wal.open(tmp_path / "store") as store:
+        store.put("k", b"v")
+    for not_a_store in (tmp_path / "bare", tmp_path / "store" / "log"):
+        before = sorted(p.name for p in not_a_store.iterdir())
+        with pytest.raises(wal.ArgumentError, match="holds a bare log"):
+            wal.open(not_a_store)
+        assert sorted(p.name for p in not_a_store.iterdir()) == before
+    with pytest.raises(wal.ArgumentError, match="is an agentwal store"):
+        wal.Log.open(tmp_path / "store")
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["STORE", "log", "state"]
+    with wal.open(tmp_path / "store") as store, wal.Log.open(tmp_path / "bare") as log:
+        assert store.get("k") == b"v" and [payload for _lsn, payload in log.read(1)] == [b"record"]
+
+
 def test_put_returns_the_commit_lsn_and_get_returns_the_value(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         lsn = store.put(b"agent/1", b"hello")

@@ -50,6 +50,9 @@ from wal.log import recovery
 
 MAX_PAYLOAD = int(lib.WAL_MAX_PAYLOAD_BYTES)
 LOCK_NAME = "LOCK"
+# The file a store (wal.store, FORMAT.md §14) keeps at its root, its log in log/ below it: a bare
+# log opened at a store's root would write its segments beside the store's own.
+_STORE_FILE = "STORE"
 # segment_bytes and max_pending_bytes at most: what a segment header's preallocated size may say,
 # far within the C config's u64.
 _MAX_SEGMENT_BYTES = recovery.MAX_PREALLOC
@@ -217,6 +220,10 @@ class Log:
             raise ArgumentError(f"max_pending_bytes must be an int in [4096, {_MAX_SEGMENT_BYTES}] (1 TiB), "
                                 f"got {max_pending_bytes!r}")
         path = os.fspath(directory)
+        if os.path.exists(os.path.join(path, _STORE_FILE)):
+            raise ArgumentError(f"{path} is an agentwal store, not a bare log: its log is {os.path.join(path, 'log')}, "
+                                "which wal.open opens with the store's state (a log opened here would put segment "
+                                "files beside the store's own)")
         # What the host refuses (no permission, no descriptors, a full disk, a missing directory)
         # is a StorageError -- NoSpaceError, NotFoundError -- with errno and advice, as from wal.open.
         try:

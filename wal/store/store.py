@@ -98,6 +98,7 @@ from wal.errors import (
 )
 from wal.log import durability as dur
 from wal.log import record
+from wal.log.format import parse_segment_name
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
 from wal.store.replay import Replay
 from wal.store.sealed import (
@@ -539,11 +540,13 @@ class Store:
                 sealing.attach(ro)
             _open_stores.add(ro)
             return ro
-        makedirs_durable(root)
         # Refuse an unknown or newer format before the log's recovery touches (or misreads as
         # damage) a log laid out by another version.
         if os.path.exists(os.path.join(root, STORE_FILE)):
             check_store_file(root, create=False)
+        else:
+            _refuse_a_bare_log(root)
+        makedirs_durable(root)
         # Sealed segments are replayed into the state while the open reads the next ones
         # (wal/store/replay.py). The STORE file is brought to this version right before the state is
         # first opened for writing: under the log's lock (a writer of another version still
@@ -1651,6 +1654,22 @@ def _make_store_file_current(root: str, sealing: SealingPlan | None = None) -> N
         if wanted != meta:
             _write_store_file(root, wanted)
         sealing.after_store_written()
+
+
+def _refuse_a_bare_log(root: str) -> None:
+    """ArgumentError if `root` holds a bare log (`wal.Log.open`'s segment files or LOCK, and no
+    STORE): a store made there would keep its own log in log/ and hide those records from every
+    tool (a store's own log/ directory, given by mistake, is one too)."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new store (or the open's own clear error)
+    except OSError as exc:
+        raise storage_error(exc, f"listing {root}") from exc
+    if LOCK_NAME in names or any(parse_segment_name(n) is not None for n in names):
+        raise ArgumentError(f"{root} holds a bare log (segment files or a LOCK file, no {STORE_FILE} file), not a "
+                            "store: open it with wal.Log.open, or give wal.open the store's own directory (or an "
+                            "empty or new one)")
 
 
 def check_store_file(root: str, *, create: bool) -> int:
