@@ -618,7 +618,10 @@ static int admit(wal_log *log, size_t bytes, int wait, uint64_t *now) {
         if (log->level != WAL_LEVEL_SYNC) {
             uint64_t oldest = oldest_unsynced_ns(log);
             if (oldest) *now = now_ns();
-            late = oldest && *now - oldest > log->rpo_ns / 4 * 3;
+            /* A write refused for lack of space (not redone yet) holds records acknowledged
+             * already: nothing more is acknowledged into memory the disk refused until a
+             * write goes through (made below), or they would wait there past rpo_ms too. */
+            late = (oldest && *now - oldest > log->rpo_ns / 4 * 3) || write_failed_for(log, log->appended);
         }
         if (!full && !late) break;
         if (!wait) return WAL_EAGAIN;

@@ -161,6 +161,31 @@ def test_a_full_disk_refuses_commits_with_no_space_error_and_the_same_store_goes
     oracle.check(path)
 
 
+def test_at_buffered_nothing_is_acknowledged_into_memory_once_the_disk_refused_a_write(small_fs: Path) -> None:
+    """Commits acknowledged at `buffered` before a write was refused wait in memory until space
+    returns; later ones must not join them (they were, until the buffer filled or rpo_ms ran
+    out: at rpo_ms=10 s, a thousand commits acknowledged into memory the disk had refused)."""
+    oracle = Oracle()
+    path = small_fs / "store"
+    store = wal.open(path, durability="buffered", rpo_ms=10_000)
+    assert oracle.put(store, b"before", b"x")
+    _fill(small_fs)
+    acked_after_a_refusal = 0
+    deadline = time.monotonic() + 20
+    while len(oracle.errors) < 20 and time.monotonic() < deadline:  # paced: the flusher's writes come between
+        refused_before = store.stats()["write_errors"]
+        if oracle.put(store, b"full%09d" % len(oracle.acked), b"v" * 1000) and refused_before:
+            acked_after_a_refusal += 1
+        time.sleep(0.001)
+    oracle.no_space_errors_only()
+    assert store.stats()["write_errors"] > 0 and len(oracle.errors) >= 20, "the disk never refused a write"
+    assert acked_after_a_refusal == 0
+    _give_back(small_fs)
+    assert oracle.put(store, b"after", b"y"), oracle.errors[-1]  # the same store goes on once space returns
+    store.close()
+    oracle.check(path)
+
+
 @pytest.mark.parametrize("level", list(LEVELS))
 def test_a_full_disk_under_the_state_makes_the_apply_wait_and_commits_go_on(small_fs: Path, level: str) -> None:
     """The log has room (a zero-filled segment) but LMDB cannot grow: commits are acknowledged,
