@@ -416,6 +416,31 @@ def test_a_reader_who_may_not_write_lock_mdb_reads_while_no_writer_runs_and_keep
         assert store.get(b"later") == b"x"  # the writer is unharmed by the refused reader
 
 
+def test_a_torn_tail_met_on_a_full_disk_leaves_no_empty_broken_file(small_fs: Path) -> None:
+    """The open's copy of a torn tail into a .broken file fails on a full disk: NoSpaceError,
+    and no copy cut short is left (an empty one stayed beside the real copy made later)."""
+    path = small_fs / "log"
+    with wal.Log.open(path, segment_bytes=1 << 20) as log:
+        log.append(b"r" * 1000)
+    seg = next(path.glob("*.wal"))
+    data = seg.read_bytes()
+    end = (len(data.rstrip(b"\0")) + 7) & ~7
+    with open(seg, "r+b") as f:  # a record torn mid-write: a header and 64 KiB of its payload
+        f.seek(end)
+        f.write(b"\x11\x22\x33\x44" + b"\x00\x00\x02\x00" + b"t" * (64 << 10))
+    _fill(small_fs)
+    try:
+        with pytest.raises(wal.NoSpaceError):
+            wal.Log.open(path, segment_bytes=1 << 20)
+        assert not list(path.glob("*.broken"))
+    finally:
+        _give_back(small_fs)
+    with wal.Log.open(path, segment_bytes=1 << 20) as log:
+        assert [p for _lsn, p in log.read(1)] == [b"r" * 1000]
+    (broken,) = path.glob("*.broken")
+    assert broken.read_bytes().endswith(b"t" * (64 << 10))
+
+
 def test_a_bare_log_open_maps_what_the_host_refuses_to_storage_errors(small_fs: Path, shared_dir: Path) -> None:
     """`wal.Log.open` on its own (no store around it) raises the documented StorageError family
     with errno set: NotFoundError, NoSpaceError, EACCES, EMFILE -- never a raw OSError."""

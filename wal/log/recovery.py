@@ -389,8 +389,16 @@ def cut_tail(path: str, offset: int, end: int) -> str | None:
                 broken = f"{path}.{offset:016x}.{n}.broken"
             fd = os.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                os.write(fd, data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
+            except BaseException:
+                # Nothing was zeroed yet, so the bytes are still in the segment: a copy cut short
+                # (a full disk) is no evidence of anything; the next open copies them again.
+                with contextlib.suppress(OSError):
+                    os.unlink(broken)
+                raise
             finally:
                 os.close(fd)
             fsync_dir(os.path.dirname(path) or ".")
