@@ -66,6 +66,27 @@ def test_append_read_last_seq_and_atomic_state(store: wal.Store) -> None:
     assert sorted(ag.threads()) == ["a", "a/b", "t1", "t2"]
 
 
+def test_state_keys_and_arguments_of_the_wrong_type_are_refused_before_anything_is_written(store: wal.Store) -> None:
+    # bytes(5) is five zero bytes and bytes((104, 105)) is b"hi": such keys were stored as that.
+    agents = AgentStore(store)
+    agents.append("t", b"first", state={b"k": b"v"})
+    for bad in (5, (104, 105), None, 1.5):
+        with pytest.raises(wal.ArgumentTypeError):
+            agents.append("t", b"e", state={bad: b"x"})  # type: ignore[dict-item]
+        with pytest.raises(wal.ArgumentTypeError):
+            agents.get_state("t", bad)  # type: ignore[arg-type]
+    with pytest.raises(wal.ArgumentTypeError):
+        agents.read("t", "1")  # type: ignore[arg-type]  # raised at the call, not at the first next()
+    with pytest.raises(wal.ArgumentTypeError):
+        agents.read(5)  # type: ignore[arg-type]
+    with pytest.raises(wal.ArgumentError):
+        agents.get_state("t", "\ud800")
+    assert agents.last_seq("t") == 1 and agents.state("t") == {b"k": b"v"}
+    agents.append("t", b"second", state={"s": b"1", memoryview(b"m"): b"2"})
+    assert agents.state("t") == {b"k": b"v", b"s": b"1", b"m": b"2"}
+    assert list(agents.read("t", 2)) == [(2, b"second")]
+
+
 def test_append_is_atomic_with_state_on_failure(store: wal.Store) -> None:
     ag = AgentStore(store)
     ag.append("t", b"e1")

@@ -81,6 +81,30 @@ def test_sessions_are_isolated(store: wal.Store) -> None:
     run(go())
 
 
+def test_any_session_id_the_sdk_takes_works_and_ids_that_fit_keep_their_keys(store: wal.Store) -> None:
+    # SQLiteSession takes an id of any length; ours failed every call past ~490 bytes (the
+    # store's key limit), and a lone surrogate raised a raw UnicodeEncodeError.
+    long_ids = ["user-42/" + "c" * 500, "user-42/" + "c" * 501, "é" * 4000]
+    fitting = "f" * 489
+
+    async def go() -> None:
+        for sid in [*long_ids, fitting]:
+            session = AgentwalSession(sid, store)
+            await session.add_items([msg("user", sid[:20]), msg("assistant", "ok")])
+            assert await session.pop_item() == msg("assistant", "ok")
+        for sid in [*long_ids, fitting]:
+            assert await AgentwalSession(sid, store).get_items() == [msg("user", sid[:20])]
+        await AgentwalSession(long_ids[0], store).clear_session()
+        assert await AgentwalSession(long_ids[0], store).get_items() == []
+        assert await AgentwalSession(long_ids[1], store).get_items() == [msg("user", long_ids[1][:20])]
+
+    run(go())
+    assert store.get(b"oa/m/" + fitting.encode()) is not None  # the key an id that fits always had
+    for bad, error in (("\ud800", wal.ArgumentError), (5, wal.ArgumentTypeError)):
+        with pytest.raises(error):
+            AgentwalSession(bad, store)  # type: ignore[arg-type]
+
+
 def test_session_settings_limit(store: wal.Store) -> None:
     async def go() -> None:
         s = AgentwalSession("lim", store, session_settings=SessionSettings(limit=2))

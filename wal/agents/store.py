@@ -155,7 +155,9 @@ def _name(name: str | bytes, what: str) -> bytes:
             name = name.decode()
         except UnicodeDecodeError:
             raise ArgumentError(f"{what} must be valid UTF-8") from None
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"{what} must be a str, not {type(name).__name__}")
+    if not name:
         raise ArgumentError(f"{what} must be a non-empty str")
     try:
         return name.replace("%", "%25").replace("/", "%2F").encode()
@@ -168,7 +170,15 @@ def _unname(raw: bytes) -> str:
 
 
 def _skey(key: bytes | str) -> bytes:
-    data = key.encode() if isinstance(key, str) else bytes(key)
+    if isinstance(key, str):
+        try:
+            data = key.encode()
+        except UnicodeEncodeError:
+            raise ArgumentError(f"a state key must be valid Unicode, got {key!r}") from None
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        data = bytes(key)  # never bytes(an int): that is so many zero bytes, not the number
+    else:
+        raise ArgumentTypeError(f"a state key must be bytes or str, not {type(key).__name__}")
     if not data:
         raise ArgumentError("a state key must not be empty")
     return data
@@ -514,8 +524,13 @@ class AgentStore:
         return seq
 
     def read(self, thread: str, from_seq: int = 0) -> Iterator[tuple[int, bytes]]:
-        """(seq, event) of thread with seq >= from_seq, in order."""
-        tname = _name(thread, "thread")
+        """(seq, event) of thread with seq >= from_seq, in order. Bad arguments raise here, not
+        at the first step of the iteration."""
+        if isinstance(from_seq, bool) or not isinstance(from_seq, int):
+            raise ArgumentTypeError(f"from_seq must be an int, not {type(from_seq).__name__}")
+        return self._events(_name(thread, "thread"), from_seq)
+
+    def _events(self, tname: bytes, from_seq: int) -> Iterator[tuple[int, bytes]]:
         prefix = self._tkey(tname, b"e")
         for key, value in self.store.scan(prefix):
             seq = int(key[len(prefix):], 16)

@@ -46,6 +46,7 @@ retry after the error does not add an item twice (`wal.integrations._mutation`).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import threading
@@ -66,10 +67,25 @@ _T = TypeVar("_T")
 _DELETE_BATCH = 1000
 
 
+# The longest escaped session id whose item keys (oa/i/<id>/<seq:016x>) fit the store's 511-byte
+# key limit: a longer one is named by its SHA-256 instead (FORMAT.md §17), so that every id the
+# SDK's SQLiteSession takes works here too; ids that fit keep their keys as they always were.
+_MAX_ESCAPED_ID = 511 - len(b"oa/i/") - len(b"/") - 16
+
+
 def _esc(name: str) -> bytes:
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"session_id must be a str, not {type(name).__name__}")
+    if not name:
         raise ArgumentError("session_id must be a non-empty str")
-    return name.replace("%", "%25").replace("/", "%2F").encode()
+    try:
+        esc = name.replace("%", "%25").replace("/", "%2F").encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        raise ArgumentError(f"session_id must be valid Unicode, got {name!r:.100}") from None
+    if len(esc) > _MAX_ESCAPED_ID:
+        # "%H" never begins an escaped id: every "%" of a name is escaped as "%25".
+        return b"%H" + hashlib.sha256(name.encode()).hexdigest().encode()
+    return esc
 
 
 class SessionClosedError(ClosedError, RuntimeError):
