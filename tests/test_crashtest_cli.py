@@ -67,6 +67,16 @@ def test_crashtest_refuses_bad_arguments_with_status_2(capsys: pytest.CaptureFix
         assert said in capsys.readouterr().err
 
 
+def test_crashtest_of_a_directory_that_does_not_exist_stops_before_making_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A mistyped path or an unmounted volume: the drill made the directory and drilled the disk
+    # below it, passing for the disk the user meant, and left the directory behind.
+    missing = tmp_path / "not" / "mounted"
+    assert crashtest.main_crashtest([str(missing), "--kills", "1", "--power-cuts", "0", "--level", "sync"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "not").exists()
+
+
 def test_crashtest_with_an_object_store_that_does_not_answer_stops_with_status_2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A wrong endpoint (nothing listens there): said before anything runs, status 2. The drill

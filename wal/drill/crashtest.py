@@ -1205,7 +1205,8 @@ def build_parser(prog: str = "agentwal crashtest") -> argparse.ArgumentParser:
             "engine's part. Whether your device honours flushes is what the storage-stack section is about."),
         epilog="Exit status: 0 every level PASS, 1 a level FAILed, 2 bad usage.")
     p.add_argument("dir", nargs="?", metavar="DIR",
-                   help="directory on the disk to test (a subdirectory is created in it and removed after); "
+                   help="an existing directory on the disk to test (a subdirectory is created in it and removed "
+                        "after); "
                         "default: a fresh directory under the system temp dir ($TMPDIR or /tmp)")
     p.add_argument("--level", type=_levels, default=["sync", "interval", "buffered"],
                    help="comma-separated levels to test (default: sync,interval,buffered)")
@@ -1293,8 +1294,13 @@ def main_crashtest(argv: Sequence[str] | None = None, *, out: TextIO | None = No
 
     if args.dir:
         parent = os.path.abspath(args.dir)
+        if not os.path.isdir(parent):
+            # Never made: a mistyped path or a volume not mounted would drill whatever disk holds
+            # the directory made in its place, and pass for the one the user meant.
+            print(f"agentwal crashtest: error: {parent} is not a directory: give an existing directory on the disk "
+                  "to test", file=sys.stderr)
+            return 2
         try:
-            os.makedirs(parent, exist_ok=True)
             work = tempfile.mkdtemp(prefix="agentwal-crashtest-", dir=parent)
         except OSError as exc:  # a file there, no permission: said, not a traceback
             print(f"agentwal crashtest: error: cannot work in {parent}: {exc.strerror or exc}", file=sys.stderr)
