@@ -460,7 +460,7 @@ def test_import_checks_every_line_before_writing_anything(store: Path, tmp_path:
     before = len(records(store))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": "a", "value": "1"}\n{"key": "b"}\n', encoding="utf-8")
-    result = run("import", str(store), str(bad))
+    result = run("import", str(store), str(bad), "--unframed")
     assert result.returncode == 2 and "line 2" in result.stderr
     assert len(records(store)) == before
 
@@ -482,14 +482,14 @@ def test_an_export_line_changed_after_the_export_is_refused_and_nothing_is_impor
     assert result.returncode != 0 and "line 3" in result.stderr and "crc32c" in result.stderr, result.stderr
     assert not (tmp_path / "copy").exists() or run("export", str(tmp_path / "copy")).stdout == ""
     unchecked = [json.dumps({k: v for k, v in json.loads(x).items() if k != "crc32c"}) for x in key_lines(lines)]
-    result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(unchecked) + "\n")
+    result = run("import", str(tmp_path / "copy"), "--create", "--unframed", stdin="\n".join(unchecked) + "\n")
     assert result.returncode == 0, result.stderr
     with wal.open(tmp_path / "copy", readonly=True) as copy:
         assert dict(copy.scan()) == {b"a": b"first value", b"b": b"second value"}
 
 
 @pytest.mark.parametrize("cut", ["end line", "last key line", "mid-line", "a middle line", "moved", "header",
-                                 "beginning"])
+                                 "beginning", "a slice", "nothing"])
 def test_an_export_cut_short_or_with_lines_dropped_or_moved_is_refused_and_nothing_is_imported(
         tmp_path: Path, cut: str) -> None:
     """An export cut short at a line's end (a full disk, a copy interrupted) imported as a
@@ -502,11 +502,13 @@ def test_an_export_cut_short_or_with_lines_dropped_or_moved_is_refused_and_nothi
     assert len(key_lines(lines)) == 5
     damaged = {"end line": lines[:-1], "last key line": lines[:-2], "mid-line": [*lines[:3], lines[3][:20]],
                "a middle line": lines[:3] + lines[4:], "moved": [lines[0], lines[2], lines[1], *lines[3:]],
-               "header": [lines[1], lines[0], *lines[2:]], "beginning": lines[1:]}[cut]
+               "header": [lines[1], lines[0], *lines[2:]], "beginning": lines[1:], "a slice": lines[2:5],
+               "nothing": []}[cut]
     result = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(damaged) + "\n")
     assert result.returncode == 1, result.stderr
     assert {"end line": "without the export's end line", "last key line": "without the export's end line",
-            "mid-line": "line 4: not JSON", "beginning": "without the export's first line"}.get(
+            "mid-line": "line 4: not JSON", "beginning": "not a whole agentwal export",
+            "a slice": "not a whole agentwal export", "nothing": "it is empty"}.get(
         cut, "nothing was imported") in result.stderr, result.stderr
     assert not (tmp_path / "copy").exists()
     whole = run("import", str(tmp_path / "copy"), "--create", stdin="\n".join(lines) + "\n")
@@ -661,7 +663,7 @@ def test_repair_on_a_terminal_proceeds_only_when_the_answer_is_yes(store: Path, 
 
 def test_writes_while_another_process_holds_the_writer_lock_fail_clearly(store: Path, writer: Writer) -> None:
     for args in (("put", str(store), "k", "v"), ("delete", str(store), "agent/1/step"), ("checkpoint", str(store)),
-                 ("import", str(store), os.devnull)):
+                 ("import", str(store), os.devnull, "--unframed")):
         result = run(*args)
         assert result.returncode == 1, args
         assert f"process {writer.proc.pid}" in result.stderr, result.stderr

@@ -284,7 +284,7 @@ def test_a_compressed_stores_export_imports_into_an_encrypted_store_and_a_mixed_
     key_lines = [line for name in ("plain.jsonl", "enc.jsonl")
                  for line in (tmp_path / name).read_text().splitlines()[1:-1]]
     mixed.write_text("\n".join(key_lines) + "\n")
-    r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file)
+    r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file, "--unframed")
     assert r.returncode == 2 and "mixes encrypted and unencrypted values" in r.stderr, r.stderr
     assert not (tmp_path / "other").exists()
 

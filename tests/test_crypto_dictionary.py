@@ -245,7 +245,7 @@ def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_
     # (the key lines alone, unframed: in the export, the frame's end line refuses a line dropped).
     without = tmp_path / "without.jsonl"
     without.write_text("".join(line + "\n" for line in backup.read_text().splitlines()[2:-1]))
-    r = run("import", str(tmp_path / "copy2"), str(without), "--create", "--key-file", str(key_file))
+    r = run("import", str(tmp_path / "copy2"), str(without), "--create", "--key-file", str(key_file), "--unframed")
     assert r.returncode == 1 and f"{did:08x}" in r.stderr and not (tmp_path / "copy2").exists()
     # A changed byte in the dictionary's envelope: a clean error naming it, nothing written.
     text = list(export_lines(str(tmp_path / "src")))[1:-1]  # unframed, as above
@@ -253,7 +253,7 @@ def test_an_export_carries_the_dictionaries_so_an_import_needs_only_the_key(tmp_
     envelope = bytearray(__import__("base64").b64decode(first["sealed"]["base64"]))
     envelope[len(envelope) // 2] ^= 1
     first["sealed"] = {"base64": __import__("base64").b64encode(bytes(envelope)).decode()}
-    read = parse_import(iter([json.dumps(first), *text[1:]]), "changed")
+    read = parse_import(iter([json.dumps(first), *text[1:]]), "changed", unframed=True)
     use_sealing(encryption=KEY)
     try:
         with pytest.raises(SealDamagedError, match=f"exported zstd dictionary {did:08x}"):

@@ -695,9 +695,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 _IMPORT_DESCRIPTION = f"""\
 Read JSON lines {{"key", "value"}} (the `agentwal export` format; other fields are
 ignored) from FILE or stdin and put every key. An export's first and end lines frame it:
-one cut short, or with lines dropped, moved or changed, is refused. The values of a sealed store's export
-({{"key", "sealed"}} lines) are opened with --key-file and the dictionaries the export
-carries ({{"zstd_dictionary", "sealed"}} lines), and sealed again as the target store seals.
+one cut short, or with lines dropped, moved or changed, is refused, and so is input without
+the first line unless --unframed says it is an older export or lines written by hand.
+The values of a sealed store's export ({{"key", "sealed"}} lines) are opened with
+--key-file and the dictionaries the export carries ({{"zstd_dictionary", "sealed"}} lines),
+and sealed again as the target store seals.
 The whole input is parsed and checked first: a bad line means nothing is written. Then
 the keys are committed in transactions of up to --batch keys; each is atomic, the import as
 a whole is not, and running it again is harmless (it puts the same values). Keys not in the input are left alone.
@@ -719,6 +721,10 @@ def _import_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--create", action="store_true", help="create the store if STORE does not exist")
     p.add_argument("--compression", choices=("zstd",), default=None,
                    help="store the values compressed (a store --create makes is a compressed one)")
+    p.add_argument("--unframed", action="store_true",
+                   help="take input without an export's first line: an export of an agentwal before exports "
+                        "were framed, or lines written by hand (each line is still checked); without it such "
+                        "input is refused, as an export that lost its beginning would be")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -737,7 +743,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     except UnicodeDecodeError as exc:  # export writes UTF-8 JSON (bytes that are not text go as base64)
         raise wal.ArgumentError(f"{source} is not UTF-8 text (byte {exc.start}): not an `agentwal export` "
                                 "file") from None
-    read = ops.parse_import(iter(text.splitlines()), source)
+    read = ops.parse_import(iter(text.splitlines()), source, unframed=args.unframed)
     result = ops.import_pairs(args.store, read.pairs, batch=args.batch, create=args.create,
                               dictionaries=read.dictionaries, compression=args.compression)
     print(f"imported {result['keys']} key(s) in {result['commits']} commit(s)"

@@ -22,7 +22,8 @@ N, "crc32c": C}}``, N the lines between them and C the CRC-32C of those lines (e
 bytes and a newline). An import of a file that begins with the first line checks the last, so an
 export cut short at a line's end (a full disk, a copy interrupted), with lines dropped, moved or
 changed, is refused before anything is written, rather than imported as a smaller store. A file
-without the first line (an older export, or lines written by hand) is imported unframed.
+without the first line (or empty) is refused as well, unless the caller says it is unframed (an
+older export, or lines written by hand: ``agentwal import --unframed``).
 """
 
 from __future__ import annotations
@@ -149,27 +150,45 @@ def line_crc(key: bytes, value: bytes) -> int:
     return int(lib.wal_crc32c(crc, value, len(value)))
 
 
-def parse_import(lines: Iterator[str], source: str) -> Imported:
-    """Parse and check every line before anything is written."""
+_NOT_FRAMED = ("{source} is not a whole agentwal export: {where} an export's first line ({{\"agentwal_export\": 1}}). "
+               "It lost its beginning, or is an export of an agentwal before exports were framed, or lines written "
+               "by hand: import those with --unframed (each line is still checked); nothing was imported")
+
+
+def parse_import(lines: Iterator[str], source: str, *, unframed: bool = False) -> Imported:
+    """Parse and check every line before anything is written.
+
+    An export is framed (its first line and its end line): input without the first line is
+    refused, since an export that lost its beginning, a slice of one or nothing at all would
+    otherwise import as a smaller store. `unframed=True` takes such input (an export of an
+    agentwal before the frame, lines written by hand), each line still checked."""
     out: list[tuple[bytes, bytes]] = []
     dictionaries: list[SealedDictionary] = []
     framing: tuple[int, int] | None = None  # a framed export's (lines, crc) so far (module docstring)
     ended = False
+    seen_a_line = False
     n = 0
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        first, seen_a_line = not seen_a_line, True
         if ended:
             raise CorruptionError(f"{source} line {n}: a line after the export's end line: the file was changed; "
                                   "nothing was imported", path=source, reason="export damaged")
         try:
             obj = json.loads(line)
         except ValueError as exc:
+            if first and not unframed:
+                raise CorruptionError(_NOT_FRAMED.format(source=source, where=f"its line {n} is not"), path=source,
+                                      reason="export damaged") from None
             if framing is not None:  # an export's line: cut mid-line (a full disk) or changed
                 raise CorruptionError(f"{source} line {n}: not JSON ({exc}): the export was cut short there or "
                                       "changed; nothing was imported", path=source,
                                       reason="export incomplete") from None
             raise ArgumentError(f"{source} line {n}: not JSON ({exc})") from None
+        if first and not unframed and not (isinstance(obj, dict) and "agentwal_export" in obj):
+            raise CorruptionError(_NOT_FRAMED.format(source=source, where=f"its line {n} is not"), path=source,
+                                  reason="export damaged")
         if isinstance(obj, dict) and "agentwal_export" in obj:
             framing = _export_header(obj, source, n, first=not out and not dictionaries and framing is None)
             continue
@@ -209,6 +228,9 @@ def parse_import(lines: Iterator[str], source: str) -> Imported:
                                   "was changed after the export; nothing was imported", path=source,
                                   reason="export line damaged")
         out.append((key, value))
+    if not seen_a_line and not unframed:
+        raise CorruptionError(_NOT_FRAMED.format(source=source, where="it is empty, not"), path=source,
+                              reason="export damaged")
     if framing is not None and not ended:
         raise CorruptionError(f"{source} ends at line {n} without the export's end line: it was cut short (a full "
                               "disk, a copy interrupted) or lines were dropped; nothing was imported",
