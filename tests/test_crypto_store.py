@@ -257,7 +257,7 @@ def test_a_plain_store_cannot_be_opened_sealed_and_an_unencrypted_one_cannot_gai
         store.put(b"k", b"v")
     with pytest.raises(wal.ArgumentError, match="created without encryption"):
         wal.open(tmp_path / "z", encryption=KEY)
-    with wal.open(tmp_path / "z") as store:  # compression off: the old envelopes still read
+    with wal.open(tmp_path / "z", compression="none") as store:  # compression off: the old envelopes still read
         store.put(b"k2", b"v2" * 100)
         assert store.get(b"k") == b"v" and _raw(store, b"k2")[0] == CODEC_PLAIN
 
@@ -523,6 +523,28 @@ def test_compression_is_per_value_above_the_threshold_and_only_when_it_pays(tmp_
         assert store.get(b"noise") != store.get(b"json")
 
 
+def test_a_compressed_store_reopened_without_saying_so_still_compresses_as_it_did(tmp_path: Path) -> None:
+    # Compression was an option of each open: a reopen without compression= wrote every new
+    # value uncompressed (the dictionary, the threshold and the codec all forgotten), though a
+    # store is compressed "from its creation".
+    samples = [json.dumps({"role": "tool", "call_id": f"call_{i}", "result": {"hits": i % 7}}).encode()
+               for i in range(2000)]
+    zdict = sealing.train_dictionary(samples, 4096)
+    for name, options in (("codec", {}), ("dictionary", {"compression_dict": zdict})):
+        with wal.open(tmp_path / name, compression="zstd", compression_threshold=32, **options) as store:
+            store.put(b"first", samples[0])
+        with wal.open(tmp_path / name) as store:  # nothing said: as created
+            assert store.stats()["compression"] == "zstd"
+            store.put(b"small", b"ab" * 50)  # under the default threshold (128), over the store's (32)
+            store.put(b"json", _conversation(7))
+            assert _raw(store, b"small")[0] == CODEC_ZSTD and _raw(store, b"json")[0] == CODEC_ZSTD
+            assert store.get(b"small") == b"ab" * 50
+    with wal.open(tmp_path / "plain") as store:
+        store.put(b"json", _conversation(7))
+    with pytest.raises(wal.ArgumentError):  # a store created plain stays plain, as before
+        wal.open(tmp_path / "plain", compression="zstd")
+
+
 def test_a_trained_dictionary_compresses_small_json_and_is_needed_to_read_it(tmp_path: Path) -> None:
     samples = [json.dumps({"role": "tool", "call_id": f"call_{i}", "name": "search",
                            "result": {"status": "ok", "hits": i % 7, "query": f"q{i}"}}).encode()
@@ -582,7 +604,12 @@ def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
     wal.open(tmp_path / "z", compression="zstd").close()
     assert json.loads((tmp_path / "e" / "STORE").read_text()) == {
         "format": "agentwal-store", "version": 5, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
+    assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {
+        "encrypted": False, "key_ids": [], "compression": {"codec": "zstd", "threshold": 128}}
+    wal.open(tmp_path / "z", compression="none").close()  # turned off: STORE no longer says to compress
     assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {"encrypted": False, "key_ids": []}
+    wal.open(tmp_path / "plain", compression="none").close()  # a plain store: nothing to turn off
+    assert "sealed" not in json.loads((tmp_path / "plain" / "STORE").read_text())
 
 
 def test_no_plaintext_in_blobs_archive_objects_or_a_restored_store_and_the_object_store_sees_no_key(

@@ -49,7 +49,9 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
     is a StorageError (NoSpaceError, NotFoundError) saying what to do; nothing is half-open.
 
     encryption (a 32-byte key, keys with the current one first, or a key provider), compression
-    ("zstd"), compression_threshold and compression_dict: a sealed store (wal/store/sealed.py)."""
+    ("zstd"; "none" stops a store that compresses from compressing new values: without it, a store
+    compresses as its STORE file records), compression_threshold and compression_dict: a sealed
+    store (wal/store/sealed.py)."""
     options: dict[str, Any] = {
         "durability": durability, "rpo_ms": rpo_ms, "recovery": recovery, "segment_bytes": segment_bytes,
         "checkpoint_bytes": checkpoint_bytes, "idempotency_ttl_s": idempotency_ttl_s,

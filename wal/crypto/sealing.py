@@ -364,7 +364,7 @@ class Sealer:
                  threshold: int = DEFAULT_THRESHOLD, dictionaries: Iterable[bytes] = (),
                  require_encrypted: bool = False) -> None:
         if compression not in (None, "zstd"):
-            raise ArgumentError(f"compression must be None or 'zstd', got {compression!r}")
+            raise ArgumentError(f"compression must be None or 'zstd' (wal.open also takes 'none'), got {compression!r}")
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
             raise ArgumentError(f"compression_threshold must be an int >= 1, got {threshold!r}")
         self.keys = keys

@@ -170,6 +170,8 @@ class SealingPlan:
         compressing = self.sealer.compressing_dictionary if self.given else sealed.get("dict")
         if compressing is not None:
             fields["dict"] = f"{compressing:08x}" if isinstance(compressing, int) else compressing
+        if self.sealer.compression is not None:  # what a later open compresses with unless told otherwise
+            fields["compression"] = {"codec": self.sealer.compression, "threshold": self.sealer.threshold}
         return {**meta, STORE_FIELD: fields}
 
     def after_store_written(self) -> None:
@@ -221,6 +223,11 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
     Refuses, before anything is opened: a sealed option on a store created plain
     (ArgumentError), an encrypted store without a key (MissingKeyError), and keys none of which
     the store's data is encrypted under (WrongKeyError)."""
+    # "none": new values stored uncompressed in a store an earlier open compressed (STORE then
+    # no longer says to compress); otherwise an open that says nothing compresses as recorded.
+    turned_off = compression == "none"
+    if turned_off:
+        compression = None
     meta = read_meta(root)
     sealed = meta.get(STORE_FIELD) if meta is not None else None
     wanted = encryption is not None or compression is not None or compression_dict is not None
@@ -243,6 +250,13 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
         # under a key it was never encrypted with, beside its envelopes).
         recovered = recovered_sealing(root, keyed=encryption is not None)
         sealed = recovered or {}
+    recorded = sealed.get("compression")
+    if compression is None and not turned_off and isinstance(recorded, dict) and recorded.get("codec") == "zstd":
+        # Compressed by an earlier open: an open that does not say so compresses as it did
+        # (a reopen without compression= wrote every new value uncompressed).
+        compression = "zstd"
+        if compression_threshold is None and isinstance(recorded.get("threshold"), int):
+            compression_threshold = recorded["threshold"]
     options = {"encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
                "compression_dict": compression_dict}
     sealer = sealer_for(sealed, options, f"the store at {root}", where=root)
