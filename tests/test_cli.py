@@ -235,6 +235,8 @@ def test_info_shows_versions_watermarks_segments_and_size(store: Path) -> None:
     assert [s["status"] for s in data["segments"]][:-1] == ["sealed"] * (len(data["segments"]) - 1)
     assert data["total_bytes"] > 0
     assert isinstance(data["warnings"], list)
+    # The store was closed, which checkpoints it: info said "none yet" (close wrote no note).
+    assert data["checkpoint"]["applied_lsn"] == data["watermarks"]["applied_lsn"], data["checkpoint"]
 
 
 def test_info_verify_dump_and_tail_work_on_a_bare_log(tmp_path: Path) -> None:

@@ -331,6 +331,10 @@ A torn tail (a partial last record after a crash) is a warning, not damage: the 
 writable open cuts it. --strict counts warnings as damage. A progress bar is shown on
 stderr for long runs when it is a terminal.
 
+Given an object archive's URL (s3://bucket/prefix, file:///dir) instead of a STORE, it
+reads every object of the archive: each one's checksum and records, the LSNs continuous
+from each snapshot on, the snapshots sound (an encrypted archive needs --key-file).
+
 {_READ_ONLY}
 
 exit status: 0 sound, 1 damaged (the problems name the file, offset and LSN, or the key),
@@ -339,11 +343,13 @@ exit status: 0 sound, 1 damaged (the problems name the file, offset and LSN, or 
 examples:
   agentwal verify /var/lib/agent/store
   agentwal verify /var/lib/agent/store --json > verify.json || alert "store damaged"
+  agentwal verify s3://agent-archive/prod
 """
 
 
 def _verify_arguments(p: argparse.ArgumentParser) -> None:
-    _store_argument(p, log_ok=True)
+    p.add_argument("store", metavar="STORE", help="an agentwal store (a directory with a STORE file), a bare log "
+                                                  "directory, or an object archive's URL")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--strict", action="store_true", help="treat warnings (a torn tail) as damage: exit status 1")
 
