@@ -933,6 +933,29 @@ def test_the_rebuild_verify_names_repairs_a_small_state_an_open_refuses(tmp_path
         assert s.get("k/123") == b"VALUE-123-" + b"z" * 300 and len(list(s.scan("k/"))) == 200
 
 
+def test_a_damaged_state_the_log_cannot_rebuild_is_refused_naming_the_damage_not_a_bogus_lsn(tmp_path: Path) -> None:
+    # The log no longer starts at LSN 1: the refusal said "the state reflects LSN 0" (the open
+    # that reads it had refused) and advised an export, which that same open refuses.
+    path = tmp_path / "store"
+    with wal.open(path, segment_bytes=4096) as s:
+        for i in range(200):
+            s.put(f"k/{i:03d}", b"VALUE-%03d-" % i + b"z" * 300)
+        s.checkpoint()
+    assert not (path / "log" / "0000000000000001.wal").exists()
+    data_file = path / "state" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    at = data.find(b"VALUE-010-")
+    while at >= 0:
+        data[at + 7] ^= 1
+        at = data.find(b"VALUE-010-", at + 1)
+    data_file.write_bytes(bytes(data))
+    before = sorted(p.name for p in path.iterdir())
+    r = run("repair", "--rebuild-state", str(path), "--yes")
+    assert r.returncode == 1 and "the state is damaged" in r.stderr and "reflects LSN 0" not in r.stderr, r.stderr
+    assert "agentwal restore" in r.stderr and "export" not in r.stderr, r.stderr
+    assert sorted(p.name for p in path.iterdir()) == before
+
+
 def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, store: Path) -> None:
     """Each of these ended in a Python traceback (OverflowError, UnicodeDecodeError,
     FileExistsError, ValueError), or ran a busy loop, or a drill of nothing that passed."""

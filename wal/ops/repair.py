@@ -117,6 +117,13 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
                 unreadable = exc
         first = segs[0].first_lsn if segs else 1
         if applied > good_last or rebuild_state:
+            if first > 1 and unreadable is not None:
+                # Not "export it": the export reads through the same open that refused the state.
+                plan.refuse = (
+                    f"the state is damaged ({unreadable}), and the log no longer starts at LSN 1 (oldest retained: "
+                    f"{first}), so the state cannot be rebuilt from it. Nothing was changed. Put back the state "
+                    "from a copy of the store, or restore the store from its object archive (`agentwal restore`)")
+                return plan
             if first > 1:
                 plan.refuse = (
                     f"the state reflects LSN {applied} but the log keeps only LSNs up to {good_last}, and it no "
