@@ -1677,6 +1677,33 @@ def test_promote_fences_an_old_primary_that_ships_an_object_per_commit_without_a
         assert [i for i in acked if restored.get(f"w{i}") != b"%d" % i] == []
 
 
+def test_a_stopped_followers_directory_takes_no_writes_until_it_is_promoted(tmp_path):
+    """A commit made in a stopped follower's directory (`agentwal put`, a wal.open) was in no
+    archive, and from then on the follower refused the directory for good. Its FOLLOWING file
+    keeps writers out until promote(); reads, and following on, still work."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as primary:
+        for i in range(5):
+            primary.put(f"k{i}", b"v", durability="replicated")
+    follower = wal.follow(url, tmp_path / "f", poll_ms=20)
+    wait_until(lambda: follower.lsn == 5)
+    follower.close()
+    for options in ({}, {"archive": url}):
+        with pytest.raises(wal.ArgumentError, match="follower of the archive"):
+            wal.open(tmp_path / "f", **options)
+    put = subprocess.run([sys.executable, "-m", "wal", "put", str(tmp_path / "f"), "x", "y"], capture_output=True,
+                         text=True, check=False)
+    assert put.returncode != 0 and "follower of the archive" in put.stderr, put.stderr
+    with wal.open(tmp_path / "f", readonly=True) as reader:
+        assert reader.get("k4") == b"v"
+    follower = wal.follow(url, tmp_path / "f", poll_ms=20)  # follows on: nothing was written
+    assert follower.lsn == 5
+    with follower.promote() as store:
+        assert store.put("after", b"z", durability="replicated") == 7  # after its fence at 6
+    with wal.open(tmp_path / "f", archive=url) as store:  # the writer's directory now
+        assert store.get("after") == b"z"
+
+
 def test_of_two_followers_promoted_at_once_the_later_fences_the_earlier(tmp_path):
     """Two followers at the same LSN, both promoted (README: promote one at a time): the second
     finds the first's fence at its name, applies it, and fences the first at the next LSN; the

@@ -30,6 +30,7 @@ unless given archive_fencing=False.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -73,7 +74,7 @@ from wal.errors import (
 from wal.log import record
 from wal.store.sealed import dict_file, store_dictionaries
 from wal.store.state import StateError
-from wal.store.store import Store, open_local
+from wal.store.store import FOLLOWING_FILE, Store, open_local
 
 _PROMOTE_ATTEMPTS = 100
 _FENCE_HOPS = 64  # objects a fence is tried past, read but not applied, before a poll (`_put_fence`)
@@ -94,7 +95,7 @@ class Follower:
         self._poll = poll_ms / 1000
         self._parallel = parallel
         self._sealing = sealing or {}  # a sealed store's wal.open options (encryption=, ...)
-        self._store: Store | None = open_local(directory, **self._sealing)
+        self._store: Store | None = open_local(directory, _following=True, **self._sealing)
         self._pos = self._store.watermarks.durable
         # The writer_id of the archive object ending at _pos (plan.Chain): known after a restore
         # and after each object applied; None after a restart until `_anchor` finds it.
@@ -109,12 +110,15 @@ class Follower:
         # and the headers of its objects, so an idle follower waiting on it lists what is new only.
         self._settled: tuple[int, frozenset[str]] | None = None
         self._tail_heads: dict[tuple[str, int], Any] = {}
-        if writer is None and self._pos > 0:  # reopened on a directory that holds commits
-            try:
+        try:
+            if writer is None and self._pos > 0:  # reopened on a directory that holds commits
                 self._check_history(self._store)
-            except BaseException:
-                self._store.close()
-                raise
+            # Marked once it is known to be the archive's: an old primary's directory refused
+            # above stays its own (its writer may still reopen it).
+            _mark_following(directory, objects.url)
+        except BaseException:
+            self._store.close()
+            raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"agentwal-follow:{directory}", daemon=True)
         self._thread.start()
@@ -323,6 +327,7 @@ class Follower:
         parent, base = os.path.split(os.path.abspath(self._dir))
         building = os.path.join(parent, f".{base}{_REBUILT}{os.urandom(4).hex()}")
         _, writer = restore_chain(self._objects, building, parallel=self._parallel, **self._sealing)
+        _mark_following(building, self._objects.url)
         retired = os.path.join(parent, f".{base}{_RETIRED}{os.urandom(4).hex()}")
         old = self._store
         if old is not None:
@@ -335,7 +340,7 @@ class Follower:
             try:
                 os.rename(building, self._dir)
                 fsync_dir(parent)
-                self._store = open_local(self._dir, **self._sealing)
+                self._store = open_local(self._dir, _following=True, **self._sealing)
             except BaseException:
                 # Back as it was: the old, empty store goes on (the error is said; tried again later).
                 with contextlib.suppress(OSError):
@@ -344,7 +349,7 @@ class Follower:
                 raise
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
-            self._store = open_local(self._dir, **self._sealing)
+            self._store = open_local(self._dir, _following=True, **self._sealing)
             raise
         shutil.rmtree(retired, ignore_errors=True)
         self._pos = self._end_seen = self._store.watermarks.durable
@@ -477,6 +482,7 @@ class Follower:
             raise
         store.close()
         self._store = None
+        _unmark_following(self._dir)  # the writer now: it ships what it commits
         options = {k: open_kwargs.pop(k) for k in list(open_kwargs) if k.startswith("archive_")}
         return open_archived(self._dir, self._objects, options, **{**self._sealing, **open_kwargs})
 
@@ -677,13 +683,35 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
             # before it was archived ships its first snapshot once its log is in (later, on a
             # full disk). Followed from LSN 0 meanwhile; the gap is its follower_error until then.
             _logger.warning("%s; %s follows it from LSN 0 and rebuilds itself from its first snapshot", exc, root)
-            open_local(root, **sealing).close()
+            open_local(root, _following=True, **sealing).close()
             writer = b""
     return Follower(objects, root, poll_ms=poll_ms, parallel=parallel, sealing=sealing, writer=writer,
                     sealing_unconfirmed=unconfirmed)
 
 
 _REBUILT, _RETIRED = ".rebuilt-", ".retired-"  # beside a follower's directory while it is rebuilt
+
+
+def _mark_following(root: str, url: str) -> None:
+    """Mark `root` a follower's directory (FORMAT.md §14): a writable open of it is refused
+    until `promote` removes the mark (written whole: a temporary file, fsynced, renamed)."""
+    path = os.path.join(root, FOLLOWING_FILE)
+    if os.path.exists(path):
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"archive": url}, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(root)
+
+
+def _unmark_following(root: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(root, FOLLOWING_FILE))
+        fsync_dir(root)
 
 
 def _remove_rebuild_leftovers(root: str) -> None:

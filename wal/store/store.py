@@ -515,7 +515,7 @@ class Store:
               readonly: bool = False, recovery: str = "strict", segment_bytes: int = 64 << 20,
               checkpoint_bytes: int = 256 << 20, archive: bool | str = False, idempotency_ttl_s: float = 86_400,
               apply_interval_ms: int = 20, max_unapplied: int = 200_000, preallocate: str = "size",
-              sealing: SealingPlan | None = None) -> Store:
+              sealing: SealingPlan | None = None, _following: bool = False) -> Store:
         # The defaults of `wal.open` (wal/_open.py, the signature users read); a test holds the two equal.
         level = cls._checked_level(durability, rpo_ms, checkpoint_bytes=checkpoint_bytes,
                                    idempotency_ttl_s=idempotency_ttl_s, apply_interval_ms=apply_interval_ms,
@@ -546,6 +546,8 @@ class Store:
             check_store_file(root, create=False)
         else:
             _refuse_a_bare_log(root)
+        if not _following:
+            _refuse_a_follower(root)
         makedirs_durable(root)
         # Sealed segments are replayed into the state while the open reads the next ones
         # (wal/store/replay.py). The STORE file is brought to this version right before the state is
@@ -1673,6 +1675,24 @@ def _refuse_a_bare_log(root: str) -> None:
         raise ArgumentError(f"{root} holds a bare log (segment files or a LOCK file, no {STORE_FILE} file), not a "
                             "store: open it with wal.Log.open, or give wal.open the store's own directory (or an "
                             "empty or new one)")
+
+
+FOLLOWING_FILE = "FOLLOWING"  # in a follower's directory until it is promoted (FORMAT.md §14)
+
+
+def _refuse_a_follower(root: str) -> None:
+    """ArgumentError if `root` is a follower's directory (its FOLLOWING file): a commit made in
+    it would be in no archive, and the follower would then refuse the directory for good."""
+    try:
+        with open(os.path.join(root, FOLLOWING_FILE), encoding="utf-8") as f:
+            url = str(json.load(f).get("archive", "?"))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        url = "?"
+    raise ArgumentError(f"{root} is the directory of a follower of the archive {url}: writing there would make "
+                        "commits no archive holds. Promote it to write (wal.follow(...).promote(), or `agentwal "
+                        "follow URL DIR --promote`), follow on, or open it with readonly=True to read")
 
 
 def check_store_file(root: str, *, create: bool) -> int:
