@@ -1400,6 +1400,7 @@ def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
     # takes them and hands Store._open the plan made of them.
     sealing = {n: p.default for n, p in inspect.signature(open_local).parameters.items()
                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert internal.pop("_following") is False  # a follower's own open of its directory (wal/archive/follow.py)
     assert internal.pop("sealing") is None and set(sealing) == {"encryption", "compression", "compression_threshold",
                                                                  "compression_dict"}
     assert public == {**internal, **sealing}
