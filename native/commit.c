@@ -618,10 +618,11 @@ static int admit(wal_log *log, size_t bytes, int wait, uint64_t *now) {
         if (log->level != WAL_LEVEL_SYNC) {
             uint64_t oldest = oldest_unsynced_ns(log);
             if (oldest) *now = now_ns();
-            /* A write refused for lack of space (not redone yet) holds records acknowledged
-             * already: nothing more is acknowledged into memory the disk refused until a
-             * write goes through (made below), or they would wait there past rpo_ms too. */
-            late = (oldest && *now - oldest > log->rpo_ns / 4 * 3) || write_failed_for(log, log->appended);
+            /* A write refused for lack of space (not redone yet: its batch's last LSN is past
+             * what is written; commits appended while it ran are past that batch) holds records
+             * acknowledged already: nothing more is acknowledged into memory the disk refused
+             * until a write goes through (made below), or they would wait there past rpo_ms too. */
+            late = (oldest && *now - oldest > log->rpo_ns / 4 * 3) || log->written < log->write_failed_through;
         }
         if (!full && !late) break;
         if (!wait) return WAL_EAGAIN;
@@ -631,7 +632,7 @@ static int admit(wal_log *log, size_t bytes, int wait, uint64_t *now) {
         }
         if (full) progress_step(log, log->appended, 0, 0);
         else progress_step(log, log->appended, log->appended, 0);
-        if (write_failed_for(log, log->appended)) return WAL_ENOSPC; /* the disk is full: say so */
+        if (log->written < log->write_failed_through) return WAL_ENOSPC; /* the disk is full: say so */
     }
     if (t_start) log->bp_ns += now_ns() - t_start;
     return 0;

@@ -70,6 +70,42 @@ def _no_failpoint_left_armed() -> object:
 # ---- group commit -----------------------------------------------------------------
 
 
+def test_at_buffered_no_append_is_admitted_once_a_write_was_refused_even_one_made_during_it(tmp_path: Path) -> None:
+    """A refused write (no space) holds records acknowledged at `buffered`: nothing more may be
+    admitted into memory until a write goes through. A commit appended while the refused write
+    ran is past that write's batch; the check once looked for the whole log in it, and admitted
+    every later append again."""
+    log = wal.Log.open(tmp_path / "log", durability="buffered", rpo_ms=10_000)
+    try:
+        log.append(b"first")
+        wal.drill.failpoints.arm("write", errno.ENOSPC, nth=1, repeat=True)
+        wal.drill.failpoints.slow("write", 0.3)
+        refused: list[BaseException] = []
+
+        def sync() -> None:
+            try:
+                log.sync()
+            except wal.NoSpaceError as exc:
+                refused.append(exc)
+
+        syncing = threading.Thread(target=sync)
+        syncing.start()
+        time.sleep(0.1)
+        log.append(b"during the refused write")  # admitted: no refusal known yet
+        syncing.join()
+        assert refused and wal.drill.failpoints.failures("write") >= 1
+        wal.drill.failpoints.slow("write", 0)
+        with pytest.raises(wal.NoSpaceError):
+            log.append(b"after the refusal")
+        wal.drill.failpoints.clear()  # space is back: the next append is admitted, and all are written
+        log.append(b"after space returned")
+        log.sync()
+        assert [p for _lsn, p in log.read(1)] == [b"first", b"during the refused write", b"after space returned"]
+    finally:
+        wal.drill.failpoints.clear()
+        log.close()
+
+
 def test_64_threads_appending_128_byte_records_at_sync_share_fsyncs(tmp_path: Path) -> None:
     per_thread = 40
     got: dict[int, list[int]] = {}
