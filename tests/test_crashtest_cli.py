@@ -110,7 +110,7 @@ def test_a_power_cut_drill_whose_simulator_does_not_load_in_the_child_stops_inst
     bogus = tmp_path / "not-a-library.so"
     bogus.write_bytes(b"\0" * 16)
     monkeypatch.setattr(crashtest.crashsim, "shim_path", lambda: str(bogus))
-    assert crashtest.main_crashtest([str(tmp_path / "d"), "--level", "sync", "--kills", "0",
+    assert crashtest.main_crashtest([str(tmp_path), "--level", "sync", "--kills", "0",
                                      "--power-cuts", "2", "--seed", "1"], out=io.StringIO()) == 2
     assert "the power-cut simulator did not run in the child" in capsys.readouterr().err
 

@@ -50,7 +50,7 @@ def test_machine_loss_drill_on_s3_passes_and_cleans_up(tmp_path: Path, s3_server
     s3_server.use_env(monkeypatch)
     url = f"s3://{BUCKET}/drill-{os.urandom(4).hex()}"
     levels = "replicated,sync,interval,buffered" if LONG else "replicated,interval"
-    proc = _drill(tmp_path / "d", url, levels, 10 if LONG else 1, dict(os.environ))
+    proc = _drill(tmp_path, url, levels, 10 if LONG else 1, dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _table(proc.stdout)
     assert set(rows) == set(levels.split(","))
@@ -63,7 +63,7 @@ def test_machine_loss_drill_on_s3_passes_and_cleans_up(tmp_path: Path, s3_server
 
 
 def test_machine_loss_drill_on_a_file_archive(tmp_path: Path) -> None:
-    proc = _drill(tmp_path / "d", f"file://{tmp_path}/archive", "replicated", 1)
+    proc = _drill(tmp_path, f"file://{tmp_path}/archive", "replicated", 1)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _table(proc.stdout)["replicated"].rstrip().endswith("PASS")
 
