@@ -1696,6 +1696,11 @@ def test_a_stopped_followers_directory_takes_no_writes_until_it_is_promoted(tmp_
     assert put.returncode != 0 and "follower of the archive" in put.stderr, put.stderr
     with wal.open(tmp_path / "f", readonly=True) as reader:
         assert reader.get("k4") == b"v"
+    before = sorted(os.listdir(tmp_path / "f"))
+    repair = subprocess.run([sys.executable, "-m", "wal", "repair", "--rebuild-state", "--yes", str(tmp_path / "f")],
+                            capture_output=True, text=True, check=False)  # it moved the state aside, then failed
+    assert repair.returncode == 1 and "follower's directory" in repair.stderr, repair.stderr
+    assert sorted(os.listdir(tmp_path / "f")) == before
     follower = wal.follow(url, tmp_path / "f", poll_ms=20)  # follows on: nothing was written
     assert follower.lsn == 5
     with follower.promote() as store:

@@ -956,6 +956,22 @@ def test_a_damaged_state_the_log_cannot_rebuild_is_refused_naming_the_damage_not
     assert sorted(p.name for p in path.iterdir()) == before
 
 
+def test_verify_names_no_rebuild_for_a_state_the_log_no_longer_starts_at_lsn_1_for(tmp_path: Path) -> None:
+    # The state ahead of damage in the newest segment, with checkpoints past LSN 1: verify said
+    # "a repair ... rebuilds the state" and named --rebuild-state, which repair then refused.
+    path = tmp_path / "store"
+    with wal.open(path, segment_bytes=1 << 16) as s:
+        for i in range(400):
+            s.put(b"k%04d" % i, b"v" * 300)
+        s.checkpoint()
+    seg = segment_files(path)[-1]
+    recs = [r for r in records(path) if r["segment"] == seg.name]
+    flip_byte(seg, int(recs[len(recs) // 2]["offset"]) + 24 + 2)  # type: ignore[call-overload]
+    verify = run("verify", str(path))
+    assert verify.returncode == 1 and "no repair can rebuild the state" in verify.stdout, verify.stdout
+    assert "--rebuild-state" not in verify.stdout
+
+
 def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, store: Path) -> None:
     """Each of these ended in a Python traceback (OverflowError, UnicodeDecodeError,
     FileExistsError, ValueError), or ran a busy loop, or a drill of nothing that passed."""

@@ -545,6 +545,29 @@ def test_a_compressed_store_reopened_without_saying_so_still_compresses_as_it_di
         wal.open(tmp_path / "plain", compression="zstd")
 
 
+def test_rekey_keeps_the_recorded_compression_its_threshold_and_its_being_off(tmp_path: Path) -> None:
+    # rekey opened every store holding compressed values with compression="zstd": the recorded
+    # threshold went back to the default, and a store turned off was turned on again.
+    from wal import ops  # noqa: PLC0415
+
+    with wal.open(tmp_path, encryption=KEY, compression="zstd", compression_threshold=4096) as store:
+        store.put(b"a", b"x" * 5000)
+    recorded = lambda: json.loads((tmp_path / "STORE").read_text())["sealed"]["compression"]  # noqa: E731
+    ops.use_sealing(encryption=[KEY2, KEY])
+    try:
+        ops.rekey(str(tmp_path))
+        assert recorded() == {"codec": "zstd", "threshold": 4096}
+        with wal.open(tmp_path, encryption=[KEY2, KEY], compression="none") as store:
+            store.put(b"b", b"y" * 5000)
+            assert _raw(store, b"b")[0] == CODEC_ENCRYPTED  # stored uncompressed
+        ops.rekey(str(tmp_path))
+        assert recorded() == {"codec": "none"}
+    finally:
+        ops.use_sealing()
+    with wal.open(tmp_path, encryption=KEY2) as store:
+        assert store.get(b"a") == b"x" * 5000 and store.get(b"b") == b"y" * 5000
+
+
 def test_a_trained_dictionary_compresses_small_json_and_is_needed_to_read_it(tmp_path: Path) -> None:
     samples = [json.dumps({"role": "tool", "call_id": f"call_{i}", "name": "search",
                            "result": {"status": "ok", "hits": i % 7, "query": f"q{i}"}}).encode()
@@ -606,8 +629,11 @@ def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
         "format": "agentwal-store", "version": 5, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
     assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {
         "encrypted": False, "key_ids": [], "compression": {"codec": "zstd", "threshold": 128}}
-    wal.open(tmp_path / "z", compression="none").close()  # turned off: STORE no longer says to compress
-    assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {"encrypted": False, "key_ids": []}
+    wal.open(tmp_path / "z", compression="none").close()  # turned off, and recorded so
+    assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {
+        "encrypted": False, "key_ids": [], "compression": {"codec": "none"}}
+    wal.open(tmp_path / "z").close()  # an open that says nothing keeps it off
+    assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"]["compression"] == {"codec": "none"}
     wal.open(tmp_path / "plain", compression="none").close()  # a plain store: nothing to turn off
     assert "sealed" not in json.loads((tmp_path / "plain" / "STORE").read_text())
 

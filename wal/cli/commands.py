@@ -400,8 +400,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         advice.append(f"no repair rewrites {t.path}/STORE (it names the store's format version and an encrypted "
                       "store's key ids): as the problem above says, put it back from a backup or use the agentwal "
                       "that wrote it")
-    if "state" in areas:  # `repair` alone sees a sound log and does nothing about the state
+    if "state" in areas and report.first_lsn <= 1:  # `repair` alone sees a sound log and leaves the state
         advice.append(f"to rebuild the state from the log, keeping a backup: agentwal repair --rebuild-state {t.path}")
+    elif "state" in areas:  # checkpoints removed the log's start: nothing rebuilds the state from it
+        advice.append("the log no longer starts at LSN 1, so the state cannot be rebuilt from it: `agentwal export` "
+                      "the store and import the file into a new one (where its state can be read), put back a copy "
+                      "of the store, or restore it from its object archive (agentwal restore)")
     print(f"result: DAMAGED ({count} problem(s)). " + "; ".join(a[0].upper() + a[1:] for a in advice))
     return EXIT_FAILED
 

@@ -57,7 +57,10 @@ def rekey(path: str, *, batch: int = 1000, batch_bytes: int = 8 << 20, compact: 
     # Opened by URL: an archive given to wal.open as a store object of another cloud (gs://,
     # az://) is not, and its log is then kept for the application's next archived open.
     url = shipping[0] if shipping is not None and shipping[0].startswith(("s3://", "file://")) else None
-    compression = "zstd" if _holds_compressed_values(target.path) else None
+    # A store that records its compression (on, with its threshold, or turned off) is opened as
+    # it records; one from before that record compresses again if any of its values are.
+    recorded = ((read_meta(target.path) or {}).get(STORE_FIELD) or {}).get("compression")
+    compression = None if recorded is not None or not _holds_compressed_values(target.path) else "zstd"
     with open_writer(target, "rekey", object_archive=url, compression=compression) as store:
         sealer = getattr(store, "_sealer", None)
         if sealer is None or sealer.keys is None:

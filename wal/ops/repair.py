@@ -18,7 +18,7 @@ from wal.ops.segments import Skip, iter_log
 from wal.ops.stateview import _StateSnapshot
 from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
 from wal.ops.transfer import dictionary_lines, framed, is_sealed, value_line
-from wal.store.store import check_store_file
+from wal.store.store import FOLLOWING_FILE, check_store_file
 
 # ---- repair ----------------------------------------------------------------------------------------------
 
@@ -94,6 +94,12 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
         plan.actions.append(f"torn tail: cut {last.damage_end - last.bad_offset} byte(s) at offset "
                             f"{last.bad_offset} of {last.path} ({last.reason}; nothing valid after it); the bytes "
                             "are kept as a .broken file")
+    if target.is_store and os.path.exists(os.path.join(target.path, FOLLOWING_FILE)):
+        # Its log and state are the archive's: a copy to make again from there, not to cut.
+        plan.refuse = (f"{target.path} is a follower's directory (its {FOLLOWING_FILE} file): nothing was changed. "
+                       "Follow the archive into a new directory (wal.follow restores it first), or restore it "
+                       "(`agentwal restore`), rather than repair this copy")
+        return plan
     if target.is_store:
         try:
             check_store_file(target.path, create=False)

@@ -236,10 +236,13 @@ def _verify_state(report: VerifyReport, snap: _StateSnapshot, segs: list[_Seg], 
     first, last = report.first_lsn, report.last_lsn
     log_damaged = any(p.area == "log" for p in report.problems)
     if applied > last and log_damaged:
+        then = ("a repair that keeps the log up to there rebuilds the state from it, exporting the old state's "
+                "newer values first" if first <= 1 else
+                f"the log no longer starts at LSN 1 (oldest retained: {first}), so no repair can rebuild the state "
+                "from it")
         report.problems.append(Problem(
             "state", f"the state reflects LSN {applied}, past the log's damage (its last good record is LSN "
-                     f"{last}): a repair that keeps the log up to there rebuilds the state from it, exporting the "
-                     "old state's newer values first", lsn=last + 1))
+                     f"{last}): {then}", lsn=last + 1))
     elif applied > last:
         report.problems.append(Problem(
             "state", f"the state reflects LSN {applied} but the log ends at LSN {last}: the log lost records "

@@ -137,8 +137,10 @@ class SealingPlan:
     the log's lock (`before_open`). Made by `plan` before anything is opened."""
 
     def __init__(self, root: str, sealer: Sealer, new: bool, readonly: bool, *, given: Sequence[int] = (),
-                 recovered: dict[str, Any] | None = None, stale: Sequence[int] = ()) -> None:
+                 recovered: dict[str, Any] | None = None, stale: Sequence[int] = (),
+                 compression_off: bool = False) -> None:
         self.root = root
+        self.compression_off = compression_off  # compression="none": STORE records that it is off
         self.sealer = sealer
         self.new = new
         self.readonly = readonly
@@ -172,6 +174,10 @@ class SealingPlan:
             fields["dict"] = f"{compressing:08x}" if isinstance(compressing, int) else compressing
         if self.sealer.compression is not None:  # what a later open compresses with unless told otherwise
             fields["compression"] = {"codec": self.sealer.compression, "threshold": self.sealer.threshold}
+        elif self.compression_off:  # said, and kept: `agentwal rekey` must not turn it on again
+            fields["compression"] = {"codec": "none"}
+        elif isinstance(sealed.get("compression"), dict):  # {"codec": "none"} (or a codec unknown here): kept
+            fields["compression"] = sealed["compression"]
         return {**meta, STORE_FIELD: fields}
 
     def after_store_written(self) -> None:
@@ -292,7 +298,7 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
     # given one from its archive) is read from dicts/ when a value first names it.
     sealer.learn_dictionaries = lambda: load_dictionaries(root, sealer, None)
     return SealingPlan(root, sealer, new=meta is None, readonly=readonly, given=given, recovered=recovered,
-                       stale=stale)
+                       stale=stale, compression_off=turned_off)
 
 
 def check_sealed_fields(sealed: dict[str, Any], path: str) -> None:

@@ -1447,7 +1447,7 @@ class Store:
                     pass
                 with self._apply_lock:  # a checkpoint() of another thread may be under way
                     self._state_released = True
-                    with contextlib.suppress(NoSpaceError):  # the note `agentwal info` shows, as a checkpoint's
+                    with contextlib.suppress(WalError, OSError):  # the note `agentwal info` shows, never in the way
                         self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(),
                                                                          "applied_lsn": self._applied}).encode())
                     self._state.checkpoint()  # the next open starts from here, crash or not
