@@ -545,6 +545,21 @@ def test_a_compressed_store_reopened_without_saying_so_still_compresses_as_it_di
         wal.open(tmp_path / "plain", compression="zstd")
 
 
+def test_a_restore_given_compression_records_it_and_takes_none_as_wal_open_does(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "primary", archive=url, compression="zstd", compression_threshold=64) as store:
+        store.put(b"a", b"ab" * 2500)
+    for name, options, recorded in (("on", {"compression": "zstd", "compression_threshold": 64},
+                                     {"codec": "zstd", "threshold": 64}),
+                                    ("off", {"compression": "none"}, {"codec": "none"})):
+        wal.restore(url, tmp_path / name, **options)  # "none" was refused here, taken by wal.open
+        assert json.loads((tmp_path / name / "STORE").read_text())["sealed"]["compression"] == recorded
+        with wal.open(tmp_path / name) as store:
+            store.put(b"b", b"cd" * 50)  # 100 bytes: over the recorded threshold
+            assert _raw(store, b"b")[0] == (CODEC_ZSTD if name == "on" else CODEC_PLAIN)
+            assert store.get(b"a") == b"ab" * 2500
+
+
 def test_rekey_keeps_the_recorded_compression_its_threshold_and_its_being_off(tmp_path: Path) -> None:
     # rekey opened every store holding compressed values with compression="zstd": the recorded
     # threshold went back to the default, and a store turned off was turned on again.

@@ -70,6 +70,7 @@ from wal.errors import (
     FailedError,
     ReadOnlyError,
     WalError,
+    storage_error,
 )
 from wal.log import record
 from wal.store.sealed import dict_file, store_dictionaries
@@ -699,19 +700,26 @@ def _mark_following(root: str, url: str) -> None:
     if os.path.exists(path):
         return
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"archive": url}, f)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(root)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"archive": url}, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(root)
+    except OSError as exc:
+        raise storage_error(exc, f"marking {root} a follower's directory ({FOLLOWING_FILE})") from exc
 
 
 def _unmark_following(root: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(os.path.join(root, FOLLOWING_FILE))
         fsync_dir(root)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise storage_error(exc, f"removing {root}'s {FOLLOWING_FILE} file") from exc
 
 
 def _remove_rebuild_leftovers(root: str) -> None:

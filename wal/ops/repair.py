@@ -130,6 +130,11 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
                     f"{first}), so the state cannot be rebuilt from it. Nothing was changed. Put back the state "
                     "from a copy of the store, or restore the store from its object archive (`agentwal restore`)")
                 return plan
+            if first > 1 and applied <= good_last:  # asked for, on a sound store: nothing is wrong with it
+                plan.refuse = (f"the log no longer starts at LSN 1 (oldest retained: {first}), so the state cannot be "
+                               "rebuilt from it; nothing was changed (the log and the state agree: `agentwal verify` "
+                               "says whether anything is damaged)")
+                return plan
             if first > 1:
                 plan.refuse = (
                     f"the state reflects LSN {applied} but the log keeps only LSNs up to {good_last}, and it no "

@@ -470,7 +470,10 @@ def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where
                               "it with encryption=KEY (or a key provider)", key_id=stored[0] if stored else None,
                               where=where or what)
     threshold = options.get("compression_threshold")
-    return Sealer(keys, options.get("compression"), threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+    compression = options.get("compression")
+    if compression == "none":  # wal.open's "off" (`plan`), given to a restore or a follower to pass on
+        compression = None
+    return Sealer(keys, compression, threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
                   dictionaries=_given_dictionaries(options.get("compression_dict")), require_encrypted=encrypted)
 
 
