@@ -98,8 +98,8 @@ from wal.errors import (
 )
 from wal.log import durability as dur
 from wal.log import record
-from wal.log.format import parse_segment_name
 from wal.log.log import LOCK_NAME, MAX_PAYLOAD, Log
+from wal.log.recovery import parse_segment_name
 from wal.store.replay import Replay
 from wal.store.sealed import (
     STORE_FIELD,
