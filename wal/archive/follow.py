@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from wal._fs import fsync_dir
+from wal._fs import fsync_dir, replace_durably
 from wal.archive import layout
 from wal.archive.objects import (
     ArchiveError,
@@ -699,15 +699,8 @@ def _mark_following(root: str, url: str) -> None:
     path = os.path.join(root, FOLLOWING_FILE)
     if os.path.exists(path):
         return
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"archive": url}, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(root)
+        replace_durably(path, json.dumps({"archive": url}).encode() + b"\n")
     except OSError as exc:
         raise storage_error(exc, f"marking {root} a follower's directory ({FOLLOWING_FILE})") from exc
 

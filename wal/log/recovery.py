@@ -341,7 +341,7 @@ def scan_directory(directory: str, on_sealed: Callable[[SegmentScan], None] | No
                 if scan.status == "torn":
                     text += f" ({_describe(scan)})"
                 problem = Damage(i, scan.end_offset, reason, scan.last_lsn + 1, text)
-            elif scan.status != "sealed" and 0 < scan.size < scan.prealloc_bytes <= MAX_PREALLOC:
+            elif scan.status != "sealed" and cut_below_creation(scan.size, scan.prealloc_bytes):
                 # S6: a segment's size is made durable before it gets its name and never shrinks, so
                 # no crash leaves it shorter than the size in its header: someone cut it, and the
                 # records that were there (durable, perhaps acknowledged) are gone.
@@ -355,6 +355,12 @@ def scan_directory(directory: str, on_sealed: Callable[[SegmentScan], None] | No
                 on_sealed(scan)
     result.seconds = time.monotonic() - started
     return result
+
+
+def cut_below_creation(size: int, prealloc_bytes: int) -> bool:
+    """Rule S6 for a segment that is not sealed: shorter than the size its header says it was
+    created with (a field our writer wrote: between 1 and MAX_PREALLOC)."""
+    return 0 < size < prealloc_bytes <= MAX_PREALLOC
 
 
 def corruption_error(damage: Damage, scans: list[SegmentScan]) -> CorruptionError:

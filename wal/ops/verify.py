@@ -104,7 +104,7 @@ def _log_problems(report: VerifyReport, writer_running: bool) -> None:
                     msg += (f"; a valid record (LSN {s.next_valid_lsn}) follows at offset {s.next_valid_offset}, "
                             "so this is damage, not a torn tail")
             report.problems.append(Problem("log", msg, s.path, s.bad_offset, s.last_lsn + 1 if s.header_ok else None))
-        elif s.status != "sealed" and s.header_ok and 0 < s.size < s.prealloc_bytes <= recovery.MAX_PREALLOC:
+        elif s.status != "sealed" and s.header_ok and recovery.cut_below_creation(s.size, s.prealloc_bytes):
             # S6, as an open checks it: no crash leaves a segment shorter than it was created, so
             # what looks like a torn tail (or a clean end) here is a cut that took records with it.
             report.problems.append(Problem(
