@@ -69,6 +69,14 @@ def test_a_store_and_a_bare_log_are_never_opened_as_each_other(tmp_path: Path) -
     with pytest.raises(wal.ArgumentError, match="is an agentwal store"):
         wal.Log.open(tmp_path / "store")
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["STORE", "log", "state"]
+    # A bare log's append into a store's own log/ made the store refuse its log ("not a store
+    # transaction") from then on; reading it is harmless and stays allowed.
+    segments = sorted((p.name, p.stat().st_size) for p in (tmp_path / "store" / "log").iterdir())
+    with pytest.raises(wal.ArgumentError, match="is the log of the agentwal store"):
+        wal.Log.open(tmp_path / "store" / "log")
+    assert sorted((p.name, p.stat().st_size) for p in (tmp_path / "store" / "log").iterdir()) == segments
+    with wal.Log.open(tmp_path / "store" / "log", readonly=True) as store_log:
+        assert [lsn for lsn, _payload in store_log.read(1)] == [1]
     with wal.open(tmp_path / "store") as store, wal.Log.open(tmp_path / "bare") as log:
         assert store.get("k") == b"v" and [payload for _lsn, payload in log.read(1)] == [b"record"]
 

@@ -213,7 +213,7 @@ def build_unapplied_log(path: Path) -> dict[bytes, tuple[int, bytes]]:
                 expected[k] = (lsn, v)
             else:
                 expected.pop(k, None)
-    with wal.Log.open(path / "log", durability="interval", rpo_ms=1000) as log:
+    with wal.Log.open(path / "log", durability="interval", rpo_ms=1000, _store_log=True) as log:
         assert log.append_many(payloads) == RECOVERY_RECORDS
         log.sync()
     return expected

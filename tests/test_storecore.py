@@ -360,7 +360,7 @@ def test_replay_in_many_small_batches_rebuilds_the_same_state(tmp_path: Path, mo
     monkeypatch.setattr(replay, "BATCH_BYTES", 300)
     model: dict[bytes, bytes] = {}
     wal.open(tmp_path / "s", segment_bytes=segment_bytes).close()
-    with wal.Log.open(tmp_path / "s" / "log", durability="buffered",  # records the state never saw
+    with wal.Log.open(tmp_path / "s" / "log", durability="buffered", _store_log=True,  # records the state never saw
                       segment_bytes=segment_bytes) as lg:
         for i in range(2_000):
             key = b"k%03d" % (i * 7919 % 150)
@@ -380,7 +380,7 @@ def _unapplied_log(d: Path, n: int, segment_bytes: int = 4096) -> dict[bytes, by
     """A closed store whose log holds n put commits (over 50 keys) the state never saw."""
     model: dict[bytes, bytes] = {}
     wal.open(d, segment_bytes=segment_bytes).close()
-    with wal.Log.open(d / "log", segment_bytes=segment_bytes) as lg:
+    with wal.Log.open(d / "log", segment_bytes=segment_bytes, _store_log=True) as lg:
         for i in range(n):
             key, value = b"k%02d" % (i % 50), b"v%d" % i
             lg.append(record.encode_one(record.OP_PUT, key, value, 0))
@@ -433,7 +433,7 @@ def test_damage_after_sealed_segments_fails_the_open_and_the_state_keeps_only_a_
 
 def test_a_sealed_segment_holding_a_record_that_is_no_store_transaction_fails_the_open(tmp_path: Path) -> None:
     wal.open(tmp_path, segment_bytes=4096).close()
-    with wal.Log.open(tmp_path / "log", segment_bytes=4096) as lg:
+    with wal.Log.open(tmp_path / "log", segment_bytes=4096, _store_log=True) as lg:
         lg.append(record.encode_one(record.OP_PUT, b"a", b"1", 0))
         lg.append(b"not a store transaction")  # LSN 2, in the first (sealed) segment
         for i in range(100):

@@ -710,7 +710,7 @@ class StoreBuilder:
         self._state.checkpoint()
         self._state.close()
         self._state = None
-        log = Log.open(os.path.join(self.root, store_mod.LOG_DIR), _first_lsn=self.last + 1)
+        log = Log.open(os.path.join(self.root, store_mod.LOG_DIR), _first_lsn=self.last + 1, _store_log=True)
         try:
             log.sync()
         finally:

@@ -178,6 +178,7 @@ class Log:
         _new_salt: int = 0,
         _first_lsn: int = 1,
         _lock_fd: int | None = None,
+        _store_log: bool = False,
     ) -> Log:
         """Open (creating if needed) the log in `directory`.
 
@@ -203,6 +204,10 @@ class Log:
         _lock_fd: the directory's writer lock, taken already (`take_lock`) by a caller that had
         to hold it before the open (`agentwal repair` backs the log up under it); the log owns
         it from then on, closed with the log or by a failed open.
+
+        _store_log: the caller is the store (or a tool acting for it) opening its own log/ for
+        writing; anyone else is refused there, since records appended through a bare log are not
+        store transactions and the store would refuse its log from then on.
         """
         level = dur.parse(durability, rpo_ms)
         # Checked whole before anything is opened: a number the C config cannot hold raised a raw
@@ -224,6 +229,10 @@ class Log:
             raise ArgumentError(f"{path} is an agentwal store, not a bare log: its log is {os.path.join(path, 'log')}, "
                                 "which wal.open opens with the store's state (a log opened here would put segment "
                                 "files beside the store's own)")
+        if not readonly and not _store_log and _is_a_stores_log(path):
+            raise ArgumentError(f"{path} is the log of the agentwal store in {os.path.dirname(os.path.abspath(path))}: "
+                                "wal.open writes it; records appended through wal.Log are not store transactions, and "
+                                "the store would refuse its log from then on (readonly=True reads it)")
         # What the host refuses (no permission, no descriptors, a full disk, a missing directory)
         # is a StorageError -- NoSpaceError, NotFoundError -- with errno and advice, as from wal.open.
         try:
@@ -773,6 +782,12 @@ class Log:
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+
+
+def _is_a_stores_log(path: str) -> bool:
+    """Whether `path` is a store's log/ directory: named log, beside a STORE file (FORMAT.md §14)."""
+    real = os.path.abspath(path)
+    return os.path.basename(real) == "log" and os.path.exists(os.path.join(os.path.dirname(real), _STORE_FILE))
 
 
 def _too_large(payload: bytes) -> RecordTooLargeError:

@@ -273,7 +273,7 @@ def repair(plan: RepairPlan) -> RepairResult:
         if plan.rebuild_state and plan.state_backup_dir is not None and os.path.isdir(target.state_dir):
             os.replace(target.state_dir, plan.state_backup_dir)
         held, lock_fd = lock_fd, None  # the log's from here: closed with it, or by its failed open
-        log = wal.Log.open(target.log_dir, recovery="truncate", _lock_fd=held)
+        log = wal.Log.open(target.log_dir, recovery="truncate", _lock_fd=held, _store_log=True)
     finally:
         if lock_fd is not None:
             os.close(lock_fd)

@@ -560,7 +560,8 @@ class Store:
         try:
             log = Log.open(os.path.join(root, LOG_DIR), durability=level.log_level, rpo_ms=level.rpo_ms or None,
                            segment_bytes=segment_bytes, recovery=recovery, preallocate=preallocate,
-                           on_sealed_segment=replayer.sealed, keep_through=saved.applied_lsn if saved else 0)
+                           on_sealed_segment=replayer.sealed, keep_through=saved.applied_lsn if saved else 0,
+                           _store_log=True)
         except BaseException:
             replayer.abandon()
             raise
