@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import re
 import subprocess
@@ -247,11 +248,16 @@ def test_no_key_and_nonce_pair_is_used_twice_across_kills_power_cuts_restores_pr
 
 
 @pytest.mark.parametrize("native", ["0", "1"])
-def test_a_child_forked_past_pythons_fork_hooks_never_seals_with_its_parents_nonces(native: str) -> None:
-    """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook: the
-    child still holds its parent's sealing session. Its next seal must not reuse the parent's
-    next nonce. (The Python session, used where libcrypto cannot be loaded, sealed in the child
-    with the parent's counters: the same (key, nonce) for two plaintexts.)"""
+@pytest.mark.parametrize("forker", ["fork", "_Fork"])
+def test_a_child_forked_past_pythons_fork_hooks_never_seals_with_its_parents_nonces(native: str, forker: str) -> None:
+    """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook, and
+    glibc's _Fork() not even a pthread_atfork handler: the child still holds its parent's
+    sealing session. Its next seal must not reuse the parent's next nonce. (The Python session,
+    used where libcrypto cannot be loaded, sealed in the child with the parent's counters after
+    fork(), and the C session, which counted forks with pthread_atfork, after _Fork(): the same
+    (key, nonce) for two plaintexts.)"""
+    if not hasattr(ctypes.CDLL(None), forker):
+        pytest.skip(f"this C library has no {forker}() (glibc before 2.34)")
     script = textwrap.dedent(f"""
         import ctypes, os, sys
         from wal.crypto import sealing
@@ -260,7 +266,7 @@ def test_a_child_forked_past_pythons_fork_hooks_never_seals_with_its_parents_non
         s = Sealer(Keyring(os.urandom(32)))
         s.seal(b"warm-up", b"ctx")
         r, w = os.pipe()
-        pid = ctypes.CDLL(None).fork()
+        pid = getattr(ctypes.CDLL(None), {forker!r})()
         if pid == 0:
             os.write(w, s.seal(b"the child's value", b"ctx")[1:HEADER_BYTES])
             os._exit(0)

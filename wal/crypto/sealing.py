@@ -44,8 +44,10 @@ of them -- no nonce is derived from an LSN, a position or anything read from dis
    an archive snapshot encrypted as it is written, its one envelope at counter 0, traced as
    every session's counters are), and a forked child starts new ones for all of its
    Sealers before it can seal anything (``os.register_at_fork``). A C session (below) also
-   refuses to seal in any process forked after it was made (native/sealcore.c counts forks with
-   ``pthread_atfork``), so not even a child that skipped Python's fork hooks continues one.
+   refuses to seal in any process but the one that made it (native/sealcore.c keeps the
+   process's epoch in a page the kernel zeroes in every child, ``MADV_WIPEONFORK``), so not
+   even a child forked past Python's fork hooks and libc's (``_Fork()``, a raw ``clone``)
+   continues one.
 2. Within a session the nonce is a 64-bit counter taken atomically before each encryption: one
    counter per session, whichever path seals (below). It only goes up, is never reset, saved or
    read back, and a session moves to a new S long before it could wrap (`SESSION_LIMIT`).
