@@ -60,7 +60,7 @@ readcall = Extension(
 storecore = Extension(
     "wal._storecore",
     sources=["native/storecore.c", "native/overlay.c", "native/commitlock.c", "native/collapse.c",
-             "native/sealcore.c"],
+             "native/sealcore.c", "native/forkwatch.c"],
     include_dirs=["native"],
     libraries=["dl"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],
@@ -70,7 +70,7 @@ storecore = Extension(
 # from py-lmdb's extension, so nothing links against it here.
 lmdbcall = Extension(
     "wal._lmdbcall",
-    sources=["native/lmdbcall.c", "native/crc32c.c"],
+    sources=["native/lmdbcall.c", "native/crc32c.c", "native/forkwatch.c"],
     include_dirs=["native"],
     libraries=["dl"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", *SAN_FLAGS],

@@ -18,7 +18,8 @@ import re
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = ["crc32c.c", "reader.c", "segment.c", "writer.c", "commit.c", "failpoint.c", "mapstore.c", "objindex.c"]
+SOURCES = ["crc32c.c", "reader.c", "segment.c", "writer.c", "commit.c", "failpoint.c", "mapstore.c", "objindex.c",
+           "forkwatch.c"]
 
 
 def cdef_text() -> str:

@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "forkwatch.h"
 #include "format.h"
 #include "io.h"
 #include "wal.h"
@@ -93,26 +94,21 @@ typedef struct {
     int n;
 } wake_list;
 
-/* Forks this process came out of (a pthread_atfork handler, run in the child by any fork(),
- * also one that skips Python's os.register_at_fork hooks: a C extension's, ctypes'). A log
- * remembers the count at open and appends nothing where it differs: the child is not the
- * process that opened it, and its commits would take LSNs its parent also hands out, each
+/* A log remembers the process that opened it (forkwatch.h: any fork is seen, also one that
+ * skips Python's os.register_at_fork hooks and libc's pthread_atfork handlers) and appends
+ * nothing in another: a child's commits would take LSNs its parent also hands out, each
  * acknowledged, one lost. Checked before `mu` is taken: a thread of the parent may have held
  * it at the fork, and in the child nothing would ever release it. */
-static volatile uint64_t g_forks;
-static pthread_once_t g_fork_counting = PTHREAD_ONCE_INIT;
-static void count_fork(void) { g_forks++; }
-static void start_counting_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
 /* Every entry point that writes, syncs or waits starts with this: in a forked child it returns
  * `rc` before touching `mu` or a file (the parent's batch, copied at the fork, would be written
  * again over what the parent wrote since: zero padding over its acknowledged records). */
 #define REFUSE_IN_A_FORK(log, rc)                                                                   \
     do {                                                                                            \
-        if ((log)->forks != g_forks) return rc;                                                     \
+        if ((log)->epoch != forkwatch_now()) return rc;                                             \
     } while (0)
 
 struct wal_log {
-    uint64_t forks; /* g_forks at open */
+    uint64_t epoch; /* the process that opened it (forkwatch_epoch) */
     pthread_mutex_t mu;
     pthread_cond_t progress; /* the sync slot freed, failure, close (do_write waits on it before a roll) */
     wal_waiter *waiters, *waiters_tail; /* followers, oldest first */
@@ -869,10 +865,9 @@ int wal_log_open(const char *dir, const wal_log_config *cfg, wal_log **out) {
     if (!cfg || cfg->level < WAL_LEVEL_SYNC || cfg->level > WAL_LEVEL_BUFFERED || cfg->segment_bytes < 4096 ||
         (cfg->level != WAL_LEVEL_SYNC && cfg->rpo_ms == 0) || cfg->next_lsn == 0 || cfg->segment_no == 0)
         return WAL_EINVAL;
-    pthread_once(&g_fork_counting, start_counting_forks);
     wal_log *log = calloc(1, sizeof *log);
     if (!log) return WAL_ENOMEM;
-    log->forks = g_forks;
+    log->epoch = forkwatch_epoch();
     log->marks = calloc(MARK_RING, sizeof *log->marks);
     if (!log->marks) {
         free(log);
@@ -946,7 +941,7 @@ int wal_log_close(wal_log *log) {
 
 void wal_log_free(wal_log *log) {
     if (!log) return;
-    if (!log->closed && log->forks == g_forks) wal_log_close(log);
+    if (!log->closed && log->epoch == forkwatch_now()) wal_log_close(log);
     if (log->notify_fd >= 0) close(log->notify_fd);
     wal_batch_free(&log->pending);
     wal_batch_free(&log->spare);

@@ -5,11 +5,6 @@
  */
 #include "commitlock.h"
 
-volatile uint64_t commitlock_forks;
-static pthread_once_t g_fork_counting = PTHREAD_ONCE_INIT;
-static void count_fork(void) { commitlock_forks++; }
-static void start_counting_forks(void) { pthread_atfork(NULL, NULL, count_fork); }
-
 void commitlock_wake(CommitLock *l) {
     pthread_mutex_lock(&l->mu);
     l->gen++;
@@ -25,7 +20,7 @@ static void commitlock_after_fork(CommitLock *l);
  * found mid-hold by an acquire, and a try of a lock left held by the parent fails over to
  * the Python path, whose acquire starts it over. */
 static void commitlock_check_fork(CommitLock *l) {
-    if (l->forks != commitlock_forks) commitlock_after_fork(l);
+    if (l->epoch != forkwatch_now()) commitlock_after_fork(l);
 }
 
 /* Blocking acquire, GIL held. */
@@ -44,11 +39,10 @@ static void commitlock_acquire(CommitLock *l) {
 }
 
 static int commitlock_setup(CommitLock *l) {
-    pthread_once(&g_fork_counting, start_counting_forks);
     l->locked = 0;
     l->waiters = 0;
     l->gen = 0;
-    l->forks = commitlock_forks;
+    l->epoch = forkwatch_epoch();
     if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv, NULL) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "CommitLock: cannot initialise its mutex or condition variable");
         return -1;
@@ -64,7 +58,7 @@ static void commitlock_after_fork(CommitLock *l) {
      * count of waiters are what a try and a release read. */
     if (commitlock_setup(l) < 0) {
         PyErr_Clear();
-        l->forks = commitlock_forks;
+        l->epoch = forkwatch_epoch();
     }
 }
 

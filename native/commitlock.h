@@ -26,9 +26,9 @@
  *  - Fork. A child has only the forking thread: a lock another thread held at the fork is
  *    held by nobody, forever. os.fork() resets it (threading's hooks: _at_fork_reinit); a
  *    fork past Python's hooks (libc's fork through ctypes or a C extension) did not, and the
- *    child's first commit waited forever instead of being refused by the log. A
- *    pthread_atfork handler counts forks (`commitlock_forks`): a lock first acquired
- *    through its Python face in a child it has not seen starts over there.
+ *    child's first commit waited forever instead of being refused by the log. A lock
+ *    remembers the process it was set up in (forkwatch.h): one first acquired through its
+ *    Python face in another process starts over there.
  */
 #ifndef WAL_COMMITLOCK_H
 #define WAL_COMMITLOCK_H
@@ -37,6 +37,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "forkwatch.h"
+
 typedef struct {
     PyObject_HEAD
     int locked;     /* GIL-guarded */
@@ -44,13 +46,10 @@ typedef struct {
     uint64_t gen;   /* releases that found waiters; under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t forks; /* commitlock_forks when the lock was set up (or last started over) */
+    uint64_t epoch; /* the process it was set up (or last started over) in: forkwatch_epoch */
 } CommitLock;
 
 extern PyTypeObject CommitLockType;
-
-/* Forks this process came out of: a pthread_atfork handler, run in the child by any fork(). */
-extern volatile uint64_t commitlock_forks;
 
 /* Non-blocking acquire, GIL held: 1 if taken. */
 static inline int commitlock_try(CommitLock *l) {

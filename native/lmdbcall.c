@@ -29,7 +29,8 @@
  *  - One Env per environment and process: a registry keyed by the directory's
  *    (st_dev, st_ino) refuses a second open in the same process (ALREADY_OPEN).
  *  - Fork: a child must not use its parent's handles (LMDB: "use the env only in the
- *    process that opened it"); every call checks the handle's pid (FORKED), and a
+ *    process that opened it"); every call checks the handle's process (FORKED; forkwatch.h
+ *    sees every fork, also glibc's _Fork() and a raw clone), and a
  *    child never closes a parent's handle (mdb_env_close would clear the parent's
  *    reader slots in the shared lock file, since they carry the parent's pid).
  *  - GIL: reads (get, scan, snapshots) run with the GIL held (they are short and the GIL
@@ -64,6 +65,7 @@
 #include <unistd.h>
 
 #include "crc32c.h" /* the per-entry checksum of DATA values (store format 4) */
+#include "forkwatch.h" /* which process opened an environment */
 #include "format.h" /* wal_get_u64 / wal_put_u64: little-endian u64, as everywhere on disk */
 #include "lmdbapi.h" /* the C API this module lends wal._storecore (its fast reads) */
 
@@ -190,9 +192,6 @@ static mdb_api M;         /* valid once `loaded` */
 static int loaded;
 static char loaded_version[128];
 static PyObject *LmdbError;
-static pid_t current_pid; /* this process's pid, updated in a forked child (pthread_atfork) */
-
-static void after_fork_in_child(void) { current_pid = getpid(); }
 
 /* ---- errors ---- */
 
@@ -313,7 +312,7 @@ typedef struct EnvObject {
     int has_tail;           /* DB_TAIL exists (a read-only open of a format-2 state may lack it) */
     int require_checks;     /* every DATA entry carries a checksum (META "entry_checksums" is set) */
     unsigned int psize;     /* LMDB's page size: where split_tail() draws its line */
-    pid_t pid;
+    uint64_t epoch; /* the process that opened it (forkwatch.h) */
     dev_t dev;
     ino_t ino;
     int readonly;
@@ -348,7 +347,7 @@ static void registry_remove(EnvObject *e) {
 
 /* 0 if the handle may be used by this thread now; else an LmdbError is set. */
 static int usable(EnvObject *e) {
-    if (e->pid != current_pid) {
+    if (e->epoch != forkwatch_now()) {
         set_own_error(E_FORKED, "this LMDB handle was opened by another process (this is a forked child); "
                                 "open the state again in this process");
         return -1;
@@ -464,7 +463,7 @@ static void abort_all_readers(EnvObject *e) {
 static void env_close_now(EnvObject *e) {
     if (e->env == NULL) return;
     registry_remove(e);
-    if (e->pid != current_pid) { /* a forked child: the parent owns the environment (see top) */
+    if (e->epoch != forkwatch_now()) { /* a forked child: the parent owns the environment (see top) */
         e->env = NULL;
         e->n_spare = 0;
         e->snapshots = NULL;
@@ -568,7 +567,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
         return -1;
     }
     for (EnvObject *o = registry; o != NULL; o = o->next) {
-        if (o->pid == current_pid && o->dev == st.st_dev && o->ino == st.st_ino) {
+        if (o->epoch == forkwatch_now() && o->dev == st.st_dev && o->ino == st.st_ino) {
             set_own_error(E_ALREADY_OPEN, "this LMDB environment is already open in this process");
             return -1;
         }
@@ -589,7 +588,7 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
         self->restored = got;
     }
     self->readonly = readonly;
-    self->pid = current_pid;
+    self->epoch = forkwatch_epoch();
     self->dev = st.st_dev;
     self->ino = st.st_ino;
     MDB_env *env = NULL;
@@ -2392,7 +2391,7 @@ static void snap_unlink(SnapshotObject *s) {
 static PyObject *snap_abort(SnapshotObject *s, PyObject *unused) {
     (void)unused;
     if (s->txn != NULL) {
-        if (s->owner->pid == current_pid && s->owner->env != NULL) M.txn_abort(s->txn);
+        if (s->owner->epoch == forkwatch_now() && s->owner->env != NULL) M.txn_abort(s->txn);
         s->txn = NULL;
         snap_unlink(s);
     }
@@ -2759,12 +2758,6 @@ PyMODINIT_FUNC PyInit__lmdbcall(void) {
     if (PyType_Ready(&EnvType) < 0 || PyType_Ready(&SnapshotType) < 0 || PyType_Ready(&DurableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&lc_module);
     if (m == NULL) return NULL;
-    current_pid = getpid();
-    if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
-        Py_DECREF(m);
-        PyErr_SetString(PyExc_ImportError, "wal._lmdbcall: pthread_atfork failed");
-        return NULL;
-    }
     LmdbError = PyErr_NewException("wal._lmdbcall.LmdbError", NULL, NULL);
     if (LmdbError == NULL || PyModule_AddObjectRef(m, "LmdbError", LmdbError) < 0
         || PyModule_AddObjectRef(m, "Env", (PyObject *)&EnvType) < 0

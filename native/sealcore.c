@@ -27,7 +27,7 @@
  *    encryption, by every seal of the session from either path: no two seals of a session get
  *    one counter. At the session's limit (wal/crypto/sealing.py's SESSION_LIMIT) it seals
  *    nothing more and answers "used up"; so does a session in any process but the one that
- *    made it, however that process was forked (`process_epoch`): the caller starts a new
+ *    made it, however that process was forked (forkwatch.h): the caller starts a new
  *    session (a new random id and key), which the Python side also does in every forked
  *    child before it seals.
  *  - AGENTWAL_TRACE_NONCES: a session given a trace fd appends "key_id session counter\n"
@@ -47,10 +47,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <structmember.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "forkwatch.h"
 
 #define KEY_BYTES 32
 #define KEY_ID_BYTES 8
@@ -91,57 +90,6 @@ static struct {
 static void *g_libcrypto;        /* the loaded library, or NULL */
 static const char *g_lib_name;   /* which name loaded */
 static char g_load_error[512];   /* why it did not, once tried */
-
-/* Which process a session belongs to. A session seals only in the process that made it: a
- * forked child holds a copy of its counters, and a seal there would repeat the nonces its
- * parent goes on to use. Every fork must be seen, whoever makes it: os.fork, libc fork()
- * called straight, glibc's _Fork() and a raw clone(2) (the last two run no pthread_atfork
- * handler). The epoch is kept in a page marked MADV_WIPEONFORK, which the kernel gives every
- * child zeroed; the first session made in a child draws a new one, and its parent's sessions
- * there compare unequal from the child's first instruction on. Reading it costs a load. Where
- * the kernel has no MADV_WIPEONFORK (before Linux 4.14) the epoch is the pid, read at every
- * seal (getpid(2): ~0.2 us on the measuring machine, GIL held, which is why it is not the
- * first choice). */
-static uint64_t *g_epoch_page; /* NULL: no MADV_WIPEONFORK here */
-
-static void epoch_page_init(void) {
-    long page = sysconf(_SC_PAGESIZE);
-    void *p = mmap(NULL, (size_t)(page > 0 ? page : 4096), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return;
-#ifdef MADV_WIPEONFORK
-    if (madvise(p, (size_t)(page > 0 ? page : 4096), MADV_WIPEONFORK) == 0) {
-        g_epoch_page = p;
-        return;
-    }
-#endif
-    munmap(p, (size_t)(page > 0 ? page : 4096));
-}
-
-/* The epoch of the process running now; 0 in a child no session was made in yet. */
-static uint64_t process_epoch(void) {
-    if (g_epoch_page == NULL) return (uint64_t)getpid();
-    return __atomic_load_n(g_epoch_page, __ATOMIC_ACQUIRE);
-}
-
-/* The epoch for a session made now: this process's, drawn first if this is a child that has none. */
-static uint64_t session_epoch(void) {
-    uint64_t epoch = process_epoch();
-    if (epoch != 0) return epoch;
-    uint64_t fresh = 0;
-    while (fresh == 0) {
-        if (getrandom(&fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh) {
-            /* No entropy call (seccomp, an old kernel): the pid and the clock tell this child
-             * from its parent, whose epoch was drawn in another process at another time. */
-            struct timespec now;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            fresh = ((uint64_t)getpid() << 40) ^ (uint64_t)now.tv_sec << 30 ^ (uint64_t)now.tv_nsec;
-        }
-    }
-    /* Two threads of one child may both draw: the first stored wins, and both use it. */
-    if (!__atomic_compare_exchange_n(g_epoch_page, &epoch, fresh, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return epoch;
-    return fresh;
-}
 
 static int load_libcrypto(void) {
     if (g_libcrypto != NULL) return 0;
@@ -212,7 +160,7 @@ typedef struct {
     PyObject *key_id;                   /* the key id, bytes */
     uint64_t next;                      /* the next counter (atomic) */
     uint64_t limit;                     /* counters from here on are never used */
-    uint64_t epoch;                     /* the process that made it (process_epoch) */
+    uint64_t epoch;                     /* the process that made it (forkwatch.h) */
     Py_ssize_t compress_from;           /* 0, or values this long go to the Python path (compressed first) */
     int trace_fd;                       /* -1, or AGENTWAL_TRACE_NONCES's file */
     int pooled;
@@ -223,7 +171,7 @@ static void put_u64_le(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static int session_live(SealSession *s) { return s->epoch == process_epoch(); }
+static int session_live(SealSession *s) { return s->epoch == forkwatch_now(); }
 
 /* A context with the session's key set, for one seal; NULL with an exception set. GIL held. */
 static EVP_CIPHER_CTX *ctx_take(SealSession *s) {
@@ -370,7 +318,7 @@ static PyObject *session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     s->id = PyBytes_FromStringAndSize(PyBytes_AS_STRING(sid), SESSION_BYTES);
     s->key_id = PyBytes_FromStringAndSize(PyBytes_AS_STRING(kid), KEY_ID_BYTES);
     s->limit = limit;
-    s->epoch = session_epoch();
+    s->epoch = forkwatch_epoch();
     s->trace_fd = trace_fd;
     s->compress_from = compress_from;
     if (s->id == NULL || s->key_id == NULL) {
@@ -450,11 +398,6 @@ PyTypeObject SealSessionType = {
 };
 
 int sealcore_add(PyObject *module) {
-    static int epoch_ready;
-    if (!epoch_ready) {
-        epoch_page_init();
-        epoch_ready = 1;
-    }
     if (PyType_Ready(&SealSessionType) < 0) return -1;
     Py_INCREF(&SealSessionType);
     if (PyModule_AddObject(module, "SealSession", (PyObject *)&SealSessionType) < 0) {

@@ -18,6 +18,7 @@ Quick profile by default; AGENTWAL_LONG=1 runs 100 kills per level.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import shutil
@@ -410,13 +411,22 @@ def test_a_forked_child_gets_locked_error_from_the_inherited_store_and_from_a_ne
         assert store.get(b"k") == b"parent"
 
 
-def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherited_store(tmp_path: Path) -> None:
+def _needs(forker: str) -> None:
+    if not hasattr(ctypes.CDLL(None), forker):
+        pytest.skip(f"this C library has no {forker}() (glibc before 2.34)")
+
+
+@pytest.mark.parametrize("forker", ["fork", "_Fork"])
+def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherited_store(tmp_path: Path,
+                                                                                       forker: str) -> None:
     """libc fork() called straight (ctypes, a C extension) runs no os.register_at_fork hook, so
     the inherited Store did not know it was in a child: the child's commits were acknowledged,
     then the parent handed out the same LSNs again and the child's were lost; and a sync or a
     checkpoint in the child wrote the batch it had copied at the fork over what the parent wrote
-    since (zero padding over an acknowledged record). The log's C core counts forks itself
-    (pthread_atfork) and refuses every write, sync and wait in the child."""
+    since (zero padding over an acknowledged record). glibc's _Fork() runs not even a
+    pthread_atfork handler. The log's C core knows the process that opened it (native/forkwatch.h)
+    and refuses every write, sync and wait in another."""
+    _needs(forker)
     script = textwrap.dedent(f"""
         import ctypes, os
         import wal
@@ -424,7 +434,7 @@ def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherit
         store.put("before", b"1")
         go_r, go_w = os.pipe()
         out_r, out_w = os.pipe()
-        pid = ctypes.CDLL(None).fork()
+        pid = getattr(ctypes.CDLL(None), {forker!r})()
         if pid == 0:
             os.read(go_r, 1)  # once the parent committed after the fork
             outcomes = []
@@ -452,11 +462,14 @@ def test_a_child_forked_past_pythons_fork_hooks_cannot_write_through_the_inherit
         assert dict(store.scan()) == {b"before": b"1", b"parent": b"p", b"parent2": b"p2"}
 
 
+@pytest.mark.parametrize("forker", ["fork", "_Fork"])
 def test_a_child_forked_past_pythons_fork_hooks_while_another_thread_held_the_commit_lock_is_refused_not_hung(
-        tmp_path: Path) -> None:
+        tmp_path: Path, forker: str) -> None:
     """The commit lock held by another of the parent's threads at a libc fork() is held by no
     thread of the child: its first commit waited for it forever, before the log could refuse
-    it. The lock counts forks itself (native/commitlock.h) and starts over in such a child."""
+    it. The lock knows the process it was set up in (native/commitlock.h) and starts over in
+    such a child."""
+    _needs(forker)
     script = textwrap.dedent(f"""
         import ctypes, os, select, threading
         import wal
@@ -471,7 +484,7 @@ def test_a_child_forked_past_pythons_fork_hooks_while_another_thread_held_the_co
         thread.start()
         held.wait()
         out_r, out_w = os.pipe()
-        pid = ctypes.CDLL(None).fork()
+        pid = getattr(ctypes.CDLL(None), {forker!r})()
         if pid == 0:
             def txn():
                 with store.transaction() as t:
