@@ -356,6 +356,32 @@ def test_a_key_provider_that_raises_gives_an_encryption_key_error_naming_the_sto
         assert read.value.key_id == key_id(KEY).hex() and isinstance(read.value.__cause__, ConnectionError)
 
 
+@pytest.mark.parametrize("bad", [b"k" * 16, "k" * 32, 7], ids=["16 bytes", "a str", "an int"])
+def test_a_key_provider_answering_with_no_key_gives_an_encryption_key_error_naming_where(tmp_path: Path,
+                                                                                        bad: object) -> None:
+    """A provider that answered with something other than 32 bytes gave ArgumentError or
+    ArgumentTypeError, naming neither the store nor the value that needed the key: it is the
+    provider's answer, not an argument, and is an EncryptionKeyError as a provider's failure is."""
+    with wal.open(tmp_path, encryption=KEY) as store:
+        store.put(b"old", b"1")
+    with pytest.raises(wal.EncryptionKeyError, match=r"the store at .*: the key provider gave, for the current key, "
+                                                     ) as opened:
+        wal.open(tmp_path, encryption=lambda kid: bad)
+    assert opened.value.where == str(tmp_path)
+    # Asked at the open for the key the store is under, since the current key is not one of its.
+    with pytest.raises(wal.EncryptionKeyError, match=rf"the store at .*: the key provider gave, for the key of id "
+                                                     rf"{key_id(KEY).hex()}, ") as opened:
+        wal.open(tmp_path, encryption=lambda kid: KEY2 if kid in (None, key_id(KEY2)) else bad)
+    assert opened.value.where == str(tmp_path)
+    with wal.open(tmp_path, encryption=[KEY2, KEY]) as store:
+        store.put(b"new", b"2")  # KEY2 listed from now on: the open asks for no other key
+    with wal.open(tmp_path, encryption=lambda kid: KEY2 if kid in (None, key_id(KEY2)) else bad) as store:
+        with pytest.raises(wal.EncryptionKeyError, match=rf"the value of key b'old' .*: the key provider gave, for the "
+                                                         rf"key of id {key_id(KEY).hex()}, ") as read:
+            store.get(b"old")
+        assert read.value.key_id == key_id(KEY).hex() and "b'old'" in str(read.value.where)
+
+
 def test_a_sealed_store_whose_store_file_lost_its_sealing_is_refused_not_opened_plain(tmp_path: Path) -> None:
     """STORE says how a store is sealed; one deleted, or rewritten without its "sealed" object,
     opened the store plain: its envelopes came back as values, and new values were written in

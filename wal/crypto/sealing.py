@@ -192,7 +192,7 @@ class Keyring:
             got = _ask(source, None)
             if got is None:
                 raise MissingKeyError("the key provider returned no current key (provider(None) gave None)")
-            keys = [_check_key(got, "the key provider's current key")]
+            keys = [_provided_key(got, None)]
         elif isinstance(source, Sequence) and not isinstance(source, str) and len(source) > 0:
             keys = [_check_key(k, f"encryption key {i}") for i, k in enumerate(source)]
         else:
@@ -219,13 +219,27 @@ class Keyring:
         got = _ask(self._provider, kid)
         if got is None:
             return None
-        key = _check_key(got, f"the key provider's key {kid.hex()}")
+        key = _provided_key(got, kid)
         if key_id(key) != kid:
             raise MissingKeyError(f"the key provider returned, for key id {kid.hex()}, a key whose id is "
                                   f"{key_id(key).hex()}", key_id=kid.hex())
         with self._lock:
             self._keys[kid] = key
         return key
+
+
+def _provided_key(got: object, kid: bytes | None) -> bytes:
+    """A key the provider returned, checked: one that is not 32 bytes is an EncryptionKeyError
+    naming the key asked for, as a provider's own failure is (`_ask`), so that the store's open
+    or the read that asked names where; the provider is the caller's code, not an argument."""
+    which = "the current key" if kid is None else f"the key of id {kid.hex()}"
+    if not isinstance(got, bytes | bytearray | memoryview):
+        raise EncryptionKeyError(f"the key provider gave, for {which}, a {type(got).__name__}, not 32 bytes",
+                                 key_id=None if kid is None else kid.hex())
+    if len(got) != KEY_BYTES:
+        raise EncryptionKeyError(f"the key provider gave, for {which}, {len(got)} bytes: a key is {KEY_BYTES} "
+                                 "bytes (AES-256)", key_id=None if kid is None else kid.hex())
+    return bytes(got)
 
 
 def _ask(provider: Callable[[bytes | None], bytes | None], kid: bytes | None) -> bytes | None:

@@ -283,6 +283,8 @@ def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression
                         known.add(i)
                 except MissingKeyError as exc:  # another key than the one asked for: a wrong key
                     answers.append(f" ({exc})")
+                except EncryptionKeyError as exc:  # the provider failed, or gave no key: name the store
+                    raise type(exc)(f"the store at {root}: {exc}", key_id=exc.key_id, where=root) from exc
         if not known & set(stored) and _sealed_under_any(root, keys.ids):
             # Values under a key STORE does not list: a store restored, or followed, with a newer
             # key than most of its values are under (a restore lists the keys it was given). The
