@@ -10,6 +10,7 @@ writes at every level, closed and read-only stores, and the STORE format version
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import math
 import os
@@ -1516,3 +1517,22 @@ def test_an_automatic_checkpoint_a_committer_starts_as_the_store_closes_is_close
         store._checkpoint_if_due()
     assert store._failure is None
     assert not [r for r in caplog.records if "stopped after a failure" in r.getMessage()]
+
+
+def test_archive_options_are_named_parameters_of_wal_open_checked_before_anything_is_made(tmp_path: Path) -> None:
+    # They were **archive_options: a misspelt one type-checked, and was found only at run time.
+    url = (tmp_path / "archive").as_uri()
+    named = set(inspect.signature(wal.open).parameters)
+    assert {"archive_rpo_ms", "archive_policy", "archive_snapshot_bytes", "archive_merge_objects",
+            "archive_retention_s", "archive_puts_in_flight", "archive_fencing"} <= named
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(wal.open).parameters.values())
+    with pytest.raises(TypeError, match="archive_rpo"):
+        wal.open(tmp_path / "a", archive=url, archive_rpo=5)  # type: ignore[call-arg]
+    with pytest.raises(wal.ArgumentError, match="archive_rpo_ms: options of an object archive"):
+        wal.open(tmp_path / "b", archive_rpo_ms=5)
+    with pytest.raises(wal.ArgumentError, match="archive_rpo_ms must be an int > 0"):
+        wal.open(tmp_path / "c", archive=url, archive_rpo_ms=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with wal.open(tmp_path / "d", archive=url, archive_rpo_ms=5000, archive_fencing=True) as store:
+        store.put("k", b"v")
+        assert store.stats()["archive_rpo_ms"] == 5000

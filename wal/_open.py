@@ -21,7 +21,10 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
                idempotency_ttl_s: float = 86_400, apply_interval_ms: int = 20, max_unapplied: int = 200_000,
                preallocate: str = "size", encryption: Any = None, compression: str | None = None,
                compression_threshold: int | None = None, compression_dict: Any = None,
-               **archive_options: Any) -> Store:
+               archive_rpo_ms: int | None = None, archive_policy: str | None = None,
+               archive_snapshot_bytes: int | None = None, archive_merge_objects: int | None = None,
+               archive_retention_s: float | None = None, archive_puts_in_flight: int | None = None,
+               archive_fencing: bool | None = None) -> Store:
     """Open (creating if needed) the store at `path`; this is `wal.open`.
 
     The open recovers: it takes the writer's lock, scans the log (cutting a torn tail), and
@@ -41,8 +44,11 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
 
     archive: True or a directory path keeps the log segments a checkpoint removes in a local
     folder; an object-store URL (``s3://bucket/prefix``, ``file:///dir``) ships the log and state
-    snapshots off the machine (wal/archive/: `archive_rpo_ms`, `archive_policy`, ... in
-    archive_options) and enables durability="replicated".
+    snapshots off the machine and enables durability="replicated". The archive_* options are an
+    object archive's (None: the default; `wal.archive.store.open_archived` documents each):
+    archive_rpo_ms (1000), archive_policy ("block" or "error"), archive_snapshot_bytes (64 MiB),
+    archive_merge_objects (32), archive_retention_s (keep all), archive_puts_in_flight (1) and
+    archive_fencing (True).
 
     Every failure is a WalError: what the operating system refuses (a full disk, a read-only
     filesystem, a directory without permission, no file descriptors left, a missing file)
@@ -59,6 +65,12 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         "encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
         "compression_dict": compression_dict,
     }
+    # The archive_* options given (None: its default, wal.archive.store.archive_settings).
+    archive_options = {name: value for name, value in (
+        ("archive_rpo_ms", archive_rpo_ms), ("archive_policy", archive_policy),
+        ("archive_snapshot_bytes", archive_snapshot_bytes), ("archive_merge_objects", archive_merge_objects),
+        ("archive_retention_s", archive_retention_s), ("archive_puts_in_flight", archive_puts_in_flight),
+        ("archive_fencing", archive_fencing)) if value is not None}
     if not isinstance(path, str | os.PathLike):
         raise ArgumentTypeError(f"the store's path must be a str or os.PathLike, not {type(path).__name__}")
     if not os.fspath(path):  # "" (an unset variable, say) would make the current directory a store
