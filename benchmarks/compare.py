@@ -779,7 +779,7 @@ def build_unapplied_store(d: str, total_bytes: int, value: bytes, nkeys: int) ->
     payloads = [record.encode([(record.OP_PUT, b"agent%06d/state" % i, value)], now_ms, None) for i in range(nkeys)]
     records = 0
     start = time.perf_counter()
-    with wal.Log.open(os.path.join(d, LOG_DIR), durability="buffered", rpo_ms=1000) as lg:
+    with wal.Log.open(os.path.join(d, LOG_DIR), durability="buffered", rpo_ms=1000, _store_log=True) as lg:
         i = 0
         while records * len(value) < total_bytes:
             chunk = payloads[i : i + 1000]

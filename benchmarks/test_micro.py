@@ -150,7 +150,7 @@ def unapplied_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     now_ms = time.time_ns() // 1_000_000
     payloads = [record.encode([(record.OP_PUT, b"agent%04d/state" % (i % 1000), PAYLOAD)], now_ms, None)
                 for i in range(REPLAY_RECORDS)]
-    with wal.Log.open(d / LOG_DIR, durability="buffered", rpo_ms=1000) as lg:
+    with wal.Log.open(d / LOG_DIR, durability="buffered", rpo_ms=1000, _store_log=True) as lg:
         lg.append_many(payloads)
     return d
 
