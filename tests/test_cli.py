@@ -612,6 +612,8 @@ def test_repair_of_damage_in_the_newest_segment_names_every_lsn_it_gives_up(tmp_
     assert verify.returncode == 1
     assert "invariant I1" not in verify.stdout  # the log's damage explains the state being ahead
     assert "past the log's damage" in verify.stdout, verify.stdout
+    done = run("repair", "--yes", str(store))  # and what it did says what its plan said
+    assert f"gave up LSNs {victim['lsn']}..{last}" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("cut", ["at_a_record_end", "mid_record"])

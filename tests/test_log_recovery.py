@@ -385,6 +385,24 @@ def test_recovery_truncate_opens_at_the_last_good_record_and_reports_lost_lsns(t
     assert got[lsn - 1 :] == [(lsn, b"resumed"), *[(lsn + 1 + i, payload(i)) for i in range(3)]]
 
 
+@pytest.mark.parametrize("regions", [1, 2])
+def test_recovery_truncate_in_the_newest_segment_reports_every_lsn_past_the_damage_as_lost(
+        tmp_path: Path, regions: int) -> None:
+    """The scan of the damaged segment stops at its damage and names only the first record after
+    it; the truncate sets aside the segment's whole rest. It reported LSNs 12..12 lost where 12..20
+    went. Past a second damaged region (records further on) the rest goes too."""
+    records = make_log(tmp_path, 20)
+    seg = segments(tmp_path)[-1]
+    offsets = {lsn: off for lsn, off, _ in record_offsets(seg)}
+    flip(seg, offsets[12] + 30)
+    if regions == 2:
+        flip(seg, offsets[16] + 30)
+    with wal.Log.open(tmp_path, recovery="truncate") as log:
+        assert log.recovery_report.lost_lsns == (12, 20)
+        assert log.stats()["lost_lsns"] == (12, 20)
+        assert list(log.read()) == records[:11]
+
+
 class _CrashError(Exception):
     pass
 

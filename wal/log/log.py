@@ -881,11 +881,8 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
         if mode != "truncate":
             raise recovery.corruption_error(damage, segments)
         bad = segments[damage.index]
-        # scan_directory stops at the damage: scan the later segments too, or the lost range is understated.
-        later_scans = [recovery.scan_segment_file(p, n) for n, p in recovery.list_segments(path)
-                       if n > bad.segment_no]
-        last_known = max([s.last_lsn for s in [bad, *later_scans] if s.header_ok]
-                         + [bad.next_valid_lsn], default=0)
+        # scan_directory stops at the damage: read on past it, or the lost range is understated.
+        lost = recovery.lost_range(path, scan)
         if damage.offset == 0 and damage.index == 0:
             # Checked before anything is set aside: the error says "Nothing was changed".
             err = recovery.corruption_error(damage, segments)
@@ -928,8 +925,6 @@ def _recover(path: str, mode: str, segment_bytes: int, on_sealed: Callable[[Seal
             bad.status, bad.end_offset = "open", damage.offset
             segments = segments[: damage.index + 1]
         broken.extend(recovery.set_aside(p) for p in later_segments)
-        first_lost = damage.lsn
-        lost = (first_lost, last_known if last_known >= first_lost else None)
     elif segments and segments[-1].status == "torn":
         last = segments[-1]
         _refuse_cut_below(keep_through, last.last_lsn, last.path, last.bad_offset)

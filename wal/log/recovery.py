@@ -179,6 +179,69 @@ def scan_segment_file(path: str, segment_no: int) -> SegmentScan:
     )
 
 
+_SEGMENT_HEADER_BYTES = 64  # FORMAT.md section 4
+_HEADER_FIRST_LSN = 32  # offset of the header's first_lsn (u64 LE)
+_HEADER_CRC = 60  # offset of the header's CRC-32C of bytes 0..59
+_RECORD_HEADER_BYTES = 24  # FORMAT.md section 5
+_RECORD_DATA = 1  # a record header's type byte (offset 16): DATA; 2 is SEAL, 3 MARK
+
+
+def header_with_first_lsn(header: bytes, first_lsn: int) -> bytes:
+    """A segment header with first_lsn rewritten (and its CRC made again): put before the bytes
+    of a segment from some offset on, it lets the scanner validate them as a segment of their
+    own, expecting `first_lsn` next. This is how every reader goes past damage."""
+    body = bytearray(header[:_HEADER_CRC])
+    body[_HEADER_FIRST_LSN:_HEADER_FIRST_LSN + 8] = first_lsn.to_bytes(8, "little")
+    crc = int(lib.wal_crc32c(0, bytes(body), _HEADER_CRC))
+    return bytes(body) + crc.to_bytes(4, "little")
+
+
+def resume_lsn(buf: Any, offset: int) -> tuple[int, int]:
+    """For a whole record at `offset`: (first LSN to expect there, last LSN known lost before it).
+
+    DATA: its own LSN, and everything before it. SEAL and MARK carry an LSN already used (the
+    segment's last DATA LSN; a durable LSN), so the next DATA LSN is one more.
+    """
+    head = bytes(buf[offset:offset + _RECORD_HEADER_BYTES])
+    lsn = int.from_bytes(head[8:16], "little")
+    if head[16] == _RECORD_DATA:
+        return lsn, lsn - 1
+    return lsn + 1, lsn
+
+
+def last_lsn_past_damage(scan: SegmentScan) -> int:
+    """The highest LSN among the valid records after the damage a segment's scan stopped at,
+    reading on past every damaged region (the scan itself reports only the first record after
+    the first); 0 when none follows. A truncate gives all of them up, so its lost range must
+    reach that far."""
+    last, pos = 0, scan.next_valid_offset
+    if not scan.header_ok or not pos:
+        return 0
+    with mapped(scan.path) as buf:
+        head = bytes(buf[:_SEGMENT_HEADER_BYTES])
+        while pos:
+            expect, lost_before = resume_lsn(buf, pos)
+            res = scan_buffer(header_with_first_lsn(head, expect) + bytes(buf[pos:]))
+            last = max(last, int(res.last_lsn), lost_before)
+            if res.status != lib.WAL_SCAN_CORRUPT or not res.next_valid_offset:
+                break
+            pos += int(res.next_valid_offset) - _SEGMENT_HEADER_BYTES
+    return last
+
+
+def lost_range(directory: str, scan: DirectoryScan) -> tuple[int, int | None]:
+    """The LSNs a truncate at `scan.damage` gives up: from the first lost one to the highest any
+    valid record past the cut holds -- in the damaged segment past its damage, and in every later
+    segment (None when no record past the cut can be read)."""
+    assert scan.damage is not None
+    bad = scan.segments[scan.damage.index]
+    later = [scan_segment_file(p, n) for n, p in list_segments(directory) if n > bad.segment_no]
+    last = max([s.last_lsn for s in later if s.header_ok]
+               + [last_lsn_past_damage(s) for s in [bad, *later]] + [bad.next_valid_lsn], default=0)
+    first = scan.damage.lsn
+    return first, last if last >= first else None
+
+
 def settled_scan_buffer(buf: Any, res: Any, *, tries: int = 20, pause: float = 0.005) -> Any:
     """Rescan the last segment of a log another process may be writing, until its damage holds still.
 

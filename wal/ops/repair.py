@@ -70,11 +70,9 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
     good_last = segs[-1].last_lsn if segs else 0
     if scan.damage is not None:
         d = scan.damage
-        bad = segs[d.index]
-        later = [recovery.scan_segment_file(p, n) for n, p in recovery.list_segments(target.log_dir)
-                 if n > bad.segment_no]
-        last_known = max([s.last_lsn for s in [bad, *later] if s.header_ok] + [bad.next_valid_lsn,
-                                                                                 _last_lsn_past(target.log_dir, d.lsn)])
+        # What the open's truncate will report, and past it what a salvage read finds (a later
+        # segment whose header is unreadable, which the open does not read into).
+        last_known = max(recovery.lost_range(target.log_dir, scan)[1] or 0, _last_lsn_past(target.log_dir, d.lsn))
         plan.lost = (d.lsn, last_known if last_known >= d.lsn else None)
         plan.damage = d.message
         good_last = d.lsn - 1

@@ -101,12 +101,6 @@ def _first_lsn_of(seg: _Seg) -> int | None:
     return int(_U64.unpack_from(head, _SH_FIRST_LSN)[0])
 
 
-def _with_first_lsn(header: bytes, first_lsn: int) -> bytes:
-    body = bytearray(header[:_SH_CRC])
-    _U64.pack_into(body, _SH_FIRST_LSN, first_lsn)
-    return bytes(body) + struct.pack("<I", lib.wal_crc32c(0, bytes(body), _SH_CRC))
-
-
 def _synthetic_header(buf: Any, segment_no: int) -> bytes | None:
     """A header for a segment whose own header is unreadable, from its first record (salvage only).
 
@@ -115,7 +109,7 @@ def _synthetic_header(buf: Any, segment_no: int) -> bytes | None:
     if len(buf) < HEADER_SIZE + RECORD_HEADER_SIZE:
         return None
     rec = bytes(buf[HEADER_SIZE:HEADER_SIZE + RECORD_HEADER_SIZE])
-    lsn, _ = _resume_lsn(buf, HEADER_SIZE)
+    lsn, _ = recovery.resume_lsn(buf, HEADER_SIZE)
     salt_check = struct.unpack_from("<I", rec, 20)[0]
     if not lsn or not salt_check or not segment_no:
         return None
@@ -153,7 +147,7 @@ def _scan_view(buf: Any, header: bytes | None, pos: int, first_lsn: int | None, 
             return _View(recovery.scan_buffer(buf), buf, 0)
         head = header if header is not None else bytes(buf[:HEADER_SIZE])
         if first_lsn is not None:
-            head = _with_first_lsn(head, first_lsn)
+            head = recovery.header_with_first_lsn(head, first_lsn)
         data = head + bytes(buf[pos:])
         return _View(recovery.scan_buffer(data), data, pos - HEADER_SIZE)
 
@@ -194,19 +188,6 @@ def _view_records(view: _View, from_lsn: int, upto: int | None) -> Iterator[tupl
             if upto is not None and lsn > upto:
                 return
             yield lsn, view.real(off - RECORD_HEADER_SIZE), bytes(view.data[off:off + length])
-
-
-def _resume_lsn(buf: Any, offset: int) -> tuple[int, int]:
-    """For a whole record at `offset`: (first LSN to expect there, last LSN known lost before it).
-
-    DATA: its own LSN, and everything before it. SEAL and MARK carry an LSN already used (the
-    segment's last DATA LSN; a durable LSN), so the next DATA LSN is one more.
-    """
-    head = bytes(buf[offset:offset + RECORD_HEADER_SIZE])
-    lsn = int(_U64.unpack_from(head, 8)[0])
-    if head[16] == _REC_DATA:
-        return lsn, lsn - 1
-    return lsn + 1, lsn
 
 
 @dataclass(frozen=True)
@@ -292,7 +273,7 @@ def _segment_records(seg: _Seg, from_lsn: int, upto: int | None, *, salvage: boo
             if res.next_valid_offset:
                 # Bad bytes, then a record whose CRC holds: read on from it.
                 resume = view.real(res.next_valid_offset)
-                next_lsn, first_lost_after = _resume_lsn(buf, resume)
+                next_lsn, first_lost_after = recovery.resume_lsn(buf, resume)
                 lost = (last + 1, first_lost_after) if first_lost_after >= last + 1 else None
                 on_skip(Skip(path, bad, resume, what, lost))
             elif status == "torn":
@@ -301,7 +282,7 @@ def _segment_records(seg: _Seg, from_lsn: int, upto: int | None, *, salvage: boo
             elif view.reason in ("lsn gap", "lsn out of order") and (bad, last) not in seen:
                 # A whole DATA record (CRC holds) with an unexpected LSN: read on from it.
                 seen.add((bad, last))
-                next_lsn, _ = _resume_lsn(buf, bad)
+                next_lsn, _ = recovery.resume_lsn(buf, bad)
                 lost = (last + 1, next_lsn - 1) if next_lsn - 1 >= last + 1 else None
                 on_skip(Skip(path, bad, bad, f"{view.reason}: LSN {next_lsn} follows LSN {last}", lost))
                 resume = bad
