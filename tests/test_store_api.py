@@ -1521,13 +1521,13 @@ def test_an_automatic_checkpoint_a_committer_starts_as_the_store_closes_is_close
 
 def test_archive_options_are_named_parameters_of_wal_open_checked_before_anything_is_made(tmp_path: Path) -> None:
     # They were **archive_options: a misspelt one type-checked, and was found only at run time.
+    # Any other name is refused by a type checker (**unknown: Never) and, at run time, as ArgumentError.
     url = (tmp_path / "archive").as_uri()
     named = set(inspect.signature(wal.open).parameters)
     assert {"archive_rpo_ms", "archive_policy", "archive_snapshot_bytes", "archive_merge_objects",
             "archive_retention_s", "archive_puts_in_flight", "archive_fencing"} <= named
-    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(wal.open).parameters.values())
-    with pytest.raises(TypeError, match="archive_rpo"):
-        wal.open(tmp_path / "a", archive=url, archive_rpo=5)  # type: ignore[call-arg]
+    with pytest.raises(wal.ArgumentError, match=r"unknown option\(s\) of wal.open: archive_rpo"):
+        wal.open(tmp_path / "a", archive=url, archive_rpo=5)  # type: ignore[arg-type]
     with pytest.raises(wal.ArgumentError, match="archive_rpo_ms: options of an object archive"):
         wal.open(tmp_path / "b", archive_rpo_ms=5)
     with pytest.raises(wal.ArgumentError, match="archive_rpo_ms must be an int > 0"):
@@ -1536,3 +1536,36 @@ def test_archive_options_are_named_parameters_of_wal_open_checked_before_anythin
     with wal.open(tmp_path / "d", archive=url, archive_rpo_ms=5000, archive_fencing=True) as store:
         store.put("k", b"v")
         assert store.stats()["archive_rpo_ms"] == 5000
+
+
+def test_a_one_slash_file_url_is_an_object_archive_not_a_folder_named_file(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # file:/dir (RFC 8089's one-slash form) was taken for a relative folder: a local archive in
+    # ./file:/dir, and no object archive at all.
+    monkeypatch.chdir(tmp_path)
+    url = "file:" + str(tmp_path / "archive")
+    with wal.open(tmp_path / "s", archive=url) as store:
+        store.put("k", b"v")
+    assert not (tmp_path / "file:").exists()
+    assert wal.restore(url, tmp_path / "r").lsn == 1
+    with pytest.raises(wal.ArgumentError, match="unsupported archive URL 'gs:bucket'"):
+        wal.open(tmp_path / "t", archive="gs:bucket")
+
+
+@pytest.mark.parametrize("options", [{"checkpoint_bytes": 2**64}, {"max_unapplied": 2**63}, {"archive": 5}],
+                         ids=["checkpoint_bytes", "max_unapplied", "archive"])
+def test_numbers_past_what_the_core_holds_and_archives_of_no_kind_are_refused_before_anything_is_made(
+        tmp_path: Path, options: dict[str, Any]) -> None:
+    # Each raised a raw OverflowError or TypeError, the first two after the store was made.
+    with pytest.raises(wal.WalError, match=next(iter(options))):
+        wal.open(tmp_path / "s", **options)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_path_that_is_a_file_is_refused_as_not_a_directory(tmp_path: Path) -> None:
+    # It said "the directory of a follower of the archive ?" (the FOLLOWING check read
+    # "not a directory" as a marker it could not parse), or "File exists".
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(wal.ArgumentError, match="is a file, not a directory"):
+        wal.open(tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "hello"

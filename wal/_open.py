@@ -8,7 +8,7 @@ imported only when an archive URL is given, so a plain open never loads an objec
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Never
 
 from wal.archive import is_archive_url
 from wal.errors import ArgumentError, ArgumentTypeError, WalError, storage_error
@@ -24,7 +24,7 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
                archive_rpo_ms: int | None = None, archive_policy: str | None = None,
                archive_snapshot_bytes: int | None = None, archive_merge_objects: int | None = None,
                archive_retention_s: float | None = None, archive_puts_in_flight: int | None = None,
-               archive_fencing: bool | None = None) -> Store:
+               archive_fencing: bool | None = None, **unknown: Never) -> Store:
     """Open (creating if needed) the store at `path`; this is `wal.open`.
 
     The open recovers: it takes the writer's lock, scans the log (cutting a torn tail), and
@@ -65,6 +65,8 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         "encryption": encryption, "compression": compression, "compression_threshold": compression_threshold,
         "compression_dict": compression_dict,
     }
+    if unknown:  # **unknown: Never makes a type checker refuse any other name; at run time, say so
+        raise ArgumentError(f"unknown option(s) of wal.open: {', '.join(sorted(unknown))}")
     # The archive_* options given (None: its default, wal.archive.store.archive_settings).
     archive_options = {name: value for name, value in (
         ("archive_rpo_ms", archive_rpo_ms), ("archive_policy", archive_policy),
@@ -75,6 +77,12 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         raise ArgumentTypeError(f"the store's path must be a str or os.PathLike, not {type(path).__name__}")
     if not os.fspath(path):  # "" (an unset variable, say) would make the current directory a store
         raise ArgumentError("the store's path is empty: name its directory")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ArgumentError(f"{os.fspath(path)!r} is a file, not a directory: a store is a directory (wal.open "
+                            "makes it where none exists)")
+    if not (isinstance(archive, bool | str | os.PathLike) or is_archive_url(archive)):
+        raise ArgumentTypeError("archive must be True or False, a directory path, an archive URL (s3://bucket/prefix, "
+                                f"file:///dir), an obstore store or an ObjectStore; not {type(archive).__name__}")
     try:
         if is_archive_url(archive) and not readonly:
             from wal.archive.store import open_archived  # noqa: PLC0415

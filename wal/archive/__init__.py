@@ -14,7 +14,13 @@ promotion with fencing).
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["is_archive_url"]
+
+# A URL's scheme (RFC 3986: a letter, then letters, digits, "+", "-", "."), two characters at
+# least so that a Windows drive letter never reads as one, and its colon.
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def is_archive_url(archive: object) -> bool:
@@ -25,4 +31,7 @@ def is_archive_url(archive: object) -> bool:
 
     if isinstance(archive, ObjectStore) or is_obstore_store(archive):
         return True
-    return isinstance(archive, str) and "://" in archive
+    # A scheme before a colon makes it a URL: file:/dir is file:///dir's one-slash spelling, and
+    # taken for a relative folder it made a local archive in ./file:/dir. An unknown scheme is
+    # then refused by the URL's parser, naming the ones it takes.
+    return isinstance(archive, str) and _URL_SCHEME.match(archive) is not None

@@ -195,6 +195,10 @@ class Watermarks(NamedTuple):
 
 
 _MAX_TTL_S = 100 * 365 * 86_400  # "forever", as a number the idempotency index can hold
+# Upper bounds of the open's numbers, far past any use, within what the C core holds (an
+# off_t, a Py_ssize_t): a larger one raised a raw OverflowError after the store was made.
+_MAX_CHECKPOINT_BYTES = 1 << 40
+_MAX_UNAPPLIED = 1 << 40
 
 
 def _key(key: object, *, allow_empty: bool = False) -> bytes:
@@ -497,8 +501,10 @@ class Store:
         before the log or the state is opened: one that failed later (infinity, NaN, a string)
         raised a raw Python error after both were open, and left the directory locked."""
         level = dur.parse(durability, rpo_ms, replicable=cls._object_archive)
-        if isinstance(checkpoint_bytes, bool) or not isinstance(checkpoint_bytes, int) or checkpoint_bytes < 1 << 16:
-            raise ArgumentError(f"checkpoint_bytes must be an int >= 65536, got {checkpoint_bytes!r}")
+        if isinstance(checkpoint_bytes, bool) or not isinstance(checkpoint_bytes, int) \
+                or not 1 << 16 <= checkpoint_bytes <= _MAX_CHECKPOINT_BYTES:
+            raise ArgumentError(f"checkpoint_bytes must be an int in [65536, {_MAX_CHECKPOINT_BYTES}] (1 TiB), "
+                                f"got {checkpoint_bytes!r}")
         if (isinstance(idempotency_ttl_s, bool) or not isinstance(idempotency_ttl_s, int | float)
                 or not 0 < idempotency_ttl_s <= _MAX_TTL_S):
             raise ArgumentError(f"idempotency_ttl_s must be seconds in (0, {_MAX_TTL_S}] (a century), "
@@ -506,8 +512,9 @@ class Store:
         if (isinstance(apply_interval_ms, bool) or not isinstance(apply_interval_ms, int | float)
                 or not 0 < apply_interval_ms <= dur.MAX_RPO_MS):
             raise ArgumentError(f"apply_interval_ms must be milliseconds > 0, got {apply_interval_ms!r}")
-        if isinstance(max_unapplied, bool) or not isinstance(max_unapplied, int) or max_unapplied < 1:
-            raise ArgumentError(f"max_unapplied must be an int >= 1, got {max_unapplied!r}")
+        if isinstance(max_unapplied, bool) or not isinstance(max_unapplied, int) \
+                or not 1 <= max_unapplied <= _MAX_UNAPPLIED:
+            raise ArgumentError(f"max_unapplied must be an int in [1, {_MAX_UNAPPLIED}], got {max_unapplied!r}")
         return level
 
     @classmethod
@@ -1687,7 +1694,7 @@ def _refuse_a_follower(root: str) -> None:
     try:
         with open(os.path.join(root, FOLLOWING_FILE), encoding="utf-8") as f:
             url = str(json.load(f).get("archive", "?"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no FOLLOWING file; root not a directory (said later)
         return
     except (OSError, ValueError, AttributeError):
         url = "?"
