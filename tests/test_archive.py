@@ -2811,3 +2811,36 @@ def test_an_s3_bucket_that_does_not_exist_is_named_as_such(tmp_path, monkeypatch
                 call()
     finally:
         server.shutdown()
+
+
+def test_a_followers_unexpected_error_is_said_and_its_polls_go_on(tmp_path, caplog, monkeypatch):
+    # poll_ms=2**63 was taken, and the follower's thread died at its first wait with an
+    # OverflowError traceback: follower_error stayed None and nothing more was applied. Past
+    # the bound it is refused; and any error the thread meets is said, not fatal.
+    url = (tmp_path / "a").as_uri()
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        primary.put("k1", b"1")
+    with pytest.raises(wal.ArgumentError, match="poll_ms must be milliseconds in"):
+        wal.follow(url, tmp_path / "refused", poll_ms=2**63)
+    assert not (tmp_path / "refused").exists()
+    replica = wal.follow(url, tmp_path / "f", poll_ms=10)
+    try:
+        real_poll, fails = wal.archive.follow.Follower.poll, [3]
+
+        def poll(self):
+            if fails[0]:
+                fails[0] -= 1
+                raise RuntimeError("a fault of the follower's own")
+            return real_poll(self)
+
+        monkeypatch.setattr(wal.archive.follow.Follower, "poll", poll)
+        with caplog.at_level(logging.ERROR, logger="wal.archive"):
+            wait_until(lambda: replica.stats()["follower_error"] is not None)
+            assert "RuntimeError: a fault of the follower's own" in replica.stats()["follower_error"]
+            with wal.open(tmp_path / "p", archive=url) as primary:
+                primary.put("k2", b"2")
+            wait_until(lambda: replica.lsn == 2)  # the thread went on polling
+        assert replica.stats()["follower_error"] is None and replica.get("k2") == b"2"
+        assert [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    finally:
+        replica.close()

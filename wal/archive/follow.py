@@ -80,6 +80,7 @@ from wal.store.store import FOLLOWING_FILE, Store, open_local
 _PROMOTE_ATTEMPTS = 100
 _FENCE_HOPS = 64  # objects a fence is tried past, read but not applied, before a poll (`_put_fence`)
 _REBUILD_RETRY_S = 60.0  # a rebuild that failed is tried again after this
+_MAX_POLL_MS = 86_400_000  # a day: a longer pause makes no follower (and a wait of 2^63 ms overflows)
 _logger = logging.getLogger("wal.archive")
 _T = TypeVar("_T")
 
@@ -208,6 +209,11 @@ class Follower:
                 if self._error is None:  # one ERROR line when it begins, however many polls fail
                     _logger.error("follower %s stopped applying at LSN %d (it tries again at every poll): %s",
                                   self._dir, self._pos, exc)
+                self._error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a fault of this code: said with its traceback, never silently
+                if self._error is None:
+                    _logger.exception("follower %s stopped applying at LSN %d on an unexpected error (it tries "
+                                      "again at every poll)", self._dir, self._pos)
                 self._error = f"{type(exc).__name__}: {exc}"
 
     def _applying(self) -> None:
@@ -657,8 +663,8 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
            parallel: int = 16, **sealing: Any) -> Follower:
     """Follow the archive at `url` in `directory` (restored from the archive first if it is new).
     `sealing`: a sealed store's `wal.open` options (encryption=, compression=, ...)."""
-    if isinstance(poll_ms, bool) or not isinstance(poll_ms, int | float) or not poll_ms > 0:
-        raise ArgumentError(f"poll_ms must be milliseconds > 0, got {poll_ms!r}")
+    if isinstance(poll_ms, bool) or not isinstance(poll_ms, int | float) or not 0 < poll_ms <= _MAX_POLL_MS:
+        raise ArgumentError(f"poll_ms must be milliseconds in (0, {_MAX_POLL_MS}] (a day), got {poll_ms!r}")
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
     if not os.fspath(directory):  # "" (an unset variable, say) would make the current directory the follower
