@@ -2844,3 +2844,34 @@ def test_a_followers_unexpected_error_is_said_and_its_polls_go_on(tmp_path, capl
         assert [r for r in caplog.records if "unexpected error" in r.getMessage()]
     finally:
         replica.close()
+
+
+def test_stats_never_show_the_archive_ahead_of_the_disk_or_a_negative_lag(tmp_path):
+    # stats() read the log's watermarks, then the shipper's: a PUT answered in between showed
+    # archived_lsn past durable_lsn; and a lag sample a committer took while lag_ms waited for
+    # the lock made archive_lag_ms negative.
+    url = (tmp_path / "a").as_uri()
+    with wal.open(tmp_path / "s", archive=url, durability="replicated") as store:
+        stop = threading.Event()
+
+        def commit(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                store.put(f"t{n}/{i % 100}", b"x" * 64)
+                i += 1
+
+        threads = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        seen = []
+        try:
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                st = store.stats()
+                seen.append((st["archived_lsn"], st["durable_lsn"], st["archive_lag_ms"]))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    assert len(seen) > 100 and seen[-1][0] > 0
+    assert [s for s in seen if s[0] > s[1] or s[2] < 0] == []

@@ -594,7 +594,9 @@ class Shipper:
             if appended <= archived:
                 return 0.0
             lsn, at = self._samples[0]
-            return (now - (at if lsn <= archived else self._started)) * 1000
+            # A sample a committer took after `now` was read (waiting for the lock) says its
+            # commits are younger than now: 0, not a negative age.
+            return max(0.0, (now - (at if lsn <= archived else self._started)) * 1000)
 
     def admits_now(self) -> bool:
         """True if a commit may go ahead now (the archive_rpo_ms bound holds), False if it must
