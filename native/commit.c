@@ -726,6 +726,16 @@ int wal_log_wait(wal_log *log, uint64_t lsn, int level) {
     return rc;
 }
 
+int wal_log_wait_admitted(wal_log *log, size_t len) {
+    REFUSE_IN_A_FORK(log, WAL_EFORKED);
+    if (len > WAL_MAX_PAYLOAD) return WAL_ETOOBIG;
+    pthread_mutex_lock(&log->mu);
+    uint64_t now;
+    int rc = admit(log, wal_record_size((uint32_t)len), 1, &now);
+    pthread_mutex_unlock(&log->mu);
+    return rc;
+}
+
 int wal_log_wait_try(wal_log *log, uint64_t lsn, int level) {
     REFUSE_IN_A_FORK(log, WAL_EFORKED);
     if (level < WAL_LEVEL_SYNC || level > WAL_LEVEL_BUFFERED) return WAL_EINVAL;

@@ -161,6 +161,11 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
                             int wait);
 /* Block (helping with the I/O) until `level` holds for `lsn`. */
 int wal_log_wait(wal_log *log, uint64_t lsn, int level);
+/* Block (helping with the I/O) until an append of a payload of `len` bytes would be admitted, as a blocking
+ * append waits under back-pressure (counted in the stats the same way): for a caller whose
+ * non-blocking append was refused with WAL_EAGAIN and that must retry it under its own lock.
+ * 0, or the WAL_E* code such an append would return. */
+int wal_log_wait_admitted(wal_log *log, size_t len);
 /* wal_log_wait without blocking, for a caller that would rather not let go of something
  * (the store keeps Python's GIL): 0 once `level` holds for `lsn`, WAL_EAGAIN when it would
  * have to wait. When only the write of the pending batch is missing and the write slot is

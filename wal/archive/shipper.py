@@ -280,6 +280,11 @@ class Shipper:
         self._owner_checked_at = time.monotonic()
         self.writer_id = os.urandom(16)
         self.archived = archived
+        # The archived LSN as the log's archive watermark has it (`_wake_threads`): what reads
+        # and waits see. `archived` moves first, under the Condition; a commit that found its
+        # LSN there returned before a read in its thread could see it (a stale read after an
+        # acknowledged `replicated` commit), so the waits' shortcut reads this one.
+        self.published = archived
         self.fenced: FailedError | None = None
         self.error: str | None = None  # the current outage, if any
         self._error_lock = threading.Lock()  # its start and end, each logged once
@@ -424,7 +429,7 @@ class Shipper:
         the stored object that acknowledges the commit and by no other. Waiting in Python (a
         lock per commit in a heap by LSN, woken as a tree) cost each of 64 committing threads
         a Condition, a heap push, a lock and two wakes of other threads, all with the GIL."""
-        if self.archived >= lsn and not appended:
+        if self.published >= lsn and not appended:
             return
         if self._gathering and lsn >= self._gather_target:
             self._gathered.set()  # the last of the commits the gather waits for
@@ -769,7 +774,9 @@ class Shipper:
         if log is None:
             return 0
         before = log.watermarks.appended
-        woken = log._archive_set(self.archived)
+        archived = self.archived
+        woken = log._archive_set(archived)
+        self.published = max(self.published, archived)
         self._gather_target = before + woken
         return woken
 

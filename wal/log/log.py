@@ -459,6 +459,16 @@ class Log:
             check(lsn, f"append to the log in {self._dir}", h)
         return lsn
 
+    def wait_admitted(self, payload_bytes: int) -> None:
+        """Block, helping with the I/O, until an append of `payload_bytes` would be admitted:
+        for a caller whose `enqueue(block=False)` answered None (back-pressure) and that must
+        make it again under its own lock. Counted in `stats()["backpressure_waits"]` as a
+        blocking append's wait is."""
+        h = self._writer or self._live()
+        rc = lib.wal_log_wait_admitted(h, payload_bytes)
+        if rc < 0:
+            check(rc, f"waiting for room in the log in {self._dir}", h)
+
     def wait(self, lsn: int, *, durability: str | None = None) -> None:
         """Block until `durability` (default: the log's) holds for `lsn`; helps with the I/O."""
         h = self._writer or self._live()

@@ -999,7 +999,7 @@ class Store:
         try:
             while (done := self._try_commit(log, txn, payload, checks, durability, for_async=False)) is None:
                 # Back-pressure: wait outside the lock for the log to catch up, then revalidate.
-                log.wait(log.watermarks.appended, durability="sync")
+                log.wait_admitted(len(payload))
         except ConflictError as exc:
             if wait_visible:
                 self._until_visible(exc.conflicting_lsn)
