@@ -2901,3 +2901,33 @@ def test_a_replicated_commit_is_visible_to_its_threads_next_read_when_acknowledg
             tx.put("k", b"new")
             tx.put("other", b"1")
         assert store.get("k") == b"new"
+
+
+def test_a_follower_catching_up_reports_its_lag_while_it_applies(tmp_path, monkeypatch):
+    # Reopened 60,000 LSNs behind, a follower said lag_lsns 0 for its whole catch-up: the end it
+    # compared with moved only as objects were applied.
+    url = (tmp_path / "a").as_uri()
+    with wal.open(tmp_path / "p", archive=url, archive_rpo_ms=100) as primary:
+        primary.put("k0", b"0")
+        wait_until(lambda: primary.stats()["archived_lsn"] == 1)
+        wal.follow(url, tmp_path / "f").close()
+        for i in range(1, 41):
+            primary.put(f"k{i}", b"v")
+            wait_until(lambda i=i: primary.stats()["archived_lsn"] == i + 1)  # an object each
+    seen: list[tuple[int, float]] = []
+    real_append, follower = wal.archive.follow._append, []
+
+    def append(store, records):
+        if follower:
+            seen.append((follower[0].lsn, follower[0].lag()["lag_lsns"]))
+        return real_append(store, records)
+
+    monkeypatch.setattr(wal.archive.follow, "_append", append)
+    replica = wal.follow(url, tmp_path / "f", poll_ms=10)
+    follower.append(replica)
+    try:
+        wait_until(lambda: replica.lsn == 41)
+    finally:
+        replica.close()
+    assert seen and seen[0][0] == 1 and seen[0][1] >= 30, seen  # 40 LSNs behind when it began
+    assert all(lsn + lag <= 41 for lsn, lag in seen), seen  # never past the archive's end

@@ -103,6 +103,7 @@ class Follower:
         # and after each object applied; None after a restart until `_anchor` finds it.
         self._writer = writer
         self._end_seen = self._pos
+        self._listed_end = 0  # during a poll: the end of what it listed (`_apply_new`)
         self._caught_up_at = time.monotonic()
         self._error: str | None = None
         self._polls = 0
@@ -186,7 +187,7 @@ class Follower:
     def lag(self) -> dict[str, float]:
         """lag_lsns: LSNs the archive held at the last listing that are not applied here;
         lag_seconds: time since this follower last held everything the archive held."""
-        return {"lag_lsns": float(max(self._end_seen - self._pos, 0)),
+        return {"lag_lsns": float(max(self._end_seen, self._listed_end, self._pos) - self._pos),
                 "lag_seconds": time.monotonic() - self._caught_up_at}
 
     def stats(self) -> dict[str, Any]:
@@ -363,6 +364,12 @@ class Follower:
         self._writer = writer
 
     def _apply_new(self, store: Store, *, strict: bool) -> int:
+        try:
+            return self._apply_listed(store, strict=strict)
+        finally:
+            self._listed_end = 0
+
+    def _apply_listed(self, store: Store, *, strict: bool) -> int:
         applied = 0
         for full_merged in (False, True):
             pieces = self._list_new(full_merged=full_merged)
@@ -370,6 +377,10 @@ class Follower:
             # tail there: that listing is not made again on every poll.
             if not full_merged and self._settled == (self._pos, frozenset(p.name for p in beyond(pieces, self._pos))):
                 return applied
+            # While this poll applies them, what was listed counts in the lag: a follower far
+            # behind said lag_lsns 0 for its whole catch-up (the end moved only as objects were
+            # applied). The run of listed objects gap-free from here; dropped once the poll ends.
+            self._listed_end = _run_end(pieces, self._pos)
             chain = Chain(self._objects, pieces, self._pos, self._writer, strict=strict)
             try:
                 for obj in chain:
@@ -608,6 +619,17 @@ class Follower:
 
     def __repr__(self) -> str:
         return f"<wal.Follower {self._objects.url} -> {self._dir!r} at LSN {self._pos}>"
+
+
+def _run_end(pieces: list[Piece], pos: int) -> int:
+    """The last LSN of the listed objects that run on from `pos` without a gap (`pos` if none)."""
+    end = pos
+    for piece in sorted(pieces, key=lambda p: p.first):
+        if piece.first > end + 1:
+            break
+        if piece.last is not None:
+            end = max(end, piece.last)
+    return end
 
 
 def _keep_dictionaries(objects: ObjectStore, store: Store) -> None:
