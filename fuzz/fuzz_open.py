@@ -326,7 +326,8 @@ def store_template() -> tuple[str, Records, int]:
             else:
                 ops = [(record.OP_PUT, key, bytes([65 + i % 26]) * (120 + (37 * i) % 300))]
             payloads.append(record.encode(ops, 1_700_000_000_000 + i, idem))
-        with wal.Log.open(os.path.join(path, "log"), segment_bytes=SEGMENT_BYTES, _seed=20261122) as log:
+        with wal.Log.open(os.path.join(path, "log"), segment_bytes=SEGMENT_BYTES, _seed=20261122,
+                          _store_log=True) as log:
             log.append_many(payloads)
         with wal.open(path, segment_bytes=SEGMENT_BYTES) as store:
             applied = store.watermarks.applied

@@ -1412,6 +1412,9 @@ def test_wal_open_and_the_store_it_opens_share_one_set_of_defaults() -> None:
     assert internal.pop("_following") is False  # a follower's own open of its directory (wal/archive/follow.py)
     assert internal.pop("sealing") is None and set(sealing) == {"encryption", "compression", "compression_threshold",
                                                                  "compression_dict"}
+    # The object archive's options (None: archive_settings' defaults, wal/archive/store.py).
+    archived = {n: public.pop(n) for n in list(public) if n.startswith("archive_")}
+    assert set(archived.values()) == {None} and len(archived) == 7
     assert public == {**internal, **sealing}
     assert len(public) >= 11
 

@@ -60,7 +60,7 @@ def f2_store_key_size() -> None:
     not an LMDB error, nor a claim that the LMDB file is damaged."""
     d = tempfile.mkdtemp()
     wal.open(d).close()
-    with wal.Log.open(os.path.join(d, "log")) as log:
+    with wal.Log.open(os.path.join(d, "log"), _store_log=True) as log:  # a record no store commit makes
         log.append(wal.log.record.encode([(record.OP_PUT, b"", b"v")], 0, None))
     try:
         wal.open(d).close()
@@ -157,7 +157,7 @@ def f10_idem_key_size() -> None:
     """A store record whose idempotency key LMDB cannot hold is 'bad store record', not a blamed state."""
     d = tempfile.mkdtemp()
     wal.open(d).close()
-    with wal.Log.open(os.path.join(d, "log")) as log:
+    with wal.Log.open(os.path.join(d, "log"), _store_log=True) as log:  # a record no store commit makes
         log.append(wal.log.record.encode([(record.OP_PUT, b"k", b"v")], 0, b"i" * 600))
     try:
         wal.open(d).close()

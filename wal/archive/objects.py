@@ -82,6 +82,9 @@ class ObjectStore:
     url: str = ""
     # Whether create-only writes are honoured, once `check_create_only` has asked the store.
     create_only_honored: bool | None = None
+    # How long the probe's first PUT took (seconds): a writer's first estimate of its PUTs'
+    # latency, before any of its own is answered (wal.archive.shipper, admissions).
+    probe_put_s: float | None = None
 
     def check_create_only(self) -> bool:
         """Does this object store honour create-only writes (what fences an old writer)? Asked
@@ -91,7 +94,9 @@ class ObjectStore:
         does not answer."""
         if self.create_only_honored is None:
             name = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+            started = time.monotonic()
             self.put(name, b"agentwal create-only probe 1", create_only=True)
+            self.probe_put_s = time.monotonic() - started
             try:
                 self.put(name, b"agentwal create-only probe 2", create_only=True)
                 honoured = False

@@ -216,6 +216,9 @@ _LISTED_TIME_SLACK_S = 60.0
 _STALE_TEMPORARY_S = 3600.0
 
 
+# A commit admitted this close (seconds) before the next PUT goes out is taken to miss it: its
+# append and fdatasync may come after that PUT has read the log (`Shipper.new_commit_ms`).
+_DISPATCH_MISS_S = 0.05
 # A gather (Shipper._gather) waits at most this part of a PUT's latency (its moving average),
 # within these bounds: a gather that waits for commits that do not come back costs the commits
 # already gathered at most half a PUT, and a PUT that carries twice the commits halves the
@@ -348,7 +351,16 @@ class Shipper:
         self._gather_target = 0
         self._gathering = False
         self._gathered = threading.Event()
-        self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather)
+        self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather and admissions)
+        self._put_sent: dict[int, float] = {}  # PUTs in flight: first LSN -> when sent (monotonic)
+        self._put_measured = False  # the first PUT's latency replaces the assumed one whole
+        self._seed_latency()
+        # PUTs answered whose threads have not sent the next yet (`_put_log`): a commit made
+        # now may miss the next PUT. Changed by PUT threads with the GIL held (a read-modify-write
+        # of an int attribute is not atomic, so under `_answers_lock`).
+        self._answers_pending = 0
+        self._answers_lock = threading.Lock()
+        self._next_wake_at = time.monotonic()  # the shipper thread's next round (a dispatch)
         self._stop = False
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
         self._samples.append((archived, time.monotonic()))
@@ -614,16 +626,53 @@ class Shipper:
         now = time.monotonic()
         lsn, at = self._samples[0]
         if now - self._sampled_at < _SAMPLE_EVERY_S and lsn <= self.archived \
-                and (now - at) * 1000 + self._drain_ms <= self.admit_ms:
+                and (now - at) * 1000 + self._drain_ms <= self.admit_ms and self.new_commit_ms(now) <= self.admit_ms:
             return True
-        return self.lag_ms() + self._drain_ms <= self.admit_ms
+        return self._bound_holds()
+
+    def _seed_latency(self) -> None:
+        """Before any PUT of its own is answered, take the PUTs' latency from the open's probe of
+        the object store (`ObjectStore.check_create_only`): assumed at 5 ms, a store answering in
+        0.6 s let every commit of the first PUT's time in, each to reach the archive two PUTs
+        later."""
+        probe = getattr(getattr(self.objects, "inner", self.objects), "probe_put_s", None)
+        if probe is not None and not self._put_measured:
+            self._put_ewma, self._put_measured = max(probe, 1e-4), True
+
+    def new_commit_ms(self, now: float) -> float:
+        """How long a commit made now should take to reach the archive: until a PUT slot is free
+        (the PUTs in flight answered, at the PUTs' usual latency) and then one PUT of its own.
+        The lag bounds the commits acknowledged already; this one the commit being admitted.
+        Against an object store that answers every PUT in 0.6 s, a commit admitted at a small
+        lag waited for the PUT in flight and then its own, and reached the archive 1.2 s after
+        it was acknowledged under archive_rpo_ms=1000."""
+        sent, latency = self._put_sent, self._put_ewma
+        # When the next PUT goes out: at the shipper thread's next round, or sooner at the
+        # answer of a PUT in flight, whose thread sends the next.
+        dispatch_in = max(0.0, self._next_wake_at - now)
+        if sent:
+            elapsed = now - min(sent.values(), default=now)
+            latency = max(latency, elapsed)  # a PUT out this long takes at least as long
+            answer_in = max(0.0, self._put_ewma - elapsed)
+            # Every slot taken: the next PUT goes out at an answer, whatever the thread's round.
+            dispatch_in = answer_in if len(sent) >= self.puts_in_flight else min(dispatch_in, answer_in)
+        if self._answers_pending or dispatch_in < _DISPATCH_MISS_S:
+            # Too close to a PUT going out (or one going out now): made durable after it reads
+            # the log, the commit goes in the one after, a whole PUT later.
+            dispatch_in += latency
+        return (dispatch_in + latency) * 1000
+
+    def _bound_holds(self) -> bool:
+        """The archive_rpo_ms bound holds for a commit made now: the oldest commit not archived
+        and what waits before it (`lag_ms`, its drain), and the new commit's own way there."""
+        return self.lag_ms() + self._drain_ms <= self.admit_ms and self.new_commit_ms(time.monotonic()) <= self.admit_ms
 
     def admit(self) -> None:
         """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
         if self.try_admit():
             return
         with self._cond:
-            while self.lag_ms() + self._drain_ms > self.admit_ms and self.fenced is None and not self._stop:
+            while not self._bound_holds() and self.fenced is None and not self._stop:
                 self._cond.wait(ADMIT_POLL_S)
         if self.fenced is not None:
             raise FailedError(str(self.fenced)) from self.fenced
@@ -640,8 +689,9 @@ class Shipper:
             lag = self.lag_ms()
             raise ArchiveLagError(
                 f"the archive of {self.store.path} lags {lag:.0f} ms and needs about {self._drain_ms:.0f} ms more "
-                f"to ship what waits, past 3/4 of archive_rpo_ms={self.rpo_ms} (the rest is left for what was "
-                "acknowledged to reach it; "
+                f"to ship what waits (a commit made now about {self.new_commit_ms(time.monotonic()):.0f} ms: its "
+                f"PUTs take {self._put_ewma * 1000:.0f} ms), past 3/4 of archive_rpo_ms={self.rpo_ms} (the rest is "
+                "left for what was acknowledged to reach it; "
                 f"{self.error or 'shipping is behind'}); the commit was not made. Retry later, "
                 "or open with archive_policy='block' to wait instead")
         if self._stop:
@@ -667,8 +717,10 @@ class Shipper:
 
     def _run(self) -> None:
         while not self._stop:
-            self._wake.wait(max(0.0, min(self.period, self._retry_at - time.monotonic()))
-                            if self._retry_at > time.monotonic() else self.period)
+            pause = (max(0.0, min(self.period, self._retry_at - time.monotonic()))
+                     if self._retry_at > time.monotonic() else self.period)
+            self._next_wake_at = time.monotonic() + pause
+            self._wake.wait(pause)
             self._wake.clear()
             self.lag_ms()  # a sample: the lag's bound stays tight between commits
             if time.monotonic() - self._status_at >= 1.0:
@@ -681,6 +733,7 @@ class Shipper:
                     self._bytes_since_snapshot += found.since_snapshot_bytes
                     self._resolve = None
                     self._dispatched = archived
+                    self._seed_latency()
                     self._publish(archived)
                 with self._ship_lock:
                     self._harvest()
@@ -847,6 +900,16 @@ class Shipper:
             self._wake.set()
 
     def _put_log(self, first: int, last: int, data: bytes) -> int | None:
+        """`_store_log_object`, counted in `_answers_pending` from its answer to its return."""
+        answered: list[bool] = []
+        try:
+            return self._store_log_object(first, last, data, answered)
+        finally:
+            if answered:
+                with self._answers_lock:
+                    self._answers_pending -= 1
+
+    def _store_log_object(self, first: int, last: int, data: bytes, answered: list[bool]) -> int | None:
         """In a PUT thread: store one group object. Once stored, it takes the answer in
         (`_stored_one`) and sends the next PUTs itself when it can, and returns None; else it
         returns the object's last LSN once stored, for `_harvest`. A failed PUT raises: the
@@ -854,9 +917,17 @@ class Shipper:
         name = layout.log_name(first)
         try:
             sent = time.monotonic()
-            self._put(name, data)
+            self._put_sent[first] = sent
+            try:
+                self._put(name, data)
+                with self._answers_lock:  # until this thread has sent the next (below)
+                    self._answers_pending += 1
+                answered.append(True)
+            finally:
+                self._put_sent.pop(first, None)
             took = time.monotonic() - sent
-            self._put_ewma += (took - self._put_ewma) / 8
+            self._put_ewma += (took - self._put_ewma) / (8 if self._put_measured else 1)
+            self._put_measured = True
             per_record = len(data) / (last - first + 1)
             self._record_bytes += (per_record - self._record_bytes) / (8 if self._record_bytes else 1)
             if len(data) >= FIRST_OBJECT_BYTES // 4:
