@@ -2428,7 +2428,8 @@ def test_a_damaged_newest_snapshot_is_passed_over_for_an_older_one_and_the_log_a
     with wal.open(tmp_path / "r", readonly=True) as r:
         assert dict(r.scan()) == want
     assert any(f"snapshot snap/{snaps[-1].name} is damaged" in m for m in caplog.messages)
-    assert wal.restore(url, tmp_path / "rt", time=dt.datetime.now(dt.UTC)).lsn == last  # a time target too
+    with pytest.raises(wal.TargetNotHeldError, match=f"which ends at LSN {last}, committed"):
+        wal.restore(url, tmp_path / "rt", time=dt.datetime.now(dt.UTC))  # a time target, past every commit
     assert not verify(url).ok  # still damage, said by verify
     # Without an older snapshot and the log after it (as retention leaves an archive), refused:
     for older in snaps[:-1]:
@@ -2980,3 +2981,20 @@ def test_an_object_store_slow_on_every_put_holds_commits_back_within_archive_rpo
         when = max((f, w) for f, w in stored if f <= lsn)[1]  # the object holding it
         late.extend([(round(when - at, 3), lsn)] if when - at > 1.0 else [])
     assert len(acked) > 20 and late == [] and overruns == 0, (len(acked), sorted(late)[-3:], len(late), overruns)
+
+
+def test_a_time_target_past_the_archives_last_commit_is_refused_naming_the_end(tmp_path):
+    # It restored to the end and said nothing: the archive cannot say what was committed after
+    # its last commit (a writer lost before shipping it), as an LSN target past the end cannot.
+    url = (tmp_path / "a").as_uri()
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        for i in range(10):
+            primary.put(f"k{i}", b"v")
+        wait_until(lambda: primary.stats()["archived_lsn"] == 10)
+        time.sleep(0.05)
+        after = dt.datetime.now(dt.UTC)
+    with pytest.raises(wal.TargetNotHeldError, match=r"time .* is past the end of the archive .*, which ends at LSN 10"):
+        wal.restore(url, tmp_path / "r", time=after)
+    assert not (tmp_path / "r").exists()
+    assert main(["restore", url, str(tmp_path / "r"), "--time", after.isoformat()]) == 1
+    assert wal.restore(url, tmp_path / "r").lsn == 10  # no target: its end

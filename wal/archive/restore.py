@@ -16,8 +16,9 @@
    whole and opened once, as any store.
 
 Refused, with nothing written to `dir`: a damaged object or a gap in the LSNs needed (naming
-the range), a target LSN past the archive's end (naming the end), a time before the oldest
-snapshot, a `dir` that exists and is not empty. A damaged snapshot is not needed where an older
+the range), a target LSN past the archive's end (naming the end), a time after its last
+commit's stamp (naming the end) or before the oldest snapshot, a `dir` that exists and is not
+empty. A damaged snapshot is not needed where an older
 one and the log after it hold the same LSNs: it is passed over for them, with a WARNING
 (`restore_chain`), and refused, naming its damage, only where they do not.
 
@@ -281,6 +282,7 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
     chain = Chain(objects, listing.logs, after, writer, upto=upto,
                   fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
     reached = False  # stopped at the target
+    last_ms: int | None = None  # the stamp of the last record handed over
     misses, missed_at = 0, -1  # relists in a row with no record handed over between them, and where
     while True:
         try:
@@ -297,6 +299,9 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
                 if start < stop:
                     sink(obj, start, stop)
                     pos = obj.lsns[stop - 1]
+                    if time_ms is not None:
+                        offset = obj.offsets[stop - 1]
+                        last_ms = layout.time_of(obj.body[offset:offset + obj.lengths[stop - 1]])
                 if reached:
                     break
             break
@@ -322,11 +327,17 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
         raise CorruptionError(f"the archive {objects.url} is missing LSNs {pos + 1}..{later - 1}: no object holds "
                               "them; restore refused (restore to an LSN before the gap with lsn=)",
                               path=objects.url, lsn=pos + 1, reason="archive gap")
+    beyond_end = (f": LSNs {pos + 1}..{tail[0].first - 1} are missing and {len(tail)} object(s) past them "
+                  "are an unfinished tail (of a writer stopped, or fenced, with PUTs in flight)" if tail else "")
     if upto is not None:
-        beyond_end = (f": LSNs {pos + 1}..{tail[0].first - 1} are missing and {len(tail)} object(s) past them "
-                      "are an unfinished tail (of a writer stopped, or fenced, with PUTs in flight)" if tail else "")
         raise TargetNotHeldError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
                                  f"{pos}{beyond_end}")
+    if time_ms is not None and last_ms is not None and time_ms > last_ms:
+        # As a PostgreSQL recovery target past its WAL: the archive cannot say what was committed
+        # between its last commit and the target (a writer lost meanwhile: not archived yet).
+        raise TargetNotHeldError(f"time {_iso(time_ms)} is past the end of the archive {objects.url}, which ends at "
+                                 f"LSN {pos}, committed {_iso(last_ms)}{beyond_end}; restore without a time "
+                                 "target for its end")
     if tail_out is not None and tail:
         tail_out.extend(tail)
     return pos, *found

@@ -626,7 +626,7 @@ class Shipper:
         now = time.monotonic()
         lsn, at = self._samples[0]
         if now - self._sampled_at < _SAMPLE_EVERY_S and lsn <= self.archived \
-                and (now - at) * 1000 + self._drain_ms <= self.admit_ms and self.new_commit_ms(now) <= self.admit_ms:
+                and (now - at) * 1000 + self._drain_ms <= self.admit_ms and self._new_commit_fits(now):
             return True
         return self._bound_holds()
 
@@ -637,7 +637,9 @@ class Shipper:
         later."""
         probe = getattr(getattr(self.objects, "inner", self.objects), "probe_put_s", None)
         if probe is not None and not self._put_measured:
-            self._put_ewma, self._put_measured = max(probe, 1e-4), True
+            # One request (a fresh bucket's first can be slow): the first PUT of its own
+            # replaces it whole.
+            self._put_ewma = max(probe, 1e-4)
 
     def new_commit_ms(self, now: float) -> float:
         """How long a commit made now should take to reach the archive: until a PUT slot is free
@@ -665,7 +667,18 @@ class Shipper:
     def _bound_holds(self) -> bool:
         """The archive_rpo_ms bound holds for a commit made now: the oldest commit not archived
         and what waits before it (`lag_ms`, its drain), and the new commit's own way there."""
-        return self.lag_ms() + self._drain_ms <= self.admit_ms and self.new_commit_ms(time.monotonic()) <= self.admit_ms
+        return self.lag_ms() + self._drain_ms <= self.admit_ms and self._new_commit_fits(time.monotonic())
+
+    def _new_commit_fits(self, now: float) -> bool:
+        """`new_commit_ms` within the bound -- or nothing to wait for: no PUT out and everything
+        appended archived. A commit held back then would wait for a PUT that never goes out
+        (an object store whose PUTs take longer than the bound allows, or a first estimate from
+        a slow probe): it goes in, and reaches the archive late only if the store is that slow."""
+        if self.new_commit_ms(now) <= self.admit_ms:
+            return True
+        log = self.store._log
+        return not self._put_sent and not self._answers_pending and (log is None or
+                                                                     self.archived >= log.watermarks.appended)
 
     def admit(self) -> None:
         """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
