@@ -9,6 +9,7 @@ every byte on disk.
 # The object archive (wal/archive/). Its modules use `wal.open` only when called, so this order is safe.
 from wal._open import open_store as open
 from wal.archive.follow import Follower, follow
+from wal.archive.objects import ArchiveError, ArchiveUnavailableError
 from wal.archive.restore import RestoreReport, restore
 from wal.errors import (
     ArchiveLagError,
@@ -23,6 +24,7 @@ from wal.errors import (
     LockedError,
     MissingKeyError,
     NoSpaceError,
+    NotFoundError,
     ReadOnlyError,
     RecordTooLargeError,
     SealDamagedError,
@@ -33,13 +35,15 @@ from wal.errors import (
 )
 from wal.log.log import Log, LogWatermarks, RecoveryReport
 from wal.store.snapshot import Snapshot
-from wal.store.state import StateError
+from wal.store.state import ReadersFullError, StateError
 from wal.store.store import Store, Transaction, Watermarks
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml and `agentwal --version` read it
 
 __all__ = [
+    "ArchiveError",
     "ArchiveLagError",
+    "ArchiveUnavailableError",
     "ArgumentError",
     "ArgumentTypeError",
     "ClosedError",
@@ -54,7 +58,9 @@ __all__ = [
     "LogWatermarks",
     "MissingKeyError",
     "NoSpaceError",
+    "NotFoundError",
     "ReadOnlyError",
+    "ReadersFullError",
     "RecordTooLargeError",
     "RecoveryReport",
     "RestoreReport",
