@@ -73,6 +73,8 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         ("archive_snapshot_bytes", archive_snapshot_bytes), ("archive_merge_objects", archive_merge_objects),
         ("archive_retention_s", archive_retention_s), ("archive_puts_in_flight", archive_puts_in_flight),
         ("archive_fencing", archive_fencing)) if value is not None}
+    if not isinstance(readonly, bool):  # "yes", or a mode string, was taken as true
+        raise ArgumentTypeError(f"readonly must be True or False, not {type(readonly).__name__}")
     if not isinstance(path, str | os.PathLike):
         raise ArgumentTypeError(f"the store's path must be a str or os.PathLike, not {type(path).__name__}")
     if not os.fspath(path):  # "" (an unset variable, say) would make the current directory a store

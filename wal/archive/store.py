@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import shutil
 import time
@@ -502,7 +503,7 @@ def archive_settings(options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(merge_objects, int) or merge_objects < 2:
         raise ArgumentError(f"archive_merge_objects must be an int >= 2, got {merge_objects!r}")
     if retention_s is not None and (isinstance(retention_s, bool) or not isinstance(retention_s, int | float)
-                                    or retention_s <= 0):
+                                    or not 0 < retention_s < math.inf):  # nan fails both
         raise ArgumentError(f"archive_retention_s must be None (keep everything) or seconds > 0, got {retention_s!r}")
     if isinstance(puts_in_flight, bool) or not isinstance(puts_in_flight, int) \
             or not 1 <= puts_in_flight <= layout.MAX_IN_FLIGHT:
