@@ -1,11 +1,13 @@
-"""What the archive tests share: a condition to wait for, and an object store whose PUT of one
-log object can be held."""
+"""What the archive tests share: a condition to wait for, threads committing in the
+background, and an object store whose PUT of one log object can be held."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from wal.archive import layout
 from wal.archive.objects import FileObjects
@@ -17,6 +19,29 @@ def wait_until(cond: Callable[[], object], timeout: float = 30.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def committing(store: Any, threads: int, value: bytes, keys: int = 100) -> Iterator[None]:
+    """`threads` threads putting `value` under keys of their own (`keys` each, overwritten in
+    turn) until the block ends; they are joined before it returns."""
+    stop = threading.Event()
+
+    def commit(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            store.put(f"t{n}/{i % keys}", value)
+            i += 1
+
+    running = [threading.Thread(target=commit, args=(n,)) for n in range(threads)]
+    for t in running:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in running:
+            t.join()
 
 
 class HeldPut(FileObjects):

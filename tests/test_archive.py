@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 
 import crcmod.predefined
 import pytest
-from archive_helpers import HeldPut, wait_until
+from archive_helpers import HeldPut, committing, wait_until
 from archive_server import BUCKET, archive_url, s3_server  # noqa: F401 -- fixtures
 from obstore.store import LocalStore
 
@@ -1910,29 +1910,16 @@ def test_restores_of_an_archive_whose_writer_merges_as_fast_as_they_read_all_suc
     url = f"file://{tmp_path}/a"
     primary = wal.open(tmp_path / "p", archive=url, durability="replicated", archive_merge_objects=2,
                        archive_puts_in_flight=4)
-    stop = threading.Event()
-
-    def commit(t: int) -> None:
-        i = 0
-        while not stop.is_set():
-            primary.put(f"t{t}/{i % 50}", b"x" * 100)
-            i += 1
-
-    writers = [threading.Thread(target=commit, args=(t,)) for t in range(8)]
-    for w in writers:
-        w.start()
     try:
-        wait_until(lambda: primary.stats()["archive_merges"] >= 20)
-        for n in range(8):
-            report = wal.restore(url, tmp_path / f"r{n}", parallel=4)
-            with wal.open(report.path) as restored:
-                assert restored.watermarks.durable == report.lsn > 0
-            shutil.rmtree(tmp_path / f"r{n}")
-        assert primary.stats()["archive_merges"] >= 20
+        with committing(primary, threads=8, value=b"x" * 100, keys=50):
+            wait_until(lambda: primary.stats()["archive_merges"] >= 20)
+            for n in range(8):
+                report = wal.restore(url, tmp_path / f"r{n}", parallel=4)
+                with wal.open(report.path) as restored:
+                    assert restored.watermarks.durable == report.lsn > 0
+                shutil.rmtree(tmp_path / f"r{n}")
+            assert primary.stats()["archive_merges"] >= 20
     finally:
-        stop.set()
-        for w in writers:
-            w.join()
         primary.close()
 
 
@@ -2853,27 +2840,12 @@ def test_stats_never_show_the_archive_ahead_of_the_disk_or_a_negative_lag(tmp_pa
     # the lock made archive_lag_ms negative.
     url = (tmp_path / "a").as_uri()
     with wal.open(tmp_path / "s", archive=url, durability="replicated") as store:
-        stop = threading.Event()
-
-        def commit(n: int) -> None:
-            i = 0
-            while not stop.is_set():
-                store.put(f"t{n}/{i % 100}", b"x" * 64)
-                i += 1
-
-        threads = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
         seen = []
-        try:
+        with committing(store, threads=4, value=b"x" * 64):
             deadline = time.monotonic() + 2
             while time.monotonic() < deadline:
                 st = store.stats()
                 seen.append((st["archived_lsn"], st["durable_lsn"], st["archive_lag_ms"]))
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
     assert len(seen) > 100 and seen[-1][0] > 0
     assert [s for s in seen if s[0] > s[1] or s[2] < 0] == []
 
