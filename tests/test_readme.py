@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+import wal
+
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
@@ -63,3 +65,16 @@ def test_every_relative_link_and_image_of_the_readme_exists() -> None:
     assert "docs/dataflow.svg" in local
     for target in local:
         assert (root / target).exists(), f"README.md links to {target}, which is not in the tree"
+
+
+def test_every_error_the_readme_names_is_a_public_name_of_wal() -> None:
+    # The failure table named wal.NotFoundError and ReadersFullError, and restore/follow/verify
+    # raise ArchiveUnavailableError: none could be caught as wal.<name>.
+    readme = README.read_text()
+    python = {"CancelledError", "FileNotFoundError", "OSError"}  # asyncio's and the builtins
+    named = set(re.findall(r"`(?:wal\.)?([A-Z][A-Za-z]+Error)`", readme)) - python
+    assert {"NotFoundError", "ReadersFullError", "ArchiveLagError"} <= named
+    for name in named | {"ArchiveError", "ArchiveUnavailableError"}:
+        assert issubclass(getattr(wal, name), wal.WalError), name
+        assert name in wal.__all__
+

@@ -14,7 +14,6 @@ import inspect
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -1573,15 +1572,3 @@ def test_a_path_that_is_a_file_is_refused_as_not_a_directory(tmp_path: Path) -> 
     with pytest.raises(wal.ArgumentError, match="is a file, not a directory"):
         wal.open(tmp_path / "notes.txt")
     assert (tmp_path / "notes.txt").read_text() == "hello"
-
-
-def test_every_error_the_readme_names_is_a_public_name_of_wal() -> None:
-    # The failure table named wal.NotFoundError and ReadersFullError, and restore/follow/verify
-    # raise ArchiveUnavailableError: none could be caught as wal.<name>.
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    python = {"CancelledError", "FileNotFoundError", "OSError"}  # asyncio's and the builtins
-    named = set(re.findall(r"`(?:wal\.)?([A-Z][A-Za-z]+Error)`", readme)) - python
-    assert {"NotFoundError", "ReadersFullError", "ArchiveLagError"} <= named
-    for name in named | {"ArchiveError", "ArchiveUnavailableError"}:
-        assert issubclass(getattr(wal, name), wal.WalError), name
-        assert name in wal.__all__
