@@ -2970,3 +2970,25 @@ def test_a_time_target_past_the_archives_last_commit_is_refused_naming_the_end(t
     assert not (tmp_path / "r").exists()
     assert main(["restore", url, str(tmp_path / "r"), "--time", after.isoformat()]) == 1
     assert wal.restore(url, tmp_path / "r").lsn == 10  # no target: its end
+
+
+def test_an_object_store_slower_than_the_bound_allows_still_takes_commits_from_every_thread(tmp_path):
+    # With PUTs slower than 3/4 of archive_rpo_ms no commit could be admitted in time, and they
+    # got in one per PUT round trip (a thread waited 20 s): they go in at the lag's pace, and
+    # reach the archive late, counted.
+    objects = _SlowObjects(str(tmp_path / "a"), delay=0.9)
+    counts = [0] * 4
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=1000) as store:
+        deadline = time.monotonic() + 3
+
+        def commit(n: int) -> None:
+            while time.monotonic() < deadline:
+                store.put(f"t{n}/{counts[n] % 10}", b"x")
+                counts[n] += 1
+
+        threads = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert min(counts) >= 20, counts

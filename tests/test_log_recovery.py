@@ -787,3 +787,29 @@ def test_a_cut_redone_after_a_crash_in_its_zeroing_keeps_the_whole_copy_it_made_
         assert log.recovery_report.last_lsn == 4
     assert first.read_bytes() == cut
     assert again.read_bytes() == bytes(len(cut) // 2) + cut[len(cut) // 2:]
+
+
+def test_recovery_truncate_reads_past_a_later_damaged_region_that_looks_torn(tmp_path: Path) -> None:
+    # Damage at LSN 11, again at 21, and the MARK before 22..30 gone: the re-scan past the first
+    # damage found the second torn-looking (no MARK after it) and stopped, reporting 11..20 lost
+    # while 11..30 went into the .broken file.
+    with wal.Log.open(tmp_path) as log:
+        log.append_many([b"r%03d" % i for i in range(1, 11)])
+        log.append(b"r011")
+        log.append_many([b"r%03d" % i for i in range(12, 21)])
+        log.append(b"r021")
+        log.append_many([b"r%03d" % i for i in range(22, 31)])
+    seg = segments(tmp_path)[-1]
+    buf = bytearray(seg.read_bytes())
+    found, off = [], 64
+    while off + 24 <= len(buf) and any(buf[off:off + 24]):
+        length, lsn = struct.unpack_from("<IQ", buf, off + 4)  # the length (u32) and the LSN (u64) after it
+        kind = buf[off + 16]
+        found.append((off, kind, lsn))
+        off += 24 + (length + 7) // 8 * 8
+    for kind, lsn, at in ((1, 11, 24), (1, 21, 24), (3, 21, 8)):  # DATA 11, DATA 21, the MARK(21)
+        buf[[o for o, k, n in found if k == kind and n == lsn][-1] + at] ^= 0x01
+    seg.write_bytes(bytes(buf))
+    with wal.Log.open(tmp_path, recovery="truncate") as log:
+        assert log.recovery_report.lost_lsns == (11, 30)
+        assert log.recovery_report.last_lsn == 10

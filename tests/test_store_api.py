@@ -76,6 +76,9 @@ def test_a_store_and_a_bare_log_are_never_opened_as_each_other(tmp_path: Path) -
     with pytest.raises(wal.ArgumentError, match="is the log of the agentwal store"):
         wal.Log.open(tmp_path / "store" / "log")
     assert sorted((p.name, p.stat().st_size) for p in (tmp_path / "store" / "log").iterdir()) == segments
+    (tmp_path / "alias").symlink_to(tmp_path / "store" / "log")  # nor through another name
+    with pytest.raises(wal.ArgumentError, match="is the log of the agentwal store"):
+        wal.Log.open(tmp_path / "alias")
     with wal.Log.open(tmp_path / "store" / "log", readonly=True) as store_log:
         assert [lsn for lsn, _payload in store_log.read(1)] == [1]
     with wal.open(tmp_path / "store") as store, wal.Log.open(tmp_path / "bare") as log:

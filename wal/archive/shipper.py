@@ -676,6 +676,12 @@ class Shipper:
         a slow probe): it goes in, and reaches the archive late only if the store is that slow."""
         if self.new_commit_ms(now) <= self.admit_ms:
             return True
+        if (self._put_ewma + 2 * _DISPATCH_MISS_S) * 1000 > self.admit_ms:
+            # An object store this slow leaves no moment at which a commit could be admitted in
+            # time: held back, commits got in one per PUT (a thread waited 20 s at 0.8 s PUTs).
+            # They go in at the lag's pace, as before the latency was weighed, and reach the
+            # archive late: counted in archive_rpo_overruns, each with a WARNING.
+            return True
         log = self.store._log
         return not self._put_sent and not self._answers_pending and (log is None or
                                                                      self.archived >= log.watermarks.appended)

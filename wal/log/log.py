@@ -230,7 +230,8 @@ class Log:
                                 "which wal.open opens with the store's state (a log opened here would put segment "
                                 "files beside the store's own)")
         if not readonly and not _store_log and _is_a_stores_log(path):
-            raise ArgumentError(f"{path} is the log of the agentwal store in {os.path.dirname(os.path.abspath(path))}: "
+            store_root = os.path.dirname(os.path.realpath(path))
+            raise ArgumentError(f"{path} is the log of the agentwal store in {store_root}: "
                                 "wal.open writes it; records appended through wal.Log are not store transactions, and "
                                 "the store would refuse its log from then on (readonly=True reads it)")
         # What the host refuses (no permission, no descriptors, a full disk, a missing directory)
@@ -796,7 +797,7 @@ class Log:
 
 def _is_a_stores_log(path: str) -> bool:
     """Whether `path` is a store's log/ directory: named log, beside a STORE file (FORMAT.md §14)."""
-    real = os.path.abspath(path)
+    real = os.path.realpath(path)  # through a symlink too
     return os.path.basename(real) == "log" and os.path.exists(os.path.join(os.path.dirname(real), _STORE_FILE))
 
 

@@ -223,7 +223,9 @@ def last_lsn_past_damage(scan: SegmentScan) -> int:
             expect, lost_before = resume_lsn(buf, pos)
             res = scan_buffer(header_with_first_lsn(head, expect) + bytes(buf[pos:]))
             last = max(last, int(res.last_lsn), lost_before)
-            if res.status != lib.WAL_SCAN_CORRUPT or not res.next_valid_offset:
+            # A later damaged region may read as torn (no MARK after it): records past it are
+            # given up all the same, so read on while a valid one follows.
+            if res.status not in (lib.WAL_SCAN_CORRUPT, lib.WAL_SCAN_TORN) or not res.next_valid_offset:
                 break
             pos += int(res.next_valid_offset) - _SEGMENT_HEADER_BYTES
     return last
