@@ -351,7 +351,9 @@ class Shipper:
         self._gather_target = 0
         self._gathering = False
         self._gathered = threading.Event()
-        self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather and admissions)
+        self._put_ewma = 0.005  # seconds, the PUTs' latency (bounds a gather and admissions): `_latency_is`
+        self._idle_fits = True
+        self._latency_is(self._put_ewma)
         self._put_sent: dict[int, float] = {}  # PUTs in flight: first LSN -> when sent (monotonic)
         self._put_measured = False  # the first PUT's latency replaces the assumed one whole
         self._seed_latency()
@@ -639,7 +641,15 @@ class Shipper:
         if probe is not None and not self._put_measured:
             # One request (a fresh bucket's first can be slow): the first PUT of its own
             # replaces it whole.
-            self._put_ewma = max(probe, 1e-4)
+            self._latency_is(max(probe, 1e-4))
+
+    def _latency_is(self, seconds: float) -> None:
+        """The PUTs' latency estimate; with it, whether a commit made while no PUT is out fits
+        the bound whatever the moment (`new_commit_ms` is then at most the shipper's round, or
+        the miss margin, plus two PUTs): every commit asks, and this spares most of them the
+        estimate's arithmetic on the commit path."""
+        self._put_ewma = seconds
+        self._idle_fits = (max(self.period, _DISPATCH_MISS_S) + 2 * seconds) * 1000 <= self.admit_ms
 
     def new_commit_ms(self, now: float) -> float:
         """How long a commit made now should take to reach the archive: until a PUT slot is free
@@ -674,7 +684,7 @@ class Shipper:
         appended archived. A commit held back then would wait for a PUT that never goes out
         (an object store whose PUTs take longer than the bound allows, or a first estimate from
         a slow probe): it goes in, and reaches the archive late only if the store is that slow."""
-        if self.new_commit_ms(now) <= self.admit_ms:
+        if (self._idle_fits and not self._put_sent) or self.new_commit_ms(now) <= self.admit_ms:
             return True
         if (self._put_ewma + 2 * _DISPATCH_MISS_S) * 1000 > self.admit_ms:
             # An object store this slow leaves no moment at which a commit could be admitted in
@@ -945,7 +955,7 @@ class Shipper:
             finally:
                 self._put_sent.pop(first, None)
             took = time.monotonic() - sent
-            self._put_ewma += (took - self._put_ewma) / (8 if self._put_measured else 1)
+            self._latency_is(self._put_ewma + (took - self._put_ewma) / (8 if self._put_measured else 1))
             self._put_measured = True
             per_record = len(data) / (last - first + 1)
             self._record_bytes += (per_record - self._record_bytes) / (8 if self._record_bytes else 1)
