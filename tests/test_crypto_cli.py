@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from archive_helpers import wait_until
 
 import wal
 from wal.crypto.sealing import key_id
@@ -221,6 +222,25 @@ def test_an_archived_open_after_a_rotation_ships_a_snapshot_under_the_new_key(tm
     wal.restore(url, tmp_path / "r", lsn=lsn, encryption=[NEW, OLD])
     with wal.open(tmp_path / "r", encryption=[NEW, OLD]) as store:
         assert store.get("a") == SECRET and store.get("c") == b"new" and store.get("d") is None
+
+
+def test_a_rotation_snapshot_that_finds_its_lsn_shipped_under_the_old_key_is_taken_once_the_state_moves(
+        tmp_path: Path) -> None:
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
+        store.put("a", SECRET)
+        store.checkpoint()
+        assert store._ship_snapshot_now() == 1  # the archive's newest snapshot: LSN 1, under OLD
+    with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD]) as store:
+        # The writer's first snapshot, due to the rotation, is of LSN 1 again: its name is taken.
+        wait_until(lambda: store.stats()["archive_snapshots"] >= 1)
+        store.put("b", b"new")
+    newest = sorted((tmp_path / "archive" / "snap").iterdir())[-1]
+    assert newest.name == "00000000000000000002.snap" and newest.read_bytes()[1:9] == key_id(NEW)
+    # The new key alone opens the archive's newest objects; "a" is sealed under OLD in them still.
+    wal.restore(url, tmp_path / "r", encryption=NEW)
+    with wal.open(tmp_path / "r", encryption=[NEW, OLD]) as store:
+        assert store.get("a") == SECRET and store.get("b") == b"new"
 
 
 def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_imports_with_the_key(

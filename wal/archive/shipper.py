@@ -293,6 +293,11 @@ class Shipper:
         self._error_lock = threading.Lock()  # its start and end, each logged once
         self.last_snapshot = last_snapshot
         self._need_snapshot = need_snapshot
+        # A snapshot that was needed and found its LSN's name taken (after a rotation: the
+        # archive's newest snapshot, at the state's LSN, under the old key): the need holds, and
+        # the next is taken once the state passes this LSN.
+        self._needed_snapshot_after = -1
+        self._pending_needed = False  # the pending snapshot was taken for `_need_snapshot`
         self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
         self._snapshot_retry_at = 0.0  # no snapshot is spooled before this (monotonic): a full disk
         self._space_logged_at = -math.inf
@@ -409,6 +414,10 @@ class Shipper:
             concurrent.futures.wait([job], timeout=max(0.0, deadline - time.monotonic()))
         if self.fenced is None and (job is None or job.done()):
             try:
+                # A snapshot still needed (a rotation's) is of the session's last commit: the
+                # state applies what is durable first, as the store's close would.
+                while self._need_snapshot and self.store._apply_ready():
+                    pass
                 self._snapshot_if_due()
             except Exception as exc:  # reported; the next writer ships a snapshot
                 _logger.warning("archive %s: the snapshot due at close was not shipped: %s", self.objects.url, exc)
@@ -1288,8 +1297,8 @@ class Shipper:
     # ---- snapshots ----------------------------------------------------------------------------
 
     def _snapshot_if_due(self) -> None:
-        if self._pending_snapshot is None and (self._need_snapshot
-                                               or self._bytes_since_snapshot >= self.snapshot_bytes) \
+        needed = self._need_snapshot and self.store._applied > self._needed_snapshot_after
+        if self._pending_snapshot is None and (needed or self._bytes_since_snapshot >= self.snapshot_bytes) \
                 and time.monotonic() >= self._snapshot_retry_at:
             try:
                 self._pending_snapshot = self.store._logical_snapshot(self.writer_id)
@@ -1302,29 +1311,37 @@ class Shipper:
                     self._space_logged_at = now
                     _logger.warning("archive %s: %s", self.objects.url, exc)
                 return
+            self._pending_needed = needed
             self._need_snapshot = False
             self._bytes_since_snapshot = 0
         pending = self._pending_snapshot
         if pending is not None and pending.lsn <= self.archived:
-            self._ship_snapshot(pending)  # a failed PUT leaves it pending, for the next job
+            stored = self._ship_snapshot(pending)  # a failed PUT leaves it pending, for the next job
             self._pending_snapshot = None
             pending.discard()
+            if not stored and self._pending_needed:
+                self._need_snapshot, self._needed_snapshot_after = True, pending.lsn
 
     def _discard_pending_snapshot(self) -> None:
         pending, self._pending_snapshot = self._pending_snapshot, None
         if pending is not None:
             pending.discard()
 
-    def _ship_snapshot(self, snap: SpooledSnapshot) -> None:
-        """PUT the snapshot of the state at its LSN (the archive holds the log up to it)."""
-        # Exists: the same LSN's state, shipped before (by this writer or the one it continues).
+    def _ship_snapshot(self, snap: SpooledSnapshot) -> bool:
+        """PUT the snapshot of the state at its LSN (the archive holds the log up to it). False if
+        the archive holds one of that LSN already: the same state, shipped before (by this writer
+        or the one it continues), though perhaps under another key."""
         name = layout.snap_name(snap.lsn)
-        with contextlib.suppress(ObjectExistsError):
+        stored = True
+        try:
             with snap.mapped() as data:
                 self._put(name, data, sealed=snap.sealed)
             self._snapshots_taken[name] = snap.taken_ms  # not an existing one's: it may differ (read if needed)
+        except ObjectExistsError:
+            stored = False
         self.last_snapshot = max(self.last_snapshot, snap.lsn)
         self._count("archive_snapshots")
+        return stored
 
     def ship_snapshot_now(self, snap: SpooledSnapshot, timeout_s: float) -> None:
         """In the caller's thread: once the archive holds the log up to the snapshot's LSN
