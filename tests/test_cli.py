@@ -214,6 +214,16 @@ def test_a_path_that_is_not_a_store_is_a_usage_error(tmp_path: Path) -> None:
     result = run("get", str(tmp_path / "empty"), "k")
     assert result.returncode == 2
     assert "not an agentwal store" in result.stderr
+    (tmp_path / "notes.txt").write_text("hi")
+    result = run("info", str(tmp_path / "notes.txt"))
+    assert result.returncode == 2 and "a file, not a directory" in result.stderr
+
+
+def test_a_missing_input_file_is_named_without_python_errno_text(tmp_path: Path) -> None:
+    result = run("import", str(tmp_path / "s"), str(tmp_path / "missing.jsonl"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"agentwal import: error: {tmp_path / 'missing.jsonl'}: No such file or directory"
+    assert not (tmp_path / "s").exists()
 
 
 # ---- info ----------------------------------------------------------------------------------------------

@@ -1224,6 +1224,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentwal {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
-        print(f"agentwal {args.command}: error: {exc}", file=sys.stderr)
+        print(f"agentwal {args.command}: error: {_os_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILED
     return status
+
+
+def _os_error_text(exc: OSError) -> str:
+    """`exc` as a person reads it: the file first, without Python's "[Errno N]" prefix."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)

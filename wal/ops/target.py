@@ -52,7 +52,8 @@ class Target:
 def locate(path: str, *, need_store: bool = False) -> Target:
     """Classify `path`: a store by its STORE file, else a bare log by its segments or LOCK file."""
     if not os.path.isdir(path):
-        raise UsageError(f"{path}: no such directory (give the path of an agentwal store or log)")
+        what = "a file, not a directory" if os.path.exists(path) else "no such directory"
+        raise UsageError(f"{path}: {what} (give the path of an agentwal store or log)")
     if os.path.exists(os.path.join(path, STORE_FILE)):
         return Target(path, "store", os.path.join(path, LOG_DIR))
     names = os.listdir(path)
