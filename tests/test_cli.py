@@ -413,7 +413,7 @@ def test_put_from_argument_file_and_stdin_then_delete(store: Path, tmp_path: Pat
 def test_put_if_version_refuses_a_stale_version(store: Path) -> None:
     version = json.loads(run("get", str(store), "agent/7/step", "--json").stdout)["version"]
     stale = run("put", str(store), "agent/7/step", "2", "--if-version", str(version - 1))
-    assert stale.returncode == 1 and "if_version failed" in stale.stderr
+    assert stale.returncode == 1 and "conflict on key" in stale.stderr
     assert run("put", str(store), "agent/7/step", "2", "--if-version", str(version)).returncode == 0
     assert run("put", str(store), "brand/new", "x", "--if-version", "0").returncode == 0
 

@@ -936,8 +936,9 @@ class Store:
             if (actual or 0) != expected:
                 self._counters["conflicts"] += 1
                 raise ConflictError(
-                    f"if_version failed for key {key!r}: expected version {expected or 'absent'}, "
-                    f"found {actual if actual is not None else 'absent'}; re-read the key and retry",
+                    f"conflict on key {key!r}: the transaction expected version {expected or 'absent'} (its "
+                    f"if_version, or the version a serializable transaction read), and the key is at "
+                    f"{actual if actual is not None else 'absent'}; re-read the key and retry",
                     key=key, expected=expected, actual=actual, conflicting_lsn=found[0] if found else None,
                 )
 
