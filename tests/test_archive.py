@@ -1586,6 +1586,9 @@ def test_follower_keeps_up_and_promote_fences_the_old_primary(tmp_path, archive_
     with replica.snapshot() as snap:
         assert snap.get("k0") == b"a" and snap.lsn == 60
     new = replica.promote()
+    for read in (replica.lag, replica.stats, lambda: replica.get("k0")):  # it follows no longer
+        with pytest.raises(wal.ClosedError, match="promoted"):
+            read()
     assert new.watermarks.durable == 61  # the fence: an empty transaction at the next LSN
     assert new.put("after", b"1") == 62
     # The old primary: its next object name is taken; it stops and never ships again.

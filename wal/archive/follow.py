@@ -186,7 +186,9 @@ class Follower:
 
     def lag(self) -> dict[str, float]:
         """lag_lsns: LSNs the archive held at the last listing that are not applied here;
-        lag_seconds: time since this follower last held everything the archive held."""
+        lag_seconds: time since this follower last held everything the archive held.
+        ClosedError once closed or promoted, as every read is: it follows no longer."""
+        self._live()
         return {"lag_lsns": float(max(self._end_seen, self._listed_end, self._pos) - self._pos),
                 "lag_seconds": time.monotonic() - self._caught_up_at}
 
