@@ -37,7 +37,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from wal._fs import fsync_dir, replace_durably
 from wal.archive import layout
@@ -148,6 +148,11 @@ class Follower:
                 if self._store is None or self._store is store:
                     raise
                 return read(self._store)
+
+    @overload
+    def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+    @overload
+    def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         return self._read(lambda store: store.get(key, default))

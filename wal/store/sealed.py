@@ -26,7 +26,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from wal._bindings import storecore
 from wal._fs import makedirs_durable, replace_durably
@@ -550,6 +550,11 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             super().put(k, self._store._sealer.seal(_sealable(self._store._sealer, value), _ctx(k)),
                         if_version=if_version)
 
+        @overload
+        def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+        @overload
+        def get(self, key: bytes | str, default: bytes) -> bytes: ...
+
         def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
             k = _key(key)
             v = super().get(k, None)
@@ -588,6 +593,11 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             k = _key(key)
             return int(await super().aput(k, self._sealer.seal(_sealable(self._sealer, value), _ctx(k)),
                                           durability=durability))
+
+        @overload
+        def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+        @overload
+        def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
         def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
             k = _key(key)
@@ -657,6 +667,11 @@ class _SealedSnapshot:
         self._snap = snap
         self._open_value = open_
         self.lsn = snap.lsn
+
+    @overload
+    def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+    @overload
+    def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         k = self._snap._key(key)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from wal._lmdbcall import DATA, META, LmdbError
 from wal.errors import ArgumentTypeError, ClosedError
@@ -156,6 +156,11 @@ class Snapshot:
         except LmdbError as exc:
             raise_lmdb(exc, self._path, f"reading key {key!r}")
         return got
+
+    @overload
+    def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+    @overload
+    def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         """The value of key as of `lsn`, or `default`."""

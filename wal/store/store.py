@@ -76,7 +76,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, overload
 
 from wal._bindings import durable_lsn_reader, storecore
 from wal._fs import fsync_dir, makedirs_durable
@@ -340,6 +340,11 @@ class Transaction:
         k = _key(key)
         self._check(k, _if_version(if_version))
         self._ops[k] = (record.OP_DELETE, k, None)
+
+    @overload
+    def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+    @overload
+    def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         """This transaction's own writes first, then the store's newest version (in flight included)."""
@@ -711,6 +716,11 @@ class Store:
         # common reads -- a key not written lately, or whose newest write is acknowledged --
         # take no watermark or one, and look the key up once.
         return self._state.get(key)
+
+    @overload
+    def get(self, key: bytes | str, default: None = None) -> bytes | None: ...
+    @overload
+    def get(self, key: bytes | str, default: bytes) -> bytes: ...
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         """The value of key, or `default`. Sees the caller's own acknowledged commits."""
