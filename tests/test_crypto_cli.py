@@ -229,18 +229,37 @@ def test_a_rotation_snapshot_that_finds_its_lsn_shipped_under_the_old_key_is_tak
     url = (tmp_path / "archive").as_uri()
     with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
         store.put("a", SECRET)
-        store.checkpoint()
-        assert store._ship_snapshot_now() == 1  # the archive's newest snapshot: LSN 1, under OLD
+        old_lsn = store._ship_snapshot_now()  # the archive's newest snapshot, under OLD, of the state's LSN
     with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD]) as store:
-        # The writer's first snapshot, due to the rotation, is of LSN 1 again: its name is taken.
+        # The writer's first snapshot, due to the rotation, is of that LSN again: its name is taken.
         wait_until(lambda: store.stats()["archive_snapshots"] >= 1)
-        store.put("b", b"new")
+        lsn = store.put("b", b"new")
+    assert lsn == old_lsn + 1
     newest = sorted((tmp_path / "archive" / "snap").iterdir())[-1]
-    assert newest.name == "00000000000000000002.snap" and newest.read_bytes()[1:9] == key_id(NEW)
+    assert newest.name == f"{lsn:020d}.snap" and newest.read_bytes()[1:9] == key_id(NEW)
     # The new key alone opens the archive's newest objects; "a" is sealed under OLD in them still.
     wal.restore(url, tmp_path / "r", encryption=NEW)
     with wal.open(tmp_path / "r", encryption=[NEW, OLD]) as store:
         assert store.get("a") == SECRET and store.get("b") == b"new"
+
+
+def test_rekey_of_a_store_unchanged_since_its_archived_snapshot_moves_to_a_new_lsn_for_the_new_keys_snapshot(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """Nothing to rewrite (its one value deleted), and the archive's newest snapshot, under the
+    old key, is of the state's LSN: a snapshot under the new key cannot take that name."""
+    old_file, new_file = keys
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
+        store.put("a", SECRET)
+        store.delete("a")
+        assert store._ship_snapshot_now() == 2
+    r = run("rekey", str(tmp_path / "s"), "--key-file", new_file, "--key-file", old_file)
+    assert r.returncode == 0, r.stderr
+    newest = sorted((tmp_path / "archive" / "snap").iterdir())[-1]
+    assert newest.name == "00000000000000000003.snap" and newest.read_bytes()[1:9] == key_id(NEW)
+    wal.restore(url, tmp_path / "r", encryption=NEW)  # the retired key is not needed
+    with wal.open(tmp_path / "r", encryption=NEW) as store:
+        assert store.get("a") is None and store.stats()["applied_lsn"] == 3
 
 
 def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_imports_with_the_key(

@@ -274,6 +274,13 @@ class ArchivedStore(Store):
         if shipper is None or log is None:
             raise FailedError(f"the store in {self.path} is closed")
         log.sync()
+        self._checkpoint(sync_log=False)  # the state applies all there is
+        if shipper.last_snapshot >= self._applied and _stale_key_id(shipper.objects, shipper.last_snapshot):
+            # The archive holds a snapshot of this LSN already, under a key being retired, and
+            # snapshot names are create-only: one empty transaction (nothing to replay) moves
+            # the state on to an LSN of its own.
+            self._commit(record.Txn([], time.time_ns() // 1_000_000, None), {}, None)
+            self._checkpoint(sync_log=False)
         spooled = self._logical_snapshot(shipper.writer_id)
         shipper.ship_snapshot_now(spooled, timeout_s)
         return spooled.lsn
@@ -362,11 +369,8 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
-    if listing.snapshots and not need_snapshot and isinstance(objects, SealedObjects):
-        try:
-            stale = objects.stale_key_id(layout.snap_name(last_snapshot))
-        except ObjectMissingError:  # removed by retention since the listing: a newer one is there
-            stale = None
+    if listing.snapshots and not need_snapshot:
+        stale = _stale_key_id(objects, last_snapshot)
         if stale is not None:
             # After a rotation (and `agentwal rekey`): a snapshot under the current key now, so a
             # restore to any point from here on needs that key alone.
@@ -375,6 +379,18 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
             need_snapshot = True
     return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer,
                     _log_bytes_between(listing.logs, last_snapshot, archived))
+
+
+def _stale_key_id(objects: ObjectStore, snapshot_lsn: int) -> bytes | None:
+    """The id of the key the archive's snapshot of `snapshot_lsn` is sealed under, if that is not
+    the current key (after a rotation); None if it is, if the archive is not sealed, or if the
+    snapshot is gone (removed by retention since it was listed: a newer one is there)."""
+    if not isinstance(objects, SealedObjects):
+        return None
+    try:
+        return objects.stale_key_id(layout.snap_name(snapshot_lsn))
+    except ObjectMissingError:
+        return None
 
 
 def _log_bytes_between(logs: list[Piece], after: int, upto: int) -> int:

@@ -17,7 +17,8 @@ values while their key is given; this finishes it, so that the old keys can be r
    ciphertexts, are returned to the filesystem (refused while a read-only handle in another
    process has the store open: close it and run rekey again, which finds the values rewritten);
 5. a store that ships to an object archive (its archive.json names one) is opened with it: the
-   rewrite is shipped, then a snapshot of the rewritten state under the current key, so a
+   rewrite is shipped, then a snapshot of the rewritten state under the current key (at an LSN
+   of its own: a store with nothing to rewrite commits one empty transaction first), so a
    restore to any point from then on, and the store's next archived open (which reads the
    archive's newest objects), need the current key alone;
 6. STORE, and the state's record of its sealing (what an open with STORE lost is held to),
