@@ -850,6 +850,31 @@ def test_a_standby_follower_given_a_wrong_key_says_so_once_its_writer_ships(tmp_
         standby.close()
 
 
+def test_a_follower_promoted_under_a_new_key_fences_an_old_primary_that_lacks_that_key(tmp_path: Path) -> None:
+    """The fence is sealed under the promoted writer's current key. The old primary, given only
+    the old key, cannot open it; that is no outage to wait out (its PUTs were retried for ever,
+    `sync` commits acknowledged that no archive would hold): a name it cannot read is not its own."""
+    new_key = bytes(range(100, 132))
+    url = f"file://{tmp_path}/archive"
+    old = wal.open(tmp_path / "p", archive=url, encryption=KEY, archive_rpo_ms=2000)
+    try:
+        old.put("a", SECRET, durability="replicated")
+        follower = wal.follow(url, tmp_path / "f", poll_ms=20, encryption=[new_key, KEY])
+        wait_until(lambda: follower.lsn == 1)
+        new = follower.promote()
+        try:
+            old.put("b", b"after the promotion")  # sync: its PUT finds the fence
+            wait_until(lambda: old.stats()["archive_fenced"], timeout=10)
+            with pytest.raises(wal.FailedError, match="fenced"):
+                old.put("c", b"x", durability="replicated")
+            assert new.put("n", b"1") == 3 and new.get("a") == SECRET
+        finally:
+            new.close()
+    finally:
+        old._close_flush_s = 0.5
+        old.close()
+
+
 def test_a_sealing_manifest_whose_encrypted_field_is_damaged_is_refused_as_damage(tmp_path: Path) -> None:
     """sealed.json with its "encrypted" name or value changed by a byte read as "not encrypted":
     the right key was refused as one given to an archive of a store without encryption."""

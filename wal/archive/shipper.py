@@ -69,7 +69,7 @@ from wal.archive.objects import (
 )
 from wal.archive.plan import Piece
 from wal.archive.spool import SpooledSnapshot
-from wal.errors import ArchiveLagError, CorruptionError, FailedError, NoSpaceError, WalError
+from wal.errors import ArchiveLagError, CorruptionError, EncryptionKeyError, FailedError, NoSpaceError, WalError
 from wal.store.store import ARCHIVE_STATUS_FILE
 
 if TYPE_CHECKING:
@@ -207,6 +207,9 @@ class NameTakenError(ObjectExistsError):
 # A name taken by strays again and again (a fenced writer re-sending one it believes failed)
 # is cleared at most this many times before this writer gives up as fenced.
 _STRAY_CLEARS = 16
+# An object this writer cannot read is never one of its own: damaged, or sealed under a key it
+# was not given (a follower promoted under a rotated key set seals its fence under the new key).
+_NOT_OURS = (CorruptionError, EncryptionKeyError)
 
 # Retention reads the headers of the snapshots an object store lists up to this long after the
 # window's start (its listed times are rounded to the second, and by its own clock).
@@ -976,7 +979,7 @@ class Shipper:
             # Ours from an attempt whose answer was lost (a timeout after the store took it)?
             try:
                 obj = layout.decode_log(self._get(name), name)
-            except CorruptionError:
+            except _NOT_OURS:
                 raise exc from None  # not an object this writer could continue after: fenced
             if obj.writer_id != self.writer_id:
                 raise NameTakenError(str(exc), obj) from None
@@ -1151,7 +1154,7 @@ class Shipper:
             obj = layout.decode_log(self._get(name), name)
         except ObjectMissingError:
             return  # gone meanwhile: sent again
-        except CorruptionError as exc:
+        except _NOT_OURS as exc:
             raise ObjectExistsError(f"{self.objects.url}/{name} is taken by an object this writer cannot read "
                                     f"({exc})") from None
         before = self.writer_id if self._first_of_session is not None else self._end_writer
@@ -1198,7 +1201,7 @@ class Shipper:
     def _ours(self, name: str) -> bool:
         try:
             return layout.decode_log(self._get(name), name).writer_id == self.writer_id
-        except (ObjectMissingError, CorruptionError):
+        except (ObjectMissingError, *_NOT_OURS):
             return False
 
     def _reachable(self) -> None:
@@ -1476,7 +1479,7 @@ class Shipper:
                     obj = layout.decode_log(self._get(name), name)
                 except ObjectMissingError:
                     continue
-                except CorruptionError:
+                except _NOT_OURS:
                     obj = None
                 if obj is not None and obj.writer_id != self.writer_id:
                     self._foreign[name] = obj
