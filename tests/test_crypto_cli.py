@@ -224,16 +224,23 @@ def test_an_archived_open_after_a_rotation_ships_a_snapshot_under_the_new_key(tm
         assert store.get("a") == SECRET and store.get("c") == b"new" and store.get("d") is None
 
 
+@pytest.mark.parametrize("sized", [False, True], ids=["rotation-only", "with-size-snapshots"])
 def test_a_rotation_snapshot_that_finds_its_lsn_shipped_under_the_old_key_is_taken_once_the_state_moves(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sized: bool) -> None:
+    """sized: a snapshot due to its size, taken while the state (applied lazily) is still at the
+    LSN whose name is taken, collides too, and must not count as the rotation's."""
     url = (tmp_path / "archive").as_uri()
     with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
         store.put("a", SECRET)
         old_lsn = store._ship_snapshot_now()  # the archive's newest snapshot, under OLD, of the state's LSN
-    with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD]) as store:
+    opts: dict[str, int] = {"archive_snapshot_bytes": 1, "apply_interval_ms": 30_000} if sized else {}
+    with wal.open(tmp_path / "s", archive=url, encryption=[NEW, OLD], **opts) as store:
         # The writer's first snapshot, due to the rotation, is of that LSN again: its name is taken.
         wait_until(lambda: store.stats()["archive_snapshots"] >= 1)
         lsn = store.put("b", b"new")
+        if sized:
+            wait_until(lambda: store.stats()["archive_snapshots"] >= 2)  # of old_lsn again: not applied yet
+            assert store.stats()["applied_lsn"] == old_lsn
     assert lsn == old_lsn + 1
     newest = sorted((tmp_path / "archive" / "snap").iterdir())[-1]
     assert newest.name == f"{lsn:020d}.snap" and newest.read_bytes()[1:9] == key_id(NEW)

@@ -1315,7 +1315,8 @@ class Shipper:
                     _logger.warning("archive %s: %s", self.objects.url, exc)
                 return
             self._pending_needed = needed
-            self._need_snapshot = False
+            if needed:  # a snapshot due to its size, of the LSN whose name was taken, meets no need
+                self._need_snapshot = False
             self._bytes_since_snapshot = 0
         pending = self._pending_snapshot
         if pending is not None and pending.lsn <= self.archived:
