@@ -2959,14 +2959,18 @@ def test_an_object_store_slow_on_every_put_holds_commits_back_within_archive_rpo
     assert len(acked) > 20 and late == [] and overruns == 0, (len(acked), sorted(late)[-3:], len(late), overruns)
 
 
-def test_a_time_target_past_the_archives_last_commit_is_refused_naming_the_end(tmp_path):
+@pytest.mark.parametrize("snapshot_at_end", [False, True])
+def test_a_time_target_past_the_archives_last_commit_is_refused_naming_the_end(tmp_path, snapshot_at_end):
     # It restored to the end and said nothing: the archive cannot say what was committed after
     # its last commit (a writer lost before shipping it), as an LSN target past the end cannot.
+    # snapshot_at_end: no record follows the newest snapshot; the end's stamp is read all the same.
     url = (tmp_path / "a").as_uri()
-    with wal.open(tmp_path / "p", archive=url) as primary:
+    with wal.open(tmp_path / "p", archive=url, archive_snapshot_bytes=1 if snapshot_at_end else 64 << 20) as primary:
         for i in range(10):
             primary.put(f"k{i}", b"v")
         wait_until(lambda: primary.stats()["archived_lsn"] == 10)
+        if snapshot_at_end:
+            wait_until(lambda: primary.stats()["archive_last_snapshot_lsn"] == 10)
         time.sleep(0.05)
         after = dt.datetime.now(dt.UTC)
     with pytest.raises(wal.TargetNotHeldError, match=r"past the end of the archive .*, which ends at LSN 10,"):

@@ -115,6 +115,21 @@ def _fetch_and_decode(objects: ObjectStore, name: str) -> tuple[int, layout.LogO
     return len(data), decoded(name, data)
 
 
+def _stamp_of(objects: ObjectStore, listing: Listing, lsn: int) -> int | None:
+    """The commit stamp of LSN `lsn`, from the newest-starting log object listed that holds it (one
+    GET); None if none does (retention removed them) or it cannot be read."""
+    holding = [p for p in listing.logs if p.first <= lsn and (p.last is None or p.last >= lsn)]
+    for piece in sorted(holding, key=lambda p: -p.first):
+        try:
+            _, obj = _fetch_and_decode(objects, piece.name)
+        except ObjectMissingError:
+            continue
+        if isinstance(obj, CorruptionError) or lsn not in obj.lsns:
+            continue
+        return layout.time_of(obj.payload(obj.lsns.index(lsn)))
+    return None
+
+
 def _fetch_all(objects: ObjectStore, pieces: list[Piece], parallel: int,
                progress: Progress | None) -> Iterator[tuple[Piece, int, layout.LogObject | CorruptionError]]:
     """Download and verify pieces, `parallel` at a time, yielding each in order as (piece, its
@@ -269,7 +284,8 @@ def _iso(ms: int) -> str:
 
 def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, upto: int | None,
            time_ms: int | None, parallel: int, progress: Progress | None, writer: bytes | None = b"",
-           tail_out: list[Piece] | None = None) -> tuple[int, int, int, bytes | None]:
+           tail_out: list[Piece] | None = None,
+           after_taken_ms: int | None = None) -> tuple[int, int, int, bytes | None]:
     """Hand `sink` the verified records after+1.. (to `upto` / to the last commit at or before
     time_ms / to the end) along the chain (`plan.Chain`; `writer`: the writer_id of the
     snapshot or object ending at `after`), object by object as the downloads come in: ``sink(obj,
@@ -277,7 +293,9 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
     last LSN handed over, the number of objects and bytes downloaded, and the writer_id of the
     last object used (else `writer`). CorruptionError on damage or a gap, raised before any
     record past it is handed over. Unfinished tails and strays past the end (module docstring) go
-    into `tail_out`."""
+    into `tail_out`. after_taken_ms: when the snapshot at `after` was taken (a time target past
+    the archive's end is refused; with no record after the snapshot, the end's commit stamp is
+    read from the object holding it, or is this where none does)."""
     pos = after
     chain = Chain(objects, listing.logs, after, writer, upto=upto,
                   fetch=lambda pieces: _fetch_all(objects, pieces, parallel, progress))
@@ -332,6 +350,10 @@ def stream(objects: ObjectStore, listing: Listing, after: int, sink: Sink, *, up
     if upto is not None:
         raise TargetNotHeldError(f"LSN {upto} is past the end of the archive {objects.url}, which ends at LSN "
                                  f"{pos}{beyond_end}")
+    if time_ms is not None and last_ms is None and pos > 0:
+        last_ms = _stamp_of(objects, listing, pos)
+        if last_ms is None:
+            last_ms = after_taken_ms
     if time_ms is not None and last_ms is not None and time_ms > last_ms:
         # As a PostgreSQL recovery target past its WAL: the archive cannot say what was committed
         # between its last commit and the target (a writer lost meanwhile: not archived yet).
@@ -438,7 +460,7 @@ def _restore_from(objects: ObjectStore, listing: Listing, root: str, *, sealing:
     """One try of `restore_chain`, from the newest snapshot at or before the target not found
     damaged yet; `_SnapshotDamagedError` if that one is."""
     snap = _choose_snapshot(objects, listing, lsn, time_ms, passed_over)
-    snap_lsn, snap_writer = snap.header.lsn, snap.header.writer_id
+    snap_lsn, snap_writer, snap_taken_ms = snap.header.lsn, snap.header.writer_id, snap.header.taken_ms
     snap_bytes = snap.read.size if snap.read is not None else 0
     snap_read = snap.read  # closed below if the restore fails before the builder took it
     tail: list[Piece] = []
@@ -456,7 +478,7 @@ def _restore_from(objects: ObjectStore, listing: Listing, root: str, *, sealing:
         try:
             end, count, nbytes, writer = stream(objects, listing, snap_lsn, builder.add, upto=lsn, time_ms=time_ms,
                                                 parallel=parallel, progress=progress, writer=snap_writer,
-                                                tail_out=tail)
+                                                tail_out=tail, after_taken_ms=snap_taken_ms)
             if passed_over and end < _passed_over_lsn(passed_over):
                 # The archive reached the damaged snapshot's LSN; a chain from an older one that
                 # ends before it lacks objects (retention, or deleted): not a shorter archive.
