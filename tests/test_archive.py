@@ -2504,6 +2504,26 @@ def test_retention_deletes_what_restores_within_the_window_do_not_need(tmp_path,
     assert verify(archive_url).ok
 
 
+def test_retention_is_applied_by_sessions_shorter_than_its_period(tmp_path):
+    """A short-lived agent process: each open lasts less than retention's period (retention_s /
+    10). The first check came only a period after the open, and none at close, so such sessions
+    never deleted anything and the archive grew without bound."""
+    url = (tmp_path / "a").as_uri()
+    opts = {"archive": url, "archive_rpo_ms": 50, "archive_snapshot_bytes": 1, "archive_retention_s": 5.0}
+    for n in range(3):
+        with wal.open(tmp_path / "s", **opts) as s:
+            s.put(f"k{n}", b"x" * 100)
+            wait_until(lambda: s.stats()["archive_snapshots"] >= 1)
+    before = sorted(layout.parse_name(n).first for n in names(url, layout.SNAP_PREFIX))
+    assert len(before) >= 2
+    time.sleep(5.2)  # every snapshot is now older than the window
+    with wal.open(tmp_path / "s", **opts):  # closed at once: well within retention's period (0.5 s)
+        pass
+    after = sorted(layout.parse_name(n).first for n in names(url, layout.SNAP_PREFIX))
+    assert after[0] == before[-1], (before, after)  # the window's base alone is kept of them
+    assert wal.restore(url, tmp_path / "r").lsn == 3
+
+
 class _RetainedWhileRead(FileObjects):
     """A folder archive whose writer's retention runs once, just as a reader first asks for the
     oldest snapshot: every snapshot before the second one deleted, and every log object wholly

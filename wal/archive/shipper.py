@@ -280,7 +280,9 @@ class Shipper:
         self.merge_objects = merge_objects
         self.retention_s = retention_s
         self._resolve = resolve  # set while the archive's end is unknown (unreachable at open)
-        self._retained_at = time.monotonic()
+        # The first maintenance job applies retention: a writer whose sessions are shorter than
+        # the period (retention_s / 10) still deletes what the window no longer needs.
+        self._retained_at = -math.inf
         self._swept = False  # the archive's stale temporary files removed, once per open
         self._snapshots_taken: dict[str, int] = {}  # snapshot name -> its header's taken_ms (retention)
         self._owner_checked_at = time.monotonic()
@@ -430,6 +432,11 @@ class Shipper:
                 except Exception as exc:  # the objects stay as they are: sound, only more of them
                     _logger.info("archive %s: the session's last objects were not merged at close: %s",
                                  self.objects.url, exc)
+                if self._retained_at == -math.inf:  # a session too short for its first job to reach it
+                    try:
+                        self._retain_if_due()
+                    except Exception as exc:  # the next session's first job applies it
+                        _logger.info("archive %s: retention was not applied at close: %s", self.objects.url, exc)
         if job is None or job.done():  # else its file is the next archived open's to delete
             self._discard_pending_snapshot()
         # PUTs still in flight may finish after this: durable records, under create-only names.
