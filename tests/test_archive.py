@@ -750,6 +750,29 @@ def test_commits_held_back_by_an_outage_resume_within_a_quarter_bound_of_the_obj
         assert store.stats()["archive_error"] is None
 
 
+def test_commits_carried_over_unshipped_from_before_the_open_count_in_the_lag_by_their_age(tmp_path):
+    """Commits made while the store was opened without its archive (archive.json keeps their
+    log) are as old as their stamps say: the lag counted from the open read them as a few
+    milliseconds old, and a commit was admitted under archive_rpo_ms as if none were late."""
+    objects = RefusingLogPuts(str(tmp_path / "a"))
+    with wal.open(tmp_path / "s", archive=objects) as store:
+        store.put("a", b"1", durability="replicated")
+    with wal.open(tmp_path / "s") as store:  # without its archive: LSNs 2..21 stay in the log
+        for i in range(20):
+            store.put(f"k{i}", b"v")
+    time.sleep(1.5)
+    objects.down.set()
+    with wal.open(tmp_path / "s", archive=objects, archive_rpo_ms=1000, archive_policy="error") as store:
+        stats = store.stats()
+        assert stats["archived_lsn"] == 1 and stats["archive_lag_ms"] >= 1500
+        with pytest.raises(wal.ArchiveLagError):
+            store.put("x", b"y")
+        objects.down.clear()
+        wait_until(lambda: store.stats()["archived_lsn"] == 21)
+        assert store.stats()["archive_lag_ms"] == 0
+        store.put("x", b"y")
+
+
 class UnansweredLogPuts(FileObjects):
     """A file:// archive whose log objects' PUTs wait for `answer`: an object store down from
     the store's open on, as far as the log is concerned."""

@@ -375,7 +375,7 @@ class Shipper:
         self._next_wake_at = time.monotonic()  # the shipper thread's next round (a dispatch)
         self._stop = False
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
-        self._samples.append((archived, time.monotonic()))
+        self._samples.append((archived, self._carried_since(archived)))
         self._started = time.monotonic()
         self._sampled_at = self._started
         self._status_at = 0.0
@@ -603,6 +603,25 @@ class Shipper:
             return FailedError(_stopped_before(self.store.path, lsn))
         return None
 
+    def _carried_since(self, archived: int) -> float:
+        """The lag's first sample's time (monotonic): now, unless the log holds commits past
+        `archived` made before this open (by a session without the archive, or one that closed
+        before shipping them): then when the oldest of them was made, from its stamp. Counted from
+        the open, commits hours old read as a lag of a few milliseconds, and commits were
+        admitted under archive_rpo_ms as if none were late."""
+        now = time.monotonic()
+        log = self.store._log
+        if log is None or log.watermarks.durable <= archived:
+            return now
+        try:
+            first = next(iter(log.read(archived + 1)), None)
+        except WalError:  # unreadable here: the shipper meets it and says so
+            return now
+        if first is None or first[0] != archived + 1:
+            return now
+        age_s = max(0.0, time.time() - layout.time_of(first[1]) / 1000)
+        return now - age_s
+
     def lag_ms(self) -> float:
         """Upper bound on the age of the oldest commit not yet in the archive (0 if none).
 
@@ -782,6 +801,9 @@ class Shipper:
                     self._resolve = None
                     self._dispatched = archived
                     self._seed_latency()
+                    with self._cond:
+                        self._samples.clear()
+                        self._samples.append((archived, self._carried_since(archived)))
                     self._publish(archived)
                 with self._ship_lock:
                     self._harvest()
