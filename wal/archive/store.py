@@ -274,13 +274,15 @@ class ArchivedStore(Store):
         if shipper is None or log is None:
             raise FailedError(f"the store in {self.path} is closed")
         log.sync()
-        self._checkpoint(sync_log=False)  # the state applies all there is
+        while self._apply_ready():  # the state, of everything durable
+            pass
         if shipper.last_snapshot >= self._applied and _stale_key_id(shipper.objects, shipper.last_snapshot):
             # The archive holds a snapshot of this LSN already, under a key being retired, and
             # snapshot names are create-only: one empty transaction (nothing to replay) moves
             # the state on to an LSN of its own.
             self._commit(record.Txn([], time.time_ns() // 1_000_000, None), {}, None)
-            self._checkpoint(sync_log=False)
+            while self._apply_ready():
+                pass
         spooled = self._logical_snapshot(shipper.writer_id)
         shipper.ship_snapshot_now(spooled, timeout_s)
         return spooled.lsn
