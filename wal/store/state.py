@@ -96,6 +96,7 @@ from wal.errors import (
     _ADVICE,
     ClosedError,
     CorruptionError,
+    FailedError,
     LockedError,
     NoSpaceError,
     StorageError,
@@ -137,6 +138,9 @@ LOCK_FILE = "lock.mdb"
 _CKP_MAGIC = b"AGWSTCKP"
 _CKP_VERSION = 1
 _CKP_HEAD = struct.Struct("<8sII16sQQQ")  # magic, version, page size, boot id, txnid, applied LSN, unix ms
+# checkpoint.meta's boot id after a failed fdatasync of the state: no boot has it, so the next
+# writable open reopens at the checkpoint as after a restart (`State._distrust_since_checkpoint`).
+UNTRUSTED_BOOT_ID = bytes(16)
 _CKP_MAX_PAGE = 1 << 16
 # The fields of LMDB 0.9's meta page read here (its page header, then MDB_meta; mdb.c): the page
 # flags, magic and data version say it is a meta page, the free DB's md_pad is the page size,
@@ -227,6 +231,17 @@ _OS_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, er
 # Failures while opening that are about resources, not the file: classified as at any other time.
 _OPEN_RESOURCE = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, _lmdbcall.MDB_READERS_FULL,
                             _lmdbcall.MDB_MAP_FULL})
+
+
+def _sync_failed(exc: LmdbError, path: str) -> FailedError:
+    """A failed fdatasync of the state: never retried and trusted (fsyncgate: the kernel may have
+    dropped the pages it could not write, and a second fdatasync then succeeds with them lost),
+    whatever its errno, ENOSPC included. No checkpoint rests on it: the store stops its writes
+    (fail-stop, I5), and the next open falls back to the last checkpoint and replays the log."""
+    text = exc.args[1] if len(exc.args) > 1 else str(exc)
+    return FailedError(f"the fdatasync of the LMDB state in {path} failed ({text}): its pages may be lost, so it "
+                       "is not retried; the store stops its writes, and reopening falls back to the last checkpoint "
+                       "and replays the log from there")
 
 
 def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening: bool = False) -> NoReturn:
@@ -830,7 +845,11 @@ class State:
             txnid = pin.txnid()
             applied = _applied(self.path, pin.get(META, APPLIED_KEY))
             _, psize, last_pgno = self._env.stat()
-            self._env.sync(True)  # every page of the pinned snapshot (and any later one) durable
+            try:
+                self._env.sync(True)  # every page of the pinned snapshot (and any later one) durable
+            except LmdbError as exc:
+                self._distrust_since_checkpoint()
+                raise _sync_failed(exc, self.path) from exc
             pages = _meta_pages(self.path, psize)
             if not pages:  # its file deleted under the open store (LMDB keeps writing to the inode)
                 raise FileNotFoundError(errno.ENOENT, "the state's file is gone", os.path.join(self.path, DATA_FILE))
@@ -853,6 +872,20 @@ class State:
         old.abort()
         self._last_pgno_at_checkpoint = last_pgno
         return saved
+
+    def _distrust_since_checkpoint(self) -> None:
+        """After a failed fdatasync: the page cache no longer proves the pages LMDB wrote since the
+        last checkpoint (the kernel may drop those it could not write), so the next writable open
+        must reopen at that checkpoint even in this boot. Its boot id is rewritten as all zeros,
+        which no boot has (FORMAT.md §16)."""
+        try:
+            saved = read_checkpoint(self.path)
+            if saved is not None:
+                _write_checkpoint(self.path, saved._replace(boot_id=UNTRUSTED_BOOT_ID))
+        except (OSError, WalError) as exc:
+            _logger.error("the state in %s: after a failed fdatasync, its checkpoint could not be marked for a "
+                          "reopen at it (%s); if this machine does not restart, move state/ aside before the "
+                          "next open so that it is rebuilt from the log", self.path, exc)
 
     def growth_since_checkpoint(self) -> int:
         """Bytes the file grew since the last checkpoint. While the checkpoint's snapshot is pinned,

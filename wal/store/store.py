@@ -1314,7 +1314,15 @@ class Store:
             # it go (the space a full disk needs most); then report it.
             stuck = exc
         with self._apply_lock:
-            applied = self._checkpoint_locked()
+            try:
+                applied = self._checkpoint_locked()
+            except BaseException as exc:
+                # As an automatic checkpoint's (`_checkpoint_if_due`): a failed fdatasync of the
+                # state is never retried, so a later checkpoint cannot rest on it.
+                if not _retryable(exc) and not isinstance(exc, ClosedError):
+                    self._log_failure(exc)
+                    self._fail_stop(exc)
+                raise
         if stuck is not None:
             raise stuck
         return applied
@@ -1462,6 +1470,10 @@ class Store:
                 # The state only saves work for the next open, which replays the log from the
                 # last checkpoint: a full disk or an earlier failure here loses nothing, so it
                 # is logged, not raised (close raises at most the failure already reported).
+                # After a failure none is taken: the state's writes since the last checkpoint
+                # may rest on a failed fdatasync, and the next open falls back to that one.
+                if self._failure is not None:
+                    raise FailedError(f"the store failed earlier ({self._failure})")
                 while self._apply_ready():
                     pass
                 with self._apply_lock:  # a checkpoint() of another thread may be under way
