@@ -82,9 +82,15 @@ class Blocked:
     def __enter__(self) -> Blocked:
         if os.path.exists(self.path):
             os.rename(self.path, self.aside)
-        with open(self.path, "w") as f:
-            f.write("not a directory")
-        return self
+        while True:
+            try:
+                with open(self.path, "x") as f:
+                    f.write("not a directory")
+                return self
+            except (IsADirectoryError, FileExistsError):
+                # A PUT made the folder again in between: what it stored there joins the rest.
+                shutil.copytree(self.path, self.aside, dirs_exist_ok=True)
+                shutil.rmtree(self.path)
 
     def __exit__(self, *exc: object) -> None:
         os.unlink(self.path)

@@ -289,3 +289,24 @@ def test_the_space_benchmark_runs_and_writes_its_files(tmp_path: Path) -> None:
     assert [r["system"] for r in results] == ["agentwal-interval", "agentwal-sync+compact", "lmdb"]
     assert all(r["samples"] and r["puts"] > 0 and r["error"] is None for r in results)
     assert "allocated" in done.stdout
+
+
+@pytest.mark.parametrize("level", ["sync", "buffered"])
+def test_a_store_used_in_short_sessions_keeps_its_log_within_the_checkpoint_bound(tmp_path: Path, level: str) -> None:
+    """Open, commit a little, close, again and again (a short-lived agent process): close's
+    checkpoint removed no segment and the automatic one never ran, so the log kept every
+    segment for good (20 of 4 MiB after 300 sessions of 256 KiB, the state holding 0.25 MiB).
+    Close now lets them go once they hold the automatic rule's bound (8 MiB for a small state)."""
+    opts = {"durability": level, "segment_bytes": 2 << 20, **({"rpo_ms": 50} if level == "buffered" else {})}
+    value = os.urandom(1 << 20)
+    most = 0
+    for session in range(30):  # 30 MiB of log in all
+        with wal.open(tmp_path, **opts) as store:
+            store.put(b"agent/state", value)
+            store.put(b"agent/step", b"%d" % session)
+        held = sum(os.path.getsize(tmp_path / "log" / n) for n in os.listdir(tmp_path / "log") if n.endswith(".wal"))
+        most = max(most, held)
+    assert most <= (8 << 20) + 2 * (2 << 20) + (1 << 20), most  # the bound, the newest segment, one commit
+    with wal.open(tmp_path, **opts) as store:
+        assert store.get(b"agent/step") == b"29" and store.get(b"agent/state") == value
+        assert store.stats()["records_replayed"] == 0

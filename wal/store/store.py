@@ -1355,6 +1355,16 @@ class Store:
                      "archived" if self._archive else "removed")
         return applied
 
+    def _sealed_log_bytes(self) -> int:
+        """Bytes of the log's segments but the newest (the one being written)."""
+        assert self._log is not None
+        sizes = []
+        for name in os.listdir(self._log.directory):
+            if parse_segment_name(name) is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    sizes.append((name, os.stat(os.path.join(self._log.directory, name)).st_size))
+        return sum(size for _, size in sorted(sizes)[:-1])
+
     def _removable_before(self, applied: int) -> int:
         """Archive hook: segments wholly below this LSN may go at a checkpoint (an object archive
         keeps every segment it has not shipped yet: wal/archive/store.py; opened without it, a
@@ -1482,6 +1492,12 @@ class Store:
                         self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(),
                                                                          "applied_lsn": self._applied}).encode())
                     self._state.checkpoint()  # the next open starts from here, crash or not
+                    # The segments below it go once they hold what the automatic checkpoint's rule
+                    # allows (`_space_bound`): a store used in short sessions, whose automatic
+                    # checkpoint never ran, kept every one for good. Below the bound they stay,
+                    # for `agentwal dump` and the next open's replay, which they cost nothing.
+                    if self._sealed_log_bytes() >= self._space_bound(self._state.space()["state_used_bytes"]):
+                        self._log.remove_segments_before(self._removable_before(self._applied), self._archive)
             except BaseException as exc:
                 _logger.warning("closing store %s: the state was left at applied LSN %d (%s); the next open "
                                 "replays the log from its last checkpoint", self._path, self._applied, exc)
