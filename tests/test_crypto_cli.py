@@ -269,6 +269,39 @@ def test_rekey_of_a_store_unchanged_since_its_archived_snapshot_moves_to_a_new_l
         assert store.get("a") is None and store.stats()["applied_lsn"] == 3
 
 
+def test_an_import_into_an_encrypted_store_checks_every_value_against_its_limit_before_writing_any(
+        tmp_path: Path, keys: tuple[str, str]) -> None:
+    """A value under the plain limit but over an encrypted store's was refused only at its own
+    batch, after the batches before it were committed: "a bad line means nothing is written"."""
+    import base64  # noqa: PLC0415
+
+    _, new_file = keys
+    source = tmp_path / "in.jsonl"
+    with open(source, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"key": f"k{i}", "value": "v"}) + "\n")
+        huge = base64.b64encode(bytes(16_773_100)).decode()
+        f.write(json.dumps({"key": "huge", "value": {"base64": huge}}) + "\n")
+    r = run("import", str(tmp_path / "s"), str(source), "--create", "--unframed", "--key-file", new_file,
+            "--batch", "1")
+    assert r.returncode == 2 and "nothing was imported" in r.stderr, r.stderr
+    with wal.open(tmp_path / "s", encryption=NEW) as store:
+        assert list(store.scan("")) == []
+
+
+def test_the_command_asked_for_a_key_names_its_option(tmp_path: Path, keys: tuple[str, str]) -> None:
+    """The messages named only wal.open's encryption= argument."""
+    _, new_file = keys
+    with wal.open(tmp_path / "s", encryption=OLD) as store:
+        store.put("old", SECRET)
+    with wal.open(tmp_path / "s", encryption=[NEW, OLD]) as store:
+        store.put("new", b"v")
+    r = run("put", str(tmp_path / "s"), "k2", "v")
+    assert r.returncode == 1 and "--key-file" in r.stderr, r.stderr
+    r = run("get", str(tmp_path / "s"), "old", "--key-file", new_file)  # its value needs OLD too
+    assert r.returncode == 1 and "one more --key-file" in r.stderr, r.stderr
+
+
 def test_export_of_an_encrypted_store_needs_no_key_holds_no_plaintext_and_imports_with_the_key(
         tmp_path: Path, keys: tuple[str, str]) -> None:
     _, new_file = keys

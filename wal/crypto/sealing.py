@@ -641,7 +641,8 @@ class Sealer:
             given = ", ".join(i.hex() for i in keys.ids) if keys is not None else "none"
             raise MissingKeyError(
                 f"{where()} is encrypted under key id {kid.hex()}, which none of the keys given has (key ids: "
-                f"{given}): open with that key too (encryption=[current, old...] or a provider that knows it)",
+                f"{given}): open with that key too (encryption=[current, old...] or a provider that knows it; "
+                f"the agentwal command: one more --key-file)",
                 key_id=kid.hex(), where=where())
         return master
 

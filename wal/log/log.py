@@ -393,7 +393,8 @@ class Log:
         return lsn
 
     def append_many(self, payloads: Iterable[bytes], *, durability: str | None = None) -> int:
-        """Append records as consecutive LSNs in one call; returns the last LSN (0 if none given).
+        """Append records as consecutive LSNs in one call; returns the last LSN (given none: the
+        log's last LSN, 0 on an empty log).
 
         Atomicity: each record is framed on its own; a crash may keep a prefix of the batch.
         """

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from wal._bindings import lib
 from wal.crypto.sealing import CODEC_ENCRYPTED, CONTEXT_VALUE
-from wal.errors import ArgumentError, CorruptionError, FormatVersionError
+from wal.errors import ArgumentError, CorruptionError, FormatVersionError, RecordTooLargeError
 from wal.ops.inspect import scan
 from wal.ops.render import parse_bytes, render_bytes
 from wal.ops.target import _writer_target, open_writer, sealing_options
@@ -279,6 +279,15 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
         opener = _opener(path, dictionaries, encrypted.pop())
         pairs = [(k, opener(k, v) if isinstance(v, Sealed) else v) for k, v in pairs]
     with open_writer(target, "import", compression=compression) as store:
+        # Every value checked against this store's limit before the first commit: a sealed
+        # store's is lower by what its envelopes add, and a value past it was refused only at
+        # its own batch, after the batches before it were committed.
+        sealer = getattr(store, "_sealer", None)
+        limit = MAX_VALUE_BYTES - (sealer.envelope_overhead if sealer is not None else 0)
+        for key, value in pairs:
+            if len(value) > limit:
+                raise RecordTooLargeError(f"the value of key {key!r} ({len(value)} bytes) is over the {limit}-byte "
+                                          f"value limit of the store at {path}: nothing was imported")
         i = 0
         while i < len(pairs):
             size = 0

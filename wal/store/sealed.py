@@ -469,7 +469,8 @@ def sealer_for(sealed: dict[str, Any], options: dict[str, Any], what: str, where
     if encrypted and keys is None:
         stored = [i for i in sealed.get("key_ids") or [] if isinstance(i, str)]
         raise MissingKeyError(f"{what} is encrypted{' (key ids ' + ', '.join(stored) + ')' if stored else ''}: open "
-                              "it with encryption=KEY (or a key provider)", key_id=stored[0] if stored else None,
+                              "it with encryption=KEY (or a key provider; the agentwal command: --key-file)",
+                              key_id=stored[0] if stored else None,
                               where=where or what)
     threshold = options.get("compression_threshold")
     compression = options.get("compression")
