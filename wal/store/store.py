@@ -1289,13 +1289,7 @@ class Store:
             self._state_held()  # closed meanwhile: ClosedError, never a failure of the store
             if self._failure is not None or (due := self._checkpoint_due()) is None:
                 return False
-            try:
-                self._checkpoint_locked()
-            except BaseException as exc:
-                if not _retryable(exc):  # a full disk waits and retries (the materializer's stall)
-                    self._log_failure(exc)
-                    self._fail_stop(exc)
-                raise
+            self._checkpoint_or_stop()
             self._counters["auto_checkpoints"] += 1
             if due == "space":
                 self._counters["space_checkpoints"] += 1
@@ -1314,18 +1308,23 @@ class Store:
             # it go (the space a full disk needs most); then report it.
             stuck = exc
         with self._apply_lock:
-            try:
-                applied = self._checkpoint_locked()
-            except BaseException as exc:
-                # As an automatic checkpoint's (`_checkpoint_if_due`): a failed fdatasync of the
-                # state is never retried, so a later checkpoint cannot rest on it.
-                if not _retryable(exc) and not isinstance(exc, ClosedError):
-                    self._log_failure(exc)
-                    self._fail_stop(exc)
-                raise
+            applied = self._checkpoint_or_stop()
         if stuck is not None:
             raise stuck
         return applied
+
+    def _checkpoint_or_stop(self) -> int:
+        """`_checkpoint_locked` (the caller holds the apply lock), whoever asked for it. A failure
+        that does not wait for the host stops the store's writes (fail-stop): a failed fdatasync
+        of the state is never retried, so no later checkpoint may rest on it. A full disk waits
+        and retries (the materializer's stall)."""
+        try:
+            return self._checkpoint_locked()
+        except BaseException as exc:
+            if not _retryable(exc) and not isinstance(exc, ClosedError):
+                self._log_failure(exc)
+                self._fail_stop(exc)
+            raise
 
     def _state_held(self) -> None:
         """With the apply lock held: ClosedError once close has let the state go."""
