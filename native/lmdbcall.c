@@ -147,6 +147,10 @@ typedef struct {
  * once. 64 bytes each. The first opener sizes the table; a later one adopts the file's size. */
 #define MAX_READERS 1024
 static const char CHECKS_KEY[] = "entry_checksums"; /* META: every DATA entry carries a checksum */
+static const char IDEM_CHECKS_KEY[] = "idem_checksums"; /* META: every IDEM entry carries one (format 6) */
+#define DB_IDEM 1
+#define IDEM_VALUE 16   /* an IDEM value: u64 LSN + u64 commit time ms */
+#define IDEM_CHECKED 20 /* ... then CRC-32C(key || those 16 bytes), u32 LE (store format 6) */
 
 typedef struct {
     char *(*version)(int *, int *, int *);
@@ -311,6 +315,7 @@ typedef struct EnvObject {
     MDB_dbi dbs[N_DBS + 1]; /* the N_DBS databases, then DB_TAIL */
     int has_tail;           /* DB_TAIL exists (a read-only open of a format-2 state may lack it) */
     int require_checks;     /* every DATA entry carries a checksum (META "entry_checksums" is set) */
+    int require_idem_checks; /* every IDEM entry carries one (META "idem_checksums" is set) */
     unsigned int psize;     /* LMDB's page size: where split_tail() draws its line */
     uint64_t epoch; /* the process that opened it (forkwatch.h) */
     dev_t dev;
@@ -522,6 +527,7 @@ static int restore_meta(const char *dir, const char *page, size_t psize) {
 static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned long long map_size,
                          const char *restore, size_t restore_len, int nolock);
 static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where);
+static int mark_idem_checked(EnvObject *e, MDB_txn *txn, const char **where);
 
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path", "readonly", "map_size", "restore", "nolock", NULL};
@@ -669,6 +675,22 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
             }
         }
     }
+    if (rc == 0) { /* and every IDEM entry? Said at once of an empty one in a checked state */
+        MDB_val ck = {sizeof IDEM_CHECKS_KEY - 1, (void *)IDEM_CHECKS_KEY}, cv;
+        MDB_stat ist;
+        rc = M.get(txn, self->dbs[2], &ck, &cv);
+        where = "mdb_get (idem_checksums)";
+        if (rc == 0) {
+            self->require_idem_checks = 1;
+        } else if (rc == MDB_NOTFOUND) {
+            rc = M.stat(txn, self->dbs[DB_IDEM], &ist);
+            where = "mdb_stat";
+            if (rc == 0 && !readonly && self->require_checks && ist.ms_entries == 0) {
+                rc = mark_idem_checked(self, txn, &where);
+                self->require_idem_checks = rc == 0;
+            }
+        }
+    }
     if (rc == 0) {
         rc = M.txn_commit(txn); /* also for a read txn: its dbi handles then stay usable */
         txn = NULL;
@@ -797,7 +819,6 @@ static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, ui
     return put_entry_as(e, txn, cur, k, version, val, n, 0, where);
 }
 
-/* put_entry for a value given as the caller's layout: u64 LE version + value. */
 /* A write transaction with a cursor on `dbi`, for the callers that walk or fill one database
  * (without the GIL). *where names the call that failed; on failure the caller closes what is
  * not NULL, as after any later error. */
@@ -811,6 +832,7 @@ static int begin_write_cursor(EnvObject *e, MDB_dbi dbi, MDB_txn **txn, MDB_curs
     return rc;
 }
 
+/* put_entry for a value given as the caller's layout: u64 LE version + value. */
 static int put_data(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v, const char **where) {
     return put_entry(e, txn, cur, k, wal_get_u64(v->mv_data), (const char *)v->mv_data + 8, v->mv_size - 8, where);
 }
@@ -910,6 +932,59 @@ static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where) {
     if (rc != 0) return rc;
     *where = "mdb_put (entry_checksums)";
     return M.put(txn, e->dbs[META_DB], &ck, &one, 0);
+}
+
+/* ---- IDEM values: a CRC-32C of key and value after the value (store format 6) ----
+ *
+ * An IDEM entry answers "was this idempotency key committed, and as which LSN?": a flipped bit
+ * in one would make a new commit read as a retry of another and be dropped, acknowledged with
+ * that commit's LSN, without a trace. So an entry is u64 LSN || u64 time_ms || CRC-32C(key ||
+ * those 16 bytes), u32 LE. Entries of 16 bytes (written before format 6) are read as they are
+ * until META "idem_checksums" says the upgrade (check_idem) has given every one its checksum;
+ * from then on they are damage. Every write is checked, whatever the marker says. */
+
+static uint32_t idem_crc(const void *k, size_t klen, const unsigned char *value16) {
+    return wal_crc32c(wal_crc32c(0, k, klen), value16, IDEM_VALUE);
+}
+
+/* Is the IDEM entry (key `k`, value `v`) sound? Needs no GIL. */
+static int idem_sound(const EnvObject *e, const MDB_val *k, const MDB_val *v) {
+    const unsigned char *b = v->mv_data;
+    if (v->mv_size == IDEM_CHECKED) return idem_crc(k->mv_data, k->mv_size, b) == wal_get_u32(b + IDEM_VALUE);
+    return v->mv_size == IDEM_VALUE && !e->require_idem_checks;
+}
+
+/* What is wrong with an unsound IDEM entry of `size` bytes. */
+static const char *idem_damage(size_t size) {
+    return size == IDEM_CHECKED ? "an idempotency entry whose checksum does not match"
+           : size == IDEM_VALUE ? "an idempotency entry without a checksum"
+                                : "an idempotency entry of the wrong size";
+}
+
+/* The IDEM value `v` of key `k` checked and cut to its 16 bytes (in place); -1 with an
+ * LmdbError set (E_CHECKSUM) if it is damaged. */
+static int idem_value(const EnvObject *e, const MDB_val *k, MDB_val *v) {
+    if (!idem_sound(e, k, v)) {
+        set_entry_damage(E_CHECKSUM, k, idem_damage(v->mv_size));
+        return -1;
+    }
+    v->mv_size = IDEM_VALUE;
+    return 0;
+}
+
+/* The 20 bytes of a checked IDEM value for key `k` (klen bytes), LSN `lsn`, commit time `t`. */
+static void idem_checked_value(unsigned char out[IDEM_CHECKED], const void *k, size_t klen, uint64_t lsn,
+                               uint64_t t) {
+    wal_put_u64(out, lsn);
+    wal_put_u64(out + 8, t);
+    wal_put_u32(out + IDEM_VALUE, idem_crc(k, klen, out));
+}
+
+/* Set META "idem_checksums" in `txn` (a checked META value: only in a state that requires checks). */
+static int mark_idem_checked(EnvObject *e, MDB_txn *txn, const char **where) {
+    MDB_val ck = {sizeof IDEM_CHECKS_KEY - 1, (void *)IDEM_CHECKS_KEY};
+    *where = "mdb_put (idem_checksums)";
+    return put_meta(e, txn, &ck, "1", 1, 1);
 }
 
 /* The DATA entry `v` of key `k`, read in `txn`, checked and taken apart: 0 with *version and
@@ -1017,6 +1092,7 @@ static PyObject *txn_get(const EnvObject *e, MDB_txn *txn, int db, PyObject *con
         return NULL;
     }
     if (db == META_DB && meta_value(e, &k, &v) < 0) return NULL;
+    if (db == DB_IDEM && idem_value(e, &k, &v) < 0) return NULL;
     return value_bytes(&v);
 }
 
@@ -1076,6 +1152,7 @@ static PyObject *scan_items(const EnvObject *e, MDB_txn *txn, int db, PyObject *
             if (read_entry(e, txn, &k, &v, &version, &vb) < 0) goto fail;
         } else {
             if (db == META_DB && meta_value(e, &k, &v) < 0) goto fail;
+            if (db == DB_IDEM && idem_value(e, &k, &v) < 0) goto fail;
             vb = value_bytes(&v);
             if (vb == NULL) goto fail;
         }
@@ -1136,6 +1213,16 @@ static PyObject *env_put(EnvObject *self, PyObject *const *args, Py_ssize_t narg
     if (db == DB_DATA && (v.mv_size < 8 || (((unsigned char *)v.mv_data)[7] & VERSION_FLAGS))) {
         PyErr_SetString(PyExc_ValueError, "a DATA value is a u64 LE version below 2^62 and then the value");
         return NULL;
+    }
+    unsigned char idem[IDEM_CHECKED];
+    if (db == DB_IDEM) { /* stored with its checksum, as apply stores it */
+        if (v.mv_size != IDEM_VALUE) {
+            PyErr_SetString(PyExc_ValueError, "an IDEM value is a u64 LE LSN and a u64 LE time_ms");
+            return NULL;
+        }
+        const unsigned char *raw = v.mv_data;
+        idem_checked_value(idem, k.mv_data, k.mv_size, wal_get_u64(raw), wal_get_u64(raw + 8));
+        v = (MDB_val){IDEM_CHECKED, idem};
     }
     MDB_dbi dbi = self->dbs[db];
     MDB_txn *txn = NULL;
@@ -1299,7 +1386,8 @@ static PyObject *env_stat(EnvObject *self, PyObject *unused) {
 }
 
 /* expire_idempotency(older_than_ms) -> removed: in one write transaction, delete every
- * idem entry (u64 LSN + u64 commit time ms) whose time is below the bound. */
+ * idem entry (u64 LSN + u64 commit time ms, checked: idem_value) whose time is below the bound.
+ * A damaged entry stops it (nothing deleted) with the error a read of it raises. */
 static PyObject *env_expire(EnvObject *self, PyObject *arg) {
     unsigned long long bound = PyLong_AsUnsignedLongLong(arg);
     if (bound == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -1308,8 +1396,10 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
     MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     char *keys = NULL; /* expired keys, each as size_t length + bytes: deleted after the walk */
-    size_t used = 0, cap = 0, removed = 0, bad_size = 0;
+    size_t used = 0, cap = 0, removed = 0;
     const char *where = "mdb_txn_begin";
+    char bad_key[512];
+    size_t bad_len = 0, bad_size = 0; /* bad_size: the damaged entry's size + 1; 0: none found */
     int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
@@ -1318,8 +1408,10 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
         MDB_val k, v;
         where = "mdb_cursor_get";
         for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
-            if (v.mv_size != 16) {
+            if (!idem_sound(self, &k, &v)) { /* reported once the GIL is back */
                 bad_size = v.mv_size + 1;
+                bad_len = k.mv_size < sizeof bad_key ? k.mv_size : sizeof bad_key;
+                memcpy(bad_key, k.mv_data, bad_len);
                 break;
             }
             if (wal_get_u64((const uint8_t *)v.mv_data + 8) >= bound) continue;
@@ -1362,7 +1454,8 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
     self->busy--;
     free(keys);
     if (bad_size) {
-        set_bad_value("an idempotency entry of %zu bytes, not 16", bad_size - 1);
+        MDB_val k = {bad_len, bad_key};
+        set_entry_damage(E_CHECKSUM, &k, idem_damage(bad_size - 1));
         return NULL;
     }
     if (rc != 0) {
@@ -1375,7 +1468,7 @@ static PyObject *env_expire(EnvObject *self, PyObject *arg) {
 /* The items of a batch, checked and owned before the GIL is released. */
 typedef struct {
     PyObject *puts, *deletes, *idem; /* tuples (own references: their items cannot go away) */
-    unsigned char *idem_values;      /* 16 bytes per idempotency item: u64 LSN + u64 time ms */
+    unsigned char *idem_values;      /* IDEM_CHECKED bytes per idempotency item (idem_checked_value) */
 } batch_items;
 
 static void batch_release(batch_items *b) {
@@ -1413,7 +1506,7 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
         }
     }
     Py_ssize_t n = PyTuple_GET_SIZE(b->idem);
-    b->idem_values = PyMem_Malloc(n ? (size_t)n * 16 : 1);
+    b->idem_values = PyMem_Malloc(n ? (size_t)n * IDEM_CHECKED : 1);
     if (b->idem_values == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -1428,8 +1521,9 @@ static int batch_take(batch_items *b, PyObject *puts, PyObject *deletes, PyObjec
         if (lsn == (unsigned long long)-1 && PyErr_Occurred()) return -1;
         unsigned long long t = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(it, 2));
         if (t == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        wal_put_u64(b->idem_values + 16 * i, lsn);
-        wal_put_u64(b->idem_values + 16 * i + 8, t);
+        PyObject *key = PyTuple_GET_ITEM(it, 0);
+        idem_checked_value(b->idem_values + IDEM_CHECKED * i, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
+                           lsn, t);
     }
     return 0;
 }
@@ -1559,8 +1653,8 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     *where = "mdb_put";
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(b->idem); i++) {
         MDB_val k = bytes_val(PyTuple_GET_ITEM(PyTuple_GET_ITEM(b->idem, i), 0));
-        MDB_val v = {16, b->idem_values + 16 * i};
-        rc = M.put(txn, e->dbs[1], &k, &v, 0);
+        MDB_val v = {IDEM_CHECKED, b->idem_values + IDEM_CHECKED * i};
+        rc = M.put(txn, e->dbs[DB_IDEM], &k, &v, 0);
         if (rc != 0) return rc;
     }
     return 0;
@@ -1901,6 +1995,40 @@ static PyObject *env_verify(EnvObject *self, PyObject *unused) {
             cur = NULL;
         }
     }
+    if (rc == 0) { /* every idempotency entry's checksum, and that a lookup finds it */
+        MDB_stat ist;
+        size_t idem_entries = 0;
+        rc = M.stat(txn, self->dbs[DB_IDEM], &ist);
+        where = "mdb_stat";
+        if (rc == 0) {
+            rc = M.cursor_open(txn, self->dbs[DB_IDEM], &cur);
+            where = "mdb_cursor_open";
+        }
+        if (rc == 0) {
+            where = "mdb_cursor_get";
+            for (rc = M.cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = M.cursor_get(cur, &k, &v, MDB_NEXT)) {
+                MDB_val kk = k, found, checked = v;
+                if (idem_value(self, &k, &checked) < 0) goto failed;
+                int got = M.get(txn, self->dbs[DB_IDEM], &kk, &found);
+                if (got != 0 || found.mv_data != v.mv_data) {
+                    set_entry_damage(E_BAD_VALUE, &k, "an idempotency entry walked to, but a lookup of its key does "
+                                                      "not find it (a damaged page)");
+                    goto failed;
+                }
+                idem_entries++;
+            }
+            if (rc == MDB_NOTFOUND) rc = 0;
+            M.cursor_close(cur);
+            cur = NULL;
+        }
+        if (rc == 0 && idem_entries != ist.ms_entries) {
+            char what[128];
+            snprintf(what, sizeof what, "the idem database records %zu entries but a walk finds %zu (a damaged page)",
+                     (size_t)ist.ms_entries, idem_entries);
+            set_bad_value("%s", what);
+            goto failed;
+        }
+    }
     read_end(self, txn);
     if (rc != 0) {
         set_error(rc, where);
@@ -1911,6 +2039,107 @@ failed:
     if (cur != NULL) M.cursor_close(cur);
     read_end(self, txn);
     return NULL;
+}
+
+/* Put `cur` on the first item whose key is greater than `after` (bytes; None: the first item),
+ * with its key and value in *k and *v; MDB_NOTFOUND if there is none. GIL not needed (`after`
+ * is only read). */
+static int cursor_after(MDB_cursor *cur, PyObject *after, MDB_val *k, MDB_val *v) {
+    if (after == Py_None) return M.cursor_get(cur, k, v, MDB_FIRST);
+    *k = (MDB_val){(size_t)PyBytes_GET_SIZE(after), PyBytes_AS_STRING(after)};
+    int rc = M.cursor_get(cur, k, v, MDB_SET_RANGE);
+    if (rc == 0 && k->mv_size == (size_t)PyBytes_GET_SIZE(after)
+        && memcmp(k->mv_data, PyBytes_AS_STRING(after), k->mv_size) == 0)
+        rc = M.cursor_get(cur, k, v, MDB_NEXT);
+    return rc;
+}
+
+/* check_idem(after, limit) -> last key walked, or None once every IDEM entry is checked.
+ * Store format 6's upgrade of an older state, as check_entries: in ONE write transaction,
+ * rewrite up to `limit` IDEM entries of 16 bytes, from the first key > `after` (None: the
+ * first), with their checksum (idem_checked_value); when the walk reaches the end, set META
+ * "idem_checksums", after which reads refuse an entry without one. An entry of another size is
+ * damage (nothing is rewritten). GIL released. */
+static PyObject *env_check_idem(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || (args[0] != Py_None && !PyBytes_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "check_idem takes (after: bytes | None, limit: int)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if ((limit == -1 && PyErr_Occurred()) || writable(self) < 0) return NULL;
+    if (!self->require_checks) { /* its marker is a checked META value: entries first */
+        PyErr_SetString(PyExc_ValueError, "check_idem runs once every DATA entry is checked (check_entries)");
+        return NULL;
+    }
+    if (limit < 1) limit = 1;
+    PyObject *after = args[0];
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    const char *where = "mdb_txn_begin";
+    char last[512];
+    size_t last_len = 0, bad_size = 0; /* bad_size: a damaged entry's size + 1 */
+    int rc, done = 0;
+    Py_ssize_t n = 0;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = begin_write_cursor(self, self->dbs[DB_IDEM], &txn, &cur, &where);
+    MDB_val k, v;
+    if (rc == 0) {
+        where = "mdb_cursor_get";
+        rc = cursor_after(cur, after, &k, &v);
+    }
+    while (rc == 0 && n < limit) {
+        int legacy = v.mv_size == IDEM_VALUE;
+        if (k.mv_size > sizeof last || !(legacy || idem_sound(self, &k, &v))) {
+            bad_size = v.mv_size + 1;
+            last_len = k.mv_size < sizeof last ? k.mv_size : sizeof last;
+            memcpy(last, k.mv_data, last_len);
+            break;
+        }
+        memcpy(last, k.mv_data, k.mv_size); /* a copy first: the put below may move the page */
+        last_len = k.mv_size;
+        if (legacy) {
+            const unsigned char *raw = v.mv_data;
+            unsigned char checked[IDEM_CHECKED];
+            idem_checked_value(checked, last, last_len, wal_get_u64(raw), wal_get_u64(raw + 8));
+            MDB_val key = {last_len, last}, value = {IDEM_CHECKED, checked};
+            rc = M.cursor_put(cur, &key, &value, 0);
+            where = "mdb_cursor_put";
+            if (rc != 0) break;
+            n++;
+        }
+        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+        where = "mdb_cursor_get";
+    }
+    if (rc == MDB_NOTFOUND && !bad_size) {
+        rc = mark_idem_checked(self, txn, &where);
+        done = rc == 0;
+    }
+    if (cur != NULL) M.cursor_close(cur);
+    if (txn != NULL) {
+        if (rc == 0 && !bad_size) {
+            rc = M.txn_commit(txn);
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (bad_size) {
+        MDB_val key = {last_len, last};
+        set_entry_damage(E_CHECKSUM, &key, idem_damage(bad_size - 1));
+        return NULL;
+    }
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    if (done) {
+        self->require_idem_checks = 1;
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize(last, (Py_ssize_t)last_len);
 }
 
 /* check_entries(after, limit) -> last key rewritten, or None once every entry is checked.
@@ -1942,15 +2171,7 @@ static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ss
     MDB_val k, v;
     if (rc == 0) {
         where = "mdb_cursor_get";
-        if (after != Py_None) {
-            k = (MDB_val){(size_t)PyBytes_GET_SIZE(after), PyBytes_AS_STRING(after)};
-            rc = M.cursor_get(cur, &k, &v, MDB_SET_RANGE);
-            if (rc == 0 && k.mv_size == (size_t)PyBytes_GET_SIZE(after)
-                && memcmp(k.mv_data, PyBytes_AS_STRING(after), k.mv_size) == 0)
-                rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
-        } else {
-            rc = M.cursor_get(cur, &k, &v, MDB_FIRST);
-        }
+        rc = cursor_after(cur, after, &k, &v);
     }
     while (rc == 0 && n < limit) {
         const unsigned char *head = v.mv_data;
@@ -2320,6 +2541,9 @@ static PyMethodDef env_methods[] = {
      "reader_check() -> int: free the reader slots of processes that died holding them; how many"},
     {"verify", (PyCFunction)env_verify, METH_NOARGS,
      "verify() -> (entries, value bytes): every DATA entry checked, looked up again, and counted"},
+    {"check_idem", (PyCFunction)(void (*)(void))env_check_idem, METH_FASTCALL,
+     "check_idem(after, limit) -> last key | None: give up to `limit` unchecked IDEM entries a checksum, "
+     "in one write txn; None once all have one (META idem_checksums then set)"},
     {"check_entries", (PyCFunction)(void (*)(void))env_check_entries, METH_FASTCALL,
      "check_entries(after, limit) -> last key | None: give up to `limit` unchecked DATA entries a checksum, "
      "in one write txn; None once all have one (META entry_checksums then set)"},
@@ -2343,9 +2567,16 @@ static PyObject *env_get_require_checks(EnvObject *self, void *closure) {
     return PyBool_FromLong(self->require_checks);
 }
 
+static PyObject *env_get_require_idem_checks(EnvObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(self->require_idem_checks);
+}
+
 static PyGetSetDef env_getset[] = {
     {"require_checks", (getter)env_get_require_checks, NULL,
      "True if every DATA entry carries a checksum (an entry without one is damage)", NULL},
+    {"require_idem_checks", (getter)env_get_require_idem_checks, NULL,
+     "True if every IDEM entry carries a checksum (an entry without one is damage)", NULL},
     {"path", (getter)env_get_path, NULL, "the environment's directory", NULL},
     {"closed", (getter)env_get_closed, NULL, "True once closed", NULL},
     {"map_size", (getter)env_get_map_size, NULL, "the map's size in bytes (address space, not disk)", NULL},

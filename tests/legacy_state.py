@@ -13,10 +13,26 @@ from wal.store.state import DEFAULT_MAP_SIZE
 _FLAGS = 0xC0 << 56  # a version's split (bit 63) and checked (bit 62) flags
 
 
+def strip_idem_checksums(root: Path) -> None:
+    """Rewrite every idempotency entry as store formats 1-5 did: u64 LSN + u64 time ms (no
+    checksum), and drop the marker that every one has a checksum."""
+    env = lmdb.open(str(root / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
+    try:
+        with env.begin(write=True) as txn:
+            idem = env.open_db(b"idem", txn=txn, create=False)
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            for key, raw in list(txn.cursor(db=idem)):
+                txn.put(key, raw[:16], db=idem)
+            txn.delete(b"idem_checksums", db=meta)
+    finally:
+        env.close()
+
+
 def strip_entry_checksums(root: Path) -> None:
     """Rewrite every state entry as store formats 1-3 did: u64 version LE + value, whole (no
     checksum, no tail), metadata values without their checksum, and drop the marker that every
-    entry has a checksum."""
+    entry has a checksum (idempotency entries lose theirs first: `strip_idem_checksums`)."""
+    strip_idem_checksums(root)
     env = lmdb.open(str(root / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
     try:
         with env.begin(write=True) as txn:

@@ -233,7 +233,7 @@ def test_info_shows_versions_watermarks_segments_and_size(store: Path) -> None:
     result = run("info", str(store))
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "store format 5" in out and "log format 1" in out
+    assert "store format 6" in out and "log format 1" in out
     assert "writer:      not running" in out
     assert "applied LSN" in out and "to replay" in out
     for seg in segment_files(store):

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import zstandard
 from archive_helpers import wait_until
-from legacy_state import strip_entry_checksums
+from legacy_state import strip_entry_checksums, strip_idem_checksums
 
 import wal
 from wal.agents import AgentStore
@@ -645,11 +645,13 @@ def test_a_zstd_frame_claiming_a_huge_size_is_refused_not_decompressed() -> None
 # ---- formats ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
-def test_each_older_store_format_opens_reads_and_is_upgraded_to_5(tmp_path: Path, version: int) -> None:
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+def test_each_older_store_format_opens_reads_and_is_upgraded_to_6(tmp_path: Path, version: int) -> None:
     with wal.open(tmp_path) as store:
         for i in range(20):
-            store.put(f"k{i}", b"v%d" % i)
+            with store.transaction(idempotency_key=f"step-{i}") as tx:
+                tx.put(f"k{i}", b"v%d" % i)
+    strip_idem_checksums(tmp_path)
     if version < 4:
         strip_entry_checksums(tmp_path)
     if version == 1:
@@ -660,14 +662,17 @@ def test_each_older_store_format_opens_reads_and_is_upgraded_to_5(tmp_path: Path
     with wal.open(tmp_path) as store:
         assert [store.get(f"k{i}") for i in range(20)] == [b"v%d" % i for i in range(20)]
         store.put(b"after", b"upgrade")
-    assert json.loads((tmp_path / "STORE").read_text()) == {"format": "agentwal-store", "version": 5}
+        with store.transaction(idempotency_key="step-7") as retry:  # its key is remembered
+            retry.put("k7", b"again")
+        assert retry.deduplicated and store.get("k7") == b"v7"
+    assert json.loads((tmp_path / "STORE").read_text()) == {"format": "agentwal-store", "version": 6}
 
 
 def test_a_sealed_store_file_names_what_it_holds(tmp_path: Path) -> None:
     wal.open(tmp_path / "e", encryption=KEY).close()
     wal.open(tmp_path / "z", compression="zstd").close()
     assert json.loads((tmp_path / "e" / "STORE").read_text()) == {
-        "format": "agentwal-store", "version": 5, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
+        "format": "agentwal-store", "version": 6, "sealed": {"encrypted": True, "key_ids": [key_id(KEY).hex()]}}
     assert json.loads((tmp_path / "z" / "STORE").read_text())["sealed"] == {
         "encrypted": False, "key_ids": [], "compression": {"codec": "zstd", "threshold": 128}}
     wal.open(tmp_path / "z", compression="none").close()  # turned off, and recorded so

@@ -4,12 +4,13 @@ and data.mdb, never a wrong value."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import crcmod.predefined
 import lmdb
 import pytest
-from legacy_state import set_store_version, strip_entry_checksums
+from legacy_state import set_store_version, strip_entry_checksums, strip_idem_checksums
 
 import wal
 import wal.store.state
@@ -151,3 +152,110 @@ def test_a_flipped_bit_in_a_metadata_value_is_a_corruption_error_not_a_skipped_c
     for readonly in (True, False):
         with pytest.raises(wal.CorruptionError, match=f"key {key!r}: a metadata value whose checksum"):
             wal.open(tmp_path, readonly=readonly)
+
+
+# ---- idempotency entries (store format 6) ----------------------------------------------------------
+
+
+def _raw_idem(root: Path) -> dict[bytes, bytes]:
+    env = lmdb.open(str(root / "state"), readonly=True, max_dbs=4, lock=False, map_size=DEFAULT_MAP_SIZE)
+    try:
+        with env.begin() as txn:
+            return dict(txn.cursor(db=env.open_db(b"idem", txn=txn, create=False)))
+    finally:
+        env.close()
+
+
+def _commit_once(store: wal.Store, idem: bytes, key: bytes) -> tuple[int, bool]:
+    with store.transaction(idempotency_key=idem) as tx:
+        tx.put(key, b"v")
+    assert tx.lsn is not None
+    return tx.lsn, tx.deduplicated
+
+
+def test_an_idempotency_entry_is_lsn_time_and_checksum_as_format_md_says(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        lsn, _ = _commit_once(store, b"req-A", b"k")
+    raw = _raw_idem(tmp_path)[b"req-A"]
+    assert len(raw) == 20 and int.from_bytes(raw[:8], "little") == lsn
+    assert raw[16:] == _crc32c(b"req-A" + raw[:16]).to_bytes(4, "little")
+
+
+def _idem_damaged(tmp_path: Path) -> Path:
+    """A store whose one idempotency entry, b"req-A", has had its key's last bit flipped in
+    data.mdb: it now reads as b"req-@", a key no commit used."""
+    with wal.open(tmp_path) as store:
+        _commit_once(store, b"req-A", b"k")
+        store.checkpoint()
+    _flip_in_file(tmp_path, b"req-A", at=4)
+    return tmp_path
+
+
+def test_a_flipped_bit_in_an_idempotency_entry_is_a_corruption_error_not_a_dropped_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its checksum the damaged entry made the first commit under b"req-@" read as a retry:
+    acknowledged with another commit's LSN, and nothing written."""
+    root = _idem_damaged(tmp_path)
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)  # no walk at open: the lookup must check
+    with wal.open(root) as store:
+        with pytest.raises(wal.CorruptionError, match=r"key b'req-@': an idempotency entry whose checksum") as info:
+            _commit_once(store, b"req-@", b"new")
+        assert info.value.path == str(root / "state" / "data.mdb") and info.value.reason == "state damaged"
+        assert store.get(b"new") is None
+
+
+def test_a_damaged_idempotency_entry_is_found_by_the_open_and_by_verify(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _idem_damaged(tmp_path)
+    for readonly in (True, False):
+        with pytest.raises(wal.CorruptionError, match="req-@"):
+            wal.open(root, readonly=readonly)
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)
+    report = ops.verify(str(root))
+    assert any(p.area == "state" and "req-@" in p.message and "idempotency" in p.message for p in report.problems)
+
+
+def test_expiry_meeting_a_damaged_idempotency_entry_stops_the_store_rather_than_guess(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _idem_damaged(tmp_path)
+    monkeypatch.setattr(wal.store.state, "VERIFY_ON_OPEN_BYTES", 0)
+    store = wal.open(root)
+    try:
+        with pytest.raises(wal.CorruptionError, match="req-@"):
+            store.checkpoint()  # expires idempotency keys: it cannot tell the damaged one's age
+        with pytest.raises(wal.FailedError):
+            store.put(b"after", b"v")
+    finally:
+        store.close()
+
+
+def test_a_format_5_store_keeps_its_idempotency_keys_and_is_upgraded_so_each_is_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with wal.open(tmp_path) as store:
+        first = {b"req-%d" % i: _commit_once(store, b"req-%d" % i, b"k%d" % i)[0] for i in range(300)}
+    strip_idem_checksums(tmp_path)
+    set_store_version(tmp_path, 5)
+    assert {len(v) for v in _raw_idem(tmp_path).values()} == {16}
+    with wal.open(tmp_path, readonly=True) as reader:
+        assert reader.get(b"k7") == b"v"
+    monkeypatch.setattr(wal.store.state, "_UPGRADE_BATCH", 64)  # several transactions
+    with wal.open(tmp_path) as store:
+        assert _commit_once(store, b"req-7", b"again") == (first[b"req-7"], True)
+    raw = _raw_idem(tmp_path)
+    assert len(raw) == 300 and all(len(v) == 20 and v[16:] == _crc32c(k + v[:16]).to_bytes(4, "little")
+                                   for k, v in raw.items())
+    assert json.loads((tmp_path / "STORE").read_text())["version"] == 6
+    with wal.open(tmp_path) as store:
+        assert _commit_once(store, b"req-299", b"again") == (first[b"req-299"], True)
+
+
+def test_an_idempotency_entry_without_a_checksum_in_a_format_6_state_is_damage(tmp_path: Path) -> None:
+    with wal.open(tmp_path) as store:
+        _commit_once(store, b"req-A", b"k")
+    env = lmdb.open(str(tmp_path / "state"), max_dbs=4, map_size=DEFAULT_MAP_SIZE)
+    with env.begin(write=True) as txn:
+        idem = env.open_db(b"idem", txn=txn, create=False)
+        txn.put(b"req-A", txn.get(b"req-A", db=idem)[:16], db=idem)  # checksum gone, marker kept
+    env.close()
+    with pytest.raises(wal.CorruptionError, match="req-A': an idempotency entry without a checksum"):
+        wal.open(tmp_path, readonly=True)

@@ -1027,24 +1027,24 @@ def test_opening_a_missing_store_read_only_fails_without_creating_it(tmp_path: P
 # ---- on-disk format version ----------------------------------------------------------------------
 
 
-def test_a_new_store_has_a_store_file_naming_format_version_5(tmp_path: Path) -> None:
+def test_a_new_store_has_a_store_file_naming_format_version_6(tmp_path: Path) -> None:
     wal.open(tmp_path).close()
     meta = json.loads((tmp_path / "STORE").read_text())
-    assert meta == {"format": "agentwal-store", "version": 5} and STORE_VERSION == 5
+    assert meta == {"format": "agentwal-store", "version": 6} and STORE_VERSION == 6
     assert {p.name for p in tmp_path.iterdir()} >= {"STORE", "log", "state"}
     assert (tmp_path / "state" / "checkpoint.meta").is_file()
 
 
 @pytest.mark.parametrize("readonly", [False, True])
-def test_a_store_of_format_version_6_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
+def test_a_store_of_a_newer_format_version_raises_format_version_error(tmp_path: Path, readonly: bool) -> None:
     with wal.open(tmp_path) as store:
         store.put(b"k", b"v")
     meta = json.loads((tmp_path / "STORE").read_text())
-    meta["version"] = 6
+    meta["version"] = STORE_VERSION + 1
     (tmp_path / "STORE").write_text(json.dumps(meta))
-    with pytest.raises(wal.FormatVersionError, match="version 6"):
+    with pytest.raises(wal.FormatVersionError, match=f"version {STORE_VERSION + 1}"):
         wal.open(tmp_path, readonly=readonly)
-    meta["version"] = 5
+    meta["version"] = STORE_VERSION
     (tmp_path / "STORE").write_text(json.dumps(meta))
     with wal.open(tmp_path) as store:  # the failed open left it intact and unlocked
         assert store.get(b"k") == b"v"
@@ -1091,9 +1091,9 @@ def test_an_older_store_is_upgraded_only_by_the_open_that_gets_its_writer_lock(t
 
 
 def test_opening_a_newer_store_touches_nothing_in_it(tmp_path: Path) -> None:
-    """A version-6 store may lay out its log differently: refuse before recovering (or
-    creating) anything in it."""
-    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": 6}))
+    """A newer store may lay out its log differently: refuse before recovering (or creating)
+    anything in it."""
+    (tmp_path / "STORE").write_text(json.dumps({"format": "agentwal-store", "version": STORE_VERSION + 1}))
     (tmp_path / "log").mkdir()
     junk = b"\x00" * 100 + b"not a v1 segment"
     (tmp_path / "log" / "0000000000000001.wal").write_bytes(junk)

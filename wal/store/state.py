@@ -55,10 +55,11 @@ LMDB transaction with the GIL released. And why not py-lmdb beside it: LMDB forb
 one environment twice in a process (its fcntl locks are per process) and py-lmdb does not
 expose its handles, so nothing in ``wal/`` opens LMDB through py-lmdb.
 
-Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key ->
-u64 LSN + u64 commit time ms), ``meta`` (``applied_lsn``, ``durable_seen``, ...), and
-``tail`` (store format 3): a ``data`` value that would put only a few bytes on one more LMDB
-overflow page keeps those bytes there instead, flagged in its version's top bit. The binding
+Databases: ``data`` (key -> u64 version LE + value), ``idem`` (idempotency key -> u64 LSN +
+u64 commit time ms, then their checksum from store format 6), ``meta`` (``applied_lsn``,
+``durable_seen``, ...), and ``tail`` (store format 3): a ``data`` value that would put only a
+few bytes on one more LMDB overflow page keeps those bytes there instead, flagged in its
+version's top bit. The binding
 splits on write and joins on read (native/lmdbcall.c, "Split values"), so nothing here sees it;
 it halves the pages a 4 KiB value costs the disk (docs/performance.md).
 
@@ -539,6 +540,8 @@ class State:
                             "backup.", path=os.path.join(path, DATA_FILE), reason="state damaged") from exc
                 if check_entries and not self._env.require_checks:
                     self._check_every_entry()
+                if check_entries and not self._env.require_idem_checks:
+                    self._check_every_idem()
             except LmdbError as exc:
                 self.close()
                 raise_lmdb(exc, path, "taking its first checkpoint", opening=True)
@@ -561,12 +564,23 @@ class State:
 
     def _check_every_entry(self) -> None:
         """Give every entry written before store format 4 its checksum (native/lmdbcall.c, "DATA
-        entries"), in LMDB transactions of _UPGRADE_BATCH entries, then checkpoint. A crash
-        part-way leaves entries of both kinds, each read correctly; the next writable open goes on."""
+        entries"): `_checksum_in_batches`."""
+        self._checksum_in_batches(self._env.check_entries, "every entry (store format 4)")
+
+    def _check_every_idem(self) -> None:
+        """Give every idempotency entry written before store format 6 its checksum (native/lmdbcall.c,
+        "IDEM values"): `_checksum_in_batches`."""
+        self._checksum_in_batches(self._env.check_idem, "every idempotency entry (store format 6)")
+
+    def _checksum_in_batches(self, step: Callable[[bytes | None, int], bytes | None], what: str) -> None:
+        """Run an upgrade `step` (rewrite up to N unchecked items after a key, in one LMDB
+        transaction; None once none is left and the state is marked) in transactions of
+        _UPGRADE_BATCH items, then checkpoint. A crash part-way leaves items of both kinds, each
+        read correctly; the next writable open goes on."""
         after: bytes | None = None
         while True:
             try:
-                after = self._env.check_entries(after, _UPGRADE_BATCH)
+                after = step(after, _UPGRADE_BATCH)
             except LmdbError as exc:
                 if not self._grow_map(exc):
                     raise
@@ -574,7 +588,7 @@ class State:
             if after is None:
                 break
         self.checkpoint()
-        _logger.info("the state in %s now keeps a checksum with every entry (store format 4)", self.path)
+        _logger.info("the state in %s now keeps a checksum with %s", self.path, what)
 
     def _page_to_restore(self, saved: SavedCheckpoint) -> bytes | None:
         """The saved meta page if LMDB must be reopened at the checkpoint: it was not closed cleanly

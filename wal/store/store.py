@@ -130,9 +130,10 @@ STORE_FORMAT = "agentwal-store"
 # 2: the state durable at checkpoints (state/checkpoint.meta). 3: values stored split in the
 # state (its `tail` database, FORMAT.md §16). 4: a checksum in every state entry, verified on
 # every read. 5: a store may be sealed (values compressed and/or encrypted, wal/crypto/; STORE says
-# so). Older versions are read, and upgraded by their first writable open (`_upgrade_store`).
-STORE_VERSION = 5
-READABLE_STORE_VERSIONS = (1, 2, 3, 4, 5)
+# so). 6: a checksum in every idempotency entry too. Older versions are read, and upgraded by their
+# first writable open (`_upgrade_store`).
+STORE_VERSION = 6
+READABLE_STORE_VERSIONS = (1, 2, 3, 4, 5, 6)
 STORE_FILE = "STORE"
 LOG_DIR = "log"
 STATE_DIR = "state"
@@ -1640,7 +1641,10 @@ def _upgrade_store(root: str, found: int) -> None:
     would take a split value's flagged version for the version, refuses the store instead.
     3 -> 4: again the STORE file first; then the state's first writable open (right after this)
     gives every entry a checksum, flagged in its version (wal/store/state.py `_check_every_entry`),
-    which an agentwal reading only 1-3 would misread: it refuses the store instead."""
+    which an agentwal reading only 1-3 would misread: it refuses the store instead.
+    4 -> 5: nothing but the STORE file (a store is sealed at its creation or never).
+    5 -> 6: the STORE file first; then the state's open gives every idempotency entry a checksum
+    (`_check_every_idem`), whose 20 bytes an agentwal reading only 1-5 would refuse as damage."""
     if found == 1:
         State(os.path.join(root, STATE_DIR), legacy_synced=True, check_entries=False).close()
     _write_store_file(root, read_meta(root))
