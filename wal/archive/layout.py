@@ -45,19 +45,24 @@ BEHIND_MASK = 0x7
 
 LOG_MAGIC = b"AGWALLOG"
 SNAP_MAGIC = b"AGWALSNP"
-VERSION = 1
 # A log object with behind >= 1 is written as version 2: it belongs to the archive only if the
 # object before it in the chain has its writer_id (FORMAT.md §18, "Chain"), a rule a reader of
 # version 1 does not know, so such a reader refuses the object instead of taking it blindly.
 # Objects with behind 0 (every object of a writer with one PUT in flight, merged objects, fence
 # objects) stay version 1, readable by every agentwal.
 LOG_VERSIONS = (1, 2)
+# A snapshot of version 2 holds the state's idempotency entries after its entries (FORMAT.md
+# §18): a reader of version 1 refuses it rather than restore a store that takes a retried
+# commit for a new one. Version 1 snapshots are read (they hold no idempotency entries).
+SNAP_VERSION = 2
+SNAP_VERSIONS = (1, 2)
 # magic, version, flags, count, first_lsn, last_lsn, min_time_ms, max_time_ms, writer_id
 _LOG_HEADER = struct.Struct("<8sHHIQQQQ16s")
-# magic, version, flags, reserved, lsn, taken_ms, entries, writer_id, reserved
-_SNAP_HEADER = struct.Struct("<8sHHIQQQ16s8s")
+# magic, version, flags, reserved, lsn, taken_ms, entries, writer_id, idempotency entries (v1: 0)
+_SNAP_HEADER = struct.Struct("<8sHHIQQQ16sQ")
 _REC = struct.Struct("<QII")  # lsn, length, crc32c(lsn, length, payload)
 _ENTRY = struct.Struct("<IIQI")  # key length, value length, version, crc32c(lengths, version, key, value)
+_IDEM = struct.Struct("<IQQI")  # key length, lsn, time_ms, crc32c(key length, lsn, time_ms, key)
 DIGEST = 32  # SHA-256 trailer
 assert _LOG_HEADER.size == 64 and _SNAP_HEADER.size == 64
 SNAPSHOT_HEADER_BYTES = _SNAP_HEADER.size
@@ -257,53 +262,95 @@ def decode_log(data: bytes | memoryview, name: str) -> LogObject:
     return LogObject(first, last, tmin, tmax, bytes(writer), body, lsn_array, offsets, lengths, flags & BEHIND_MASK)
 
 
+IdemEntry = tuple[bytes, int, int]  # an idempotency key, the LSN of its commit, that commit's time_ms
+
+
 class Snapshot(NamedTuple):
     lsn: int
     taken_ms: int
     writer_id: bytes
     entries: list[tuple[bytes, int, bytes]]  # (key, version, value) in key order
+    idem: list[IdemEntry]
 
 
-def encode_snapshot(lsn: int, taken_ms: int, writer_id: bytes, entries: Iterable[tuple[bytes, int, bytes]]) -> bytes:
+def encode_snapshot(lsn: int, taken_ms: int, writer_id: bytes, entries: Iterable[tuple[bytes, int, bytes]],
+                    idem: Iterable[IdemEntry] = ()) -> bytes:
     """A snapshot object, whole in memory (`write_snapshot` writes one to a file)."""
-    listed = list(entries)
+    listed, idem_listed = list(entries), list(idem)
     out = io.BytesIO()
-    write_snapshot(out, SnapshotHeader(lsn, taken_ms, writer_id, len(listed)), listed)
+    write_snapshot(out, SnapshotHeader(lsn, taken_ms, writer_id, len(listed), len(idem_listed)), listed, idem_listed)
     return out.getvalue()
 
 
 _WRITE_CHUNK = 1 << 20  # write_snapshot hashes and writes its entries about this many bytes at a time
 
 
-def write_snapshot(out: BinaryIO, header: SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]]) -> int:
-    """Write a snapshot object of `header.n_entries` entries to `out` as they come, holding about
-    _WRITE_CHUNK bytes of it at a time (a state of any size is never whole in memory); returns
-    its size. The header, which counts the entries, comes first and the SHA-256 of everything
-    before it last, so the count is given up front (an LMDB read transaction knows it: its
-    entries are the ones `entries` yields). A count that turns out wrong raises ValueError."""
-    lsn, taken_ms, writer_id, n_entries = header
+def write_snapshot(out: BinaryIO, header: SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]],
+                   idem: Iterable[IdemEntry] = ()) -> int:
+    """Write a snapshot object of `header.n_entries` entries, then `header.n_idem` idempotency
+    entries, to `out` as they come, holding about _WRITE_CHUNK bytes of it at a time (a state of
+    any size is never whole in memory); returns its size. The header, which counts both, comes
+    first and the SHA-256 of everything before it last, so the counts are given up front (an
+    LMDB read transaction knows them: its entries are the ones `entries` and `idem` yield). A
+    count that turns out wrong raises ValueError."""
+    lsn, taken_ms, writer_id, n_entries, n_idem = header
     digest = hashlib.sha256()
     size = 0
-    parts = [_SNAP_HEADER.pack(SNAP_MAGIC, VERSION, 0, 0, lsn, taken_ms, n_entries, writer_id, b"\0" * 8)]
+    parts = [_SNAP_HEADER.pack(SNAP_MAGIC, SNAP_VERSION, 0, 0, lsn, taken_ms, n_entries, writer_id, n_idem)]
     held = len(parts[0])
-    n = 0
+    n = n_idem_seen = 0
+
+    def spill() -> None:
+        nonlocal size, parts, held
+        chunk = b"".join(parts)
+        digest.update(chunk)
+        out.write(chunk)
+        size += held
+        parts, held = [], 0
+
     for key, version, value in entries:
         lengths = struct.pack("<IIQ", len(key), len(value), version)
         parts += (_ENTRY.pack(len(key), len(value), version, _crc(lengths, key, value)), key, value)
         held += _ENTRY.size + len(key) + len(value)
         n += 1
         if held >= _WRITE_CHUNK:
-            chunk = b"".join(parts)
-            digest.update(chunk)
-            out.write(chunk)
-            size += held
-            parts, held = [], 0
+            spill()
     if n != n_entries:
         raise ValueError(f"the snapshot at LSN {lsn} was to hold {n_entries} entries and was given {n}")
-    chunk = b"".join(parts)
-    digest.update(chunk)
-    out.write(chunk + digest.digest())
-    return size + held + DIGEST
+    for key, commit_lsn, time_ms in idem:
+        fields = struct.pack("<IQQ", len(key), commit_lsn, time_ms)
+        parts += (fields, _crc(fields, key).to_bytes(4, "little"), key)
+        held += _IDEM.size + len(key)
+        n_idem_seen += 1
+        if held >= _WRITE_CHUNK:
+            spill()
+    if n_idem_seen != n_idem:
+        raise ValueError(f"the snapshot at LSN {lsn} was to hold {n_idem} idempotency entries and was given "
+                         f"{n_idem_seen}")
+    spill()
+    out.write(digest.digest())
+    return size + DIGEST
+
+
+def _read_idem(body: bytes | bytearray | memoryview, off: int, count: int, name: str,
+               hint: str) -> tuple[list[IdemEntry], int]:
+    """The `count` idempotency entries of a snapshot from ``body[off:]``, each past its CRC-32C,
+    and the offset after them; CorruptionError naming the object if not."""
+    out: list[IdemEntry] = []
+    end = len(body)
+    for i in range(count):
+        if off + _IDEM.size > end:
+            raise _damaged(name, f"it ends inside idempotency entry {i}", hint)
+        klen, commit_lsn, time_ms, crc = _IDEM.unpack_from(body, off)
+        key_at = off + _IDEM.size
+        if klen == 0 or key_at + klen > end:
+            raise _damaged(name, f"idempotency entry {i} has a bad key length", hint)
+        key = bytes(body[key_at:key_at + klen])
+        if _crc(bytes(body[off:off + _IDEM.size - 4]), key) != crc:
+            raise _damaged(name, f"idempotency entry {i} fails its CRC-32C", hint)
+        out.append((key, commit_lsn, time_ms))
+        off = key_at + klen
+    return out, off
 
 
 class SnapshotImage(NamedTuple):
@@ -318,6 +365,7 @@ class SnapshotImage(NamedTuple):
     start: int
     n_entries: int
     in_key_order: bool  # keys strictly increasing (as written): they may be appended
+    idem: list[IdemEntry]
 
     def entries(self) -> list[tuple[bytes, int, bytes]]:
         """[(key, version, value)], copied out."""
@@ -331,7 +379,7 @@ class SnapshotImage(NamedTuple):
         return out
 
 
-EMPTY_SNAPSHOT = SnapshotImage(0, 0, b"", memoryview(b""), 0, 0, True)  # the implicit one at LSN 0
+EMPTY_SNAPSHOT = SnapshotImage(0, 0, b"", memoryview(b""), 0, 0, True, [])  # the implicit one at LSN 0
 
 
 def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotImage:
@@ -339,7 +387,7 @@ def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotIm
     native/objindex.c); CorruptionError (naming the object) if anything is off."""
     hint = _snapshot_hint(name)
     body = _check_digest(data, name, hint)
-    lsn, taken, writer, count = snapshot_header(body, name)
+    lsn, taken, writer, count, n_idem = snapshot_header(body, name)
     in_order = ffi.new("int *")
     end = lib.wal_snapshot_check(ffi.from_buffer(body), len(body), _SNAP_HEADER.size, count, in_order)
     if end < 0:
@@ -351,9 +399,10 @@ def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotIm
         if off + _ENTRY.size > len(body) or off + _ENTRY.size + sum(_ENTRY.unpack_from(body, off)[:2]) > len(body):
             raise _damaged(name, f"it ends inside entry {bad}", hint)
         raise _damaged(name, f"entry {bad} fails its CRC-32C", hint)
+    idem, end = _read_idem(body, end, n_idem, name, hint)
     if end != len(body):
         raise _damaged(name, "bytes follow its last entry", hint)
-    return SnapshotImage(lsn, taken, writer, body, _SNAP_HEADER.size, count, bool(in_order[0]))
+    return SnapshotImage(lsn, taken, writer, body, _SNAP_HEADER.size, count, bool(in_order[0]), idem)
 
 
 class SnapshotHeader(NamedTuple):
@@ -363,6 +412,7 @@ class SnapshotHeader(NamedTuple):
     taken_ms: int
     writer_id: bytes
     n_entries: int
+    n_idem: int = 0  # idempotency entries (version 2; none in version 1)
 
 
 EMPTY_SNAPSHOT_HEADER = SnapshotHeader(0, 0, b"", 0)  # the implicit one at LSN 0
@@ -370,12 +420,15 @@ EMPTY_SNAPSHOT_HEADER = SnapshotHeader(0, 0, b"", 0)  # the implicit one at LSN 
 
 class SnapshotPiece(NamedTuple):
     """`n_entries` whole entries of a snapshot still arriving, from ``body[offset:]`` on, each
-    past its CRC-32C. in_key_order: they and every entry before them are in key order."""
+    past its CRC-32C. in_key_order: they and every entry before them are in key order. The last
+    piece, yielded once the whole snapshot is verified, has no entries and its idempotency
+    entries in `idem`."""
 
     body: memoryview
     offset: int
     n_entries: int
     in_key_order: bool
+    idem: list[IdemEntry] | None = None
 
 
 class Arriving(Protocol):
@@ -409,18 +462,18 @@ def _snapshot_hint(name: str) -> str:
 def snapshot_header(buffer: bytes | bytearray | memoryview, name: str) -> SnapshotHeader:
     """A snapshot's header from its first SNAPSHOT_HEADER_BYTES bytes (of a plain snapshot object),
     checked: magic, version, the LSN its name gives."""
-    magic, version, _, _, lsn, taken, count, writer, _ = _SNAP_HEADER.unpack_from(buffer, 0)
+    magic, version, _, _, lsn, taken, count, writer, n_idem = _SNAP_HEADER.unpack_from(buffer, 0)
     if looks_sealed(buffer):
         raise missing_manifest(name)
     if magic != SNAP_MAGIC:
         raise _damaged(name, f"bad magic {magic!r}", _snapshot_hint(name))
-    if version != VERSION:
+    if version not in SNAP_VERSIONS:
         raise CorruptionError(f"archive snapshot {name} has format version {version}; this agentwal reads "
-                              f"{VERSION}", path=name, reason="archive version")
+                              f"{', '.join(map(str, SNAP_VERSIONS))}", path=name, reason="archive version")
     parsed = parse_name(name)
     if parsed is None or parsed.first != lsn:
         raise _damaged(name, f"its header (LSN {lsn}) disagrees with its name", _snapshot_hint(name))
-    return SnapshotHeader(lsn, taken, bytes(writer), count)
+    return SnapshotHeader(lsn, taken, bytes(writer), count, n_idem if version >= 2 else 0)
 
 
 def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int) -> Iterator[SnapshotPiece]:
@@ -455,16 +508,19 @@ def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int
             read.release(min(off, hashed))  # loaded and hashed: a windowed read fetches further
     if left:
         raise _damaged(name, f"it ends inside entry {header.n_entries - left}", hint)
+    body = memoryview(buffer)[:body_len]
+    idem, off = _read_idem(body, off, header.n_idem, name, hint)
     if off != body_len:
         raise _damaged(name, "bytes follow its last entry", hint)
     if digest.digest() != bytes(memoryview(buffer)[body_len:size]):
         raise _damaged(name, "its SHA-256 trailer does not match its bytes", hint)
+    yield SnapshotPiece(body, off, 0, bool(in_order[0]), idem)
 
 
 def decode_snapshot(data: bytes, name: str) -> Snapshot:
     """`open_snapshot`, with the entries copied out as a list."""
     image = open_snapshot(data, name)
-    return Snapshot(image.lsn, image.taken_ms, image.writer_id, image.entries())
+    return Snapshot(image.lsn, image.taken_ms, image.writer_id, image.entries(), image.idem)
 
 
 def peek_log_header(data: bytes) -> tuple[int, int] | None:

@@ -34,7 +34,7 @@ class SpooledSnapshot:
     """A snapshot object of the state at `lsn` (its header's), in a file of `size` bytes."""
 
     def __init__(self, directory: str, header: layout.SnapshotHeader, entries: Iterable[tuple[bytes, int, bytes]],
-                 sealer: Sealer | None = None) -> None:
+                 idem: Iterable[layout.IdemEntry] = (), sealer: Sealer | None = None) -> None:
         """sealer: a sealed archive's: the file then holds the object's envelope, encrypted as
         it is written if the archive encrypts (`sealed`)."""
         self.lsn = header.lsn
@@ -45,10 +45,10 @@ class SpooledSnapshot:
         try:
             with open(self.path, "xb") as out:
                 if sealer is None:
-                    self.size = layout.write_snapshot(out, header, entries)
+                    self.size = layout.write_snapshot(out, header, entries, idem)
                 else:
                     sealing = sealer.sealing(out, CONTEXT_ARCHIVE + layout.snap_name(self.lsn).encode())
-                    self.size = layout.write_snapshot(cast(BinaryIO, sealing), header, entries) + sealing.overhead
+                    self.size = layout.write_snapshot(cast(BinaryIO, sealing), header, entries, idem) + sealing.overhead
                     sealing.finish()
         except BaseException:
             self.discard()

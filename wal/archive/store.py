@@ -256,11 +256,12 @@ class ArchivedStore(Store):
                 raise NoSpaceError(f"an archive snapshot of the store in {self.path} needs about {need >> 20} MiB of "
                                    f"free disk there (the state, and a margin for the log), and {free >> 20} MiB are "
                                    "free: not taken now (the shipper tries again later)", filename=self.path)
-            header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, entries)
+            header = layout.SnapshotHeader(snap.applied_lsn(), time.time_ns() // 1_000_000, writer_id, entries,
+                                           snap.idem_count())
             shipper = self._shipper
             sealer = shipper.objects.stream_sealer() if shipper is not None else None
             try:
-                return SpooledSnapshot(self.path, header, snap.items(), sealer)
+                return SpooledSnapshot(self.path, header, snap.items(), snap.idem_items(), sealer)
             except OSError as exc:
                 raise storage_error(exc, f"spooling an archive snapshot of the store in {self.path}") from exc
         finally:

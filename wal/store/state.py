@@ -1180,6 +1180,28 @@ class StateSnapshot:
             limit = max(1, min(_SCAN_CHUNK, limit * 2 if held * 2 <= _SCAN_CHUNK_BYTES
                                else limit * _SCAN_CHUNK_BYTES // held))
 
+    def idem_count(self) -> int:
+        try:
+            return self._txn.entries(IDEM)
+        except LmdbError as exc:
+            raise_lmdb(exc, self.path, "counting its idempotency keys")
+
+    def idem_items(self) -> Iterator[tuple[bytes, int, int]]:
+        """(idempotency key, LSN of its commit, that commit's time_ms) in key order, each entry's
+        checksum verified; read _SCAN_CHUNK at a time."""
+        after: bytes | None = None
+        while True:
+            try:
+                chunk: list[tuple[bytes, bytes]] = self._txn.scan(IDEM, b"", after, _SCAN_CHUNK)
+            except LmdbError as exc:
+                raise_lmdb(exc, self.path, "reading its idempotency keys")
+            for key, raw in chunk:  # 16 bytes each: the binding checked them
+                lsn, time_ms = _IDEM.unpack(raw)
+                yield key, lsn, time_ms
+            if len(chunk) < _SCAN_CHUNK:
+                return
+            after = chunk[-1][0]
+
     def close(self) -> None:
         """Idempotent."""
         self._txn.abort()
