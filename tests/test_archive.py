@@ -1067,6 +1067,16 @@ def test_restore_refuses_targets_past_the_end_and_bad_arguments(tmp_path, archiv
         assert os.getcwd() == str(cwd) and os.listdir(cwd) == []
     finally:
         os.chdir(here)
+    # None, or a path with a NUL byte, raised raw TypeError / ValueError from the OS calls.
+    with pytest.raises(wal.ArgumentTypeError, match="the directory to restore into must be a str"):
+        wal.restore(archive_url, None)
+    with pytest.raises(wal.ArgumentTypeError, match="the follower's directory must be a str"):
+        wal.follow(archive_url, None)
+    with pytest.raises(wal.ArgumentError, match="contains a NUL byte"):
+        wal.restore(archive_url, f"{tmp_path}/r\0")
+    with pytest.raises(wal.ArgumentError, match="contains a NUL byte"):
+        wal.follow(archive_url, f"{tmp_path}/f\0")
+    assert not os.path.exists(tmp_path / "r") and not os.path.exists(tmp_path / "f")
 
 
 def test_an_archive_that_holds_nothing_restores_to_the_empty_state_at_lsn_0(tmp_path, archive_url, caplog, capsys):

@@ -1006,6 +1006,20 @@ def test_bad_numbers_and_input_are_usage_errors_not_tracebacks(tmp_path: Path, s
     assert r.returncode == 2 and "stdin is not UTF-8 text" in r.stderr, r.stderr
 
 
+def test_an_argument_with_a_nul_byte_is_a_usage_error(tmp_path: Path, store: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a caller of cli.main can pass one (a command line cannot): restore's directory, import
+    --create's file and --key-file raised the OS call's raw ValueError."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "p", archive=url) as primary:
+        primary.put("k", b"v")
+    for argv in (["restore", url, f"{tmp_path}/r\0"], ["import", str(tmp_path / "new"), "x\0", "--create"],
+                 ["get", str(store), "k", "--key-file", "k\0"]):
+        assert cli.main(argv) == 2, argv
+        assert "contains a NUL byte" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "new").exists()
+
+
 def test_tail_of_a_log_damaged_before_its_newest_records_says_so_and_fails(tmp_path: Path) -> None:
     """Without -f, tail printed the records before the damage as the newest and exited 0; now it
     names the damage (once it has stayed put: a write in progress looks the same) and exits 1."""

@@ -366,6 +366,15 @@ def test_bad_open_arguments_leave_an_existing_log_untouched(tmp_path: Path) -> N
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_a_bad_directory_is_an_argument_error(tmp_path: Path) -> None:
+    """A directory with a NUL byte raised the OS call's raw ValueError, and None a raw TypeError."""
+    with pytest.raises(wal.ArgumentError, match=r"the log's directory .* contains a NUL byte"):
+        wal.Log.open(f"{tmp_path}/a\0b")
+    with pytest.raises(wal.ArgumentTypeError, match="the log's directory must be a str or os"):
+        wal.Log.open(None)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("bad", [0, -1, "1", 1.0, None])
 def test_read_from_a_bad_lsn_is_argument_error(tmp_path: Path, bad: object) -> None:
     with wal.Log.open(tmp_path) as log:

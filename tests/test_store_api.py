@@ -1153,6 +1153,16 @@ def test_an_empty_or_odd_path_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_path_or_archive_url_with_a_nul_byte_is_an_argument_error(tmp_path: Path) -> None:
+    """A NUL byte in the store's path, or in a file:// archive's, raised the OS call's raw
+    ValueError ("embedded null byte")."""
+    with pytest.raises(wal.ArgumentError, match=r"the store's path .* contains a NUL byte"):
+        wal.open(f"{tmp_path}/a\0b")
+    with pytest.raises(wal.ArgumentError, match="NUL byte"):
+        wal.open(tmp_path / "s", archive=f"file://{tmp_path}/a\0b")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_reader_takes_the_writers_archive_options_and_checks_them(tmp_path: Path) -> None:
     """A read-only open given the writer's archive= and options (the same call as the writer's,
     with readonly=True) was refused for the options; they are checked, and unused."""

@@ -11,7 +11,7 @@ import os
 from typing import Any, Never
 
 from wal.archive import is_archive_url
-from wal.errors import ArgumentError, ArgumentTypeError, WalError, storage_error
+from wal.errors import ArgumentError, ArgumentTypeError, WalError, path_argument, storage_error
 from wal.store.store import Store, open_local
 
 
@@ -75,8 +75,7 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
         ("archive_fencing", archive_fencing)) if value is not None}
     if not isinstance(readonly, bool):  # "yes", or a mode string, was taken as true
         raise ArgumentTypeError(f"readonly must be True or False, not {type(readonly).__name__}")
-    if not isinstance(path, str | os.PathLike):
-        raise ArgumentTypeError(f"the store's path must be a str or os.PathLike, not {type(path).__name__}")
+    path_argument(path, "the store's path")  # a str or os.PathLike without a NUL byte
     if not os.fspath(path):  # "" (an unset variable, say) would make the current directory a store
         raise ArgumentError("the store's path is empty: name its directory")
     if os.path.exists(path) and not os.path.isdir(path):

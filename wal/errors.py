@@ -128,6 +128,22 @@ class ReadOnlyError(WalError):
     """A write was attempted through a read-only handle."""
 
 
+def path_argument(path: object, what: str) -> str:
+    """`path`, a caller's name of a file or directory (a str or os.PathLike), as a str;
+    ArgumentTypeError for anything else (None, bytes, a number), ArgumentError for one holding a
+    NUL byte, which no file name can (the OS call would raise a raw ValueError). `what` names
+    it in the message ("the store's path", "the directory to restore into")."""
+    if not isinstance(path, str | _os.PathLike):
+        raise ArgumentTypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
+    text = _os.fspath(path)
+    if not isinstance(text, str):
+        raise ArgumentTypeError(f"{what} must be a str or os.PathLike of a str, not {type(text).__name__}")
+    if "\0" in text:
+        raise ArgumentError(f"{what} {text!r} contains a NUL byte, which no file name can hold: pass the path "
+                            "without it")
+    return text
+
+
 # What a caller can do about each operating-system error (StorageError's messages).
 _ADVICE = {
     _errno.ENOSPC: "the filesystem is full: free space on it; nothing acknowledged was lost, and the store "

@@ -70,6 +70,7 @@ from wal.errors import (
     FailedError,
     ReadOnlyError,
     WalError,
+    path_argument,
     storage_error,
 )
 from wal.log import record
@@ -696,6 +697,7 @@ def follow(url: str | ObjectStore, directory: str | os.PathLike[str], *, poll_ms
         raise ArgumentError(f"poll_ms must be milliseconds in (0, {_MAX_POLL_MS}] (a day), got {poll_ms!r}")
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
+    path_argument(directory, "the follower's directory")
     if not os.fspath(directory):  # "" (an unset variable, say) would make the current directory the follower
         raise ArgumentError("the follower's directory is empty: name it")
     raw = open_objects(url)

@@ -870,6 +870,9 @@ def parse_url(archive: str) -> tuple[str, str, str]:
         path = unquote(parsed.path)
         if not path or path == "/":
             raise ArgumentError(f"the archive URL {archive!r} names no directory")
+        if "\0" in path:
+            raise ArgumentError(f"the archive URL {archive!r} names a path with a NUL byte, which no file name can "
+                                "hold: pass the URL without it")
         return "file", path, ""
     if parsed.scheme == "s3":
         if not parsed.netloc:

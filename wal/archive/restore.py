@@ -56,6 +56,7 @@ from wal.errors import (
     CorruptionError,
     SealDamagedError,
     TargetNotHeldError,
+    path_argument,
     storage_error,
 )
 from wal.log import record
@@ -418,6 +419,7 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     if not isinstance(parallel, int) or parallel < 1:
         raise ArgumentError(f"parallel must be an int >= 1, got {parallel!r}")
     time_ms = parse_time(time) if time is not None else None
+    path_argument(directory, "the directory to restore into")
     if not os.fspath(directory):  # "" (an unset variable, say) would restore onto the current directory
         raise ArgumentError("the directory to restore into is empty: name it")
     # A symlink to an empty directory is restored into: the store is built beside the directory

@@ -1187,6 +1187,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    nul = next((arg for arg in argv if "\0" in arg), None)
+    if nul is not None:  # only a caller of main() can pass one (execve cannot): no path or key holds it
+        print(f"agentwal: error: the argument {nul!r} contains a NUL byte, which no file name can hold "
+              "and no command line can carry", file=sys.stderr)
+        return EXIT_USAGE
     if argv[:1] == ["crashtest"]:
         # The drill has its own parser (wal.drill.crashtest.build_parser): hand it the rest as is.
         from wal.drill.crashtest import main_crashtest  # noqa: PLC0415 - heavy; only this command needs it

@@ -43,6 +43,7 @@ from wal.errors import (
     StorageError,
     WalError,
     no_descriptor_error,
+    path_argument,
     storage_error,
 )
 from wal.log import durability as dur
@@ -224,7 +225,7 @@ class Log:
                 or not 4096 <= max_pending_bytes <= _MAX_SEGMENT_BYTES:
             raise ArgumentError(f"max_pending_bytes must be an int in [4096, {_MAX_SEGMENT_BYTES}] (1 TiB), "
                                 f"got {max_pending_bytes!r}")
-        path = os.fspath(directory)
+        path = path_argument(directory, "the log's directory")
         if os.path.exists(os.path.join(path, _STORE_FILE)):
             raise ArgumentError(f"{path} is an agentwal store, not a bare log: its log is {os.path.join(path, 'log')}, "
                                 "which wal.open opens with the store's state (a log opened here would put segment "
