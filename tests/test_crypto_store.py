@@ -117,6 +117,20 @@ def test_a_sealed_put_takes_and_refuses_arguments_as_the_plain_store_does(tmp_pa
         wal.RecordTooLargeError, wal.ArgumentError]
 
 
+@pytest.mark.parametrize("options", [{"encryption": KEY}, {"compression": "zstd"}], ids=["encrypted", "compressed"])
+def test_a_sealed_get_many_refuses_what_is_not_a_sequence_of_keys_as_the_plain_store_does(
+        tmp_path: Path, options: dict) -> None:
+    """A sealed store's get_many(None) raised a raw TypeError, and its snapshot's get_many("ab")
+    read keys a and b."""
+    with wal.open(tmp_path, **options) as store:
+        store.put("a", b"v")
+        with store.snapshot() as snap:
+            for get_many in (store.get_many, snap.get_many):
+                for bad in (None, "ab", b"ab"):
+                    with pytest.raises(wal.ArgumentTypeError, match="get_many takes a sequence of keys"):
+                        get_many(bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("options", "overhead"), [({"encryption": KEY}, 49), ({"compression": "zstd"}, 1)],
                          ids=["encrypted", "compressed"])
 def test_a_sealed_stores_value_limit_is_the_plain_one_less_its_envelope_and_its_error_names_the_value(

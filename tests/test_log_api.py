@@ -319,6 +319,17 @@ def test_append_of_a_non_bytes_payload_is_argument_type_error_and_writes_nothing
         assert list(log.read()) == [(1, b"one"), (2, b"two")]
 
 
+@pytest.mark.parametrize("bad", [None, 3, b"abc"], ids=["None", "int", "bytes"])
+def test_append_many_of_no_iterable_of_payloads_is_argument_type_error(tmp_path: Path, bad: object) -> None:
+    """append_many(None) raised a raw TypeError ("'NoneType' object is not iterable")."""
+    with wal.Log.open(tmp_path) as log:
+        with pytest.raises(wal.ArgumentTypeError, match="append_many takes an iterable of payloads"):
+            log.append_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(wal.ArgumentTypeError, match="append_many takes an iterable of payloads"):
+            asyncio.run(log.append_many_async(bad))  # type: ignore[arg-type]
+        assert log.watermarks.appended == 0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc"),
     [

@@ -9,6 +9,7 @@ writes at every level, closed and read-only stores, and the STORE format version
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import inspect
 import json
@@ -186,6 +187,20 @@ def test_a_str_key_that_is_not_valid_unicode_is_an_argument_error(tmp_path: Path
                 call()
         store.put(os.fsencode(bad), b"v")
         assert store.get(b"agent/\xff") == b"v"
+
+
+def test_get_many_of_no_sequence_and_update_without_a_function_are_argument_type_errors(tmp_path: Path) -> None:
+    """get_many(None) and update(key, None) raised raw TypeErrors from deep inside."""
+    with wal.open(tmp_path) as store:
+        with store.snapshot() as snap:
+            for get_many, bad in ((store.get_many, None), (store.get_many, 5), (snap.get_many, None)):
+                with pytest.raises(wal.ArgumentTypeError, match="get_many takes a sequence of keys"):
+                    get_many(bad)  # type: ignore[arg-type]
+        with pytest.raises(wal.ArgumentTypeError, match="update's second argument must be a function"):
+            store.update("k", None)  # type: ignore[arg-type]
+        with pytest.raises(wal.ArgumentTypeError, match="update's second argument must be a function"):
+            asyncio.run(store.aupdate("k", b"v"))  # type: ignore[arg-type]
+        assert store.get("k") is None and store.watermarks.written == 0
 
 
 # ---- scan ---------------------------------------------------------------------------------

@@ -808,6 +808,11 @@ def _too_large(payload: bytes) -> RecordTooLargeError:
 
 
 def _pack(payloads: Iterable[bytes]) -> tuple[bytes, Any]:
+    if isinstance(payloads, bytes | bytearray | memoryview | str):  # would be appended a record per byte
+        raise ArgumentTypeError(f"append_many takes an iterable of payloads, not one {type(payloads).__name__}: "
+                                "pass [payload], or call append")
+    if not isinstance(payloads, Iterable):
+        raise ArgumentTypeError(f"append_many takes an iterable of payloads (bytes), not {type(payloads).__name__}")
     items = [_as_payload(p) for p in payloads]
     for p in items:
         if len(p) > MAX_PAYLOAD:

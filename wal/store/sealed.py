@@ -53,6 +53,7 @@ from wal.errors import (
     WrongKeyError,
 )
 from wal.log.record import OP_PUT
+from wal.store.snapshot import refuse_lone_key
 from wal.store.state import DATA_FILE, SEALED_KEY, State
 
 if TYPE_CHECKING:
@@ -606,6 +607,7 @@ def _sealed_class(base: type[Store]) -> type[Store]:
             return default if v is None else self._unseal(k, v)
 
         def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
+            refuse_lone_key(keys)
             ks = [_key(k) for k in keys]
             return [default if v is None else self._unseal(k, v) for k, v in zip(ks, super().get_many(ks), strict=True)]
 
@@ -683,6 +685,7 @@ class _SealedSnapshot:
         return self._snap.version(key)
 
     def get_many(self, keys: Sequence[bytes | str], default: bytes | None = None) -> list[bytes | None]:
+        refuse_lone_key(keys)
         return [self.get(k, default) for k in keys]
 
     def scan(self, prefix: bytes | str = b"") -> Iterator[tuple[bytes, bytes]]:

@@ -26,7 +26,7 @@ Closing the store ends its snapshots: their reads then raise `ClosedError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -41,9 +41,12 @@ if TYPE_CHECKING:
 
 def refuse_lone_key(keys: object) -> None:
     """get_many (a store's and a snapshot's) takes a sequence of keys: a lone str or bytes is one
-    too (of its characters), and was read as such (`get_many("abc")` read keys a, b and c)."""
+    too (of its characters), and was read as such (`get_many("abc")` read keys a, b and c); what
+    is no sequence at all (None, a number) raised a raw TypeError."""
     if isinstance(keys, str | bytes | bytearray | memoryview):
         raise ArgumentTypeError(f"get_many takes a sequence of keys, not one {type(keys).__name__}: pass [key]")
+    if not isinstance(keys, Iterable):
+        raise ArgumentTypeError(f"get_many takes a sequence of keys (a list or tuple), not {type(keys).__name__}")
 
 
 class ScanTxn(Protocol):

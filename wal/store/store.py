@@ -254,6 +254,13 @@ def _retries(retries: Any) -> int:
     return retries
 
 
+def _update_fn(fn: Any) -> None:
+    """update's `fn`, checked before anything: None raised a raw "object is not callable"."""
+    if not callable(fn):
+        raise ArgumentTypeError(f"update's second argument must be a function of the current value (bytes or None) "
+                                f"returning the bytes to put or None to delete, not {type(fn).__name__}")
+
+
 def _gave_up(key: bytes, retries: int) -> ConflictError:
     return ConflictError(f"update of key {key!r} gave up after {retries} retries: other commits kept changing it",
                          key=key, expected=None, actual=None)
@@ -899,6 +906,7 @@ class Store:
         must be free of side effects (it may be called more than once). ConflictError once
         `retries` is exceeded."""
         k = _key(key)
+        _update_fn(fn)
         for _ in range(_retries(retries) + 1):
             txn, checks, new = self._update_step(k, fn)
             try:
@@ -911,6 +919,7 @@ class Store:
                       durability: str | None = None, retries: int = 100) -> tuple[int, bytes | None]:
         """`update` for asyncio: never blocks the event loop."""
         k = _key(key)
+        _update_fn(fn)
         for _ in range(_retries(retries) + 1):
             txn, checks, new = self._update_step(k, fn)
             try:
