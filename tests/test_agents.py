@@ -541,6 +541,24 @@ def test_odd_arguments_are_wal_errors_and_a_bytes_thread_name_works_throughout(s
             call()
 
 
+def test_a_path_for_a_store_a_non_mapping_state_or_a_non_int_blob_threshold_is_an_argument_error(
+        store: wal.Store, tmp_path: Path) -> None:
+    """AgentStore("/dir") and append(..., state=[1]) raised raw AttributeErrors; blob_threshold="1"
+    a raw TypeError at the first append, and -1 was taken."""
+    with pytest.raises(wal.ArgumentTypeError, match=r"not a path .*AgentStore\(wal.open\(path\)\)"):
+        AgentStore(str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(wal.ArgumentTypeError, match="takes an open wal"):
+        AgentStore(None)  # type: ignore[arg-type]
+    with pytest.raises(wal.ArgumentTypeError, match="blob_threshold must be an int"):
+        AgentStore(store, blob_threshold="1")  # type: ignore[arg-type]
+    with pytest.raises(wal.ArgumentError, match="blob_threshold must be bytes >= 0"):
+        AgentStore(store, blob_threshold=-1)
+    ag = AgentStore(store)
+    with pytest.raises(wal.ArgumentTypeError, match="state must be a mapping"):
+        ag.append("t", b"e", state=[1])  # type: ignore[arg-type]
+    assert list(ag.read("t")) == []
+
+
 class _ReplacedWhileRead:
     """The store under an AgentStore, whose next get or scan of a key under `prefix`, once armed,
     returns what it read and then -- before the caller opens the blob that value references --

@@ -165,6 +165,29 @@ def _name(name: str | bytes, what: str) -> bytes:
         raise ArgumentError(f"{what} must be valid Unicode, got {name!r}") from None
 
 
+def _store_argument(store: object) -> None:
+    """AgentStore's store: an open `wal.Store` (or an object with its interface). A path, or
+    anything else, failed at its first use with a raw AttributeError."""
+    if isinstance(store, Store):
+        return
+    if isinstance(store, str | bytes | os.PathLike):
+        raise ArgumentTypeError(f"AgentStore takes an open wal.Store, not a path ({store!r}): "
+                                "AgentStore(wal.open(path))")
+    if not isinstance(getattr(store, "path", None), str) or not all(
+            callable(getattr(store, name, None)) for name in ("transaction", "get", "scan")):
+        raise ArgumentTypeError(f"AgentStore takes an open wal.Store (wal.open(path)), not {type(store).__name__}")
+
+
+def _blob_threshold(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"blob_threshold must be an int of bytes (or None: never), not {type(value).__name__}")
+    if value < 0:
+        raise ArgumentError(f"blob_threshold must be bytes >= 0 (or None: never), got {value}")
+    return value
+
+
 def _unname(raw: bytes) -> str:
     return raw.decode().replace("%2F", "/").replace("%25", "%")
 
@@ -265,6 +288,8 @@ class AgentStore:
 
     def __init__(self, store: Store, agent: str = "default", *,
                  blob_threshold: int | None = DEFAULT_BLOB_THRESHOLD) -> None:
+        _store_argument(store)
+        threshold = _blob_threshold(blob_threshold)
         self.store = store
         self.agent = agent
         self._p = b"ag/" + _name(agent, "agent") + b"/"
@@ -272,7 +297,7 @@ class AgentStore:
         # that ships to one, every value stays in the log (up to the store's value limit), so a
         # restore or a follower holds it too.
         self._archived = bool(getattr(store, "_object_archive", False))
-        self.blob_threshold = None if self._archived else blob_threshold
+        self.blob_threshold = None if self._archived else threshold
         self.blob_dir = os.path.join(store.path, BLOB_DIR)
         # A sealed store's blob files are sealed too, with its keys and codec (wal/crypto/).
         self._sealer: Sealer | None = getattr(store, "_sealer", None)
@@ -506,6 +531,9 @@ class AgentStore:
         state: key -> value (None deletes the key). Sequence numbers are 1, 2, 3, ... per thread
         with no gaps, also with concurrent appenders.
         """
+        if state is not None and not isinstance(state, Mapping):
+            raise ArgumentTypeError(f"state must be a mapping of state key -> value (None deletes the key), not "
+                                    f"{type(state).__name__}")
         packed_state = {_skey(k): v for k, v in (state or {}).items()}
 
         def body(tx: Any, rec: dict[str, Any], tname: bytes) -> int:
