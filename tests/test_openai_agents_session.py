@@ -115,6 +115,18 @@ def test_session_settings_limit(store: wal.Store) -> None:
     run(go())
 
 
+@pytest.mark.parametrize("bad", ["2", 1.5, True])
+def test_a_limit_that_is_not_an_int_is_an_argument_type_error(store: wal.Store, bad: Any) -> None:
+    """get_items(limit="2") raised a raw TypeError from the thread reading the items."""
+    async def go() -> None:
+        s = AgentwalSession("lim", store)
+        await s.add_items([msg("user", "0")])
+        with pytest.raises(wal.ArgumentTypeError, match="limit must be an int"):
+            await s.get_items(limit=bad)
+
+    run(go())
+
+
 def test_persists_across_reopen(tmp_path: Path) -> None:
     with wal.open(tmp_path / "db") as s:
         run(AgentwalSession("p", s).add_items([msg("user", "1"), msg("assistant", "2")]))

@@ -300,6 +300,9 @@ class AgentwalSession(SessionABC):
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """The history oldest first; with limit (or session_settings.limit) only the latest limit items."""
         self._check_open()
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):  # "2" failed in a thread
+            raise ArgumentTypeError(f"limit must be an int of items (or None: session_settings.limit, else every "
+                                    f"item), not {type(limit).__name__}")
         return await asyncio.to_thread(self._get_items, limit)
 
     async def add_items(self, items: list[Any]) -> None:
