@@ -84,6 +84,19 @@ def test_from_conn_string_refuses_a_store(tmp_path: Path) -> None:
         AgentwalSaver.from_conn_string(store)  # type: ignore[arg-type]
 
 
+def test_a_durability_that_is_no_level_and_a_prune_strategy_that_is_none_are_argument_errors(tmp_path: Path) -> None:
+    """AgentwalSaver(durability="fast") was taken, and every commit failed later; prune's unknown
+    strategy raised a plain ValueError."""
+    with wal.open(tmp_path / "db", durability="interval", rpo_ms=50) as store:
+        with pytest.raises(wal.ArgumentError, match="unknown durability 'fast'"):
+            AgentwalSaver(store, durability="fast")
+        with pytest.raises(wal.ArgumentError, match="not a weaker one"):
+            AgentwalSaver(store, durability="buffered")
+        saver = AgentwalSaver(store, durability="sync")
+        with pytest.raises(wal.ArgumentError, match="prune strategy must be"):
+            saver.prune(["t"], strategy="bogus")
+
+
 def test_cancelled_async_writes_took_effect_before_the_error_or_never(tmp_path: Path) -> None:
     """Cancel aput / aput_writes while their worker thread commits. What the caller can read the
     moment it has the CancelledError is what the store holds for good (checked after a reopen)."""

@@ -116,7 +116,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from wal._open import open_store
-from wal.errors import ArgumentTypeError, ConflictError, CorruptionError
+from wal.errors import ArgumentError, ArgumentTypeError, ConflictError, CorruptionError
 from wal.integrations._mutation import run_mutation
 from wal.store.snapshot import Snapshot
 from wal.store.store import Store
@@ -239,6 +239,8 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
                 f"AgentwalSaver needs an open wal.Store, got {type(store).__name__} {store!r:.80}; pass "
                 f"wal.open(path), or use `with AgentwalSaver.from_conn_string(path) as saver:` to have the "
                 f"saver open and close the store itself")
+        if durability is not None:  # a level the store may be asked for, now: "fast" was taken, and failed each commit
+            store._durability.allows(durability)
         super().__init__(serde=serde)
         self.store = store
         self.durability = durability
@@ -655,7 +657,7 @@ class AgentwalSaver(BaseCheckpointSaver[str]):
         the ancestors' writes (LangGraph's `prune` contract). A thread that does not exist is
         no error."""
         if strategy not in ("keep_latest", "delete"):
-            raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
+            raise ArgumentError(f"prune strategy must be 'keep_latest' or 'delete', got {strategy!r}")
         for thread in dict.fromkeys(_thread(t) for t in _ids(thread_ids, "thread_ids")):
             if strategy == "delete":
                 self.delete_thread(thread)
