@@ -684,6 +684,10 @@ def test_writes_while_another_process_holds_the_writer_lock_fail_clearly(store: 
         assert "stop it" in result.stderr
     tear_tail_free = run("repair", str(store), "--yes", "--rebuild-state")
     assert tear_tail_free.returncode == 1 and f"process {writer.proc.pid}" in tear_tail_free.stderr
+    # On a sound store too: it said "nothing to repair" and exited 0 beside the running writer.
+    sound = run("repair", str(store), "--yes")
+    assert sound.returncode == 1 and f"process {writer.proc.pid}" in sound.stderr, (sound.stdout, sound.stderr)
+    assert "nothing to repair" not in sound.stdout
 
 
 def test_read_commands_work_while_a_writer_process_runs(store: Path, writer: Writer) -> None:

@@ -16,7 +16,7 @@ from wal.log import recovery
 from wal.log.log import LOCK_NAME, take_lock
 from wal.ops.segments import Skip, iter_log
 from wal.ops.stateview import _StateSnapshot
-from wal.ops.target import OpsError, Target, locate, locked_message, open_reader, open_writer
+from wal.ops.target import OpsError, Target, locate, lock_holder, locked_message, open_reader, open_writer
 from wal.ops.transfer import dictionary_lines, framed, is_sealed, value_line
 from wal.store.store import FOLLOWING_FILE, check_store_file
 
@@ -65,6 +65,10 @@ def plan_repair(path: str, *, rebuild_state: bool = False) -> RepairPlan:
     if not os.path.isdir(target.log_dir):
         plan.refuse = f"{target.log_dir} does not exist: there is no log to repair"
         return plan
+    if lock_holder(target.log_dir) is not None:
+        # Refused as every writer command is: a running writer's log ends where it is writing, so
+        # a plan made beside it means nothing ("sound, nothing to repair" exited 0).
+        raise LockedError(locked_message(target, "repair"))
     scan = recovery.scan_directory(target.log_dir)
     segs = scan.segments
     good_last = segs[-1].last_lsn if segs else 0
