@@ -2125,6 +2125,26 @@ def test_an_idle_follower_waiting_on_an_unfinished_tail_lists_only_what_is_new(t
         assert replica.get("tail/62") == b"x"
 
 
+def test_a_follower_of_a_file_folder_that_does_not_exist_yet_says_so_and_waits_for_its_writer(tmp_path, caplog):
+    """restore refuses a file:// folder that does not exist (a mistyped URL); a follower takes it,
+    as a standby may start before its writer, whose open makes the folder. Its WARNING said only
+    "shipped nothing yet, or the URL names no archive"; it names the missing folder now."""
+    url = f"file://{tmp_path}/a"
+    with pytest.raises(wal.ArgumentError, match="its folder does not exist"):
+        wal.restore(url, tmp_path / "r")
+    with caplog.at_level("WARNING"):
+        replica = wal.follow(url, tmp_path / "f", poll_ms=20)
+    try:
+        assert any("its folder does not exist yet" in r.getMessage() and "mistyped URL" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        with wal.open(tmp_path / "p", archive=url, durability="replicated") as primary:
+            primary.put("k", b"v")
+        wait_until(lambda: replica.lsn == 1)
+        assert replica.get("k") == b"v"
+    finally:
+        replica.close()
+
+
 def test_a_follower_of_an_archive_that_holds_nothing_yet_waits_for_its_first_objects(tmp_path, archive_url):
     replica = wal.follow(archive_url, tmp_path / "f", poll_ms=20)
     try:

@@ -434,8 +434,13 @@ def restore_chain(url: str | ObjectStore, directory: str | os.PathLike[str], *, 
     objects, sealed = for_reading(open_objects(url), sealing)
     listing = list_archive(objects)
     if not listing.logs and not listing.snapshots:
-        _logger.warning("archive %s holds nothing (its writer shipped nothing yet, or the URL names no archive): "
-                        "restoring the empty state at LSN 0", objects.url)
+        # A file:// folder that does not exist reaches here only from a follower (restore refuses
+        # it): a standby may start before its writer, whose open makes the folder.
+        folder = file_path(objects.url)
+        why = ("its folder does not exist yet: its writer's open makes it, and a mistyped URL looks the same"
+               if folder is not None and not os.path.isdir(folder) else
+               "its writer shipped nothing yet, or the URL names no archive")
+        _logger.warning("archive %s holds nothing (%s): restoring the empty state at LSN 0", objects.url, why)
     t0 = _time.monotonic()
     passed_over: dict[str, CorruptionError] = {}  # damaged snapshots, by name, the newest first
     while True:
