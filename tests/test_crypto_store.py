@@ -600,6 +600,24 @@ def test_a_restore_given_compression_records_it_and_takes_none_as_wal_open_does(
             assert store.get(b"a") == b"ab" * 2500
 
 
+def test_a_plain_archive_is_restored_and_followed_with_compression_none_as_wal_open_takes_it(tmp_path: Path) -> None:
+    """compression="none" on a plain archive was refused ("written by a store without encryption
+    or compression"), though wal.open takes it on a plain store and restore takes it on a
+    compressed archive; compression="zstd" there is still refused."""
+    url = f"file://{tmp_path}/archive"
+    with wal.open(tmp_path / "primary", archive=url) as store:
+        store.put(b"a", b"v")
+    assert wal.restore(url, tmp_path / "r", compression="none").lsn == 1
+    assert "sealed" not in json.loads((tmp_path / "r" / "STORE").read_text())  # a plain store, as wal.open's
+    follower = wal.follow(url, tmp_path / "f", compression="none", poll_ms=20)
+    try:
+        assert follower.get(b"a") == b"v"
+    finally:
+        follower.close()
+    with pytest.raises(wal.ArgumentError, match="without encryption or compression"):
+        wal.restore(url, tmp_path / "z", compression="zstd")
+
+
 def test_rekey_keeps_the_recorded_compression_its_threshold_and_its_being_off(tmp_path: Path) -> None:
     # rekey opened every store holding compressed values with compression="zstd": the recorded
     # threshold went back to the default, and a store turned off was turned on again.

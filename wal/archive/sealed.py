@@ -398,7 +398,10 @@ def for_reading(objects: ObjectStore, options: dict[str, Any]) -> tuple[ObjectSt
         return objects, sealed
     meta = read_manifest(objects)
     manifest = meta is not None
-    if meta is None and any(v is not None for v in options.values()):
+    # compression="none" (wal.open's "off", passed on to the store made) asks for no sealing: a
+    # plain archive takes it, as wal.open's plain store does (it was refused as "written by a
+    # store without encryption or compression").
+    if meta is None and any(v is not None for k, v in options.items() if (k, v) != ("compression", "none")):
         empty = holds_nothing(objects)
         # Read again after the listing: a writer stores its manifest before its first object, so
         # one shipped between the first read and the listing is found now.
