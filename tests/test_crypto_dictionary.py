@@ -294,6 +294,25 @@ def test_a_dictionary_too_few_samples_train_is_refused_as_an_argument() -> None:
         sealing.train_dictionary([b"x" * 10] * 5)
 
 
+def test_a_dictionary_or_threshold_without_compression_is_refused(tmp_path: Path, zdict: bytes) -> None:
+    """Without compression="zstd" they mean nothing: a dictionary alone made a "sealed" store that
+    compressed nothing, and a threshold alone was dropped without a word."""
+    for name, options in (("d", {"compression_dict": zdict}), ("t", {"compression_threshold": 32}),
+                          ("e", {"encryption": bytes(range(32)), "compression_dict": zdict})):
+        with pytest.raises(wal.ArgumentError, match=f"{next(k for k in options if k.startswith('compression'))} "
+                                                    'given without compression="zstd"'):
+            wal.open(tmp_path / name, **options)
+        assert not (tmp_path / name).exists()
+    wal.open(tmp_path / "plain").close()
+    with pytest.raises(wal.ArgumentError, match="does not"):
+        wal.open(tmp_path / "plain", compression_threshold=32)
+    assert "sealed" not in read_meta(str(tmp_path / "plain"))
+    # A store created compressing takes them alone: it compresses as its STORE records.
+    wal.open(tmp_path / "z", compression="zstd").close()
+    with wal.open(tmp_path / "z", compression_threshold=32, compression_dict=zdict) as store:
+        store.put("a", b"x")
+
+
 def test_a_rotated_writer_seals_the_stored_dictionary_under_the_new_key(tmp_path: Path, zdict: bytes) -> None:
     """Every open reads every stored dictionary: one left sealed under the old key kept the store
     from opening with the new key alone, though the values written under it needed only that

@@ -12,6 +12,7 @@ from typing import Any, Never
 
 from wal.archive import is_archive_url
 from wal.errors import ArgumentError, ArgumentTypeError, WalError, path_argument, storage_error
+from wal.store.sealed import check_compression_options
 from wal.store.store import Store, open_local
 
 
@@ -81,6 +82,7 @@ def open_store(path: str | os.PathLike[str], *, durability: str | None = None, r
     if os.path.exists(path) and not os.path.isdir(path):
         raise ArgumentError(f"{os.fspath(path)!r} is a file, not a directory: a store is a directory (wal.open "
                             "makes it where none exists)")
+    check_compression_options(os.fspath(path), compression, compression_threshold, compression_dict)
     if not (isinstance(archive, bool | str | os.PathLike) or is_archive_url(archive)):
         raise ArgumentTypeError("archive must be True or False, a directory path, an archive URL (s3://bucket/prefix, "
                                 f"file:///dir), an obstore store or an ObjectStore; not {type(archive).__name__}")

@@ -223,6 +223,26 @@ def read_meta(root: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def check_compression_options(root: str, compression: str | None, compression_threshold: int | None,
+                              compression_dict: object) -> None:
+    """`wal.open`'s compression_threshold= and compression_dict= mean nothing without
+    compression="zstd" for a store that never compressed (new or plain): a dictionary alone made
+    a "sealed" store that compresses nothing, and a threshold alone was dropped without a word.
+    (A store that compressed, turned off since, may be given the dictionary its older values
+    need; a restore gives the store it makes the archive's, opening it with open_local.)"""
+    if compression is not None or (compression_dict is None and compression_threshold is None):
+        return
+    meta = read_meta(root)
+    sealed = meta.get(STORE_FIELD) if meta is not None else None
+    if isinstance(sealed, dict) and isinstance(sealed.get("compression"), dict):
+        return
+    named = " and ".join(name for name, value in (("compression_dict", compression_dict),
+                                                  ("compression_threshold", compression_threshold))
+                         if value is not None)
+    raise ArgumentError(f"{named} given without compression=\"zstd\": they set how a store compresses, and the "
+                        f"store at {root} does not; pass compression=\"zstd\" with them, or leave them out")
+
+
 def plan(root: str, *, readonly: bool, encryption: KeySource | None, compression: str | None,
          compression_threshold: int | None, compression_dict: bytes | Sequence[bytes] | None) -> SealingPlan | None:
     """The sealing of an open of the store at `root`, or None for a plain store opened plainly.
