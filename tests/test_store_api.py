@@ -602,6 +602,22 @@ def test_a_second_commit_with_the_same_idempotency_key_returns_the_first_lsn_and
         assert store.stats()["idempotent_hits"] == 1
 
 
+def test_a_bad_idempotency_key_is_refused_naming_it_not_a_key(tmp_path: Path) -> None:
+    """A 600-byte idempotency key was refused as "key of 600 bytes ... key limit", read as the key
+    of a put; every error of one names the idempotency key now."""
+    with wal.open(tmp_path) as store:
+        with pytest.raises(wal.RecordTooLargeError, match=r"^idempotency key of 600 bytes is over the 511-byte"):
+            store.transaction(idempotency_key=b"x" * 600)
+        with pytest.raises(wal.ArgumentError, match=r"^an idempotency key must not be empty"):
+            store.transaction(idempotency_key="")
+        with pytest.raises(wal.ArgumentTypeError, match=r"^an idempotency key must be bytes or str"):
+            store.transaction(idempotency_key=5)  # type: ignore[arg-type]
+        with store.transaction(idempotency_key="i" * 511) as tx:  # the limit itself is taken
+            tx.put("k", b"v")
+        with pytest.raises(wal.RecordTooLargeError, match=r"^key of 600 bytes is over the 511-byte key limit"):
+            store.put(b"k" * 600, b"v")
+
+
 def test_idempotency_keys_are_remembered_across_checkpoint_and_reopen(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         with store.transaction(idempotency_key="job-42") as tx:

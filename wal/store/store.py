@@ -202,26 +202,32 @@ _MAX_CHECKPOINT_BYTES = 1 << 40
 _MAX_UNAPPLIED = 1 << 40
 
 
-def _key(key: object, *, allow_empty: bool = False) -> bytes:
+def _key(key: object, *, allow_empty: bool = False, what: str = "key") -> bytes:
+    """`key` as bytes, checked; `what` names it in errors ("idempotency key": a too long one
+    said "key of N bytes", as if it were a key the transaction writes)."""
     if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES:
         return key  # the common case, checked first: every commit passes here
     if isinstance(key, str):
         try:
             data = key.encode()
         except UnicodeEncodeError as exc:  # a lone surrogate, as os.fsdecode makes of a non-UTF-8 name
-            raise ArgumentError(f"a str key must be valid Unicode: {key!r} is not encodable as UTF-8 ({exc.reason}); "
-                                "pass its bytes instead") from None
+            raise ArgumentError(f"a str {what} must be valid Unicode: {key!r} is not encodable as UTF-8 "
+                                f"({exc.reason}); pass its bytes instead") from None
     elif isinstance(key, bytes):
         data = key
     elif isinstance(key, bytearray | memoryview):
         data = bytes(key)
     else:
-        raise ArgumentTypeError(f"a key must be bytes or str, not {type(key).__name__}")
+        raise ArgumentTypeError(f"{_a(what)} must be bytes or str, not {type(key).__name__}")
     if not data and not allow_empty:
-        raise ArgumentError("a key must not be empty")
+        raise ArgumentError(f"{_a(what)} must not be empty")
     if len(data) > MAX_KEY_BYTES:
-        raise RecordTooLargeError(f"key of {len(data)} bytes is over the {MAX_KEY_BYTES}-byte key limit")
+        raise RecordTooLargeError(f"{what} of {len(data)} bytes is over the {MAX_KEY_BYTES}-byte {what} limit")
     return data
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def _value(value: Any) -> bytes:
@@ -874,14 +880,15 @@ class Store:
         """An atomic transaction (a context manager). durability may be stronger than the store's.
 
         idempotency_key: a second commit with the same key returns the first commit's LSN and
-        applies nothing; keys are remembered for `idempotency_ttl_s` (default 24 h).
+        applies nothing; keys are remembered for `idempotency_ttl_s` (default 24 h). Bytes or str
+        of 1..511 bytes (UTF-8), as a key (FORMAT.md); a longer one is `RecordTooLargeError`.
         serializable: also check, at commit, that no key read through the transaction changed
         (`Transaction` says what each read sees).
         """
         self._writable()
         self._durability.allows(durability)
-        return Transaction(self, durability, _key(idempotency_key) if idempotency_key is not None else None,
-                           serializable)
+        idem = _key(idempotency_key, what="idempotency key") if idempotency_key is not None else None
+        return Transaction(self, durability, idem, serializable)
 
     def atransaction(self, durability: str | None = None, idempotency_key: bytes | str | None = None, *,
                      serializable: bool = False) -> Transaction:
