@@ -1087,7 +1087,11 @@ COMMANDS: tuple[Command, ...] = (
             _archive_cli.STATUS_DESCRIPTION, _archive_cli.status_arguments, _archive_cli.cmd_status),
 )
 
-_MAIN_DESCRIPTION = """\
+_NEEDS_LOCK = "(needs the writer lock)"
+# The commands named as needing it, from their summaries (a list written by hand left out compact and rekey).
+_LOCKING = [c.name for c in COMMANDS if c.summary.endswith(_NEEDS_LOCK)]
+
+_MAIN_DESCRIPTION = f"""\
 agentwal: an embedded write-ahead-log storage engine for AI-agent runtimes.
 Agent state (conversations, tool results, workflow progress) survives process kills and
 power cuts, with the data-loss bound (RPO) you choose.
@@ -1095,7 +1099,8 @@ power cuts, with the data-loss bound (RPO) you choose.
 This command works on agentwal stores from the shell: look inside one, check it, fix a
 value by hand, repair damage, follow commits live. STORE is always the first argument
 after the command. Read-only commands work while an agent runtime has the store open;
-put, delete, import, checkpoint and repair need the writer lock and say who holds it.
+{", ".join(_LOCKING[:-1])} and {_LOCKING[-1]} need the writer lock
+and say who holds it.
 """
 
 _MAIN_EPILOG = """\
