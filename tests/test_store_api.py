@@ -602,6 +602,25 @@ def test_a_second_commit_with_the_same_idempotency_key_returns_the_first_lsn_and
         assert store.stats()["idempotent_hits"] == 1
 
 
+@pytest.mark.parametrize("options", [{}, {"compression": "zstd"}], ids=["plain", "sealed"])
+def test_a_transaction_used_without_with_says_so_and_writes_nothing(tmp_path: Path, options: dict) -> None:
+    """tx = store.transaction(); tx.put(...) without `with` was taken, and nothing was ever
+    committed, without a word."""
+    with wal.open(tmp_path, **options) as store:
+        for tx in (store.transaction(), store.atransaction()):
+            for name, args in (("put", ("k", b"v")), ("delete", ("k",)), ("get", ("k",)), ("version", ("k",))):
+                with pytest.raises(wal.ClosedError, match="used inside `with"):
+                    getattr(tx, name)(*args)
+        assert store.get("k") is None and store.watermarks.written == 0
+
+        async def in_async_with() -> int | None:
+            async with store.atransaction() as atx:
+                atx.put("k", b"v")
+            return atx.lsn
+
+        assert asyncio.run(in_async_with()) == 1 and store.get("k") == b"v"
+
+
 def test_a_bad_idempotency_key_is_refused_naming_it_not_a_key(tmp_path: Path) -> None:
     """A 600-byte idempotency key was refused as "key of 600 bytes ... key limit", read as the key
     of a put; every error of one names the idempotency key now."""

@@ -302,6 +302,8 @@ def _encode(txn: record.Txn) -> bytes:
 
 class Transaction:
     """Buffered writes committed atomically as one log record when the `with` block exits.
+    Used outside one (``tx = store.transaction()`` with no ``with``), its methods raise
+    `ClosedError`: there is no commit() to call, and its writes would never be committed.
 
     An exception inside the block aborts it: nothing is written. After the block, `lsn` is the
     commit's LSN (None if the transaction wrote nothing).
@@ -326,6 +328,7 @@ class Transaction:
         self._checks: dict[bytes, int] = {}
         self._reads: dict[bytes, int] = {}  # serializable: version read per key (0: absent)
         self._done = False
+        self._entered = False  # its writes are committed only by the block's exit
         self.lsn: int | None = None
         self.deduplicated = False  # True when an idempotency key matched an earlier commit
 
@@ -340,6 +343,10 @@ class Transaction:
     def _open(self) -> None:
         if self._done:
             raise ClosedError("this transaction has already committed or aborted")
+        if not self._entered:  # without `with` nothing commits: its writes vanished without a word
+            raise ClosedError("a transaction is used inside `with store.transaction() as tx:` (or `async with "
+                              "store.atransaction() as tx:`), which commits it when the block ends; outside "
+                              "one nothing would ever be committed")
 
     def put(self, key: bytes | str, value: bytes, *, if_version: int | None = None) -> None:
         """Write key=value at commit; if_version: the key's version must then be this (0: absent)."""
@@ -395,6 +402,7 @@ class Transaction:
         return record.Txn(list(self._ops.values()), _now_ms(), self._idem)
 
     def __enter__(self) -> Transaction:
+        self._entered = True
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -406,6 +414,7 @@ class Transaction:
         self.lsn, self.deduplicated = self._store._commit(self._txn(), self._all_checks(), self._durability)
 
     async def __aenter__(self) -> Transaction:
+        self._entered = True
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
