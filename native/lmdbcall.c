@@ -2054,195 +2054,201 @@ static int cursor_after(MDB_cursor *cur, PyObject *after, MDB_val *k, MDB_val *v
     return rc;
 }
 
-/* check_idem(after, limit) -> last key walked, or None once every IDEM entry is checked.
- * Store format 6's upgrade of an older state, as check_entries: in ONE write transaction,
- * rewrite up to `limit` IDEM entries of 16 bytes, from the first key > `after` (None: the
- * first), with their checksum (idem_checked_value); when the walk reaches the end, set META
- * "idem_checksums", after which reads refuse an entry without one. An entry of another size is
- * damage (nothing is rewritten). GIL released. */
-static PyObject *env_check_idem(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* ---- Upgrades that give every item of a database its checksum (check_entries, check_idem) ----
+ *
+ * One step of such an upgrade is ONE write transaction: from the first key > `after`, each item
+ * is handed to its `rewrite` until `limit` have been rewritten; at the end of the database
+ * `mark` sets the META marker after which reads refuse an item without a checksum. A crash
+ * between steps leaves items of both kinds, each read correctly. GIL not needed. */
+
+typedef struct {
+    char last[512];    /* the last key walked (a copy: a put may move the page it was on) */
+    size_t last_len;
+    size_t bad;        /* a damaged item's size + 1 (its key in `last`); 0: none met */
+    int done;          /* the walk reached the end and set the marker */
+    const char *where; /* the call that failed */
+    char *buf;         /* the rewrite's scratch space, freed by the caller */
+    size_t cap;
+} upgrade_walk;
+
+/* Rewrite the item under key `k` (a stable copy), value `v` (in its page), with its checksum if
+ * it lacks one: 0 or an LMDB code; *rewrote says whether it did; w->bad set for damage. */
+typedef int (*item_rewrite)(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v,
+                            upgrade_walk *w, int *rewrote);
+
+static int walk_upgrade(EnvObject *e, MDB_dbi dbi, PyObject *after, Py_ssize_t limit, item_rewrite rewrite,
+                        int (*mark)(EnvObject *, MDB_txn *, const char **), upgrade_walk *w) {
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    MDB_val k, v;
+    Py_ssize_t n = 0;
+    int rc = begin_write_cursor(e, dbi, &txn, &cur, &w->where);
+    if (rc == 0) {
+        w->where = "mdb_cursor_get";
+        rc = cursor_after(cur, after, &k, &v);
+    }
+    while (rc == 0 && n < limit) {
+        w->last_len = k.mv_size < sizeof w->last ? k.mv_size : sizeof w->last;
+        memcpy(w->last, k.mv_data, w->last_len);
+        if (k.mv_size > sizeof w->last) { /* no key is longer: damage */
+            w->bad = v.mv_size + 1;
+            break;
+        }
+        MDB_val key = {w->last_len, w->last};
+        int rewrote = 0;
+        rc = rewrite(e, txn, cur, &key, &v, w, &rewrote);
+        if (rc != 0 || w->bad) break;
+        n += rewrote;
+        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
+        w->where = "mdb_cursor_get";
+    }
+    if (rc == MDB_NOTFOUND && !w->bad) {
+        rc = mark(e, txn, &w->where);
+        w->done = rc == 0;
+    }
+    if (cur != NULL) M.cursor_close(cur);
+    if (txn != NULL) {
+        if (rc == 0 && !w->bad) {
+            rc = M.txn_commit(txn);
+            w->where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    return rc;
+}
+
+/* The arguments of check_entries and check_idem: (after: bytes | None, limit: int); 0 or -1. */
+static int upgrade_args(EnvObject *self, PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                        Py_ssize_t *limit) {
     if (nargs != 2 || (args[0] != Py_None && !PyBytes_Check(args[0]))) {
-        PyErr_SetString(PyExc_TypeError, "check_idem takes (after: bytes | None, limit: int)");
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *limit = PyLong_AsSsize_t(args[1]);
+    if ((*limit == -1 && PyErr_Occurred()) || writable(self) < 0) return -1;
+    if (*limit < 1) *limit = 1;
+    return 0;
+}
+
+/* A step's result: None once done (the caller then sets its require_ flag), else the last key
+ * walked; NULL with the LMDB error set. Damage is reported by the caller first. */
+static PyObject *upgrade_result(const upgrade_walk *w, int rc) {
+    if (rc != 0) {
+        set_error(rc, w->where);
         return NULL;
     }
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    if ((limit == -1 && PyErr_Occurred()) || writable(self) < 0) return NULL;
-    if (!self->require_checks) { /* its marker is a checked META value: entries first */
+    if (w->done) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(w->last, (Py_ssize_t)w->last_len);
+}
+
+/* An IDEM entry: one of 16 bytes (before store format 6) is rewritten with its checksum; a
+ * checked one is left as it is; anything else is damage. */
+static int rewrite_idem(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v,
+                        upgrade_walk *w, int *rewrote) {
+    (void)txn;
+    if (v->mv_size != IDEM_VALUE) {
+        if (!idem_sound(e, k, v)) w->bad = v->mv_size + 1;
+        return 0;
+    }
+    const unsigned char *raw = v->mv_data;
+    unsigned char checked[IDEM_CHECKED];
+    idem_checked_value(checked, k->mv_data, k->mv_size, wal_get_u64(raw), wal_get_u64(raw + 8));
+    MDB_val value = {IDEM_CHECKED, checked};
+    w->where = "mdb_cursor_put";
+    *rewrote = 1;
+    return M.cursor_put(cur, k, &value, 0);
+}
+
+/* check_idem(after, limit) -> last key walked, or None once every IDEM entry is checked.
+ * Store format 6's upgrade of an older state (walk_upgrade, rewrite_idem), after which META
+ * "idem_checksums" is set and reads refuse an entry without a checksum. Runs only once every
+ * DATA entry is checked: its marker is a checked META value. GIL released. */
+static PyObject *env_check_idem(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t limit;
+    if (upgrade_args(self, args, nargs, "check_idem takes (after: bytes | None, limit: int)", &limit) < 0)
+        return NULL;
+    if (!self->require_checks) {
         PyErr_SetString(PyExc_ValueError, "check_idem runs once every DATA entry is checked (check_entries)");
         return NULL;
     }
-    if (limit < 1) limit = 1;
-    PyObject *after = args[0];
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
-    const char *where = "mdb_txn_begin";
-    char last[512];
-    size_t last_len = 0, bad_size = 0; /* bad_size: a damaged entry's size + 1 */
-    int rc, done = 0;
-    Py_ssize_t n = 0;
+    upgrade_walk w = {.where = "mdb_txn_begin"};
+    int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = begin_write_cursor(self, self->dbs[DB_IDEM], &txn, &cur, &where);
-    MDB_val k, v;
-    if (rc == 0) {
-        where = "mdb_cursor_get";
-        rc = cursor_after(cur, after, &k, &v);
-    }
-    while (rc == 0 && n < limit) {
-        int legacy = v.mv_size == IDEM_VALUE;
-        if (k.mv_size > sizeof last || !(legacy || idem_sound(self, &k, &v))) {
-            bad_size = v.mv_size + 1;
-            last_len = k.mv_size < sizeof last ? k.mv_size : sizeof last;
-            memcpy(last, k.mv_data, last_len);
-            break;
-        }
-        memcpy(last, k.mv_data, k.mv_size); /* a copy first: the put below may move the page */
-        last_len = k.mv_size;
-        if (legacy) {
-            const unsigned char *raw = v.mv_data;
-            unsigned char checked[IDEM_CHECKED];
-            idem_checked_value(checked, last, last_len, wal_get_u64(raw), wal_get_u64(raw + 8));
-            MDB_val key = {last_len, last}, value = {IDEM_CHECKED, checked};
-            rc = M.cursor_put(cur, &key, &value, 0);
-            where = "mdb_cursor_put";
-            if (rc != 0) break;
-            n++;
-        }
-        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
-        where = "mdb_cursor_get";
-    }
-    if (rc == MDB_NOTFOUND && !bad_size) {
-        rc = mark_idem_checked(self, txn, &where);
-        done = rc == 0;
-    }
-    if (cur != NULL) M.cursor_close(cur);
-    if (txn != NULL) {
-        if (rc == 0 && !bad_size) {
-            rc = M.txn_commit(txn);
-            where = "mdb_txn_commit";
-        } else {
-            M.txn_abort(txn);
-        }
-    }
+    rc = walk_upgrade(self, self->dbs[DB_IDEM], args[0], limit, rewrite_idem, mark_idem_checked, &w);
     Py_END_ALLOW_THREADS
     self->busy--;
-    if (bad_size) {
-        MDB_val key = {last_len, last};
-        set_entry_damage(E_CHECKSUM, &key, idem_damage(bad_size - 1));
+    if (w.bad) {
+        MDB_val key = {w.last_len, w.last};
+        set_entry_damage(E_CHECKSUM, &key, idem_damage(w.bad - 1));
         return NULL;
     }
-    if (rc != 0) {
-        set_error(rc, where);
-        return NULL;
-    }
-    if (done) {
-        self->require_idem_checks = 1;
-        Py_RETURN_NONE;
-    }
-    return PyBytes_FromStringAndSize(last, (Py_ssize_t)last_len);
+    PyObject *out = upgrade_result(&w, rc);
+    if (out == Py_None) self->require_idem_checks = 1;
+    return out;
 }
 
-/* check_entries(after, limit) -> last key rewritten, or None once every entry is checked.
- * Store format 4's upgrade of an older state: in ONE write transaction, rewrite up to `limit`
- * DATA entries that carry no checksum (CHECKED_FLAG clear), from the first key > `after`
- * (None: the first key), with one; when the walk reaches the end, also set META
- * "entry_checksums", after which reads refuse an entry without one. GIL released. */
-static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || (args[0] != Py_None && !PyBytes_Check(args[0]))) {
-        PyErr_SetString(PyExc_TypeError, "check_entries takes (after: bytes | None, limit: int)");
-        return NULL;
+/* A DATA entry without a checksum (CHECKED_FLAG clear) is rewritten with one, joined from its
+ * tail if split (put_entry splits it again as it would now); one shorter than its version is
+ * damage. */
+static int rewrite_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, const MDB_val *v,
+                         upgrade_walk *w, int *rewrote) {
+    const unsigned char *head = v->mv_data;
+    if (v->mv_size < 8) {
+        w->bad = v->mv_size + 1;
+        return 0;
     }
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    if ((limit == -1 && PyErr_Occurred()) || writable(self) < 0) return NULL;
-    if (limit < 1) limit = 1;
-    PyObject *after = args[0];
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
-    const char *where = "mdb_txn_begin";
-    char last[512];
-    size_t last_len = 0, bad = 0;
-    int rc, done = 0;
-    Py_ssize_t n = 0;
-    char *buf = NULL;
-    size_t cap = 0;
+    if (head[7] & CHECKED_FLAG) return 0;
+    MDB_val tail = {0, NULL};
+    if (head[7] & SPLIT_FLAG) {
+        MDB_val kk = *k;
+        w->where = "mdb_get (tail)";
+        int rc = M.get(txn, e->dbs[DB_TAIL], &kk, &tail);
+        if (rc != 0) return rc;
+    }
+    size_t size = v->mv_size - 8 + tail.mv_size;
+    if (size > w->cap) {
+        char *nb = realloc(w->buf, size);
+        if (nb == NULL) {
+            w->where = "rewriting an entry";
+            return ENOMEM;
+        }
+        w->buf = nb;
+        w->cap = size;
+    }
+    /* A copy first: the put below may move or free the pages the value is on. */
+    memcpy(w->buf, head + 8, v->mv_size - 8);
+    if (tail.mv_size) memcpy(w->buf + v->mv_size - 8, tail.mv_data, tail.mv_size);
+    uint64_t version = wal_get_u64(head) & ~((uint64_t)VERSION_FLAGS << 56);
+    *rewrote = 1;
+    return put_entry(e, txn, cur, k, version, w->buf, size, &w->where);
+}
+
+/* check_entries(after, limit) -> last key walked, or None once every entry is checked.
+ * Store format 4's upgrade of an older state (walk_upgrade, rewrite_entry): DATA entries that
+ * carry no checksum get one; at the end META "entry_checksums" is set, after which reads refuse
+ * an entry without one. GIL released. */
+static PyObject *env_check_entries(EnvObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t limit;
+    if (upgrade_args(self, args, nargs, "check_entries takes (after: bytes | None, limit: int)", &limit) < 0)
+        return NULL;
+    upgrade_walk w = {.where = "mdb_txn_begin"};
+    int rc;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = begin_write_cursor(self, self->dbs[DB_DATA], &txn, &cur, &where);
-    MDB_val k, v;
-    if (rc == 0) {
-        where = "mdb_cursor_get";
-        rc = cursor_after(cur, after, &k, &v);
-    }
-    while (rc == 0 && n < limit) {
-        const unsigned char *head = v.mv_data;
-        if (v.mv_size < 8 || k.mv_size > sizeof last) {
-            bad = 1;
-            break;
-        }
-        if (!(head[7] & CHECKED_FLAG)) {
-            MDB_val tail = {0, NULL};
-            if (head[7] & SPLIT_FLAG) {
-                MDB_val kk = k;
-                rc = M.get(txn, self->dbs[DB_TAIL], &kk, &tail);
-                where = "mdb_get (tail)";
-                if (rc != 0) break;
-            }
-            size_t size = v.mv_size - 8 + tail.mv_size;
-            if (size + k.mv_size > cap) {
-                char *nb = realloc(buf, size + k.mv_size);
-                if (nb == NULL) {
-                    rc = ENOMEM;
-                    where = "rewriting an entry";
-                    break;
-                }
-                buf = nb;
-                cap = size + k.mv_size;
-            }
-            /* Copies first: the put below may move or free the pages they point into. */
-            memcpy(buf, k.mv_data, k.mv_size);
-            memcpy(buf + k.mv_size, head + 8, v.mv_size - 8);
-            if (tail.mv_size) memcpy(buf + k.mv_size + v.mv_size - 8, tail.mv_data, tail.mv_size);
-            uint64_t version = wal_get_u64(head) & ~((uint64_t)VERSION_FLAGS << 56);
-            MDB_val key = {k.mv_size, buf};
-            rc = put_entry(self, txn, cur, &key, version, buf + k.mv_size, size, &where);
-            if (rc != 0) break;
-            n++;
-        }
-        memcpy(last, k.mv_data, k.mv_size);
-        last_len = k.mv_size;
-        rc = M.cursor_get(cur, &k, &v, MDB_NEXT);
-        where = "mdb_cursor_get";
-    }
-    if (rc == MDB_NOTFOUND && !bad) {
-        rc = mark_checked(self, txn, &where);
-        done = rc == 0;
-    }
-    if (cur != NULL) M.cursor_close(cur);
-    if (txn != NULL) {
-        if (rc == 0 && !bad) {
-            rc = M.txn_commit(txn);
-            where = "mdb_txn_commit";
-        } else {
-            M.txn_abort(txn);
-        }
-    }
+    rc = walk_upgrade(self, self->dbs[DB_DATA], args[0], limit, rewrite_entry, mark_checked, &w);
     Py_END_ALLOW_THREADS
     self->busy--;
-    free(buf);
-    if (bad) {
+    free(w.buf);
+    if (w.bad) {
         set_bad_value("a DATA entry shorter than its version, or with a key over 511 bytes, at the upgrade to "
                       "checksummed entries");
         return NULL;
     }
-    if (rc != 0) {
-        set_error(rc, where);
-        return NULL;
-    }
-    if (done) {
-        self->require_checks = 1;
-        Py_RETURN_NONE;
-    }
-    return PyBytes_FromStringAndSize(last, (Py_ssize_t)last_len);
+    PyObject *out = upgrade_result(&w, rc);
+    if (out == Py_None) self->require_checks = 1;
+    return out;
 }
 
 /* ---- the C API lent to wal._storecore (native/lmdbapi.h) ---- */

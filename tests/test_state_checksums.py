@@ -259,3 +259,21 @@ def test_an_idempotency_entry_without_a_checksum_in_a_format_6_state_is_damage(t
     env.close()
     with pytest.raises(wal.CorruptionError, match="req-A': an idempotency entry without a checksum"):
         wal.open(tmp_path, readonly=True)
+
+
+def test_an_upgrade_of_idempotency_entries_cut_short_reads_both_kinds_and_the_next_open_finishes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with wal.open(tmp_path) as store:
+        first = {b"req-%03d" % i: _commit_once(store, b"req-%03d" % i, b"k%d" % i)[0] for i in range(300)}
+    strip_idem_checksums(tmp_path)
+    set_store_version(tmp_path, 5)
+    # As if the process died after the upgrade's first transaction (100 entries).
+    monkeypatch.setattr(wal.store.state.State, "_check_every_idem", lambda self: self._env.check_idem(None, 100))
+    with wal.open(tmp_path) as store:
+        for key in (b"req-005", b"req-250"):  # one rewritten, one not yet
+            assert _commit_once(store, key, b"again") == (first[key], True)
+    assert sorted(len(v) for v in _raw_idem(tmp_path).values()) == [16] * 200 + [20] * 100
+    monkeypatch.undo()
+    with wal.open(tmp_path) as store:
+        assert _commit_once(store, b"req-250", b"again") == (first[b"req-250"], True)
+    assert {len(v) for v in _raw_idem(tmp_path).values()} == {20}
