@@ -481,3 +481,21 @@ def test_retention_after_the_old_key_is_retired_keeps_shipping_and_keeps_what_it
     wal.restore(url, tmp_path / "r", encryption=NEW)
     with wal.open(tmp_path / "r", encryption=NEW) as restored:
         assert restored.get("n/24") == b"new" and restored.get("k/7") == SECRET + b" 7"
+
+
+def test_rekey_reports_the_applied_lsn_of_the_state_its_new_snapshot_holds(tmp_path: Path) -> None:
+    """Where the snapshot needed an empty transaction of its own, the report gave the LSN before
+    it: applied_lsn 2 beside archive_snapshot_lsn 3."""
+    from wal.ops import rekey, use_sealing  # noqa: PLC0415
+
+    url = (tmp_path / "archive").as_uri()
+    with wal.open(tmp_path / "s", archive=url, encryption=OLD) as store:
+        store.put("a", SECRET)
+        store.delete("a")
+        assert store._ship_snapshot_now() == 2
+    use_sealing(encryption=[NEW, OLD])
+    try:
+        result = rekey(str(tmp_path / "s"))
+    finally:
+        use_sealing()
+    assert result["archive_snapshot_lsn"] == result["applied_lsn"] == 3

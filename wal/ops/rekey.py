@@ -93,6 +93,9 @@ def rekey(path: str, *, batch: int = 1000, batch_bytes: int = 8 << 20, compact: 
             result["compaction"] = store._compact_state()
         if url is not None:
             result["archive_snapshot_lsn"] = _ship_snapshot(store, url)
+            # The snapshot is of the state as it then was: one empty transaction later where the
+            # archive's newest snapshot had this LSN already (`_ship_snapshot_now`).
+            result["applied_lsn"] = max(applied, result["archive_snapshot_lsn"])
         meta = read_meta(target.path) or {}
         before = list((meta.get(STORE_FIELD) or {}).get("key_ids") or [])
         meta[STORE_FIELD] = {**(meta.get(STORE_FIELD) or {}), "key_ids": [current.hex()]}
