@@ -680,6 +680,24 @@ def test_an_idempotency_key_is_forgotten_after_its_ttl(tmp_path: Path) -> None:
         assert store.get(b"k") == b"second"
 
 
+def test_a_close_forgets_idempotency_keys_past_their_ttl_as_a_checkpoint_does(tmp_path: Path) -> None:
+    """A store used in short sessions kept every key (only the checkpoints of an open store
+    expired them), and shipped them all in each archive snapshot."""
+    import lmdb  # noqa: PLC0415
+
+    for i in range(3):
+        with wal.open(tmp_path, idempotency_ttl_s=1) as store, store.transaction(idempotency_key=f"s{i}") as tx:
+            tx.put(b"k", b"v%d" % i)
+        time.sleep(1.1)
+    env = lmdb.open(str(tmp_path / "state"), readonly=True, max_dbs=4, lock=False)
+    try:
+        with env.begin() as txn:
+            held = [key for key, _ in txn.cursor(db=env.open_db(b"idem", txn=txn, create=False))]
+    finally:
+        env.close()
+    assert held == [b"s2"]  # the last session's key was not yet expired at its close
+
+
 def test_an_aborted_or_conflicting_transaction_does_not_use_up_its_idempotency_key(tmp_path: Path) -> None:
     with wal.open(tmp_path) as store:
         v = store.put(b"k", b"0")

@@ -1513,6 +1513,10 @@ class Store:
                     pass
                 with self._apply_lock:  # a checkpoint() of another thread may be under way
                     self._state_released = True
+                    # Expired idempotency keys go at every checkpoint, this one too: a store used in
+                    # short sessions (and a restored one) kept them all, and shipped them in every snapshot.
+                    with contextlib.suppress(NoSpaceError):
+                        self._state.expire_idempotency(_now_ms() - self._idem_ttl_ms)
                     with contextlib.suppress(WalError, OSError):  # the note `agentwal info` shows, never in the way
                         self._state.meta_put(b"checkpoint", json.dumps({"unix_ms": _now_ms(),
                                                                          "applied_lsn": self._applied}).encode())
