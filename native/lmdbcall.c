@@ -1660,6 +1660,46 @@ static int write_items(EnvObject *e, MDB_txn *txn, const batch_items *b, const c
     return 0;
 }
 
+/* put_idem(items) -> None: every (key, lsn, time_ms) of `items` into IDEM, checked, in ONE write
+ * transaction that touches nothing else (applied_lsn included): a restore loads a snapshot's
+ * idempotency entries a bounded chunk at a time, before the transaction that sets applied_lsn.
+ * GIL released around the transaction. */
+static PyObject *env_put_idem(EnvObject *self, PyObject *items) {
+    if (writable(self) < 0) return NULL;
+    PyObject *none = PyTuple_New(0);
+    if (none == NULL) return NULL;
+    batch_items b;
+    int took = batch_take(&b, none, none, items);
+    Py_DECREF(none);
+    if (took < 0) {
+        batch_release(&b);
+        return NULL;
+    }
+    MDB_txn *txn = NULL;
+    const char *where = "mdb_txn_begin";
+    int rc;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = M.txn_begin(self->env, NULL, 0, &txn);
+    if (rc == 0) rc = write_items(self, txn, &b, &where);
+    if (txn != NULL) {
+        if (rc == 0) {
+            rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC; the restore syncs the state at its end */
+            where = "mdb_txn_commit";
+        } else {
+            M.txn_abort(txn);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    batch_release(&b);
+    if (rc != 0) {
+        set_error(rc, where);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- DurableLsn: the log's durable LSN, readable without the GIL ---- */
 
 /* wal_log_watermarks (native/wal.h): out[0..3) = appended, written, durable; it only takes the
@@ -2547,6 +2587,8 @@ static PyMethodDef env_methods[] = {
      "reader_check() -> int: free the reader slots of processes that died holding them; how many"},
     {"verify", (PyCFunction)env_verify, METH_NOARGS,
      "verify() -> (entries, value bytes): every DATA entry checked, looked up again, and counted"},
+    {"put_idem", (PyCFunction)env_put_idem, METH_O,
+     "put_idem(items) -> None: (key, lsn, time_ms) idempotency entries in one write txn, nothing else"},
     {"check_idem", (PyCFunction)(void (*)(void))env_check_idem, METH_FASTCALL,
      "check_idem(after, limit) -> last key | None: give up to `limit` unchecked IDEM entries a checksum, "
      "in one write txn; None once all have one (META idem_checksums then set)"},

@@ -15,6 +15,7 @@ import crcmod.predefined
 import pytest
 
 import wal
+import wal.store.state
 from wal.archive import layout
 from wal.archive.objects import FileObjects
 
@@ -114,3 +115,32 @@ def test_a_damaged_idempotency_entry_in_a_snapshot_is_refused_by_name_and_nothin
     with pytest.raises(wal.CorruptionError, match=r"snap/0+40\.snap .*idempotency entry 0 fails its CRC-32C"):
         wal.restore(f"file://{tmp_path}/a", tmp_path / "r")
     assert sorted(os.listdir(tmp_path)) == ["a"]
+
+
+def test_a_snapshots_idempotency_entries_are_loaded_a_chunk_at_a_time(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded whole, a million keys held ~0.4 GB of Python objects during a restore."""
+    monkeypatch.setattr(layout, "IDEM_CHUNK", 100)
+    idem = [(b"req-%05d" % i, 1 + i % 40, int(time.time() * 1000)) for i in range(1_050)]
+    data = layout.encode_snapshot(40, 0, b"w" * 16, [(b"k", 40, b"v")], idem)
+    FileObjects(str(tmp_path / "a")).put(layout.snap_name(40), data)
+    loaded: list[int] = []
+    real = wal.store.state.State.load_idem
+
+    def counting(self: wal.store.state.State, items: list[tuple[bytes, int, int]]) -> None:
+        loaded.append(len(items))
+        real(self, items)
+
+    monkeypatch.setattr(wal.store.state.State, "load_idem", counting)
+    wal.restore(f"file://{tmp_path}/a", tmp_path / "r")
+    assert loaded == [100] * 10 + [50]
+    with wal.open(tmp_path / "r") as store:
+        for i in (0, 99, 100, 1_049):
+            assert _commit(store, f"req-{i:05d}", "again", b"x") == (1 + i % 40, True)
+
+
+def test_a_snapshot_idempotency_key_over_the_key_limit_is_damage_named_in_the_snapshot(tmp_path: Path) -> None:
+    name = layout.snap_name(40)
+    FileObjects(str(tmp_path / "a")).put(name, layout.encode_snapshot(40, 0, b"w" * 16, [], [(b"r" * 512, 40, 5)]))
+    with pytest.raises(wal.CorruptionError, match=r"snap/0+40\.snap .*idempotency entry 0 has a bad key length"):
+        wal.restore(f"file://{tmp_path}/a", tmp_path / "r")

@@ -30,6 +30,7 @@ from typing import BinaryIO, NamedTuple, Protocol
 
 from wal._bindings import ffi, lib, object_records
 from wal.errors import CorruptionError
+from wal.log.record import MAX_KEY_BYTES
 
 LOG_PREFIX = "log/"
 MERGED_PREFIX = "merged/"
@@ -332,10 +333,14 @@ def write_snapshot(out: BinaryIO, header: SnapshotHeader, entries: Iterable[tupl
     return size + DIGEST
 
 
-def _read_idem(body: bytes | bytearray | memoryview, off: int, count: int, name: str,
-               hint: str) -> tuple[list[IdemEntry], int]:
+IDEM_CHUNK = 65_536  # idempotency entries per piece a restore loads (a few MB of Python objects)
+
+
+def _idem_chunks(body: bytes | bytearray | memoryview, off: int, count: int, name: str,
+                 hint: str) -> Iterator[tuple[list[IdemEntry], int]]:
     """The `count` idempotency entries of a snapshot from ``body[off:]``, each past its CRC-32C,
-    and the offset after them; CorruptionError naming the object if not."""
+    IDEM_CHUNK at a time, each chunk with the offset after it (the last: after them all; an
+    empty chunk when `count` is 0); CorruptionError naming the object if not."""
     out: list[IdemEntry] = []
     end = len(body)
     for i in range(count):
@@ -343,14 +348,25 @@ def _read_idem(body: bytes | bytearray | memoryview, off: int, count: int, name:
             raise _damaged(name, f"it ends inside idempotency entry {i}", hint)
         klen, commit_lsn, time_ms, crc = _IDEM.unpack_from(body, off)
         key_at = off + _IDEM.size
-        if klen == 0 or key_at + klen > end:
-            raise _damaged(name, f"idempotency entry {i} has a bad key length", hint)
+        if not 0 < klen <= MAX_KEY_BYTES or key_at + klen > end:
+            raise _damaged(name, f"idempotency entry {i} has a bad key length ({klen} bytes)", hint)
         key = bytes(body[key_at:key_at + klen])
         if _crc(bytes(body[off:off + _IDEM.size - 4]), key) != crc:
             raise _damaged(name, f"idempotency entry {i} fails its CRC-32C", hint)
         out.append((key, commit_lsn, time_ms))
         off = key_at + klen
-    return out, off
+        if len(out) == IDEM_CHUNK:
+            yield out, off
+            out = []
+    if out or not count:
+        yield out, off
+
+
+def _read_idem(body: bytes | bytearray | memoryview, off: int, count: int, name: str,
+               hint: str) -> tuple[list[IdemEntry], int]:
+    """`_idem_chunks`, whole: every entry, and the offset after them."""
+    chunks = list(_idem_chunks(body, off, count, name, hint))  # at least one
+    return [entry for chunk, _ in chunks for entry in chunk], chunks[-1][1]
 
 
 class SnapshotImage(NamedTuple):
@@ -420,9 +436,9 @@ EMPTY_SNAPSHOT_HEADER = SnapshotHeader(0, 0, b"", 0)  # the implicit one at LSN 
 
 class SnapshotPiece(NamedTuple):
     """`n_entries` whole entries of a snapshot still arriving, from ``body[offset:]`` on, each
-    past its CRC-32C. in_key_order: they and every entry before them are in key order. The last
-    piece, yielded once the whole snapshot is verified, has no entries and its idempotency
-    entries in `idem`."""
+    past its CRC-32C. in_key_order: they and every entry before them are in key order. The
+    pieces after the entries have none, and up to IDEM_CHUNK of its idempotency entries each
+    in `idem`, each past its CRC-32C (the SHA-256 of the whole is checked after the last)."""
 
     body: memoryview
     offset: int
@@ -509,12 +525,14 @@ def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int
     if left:
         raise _damaged(name, f"it ends inside entry {header.n_entries - left}", hint)
     body = memoryview(buffer)[:body_len]
-    idem, off = _read_idem(body, off, header.n_idem, name, hint)
-    if off != body_len:
+    end_of_idem = off
+    for idem, end_of_idem in _idem_chunks(body, off, header.n_idem, name, hint):
+        if idem:
+            yield SnapshotPiece(body, end_of_idem, 0, bool(in_order[0]), idem)
+    if end_of_idem != body_len:
         raise _damaged(name, "bytes follow its last entry", hint)
     if digest.digest() != bytes(memoryview(buffer)[body_len:size]):
         raise _damaged(name, "its SHA-256 trailer does not match its bytes", hint)
-    yield SnapshotPiece(body, off, 0, bool(in_order[0]), idem)
 
 
 def decode_snapshot(data: bytes, name: str) -> Snapshot:

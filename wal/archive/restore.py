@@ -697,18 +697,20 @@ class StoreBuilder:
         """The snapshot's entries, straight from its bytes into LMDB as they arrive, each piece
         checked first (`layout.snapshot_pieces`: the entries' CRC-32C as they come, the
         SHA-256 of the whole once in), in transactions of a bounded size, appended where the
-        keys are in order, as written; then its idempotency entries (held in memory, ~60 bytes
-        and the key each) and applied_lsn = the snapshot's LSN, in a transaction of its own.
+        keys are in order, as written; then its idempotency entries, a chunk of
+        `layout.IDEM_CHUNK` at a time (so a retry of a commit the snapshot holds is known as one
+        by the restored store, and by a promoted follower); then applied_lsn = the snapshot's
+        LSN, in a transaction of its own.
         Until then the state says it holds nothing, and nothing opens it: the store is moved
         into place only once whole, so entries loaded before a damaged byte further on is
         found are never seen."""
         assert self._state is not None and snap.read is not None
         read = snap.read
-        idem: list[layout.IdemEntry] = []
         try:
             with _snapshot_damage(snap), _damage_blamed_on_the_ciphertext(read):
                 for piece in layout.snapshot_pieces(read, snap.name, snap.header, _SNAPSHOT_PIECE_BYTES):
-                    idem = piece.idem or idem  # the last piece's, once the whole is verified
+                    if piece.idem:
+                        self._state.load_idem(piece.idem)
                     offset, left = piece.offset, piece.n_entries
                     while left:
                         offset, done = self._state.load_snapshot(piece.body, offset, min(left, _LOAD_ENTRIES),
@@ -721,9 +723,7 @@ class StoreBuilder:
             read.close()
         self._snap_read = None  # its bytes go once loaded
         lsn = snap.header.lsn
-        # The idempotency keys the snapshot's state remembered, with applied_lsn: a retry of a
-        # commit it holds is known as one by the restored store (and a promoted follower).
-        self._state.apply((1, lsn, lsn, [], [], idem), lambda: lsn)
+        self._state.apply((1, lsn, lsn, [], [], []), lambda: lsn)
 
     def _write(self, batch: record.Collapsed) -> None:
         assert self._state is not None

@@ -86,7 +86,7 @@ import shutil
 import struct
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, NoReturn
 
 from wal._bindings import lib
@@ -827,6 +827,17 @@ class State:
             except LmdbError as exc:
                 if not self._grow_map(exc):
                     raise_lmdb(exc, self.path, "loading a snapshot into it")
+
+    def load_idem(self, items: Sequence[tuple[bytes, int, int]]) -> None:
+        """Put (idempotency key, LSN, time_ms) entries of an archive snapshot into the state, in ONE
+        LMDB transaction; applied_lsn is not touched (as `load_snapshot`)."""
+        while True:
+            try:
+                self._env.put_idem(items)
+                return
+            except LmdbError as exc:
+                if not self._grow_map(exc):
+                    raise_lmdb(exc, self.path, "loading a snapshot's idempotency keys into it")
 
     def durable_seen(self) -> int:
         """The log's durable LSN when the state was last applied to (0 if never recorded)."""
