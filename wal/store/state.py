@@ -234,6 +234,13 @@ _OPEN_RESOURCE = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENOSPC, _lmdbcall.
                             _lmdbcall.MDB_MAP_FULL})
 
 
+# How a damaged state's message ends: the two ways back, from the log or from elsewhere.
+_REBUILD_OR_RESTORE = ("If the log still holds every commit from LSN 1 (no checkpoint removed a segment), move "
+                       "state/ aside and reopen to rebuild the state (`agentwal repair --rebuild-state STORE` does "
+                       "it); otherwise restore the store from a backup, or from its object archive (`agentwal "
+                       "restore URL DIR`).")
+
+
 def _sync_failed(exc: LmdbError, path: str) -> FailedError:
     """A failed fdatasync of the state: never retried and trusted (fsyncgate: the kernel may have
     dropped the pages it could not write, and a second fdatasync then succeeds with them lost),
@@ -282,9 +289,7 @@ def raise_lmdb(exc: LmdbError | struct.error, path: str, doing: str, *, opening:
         raise CorruptionError(
             f"the LMDB state {data} is damaged ({text}) -- found while {doing}. No crash leaves the state so "
             "(it is reopened at its last checkpoint): this is damage to the file (disk, copy or edit). "
-            "`agentwal verify` checks every entry. The state is derived from the log: if the "
-            "log still holds every commit from LSN 1 (no checkpoint removed a segment), move state/ aside and "
-            "reopen to rebuild it; otherwise restore the store from a backup.",
+            f"`agentwal verify` checks every entry. The state is derived from the log. {_REBUILD_OR_RESTORE}",
             path=data, reason="state damaged",
         ) from exc
     raise StateError(f"the LMDB state in {path} failed while {doing}: {text}") from exc
@@ -375,8 +380,7 @@ def read_checkpoint(path: str) -> SavedCheckpoint | None:
     def damaged(why: str) -> NoReturn:
         raise CorruptionError(
             f"{name} is damaged ({why}). It holds the state's last durable snapshot; without it a state not "
-            "closed cleanly cannot be reopened safely. If the log still holds every commit from LSN 1, move "
-            "state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
+            f"closed cleanly cannot be reopened safely. {_REBUILD_OR_RESTORE}",
             path=name, reason="bad checkpoint file")
 
     if len(raw) < _CKP_HEAD.size + 4:
@@ -413,8 +417,7 @@ def check_meta_pages(path: str, saved: SavedCheckpoint) -> tuple[int, bytes] | N
         raise CorruptionError(
             f"the LMDB state {os.path.join(path, DATA_FILE)} is damaged (its newest meta page, transaction "
             f"{newest[0]}, {which}): "
-            "the file was replaced by an older copy or overwritten. If the log still holds every commit from "
-            "LSN 1, move state/ aside and reopen to rebuild the state; otherwise restore the store from a backup.",
+            f"the file was replaced by an older copy or overwritten. {_REBUILD_OR_RESTORE}",
             path=os.path.join(path, DATA_FILE), reason="state damaged")
     return newest
 
@@ -671,8 +674,7 @@ class State:
             raise CorruptionError(
                 f"the state in {self.path} holds LMDB transactions up to {newest[0]} but has no {CHECKPOINT_FILE}, "
                 "which every state of this store format keeps once it holds anything: it was deleted, or the "
-                "state comes from elsewhere. If the log still holds every commit from LSN 1, move state/ aside "
-                "and reopen to rebuild the state; otherwise restore the store from a backup.",
+                f"state comes from elsewhere. {_REBUILD_OR_RESTORE}",
                 path=os.path.join(self.path, CHECKPOINT_FILE), reason="missing checkpoint file")
         _logger.warning("the state in %s was being created when the store last stopped; creating it again",
                         self.path)
