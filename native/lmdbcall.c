@@ -139,6 +139,7 @@ typedef struct {
 #define MAX_DBS 8
 #define N_DBS 3 /* data, idem, meta: their index is the `db` argument of every call */
 #define DB_DATA 0
+#define META_DB 2
 #define DB_TAIL 3 /* the tails of split DATA values: internal, never a `db` argument */
 #define SPARE_TXNS 4
 /* Reader slots of the lock file (py-lmdb's default is 126): each open read transaction takes
@@ -529,6 +530,25 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
 static int mark_checked(EnvObject *e, MDB_txn *txn, const char **where);
 static int mark_idem_checked(EnvObject *e, MDB_txn *txn, const char **where);
 
+/* At open, in its transaction: is META `marker` set (*required = 1)? If not, and `can_mark`,
+ * and database `db` is empty (nothing in it lacks a checksum), `mark` sets it now. */
+static int checksum_marker(EnvObject *e, MDB_txn *txn, const char *marker, int db, int can_mark,
+                           int (*mark)(EnvObject *, MDB_txn *, const char **), int *required, const char **where) {
+    MDB_val k = {strlen(marker), (void *)marker}, v;
+    MDB_stat st;
+    *where = "mdb_get (a checksum marker)";
+    int rc = M.get(txn, e->dbs[META_DB], &k, &v);
+    if (rc == 0) *required = 1;
+    if (rc != MDB_NOTFOUND) return rc;
+    *where = "mdb_stat";
+    rc = M.stat(txn, e->dbs[db], &st);
+    if (rc == 0 && can_mark && st.ms_entries == 0) {
+        rc = mark(e, txn, where);
+        *required = rc == 0;
+    }
+    return rc;
+}
+
 static int env_init(EnvObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path", "readonly", "map_size", "restore", "nolock", NULL};
     PyObject *path;
@@ -659,38 +679,13 @@ static int env_init_with(EnvObject *self, PyObject *path, int readonly, unsigned
         where = "mdb_env_stat";
         self->psize = est.ms_psize;
     }
-    if (rc == 0) { /* does every DATA entry carry a checksum? A new, empty state says so at once */
-        MDB_val ck = {sizeof CHECKS_KEY - 1, (void *)CHECKS_KEY}, cv;
-        MDB_stat dst;
-        rc = M.get(txn, self->dbs[2], &ck, &cv);
-        where = "mdb_get (entry_checksums)";
-        if (rc == 0) {
-            self->require_checks = 1;
-        } else if (rc == MDB_NOTFOUND) {
-            rc = M.stat(txn, self->dbs[DB_DATA], &dst);
-            where = "mdb_stat";
-            if (rc == 0 && !readonly && dst.ms_entries == 0) {
-                rc = mark_checked(self, txn, &where);
-                self->require_checks = rc == 0;
-            }
-        }
-    }
-    if (rc == 0) { /* and every IDEM entry? Said at once of an empty one in a checked state */
-        MDB_val ck = {sizeof IDEM_CHECKS_KEY - 1, (void *)IDEM_CHECKS_KEY}, cv;
-        MDB_stat ist;
-        rc = M.get(txn, self->dbs[2], &ck, &cv);
-        where = "mdb_get (idem_checksums)";
-        if (rc == 0) {
-            self->require_idem_checks = 1;
-        } else if (rc == MDB_NOTFOUND) {
-            rc = M.stat(txn, self->dbs[DB_IDEM], &ist);
-            where = "mdb_stat";
-            if (rc == 0 && !readonly && self->require_checks && ist.ms_entries == 0) {
-                rc = mark_idem_checked(self, txn, &where);
-                self->require_idem_checks = rc == 0;
-            }
-        }
-    }
+    /* Does every DATA entry carry a checksum? A new, empty state says so at once; then every
+     * IDEM entry? Said at once of an empty one in a checked state (its marker is checked). */
+    if (rc == 0)
+        rc = checksum_marker(self, txn, CHECKS_KEY, DB_DATA, !readonly, mark_checked, &self->require_checks, &where);
+    if (rc == 0)
+        rc = checksum_marker(self, txn, IDEM_CHECKS_KEY, DB_IDEM, !readonly && self->require_checks,
+                             mark_idem_checked, &self->require_idem_checks, &where);
     if (rc == 0) {
         rc = M.txn_commit(txn); /* also for a read txn: its dbi handles then stay usable */
         txn = NULL;
@@ -822,6 +817,18 @@ static int put_entry(EnvObject *e, MDB_txn *txn, MDB_cursor *cur, MDB_val *k, ui
 /* A write transaction with a cursor on `dbi`, for the callers that walk or fill one database
  * (without the GIL). *where names the call that failed; on failure the caller closes what is
  * not NULL, as after any later error. */
+/* End write transaction `txn` (NULL: none was begun): committed if `rc` is 0, else aborted.
+ * Returns rc, or the commit's outcome. No fsync (MDB_NOSYNC): checkpoints make the state durable. */
+static int end_write(MDB_txn *txn, int rc, const char **where) {
+    if (txn == NULL) return rc;
+    if (rc != 0) {
+        M.txn_abort(txn);
+        return rc;
+    }
+    *where = "mdb_txn_commit";
+    return M.txn_commit(txn);
+}
+
 static int begin_write_cursor(EnvObject *e, MDB_dbi dbi, MDB_txn **txn, MDB_cursor **cur, const char **where) {
     *where = "mdb_txn_begin";
     int rc = M.txn_begin(e->env, NULL, 0, txn);
@@ -856,8 +863,6 @@ static void set_entry_damage(int code, const MDB_val *k, const char *what) {
  * apply them twice without a trace. So in a state that requires checksums every META value
  * but the marker itself is stored as value || CRC-32C(key || value) (u32 LE), put and checked
  * here; callers see the value alone. */
-#define META_DB 2
-
 static int is_checks_key(const MDB_val *k) {
     return k->mv_size == sizeof CHECKS_KEY - 1 && memcmp(k->mv_data, CHECKS_KEY, k->mv_size) == 0;
 }
@@ -1682,14 +1687,7 @@ static PyObject *env_put_idem(EnvObject *self, PyObject *items) {
     Py_BEGIN_ALLOW_THREADS
     rc = M.txn_begin(self->env, NULL, 0, &txn);
     if (rc == 0) rc = write_items(self, txn, &b, &where);
-    if (txn != NULL) {
-        if (rc == 0) {
-            rc = M.txn_commit(txn); /* no fsync: MDB_NOSYNC; the restore syncs the state at its end */
-            where = "mdb_txn_commit";
-        } else {
-            M.txn_abort(txn);
-        }
-    }
+    rc = end_write(txn, rc, &where); /* the restore syncs the state at its end */
     Py_END_ALLOW_THREADS
     self->busy--;
     batch_release(&b);
@@ -2147,15 +2145,11 @@ static int walk_upgrade(EnvObject *e, MDB_dbi dbi, PyObject *after, Py_ssize_t l
         w->done = rc == 0;
     }
     if (cur != NULL) M.cursor_close(cur);
-    if (txn != NULL) {
-        if (rc == 0 && !w->bad) {
-            rc = M.txn_commit(txn);
-            w->where = "mdb_txn_commit";
-        } else {
-            M.txn_abort(txn);
-        }
+    if (w->bad) { /* damage: nothing of this step is kept (the caller reports it) */
+        if (txn != NULL) M.txn_abort(txn);
+        return rc;
     }
-    return rc;
+    return end_write(txn, rc, &w->where);
 }
 
 /* The arguments of check_entries and check_idem: (after: bytes | None, limit: int); 0 or -1. */

@@ -21,11 +21,12 @@ _crc32c = crcmod.predefined.mkCrcFun("crc-32c")
 VALUE = b"the value that must never come back wrong " * 4
 
 
-def _raw_entries(root: Path) -> dict[bytes, bytes]:
+def _raw_entries(root: Path, db: bytes = b"data") -> dict[bytes, bytes]:
+    """Database `db` of the state as stored (py-lmdb, not agentwal)."""
     env = lmdb.open(str(root / "state"), readonly=True, max_dbs=4, lock=False, map_size=DEFAULT_MAP_SIZE)
     try:
         with env.begin() as txn:
-            return dict(txn.cursor(db=env.open_db(b"data", txn=txn, create=False)))
+            return dict(txn.cursor(db=env.open_db(db, txn=txn, create=False)))
     finally:
         env.close()
 
@@ -158,12 +159,7 @@ def test_a_flipped_bit_in_a_metadata_value_is_a_corruption_error_not_a_skipped_c
 
 
 def _raw_idem(root: Path) -> dict[bytes, bytes]:
-    env = lmdb.open(str(root / "state"), readonly=True, max_dbs=4, lock=False, map_size=DEFAULT_MAP_SIZE)
-    try:
-        with env.begin() as txn:
-            return dict(txn.cursor(db=env.open_db(b"idem", txn=txn, create=False)))
-    finally:
-        env.close()
+    return _raw_entries(root, b"idem")
 
 
 def _commit_once(store: wal.Store, idem: bytes, key: bytes) -> tuple[int, bool]:
