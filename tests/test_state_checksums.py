@@ -225,18 +225,25 @@ def test_expiry_meeting_a_damaged_idempotency_entry_stops_the_store_rather_than_
         store.close()
 
 
+def _format_5_store_with_keys(root: Path, n: int = 300) -> dict[bytes, int]:
+    """A store of format 5 (idempotency entries of 16 bytes) holding `n` commits made with keys
+    b"req-000".. ; returns each key's LSN."""
+    with wal.open(root) as store:
+        first = {b"req-%03d" % i: _commit_once(store, b"req-%03d" % i, b"k%d" % i)[0] for i in range(n)}
+    strip_idem_checksums(root)
+    set_store_version(root, 5)
+    return first
+
+
 def test_a_format_5_store_keeps_its_idempotency_keys_and_is_upgraded_so_each_is_checked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with wal.open(tmp_path) as store:
-        first = {b"req-%d" % i: _commit_once(store, b"req-%d" % i, b"k%d" % i)[0] for i in range(300)}
-    strip_idem_checksums(tmp_path)
-    set_store_version(tmp_path, 5)
+    first = _format_5_store_with_keys(tmp_path)
     assert {len(v) for v in _raw_idem(tmp_path).values()} == {16}
     with wal.open(tmp_path, readonly=True) as reader:
         assert reader.get(b"k7") == b"v"
     monkeypatch.setattr(wal.store.state, "_UPGRADE_BATCH", 64)  # several transactions
     with wal.open(tmp_path) as store:
-        assert _commit_once(store, b"req-7", b"again") == (first[b"req-7"], True)
+        assert _commit_once(store, b"req-007", b"again") == (first[b"req-007"], True)
     raw = _raw_idem(tmp_path)
     assert len(raw) == 300 and all(len(v) == 20 and v[16:] == _crc32c(k + v[:16]).to_bytes(4, "little")
                                    for k, v in raw.items())
@@ -259,10 +266,7 @@ def test_an_idempotency_entry_without_a_checksum_in_a_format_6_state_is_damage(t
 
 def test_an_upgrade_of_idempotency_entries_cut_short_reads_both_kinds_and_the_next_open_finishes_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with wal.open(tmp_path) as store:
-        first = {b"req-%03d" % i: _commit_once(store, b"req-%03d" % i, b"k%d" % i)[0] for i in range(300)}
-    strip_idem_checksums(tmp_path)
-    set_store_version(tmp_path, 5)
+    first = _format_5_store_with_keys(tmp_path)
     # As if the process died after the upgrade's first transaction (100 entries).
     monkeypatch.setattr(wal.store.state.State, "_check_every_idem", lambda self: self._env.check_idem(None, 100))
     with wal.open(tmp_path) as store:
