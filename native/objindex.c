@@ -52,9 +52,10 @@ int64_t wal_snapshot_check(const uint8_t *buf, uint64_t size, uint64_t off, uint
 /* wal_snapshot_check over a snapshot still arriving (a restore loads it as its ranges come in):
  * the entries from buf[off] on, at most `count`, that lie whole within buf[0:size), each
  * checked as wal_snapshot_check does. Returns how many (0 when the next one is not whole yet),
- * with *end the offset after them; or -(i + 1) when whole entry i fails its CRC-32C. Order is
- * carried across calls over the same buffer: *last is the offset of the last entry checked
- * (UINT64_MAX before the first), and *in_order is cleared once a key does not follow it. */
+ * with *end the offset after them; or -(i + 1) when whole entry i fails its check, with *end its
+ * offset. Order is carried across calls over the same buffer: *last is the offset of the last
+ * entry checked (UINT64_MAX before the first), and *in_order is cleared once a key does not
+ * follow it. */
 int64_t wal_snapshot_check_prefix(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, uint64_t *end,
                                   uint64_t *last, int *in_order) {
     uint64_t i = 0;
@@ -66,7 +67,13 @@ int64_t wal_snapshot_check_prefix(const uint8_t *buf, uint64_t size, uint64_t of
         memcpy(&crc, buf + off + 16, 4);
         uint64_t start = off + 20;
         if ((uint64_t)klen + vlen > size - start) break;
-        if (wal_crc32c(wal_crc32c(0, buf + off, 16), buf + start, (size_t)klen + vlen) != crc) return -(int64_t)(i + 1);
+        /* A key LMDB cannot hold (FORMAT.md §18: 1 to 511 bytes) is the snapshot's damage, as a
+         * failed CRC is, never a fault of the state it is loaded into. */
+        if (klen == 0 || klen > WAL_MAX_KEY_BYTES ||
+            wal_crc32c(wal_crc32c(0, buf + off, 16), buf + start, (size_t)klen + vlen) != crc) {
+            *end = off;
+            return -(int64_t)(i + 1);
+        }
         if (*in_order && *last != UINT64_MAX) {
             uint32_t prev_len;
             memcpy(&prev_len, buf + *last, 4);

@@ -64,10 +64,13 @@ int wal_crc32c_hw_available(void);
  * CRC-32C. */
 int64_t wal_archive_index(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t first, uint64_t count,
                           uint64_t *lsns, uint64_t *offsets, uint32_t *lengths);
+#define WAL_MAX_KEY_BYTES 511 /* the longest key a store holds: LMDB's default key limit */
 /* Check the `count` entries of an archive snapshot from buf[off] on (objindex.c): the offset after
- * the last, or -(i + 1) when entry i is cut off or fails its CRC-32C; *in_order: keys increasing. */
+ * the last, or -(i + 1) when entry i is cut off, has a key of 0 or over WAL_MAX_KEY_BYTES bytes or
+ * fails its CRC-32C; *in_order: keys increasing. */
 int64_t wal_snapshot_check(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, int *in_order);
-/* The same over a snapshot still arriving: the whole entries in buf[0:size) (objindex.c). */
+/* The same over a snapshot still arriving: the whole entries in buf[0:size) (objindex.c); on
+ * -(i + 1), *end is entry i's offset. */
 int64_t wal_snapshot_check_prefix(const uint8_t *buf, uint64_t size, uint64_t off, uint64_t count, uint64_t *end,
                                   uint64_t *last, int *in_order);
 

@@ -1352,6 +1352,22 @@ def test_a_damaged_snapshot_entry_is_refused_by_name_and_nothing_is_restored(tmp
         layout.open_snapshot(bytes(good) + hashlib.sha256(good).digest(), name)
 
 
+@pytest.mark.parametrize("key_length", [0, 512])
+def test_a_snapshot_entry_with_a_key_no_store_holds_is_the_snapshots_damage(tmp_path, monkeypatch, key_length):
+    """A key of 0 or over 511 bytes under a matching CRC (only a crafted object holds one): the
+    snapshot is refused naming the entry, not loaded until LMDB refuses it as the local state's
+    fault. Read whole (verify) and as it arrives, in ranges (restore)."""
+    entries = [(b"k%04d" % i, i + 1, b"v" * 200) for i in range(40)]
+    entries[30] = (b"k" * key_length, 31, b"v")
+    objects, store, _ = _ranged_snapshot_archive(tmp_path / "a", entries, monkeypatch)
+    match = rf"snap/0+5000\.snap .*entry 30 has a bad key length \({key_length} bytes\)"
+    with pytest.raises(wal.CorruptionError, match=match):
+        wal.restore(store, tmp_path / "r")
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+    with pytest.raises(wal.CorruptionError, match=match):
+        layout.open_snapshot(objects.get(layout.snap_name(5000)), layout.snap_name(5000))
+
+
 def _ranged_snapshot_archive(root, entries, monkeypatch, lsn=5000):
     """An obstore archive (a LocalStore: fetched in ranges, as from S3) holding one snapshot,
     with ranges and load pieces of 4 KiB, so entries straddle both."""

@@ -398,6 +398,14 @@ class SnapshotImage(NamedTuple):
 EMPTY_SNAPSHOT = SnapshotImage(0, 0, b"", memoryview(b""), 0, 0, True, [])  # the implicit one at LSN 0
 
 
+def _entry_fault(body: bytes | bytearray | memoryview, off: int, index: int) -> str:
+    """What is wrong with whole data entry `index` at ``body[off:]``, which failed its check."""
+    klen = _ENTRY.unpack_from(body, off)[0]
+    if not 0 < klen <= MAX_KEY_BYTES:
+        return f"entry {index} has a bad key length ({klen} bytes)"
+    return f"entry {index} fails its CRC-32C"
+
+
 def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotImage:
     """Verify a snapshot (its SHA-256, then every entry's CRC-32C, in one C call without the GIL:
     native/objindex.c); CorruptionError (naming the object) if anything is off."""
@@ -414,7 +422,7 @@ def open_snapshot(data: bytes | bytearray | memoryview, name: str) -> SnapshotIm
             off += _ENTRY.size + klen + vlen
         if off + _ENTRY.size > len(body) or off + _ENTRY.size + sum(_ENTRY.unpack_from(body, off)[:2]) > len(body):
             raise _damaged(name, f"it ends inside entry {bad}", hint)
-        raise _damaged(name, f"entry {bad} fails its CRC-32C", hint)
+        raise _damaged(name, _entry_fault(body, off, bad), hint)
     idem, end = _read_idem(body, end, n_idem, name, hint)
     if end != len(body):
         raise _damaged(name, "bytes follow its last entry", hint)
@@ -517,7 +525,7 @@ def snapshot_pieces(read: Arriving, name: str, header: SnapshotHeader, step: int
             continue
         n = lib.wal_snapshot_check_prefix(ffi.from_buffer(body), len(body), off, left, end, last, in_order)
         if n < 0:
-            raise _damaged(name, f"entry {header.n_entries - left - n - 1} fails its CRC-32C", hint)
+            raise _damaged(name, _entry_fault(body, int(end[0]), header.n_entries - left - n - 1), hint)
         if n:
             yield SnapshotPiece(body, off, n, bool(in_order[0]))
             off, left = int(end[0]), left - n
