@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -93,6 +94,63 @@ for i in range(3):
     print("ack", log.append(b"B%d" % i), flush=True)  # sync: acknowledged once fdatasynced
 log.close()
 '''
+
+
+def _first_round_kills_early(seed: int) -> bool:
+    """Whether round 1 of a power-cut loop with this seed kills its child anywhere from its exec on
+    (the loop's first draws: the apply interval, then where to kill: under 0.4 at round 1)."""
+    rng = random.Random(f"{seed}/sync/power")
+    rng.choice((20, 20, 500, 2000))
+    return rng.random() < 0.4
+
+
+def test_a_child_killed_before_the_simulator_loaded_in_it_is_drawn_again_not_failed_or_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill within the milliseconds between a child's exec and the shim's constructor leaves no
+    journal: the child touched nothing. The drill stopped with exit status 2 ("the power-cut
+    simulator did not run in the child") although the simulator was fine. Here round 1's first
+    child is a process that never loads the shim nor prints OPEN, killed early: the round is
+    drawn again with a real child, and both cuts are made."""
+    seed = next(s for s in range(1000) if _first_round_kills_early(s))
+    real_argv, real_env = crashtest._child_argv, crashsim.env_for
+    spawned: list[list[str]] = []
+
+    def argv(*args: object, **kw: object) -> list[str]:
+        spawned.append(real_argv(*args, **kw) if spawned else [sys.executable, "-c", "import time; time.sleep(5)"])
+        return spawned[-1]
+
+    def env(*args: object, **kw: object) -> dict[str, str]:
+        made = real_env(*args, **kw)
+        return made if spawned else {k: v for k, v in made.items() if k != "LD_PRELOAD"}
+
+    monkeypatch.setattr(crashtest, "_child_argv", argv)
+    monkeypatch.setattr(crashsim, "env_for", env)
+    r = crashtest.run_power_cuts(tmp_path, "sync", 0, 2, seed=seed)
+    assert r.violation_count == 0, r.report()
+    assert r.power_cuts == 2 and len(spawned) == 3
+    assert spawned[0][1] == "-c" and "--child" in spawned[1]
+
+
+def test_a_simulator_that_never_journals_is_reported_after_the_redraws(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children that never journal nor print OPEN round after round: the drill gives up on the
+    simulator, naming it, rather than draw forever."""
+    loop = crashtest._Loop(str(tmp_path), "sync", 0, threads=1, seed=1, result=crashtest.LevelResult("sync", 0, 1),
+                           crash="power", run_max_s=0.25, recovery_kill_fraction=0.3)
+    runs: list[int] = []
+
+    class Unstarted:
+        def stderr_tail(self) -> str:
+            return "(nothing)"
+
+    def unstarted(round_no: int) -> tuple[object, crashtest.ChildOutput, bool, int]:
+        runs.append(round_no)
+        return Unstarted(), crashtest.ChildOutput(), False, 0
+
+    monkeypatch.setattr(loop, "_run_child", unstarted)
+    with pytest.raises(crashtest.SimulatorInactiveError, match=r"journaled nothing in 20 children of power round 1"):
+        loop.round(1)
+    assert runs == [1] * 20
 
 
 def test_commits_a_writer_makes_in_a_segment_whose_roll_was_killed_before_its_directory_fsync_survive_a_power_cut(

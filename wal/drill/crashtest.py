@@ -177,6 +177,16 @@ def txn_ops(seed: int, round_no: int, tid: int, n: int, pad: int = 0) -> list[tu
 
 
 
+# Children of one power-cut round killed before the simulator loaded in them, drawn again before
+# the drill gives up on the simulator (each such draw is a kill within the ~ms of an exec).
+_UNSTARTED_REDRAWS = 20
+
+
+def _journaled(journal: str) -> bool:
+    """Whether the power-cut simulator wrote anything to `journal` (its START record first)."""
+    return os.path.exists(journal) and os.path.getsize(journal) > 0
+
+
 class SimulatorInactiveError(RuntimeError):
     """The power-cut simulator journaled nothing in a child it was to run in: a drill of power
     cuts would have rewound nothing and passed, proving nothing. `agentwal crashtest` stops
@@ -787,8 +797,9 @@ class _Loop:
         self.last_recovery_s = 0.005
         self.ready_after_s = 0.3  # spawn -> READY, learnt from the rounds
 
-    def round(self, round_no: int) -> bool:
-        """One child, one kill (and power cut), one check. False when the loop cannot go on."""
+    def _run_child(self, round_no: int) -> tuple[_Child, ChildOutput, bool, int]:
+        """Start this round's child, kill it at a moment the round's draws pick, and read what it
+        said: (the child, its output, whether it died by itself before the kill, when it was killed)."""
         rng = self.rng
         env = None
         if self.crash == "power":
@@ -825,6 +836,23 @@ class _Loop:
         if output.ready_ns is not None:
             self.ready_after_s = 0.8 * self.ready_after_s + 0.2 * (output.ready_ns - child.start_ns) / 1e9
             self.result.ready_ms += max(0, kill_ns - output.ready_ns) / 1e6
+        return child, output, died, kill_ns
+
+    def round(self, round_no: int) -> bool:
+        """One child, one kill (and power cut), one check. False when the loop cannot go on."""
+        for _ in range(_UNSTARTED_REDRAWS):
+            child, output, died, kill_ns = self._run_child(round_no)
+            if not (self.crash == "power" and not died and output.open_ns is None and not _journaled(self.journal)):
+                break
+            # Killed between its exec and the simulator's constructor (which journals START before
+            # the program runs): the child touched nothing, so there is nothing to cut. Draw the
+            # round again rather than count a power cut that rewound nothing.
+        else:
+            raise SimulatorInactiveError(
+                f"the power-cut simulator journaled nothing in {_UNSTARTED_REDRAWS} children of {self.crash} round "
+                f"{round_no}, each killed before it printed OPEN; its library is {crashsim.shim_path()}. The last "
+                f"child's stderr:\n{child.stderr_tail()}")
+        rng = self.rng
         what = f"{self.crash} round {round_no}"
         if died or output.errors:
             msg = "; ".join(output.errors) or f"exit status {child.proc.returncode}"
@@ -832,7 +860,7 @@ class _Loop:
                                         f"{child.stderr_tail()}"])
             return False
         if self.crash == "power":
-            if not os.path.exists(self.journal) or not os.path.getsize(self.journal):
+            if not _journaled(self.journal):
                 # The shim journals its START record first thing in the child: none, and it did not
                 # load there (its LD_PRELOAD refused, or its environment lost): the "cut" would
                 # rewind nothing and prove no more than a kill.
