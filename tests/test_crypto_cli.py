@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import crcmod.predefined
 import pytest
 from archive_helpers import wait_until
 
@@ -22,6 +23,7 @@ from wal.store.store import Store
 OLD = bytes(range(32))
 NEW = bytes(range(100, 132))
 SECRET = b"the-board-minutes-say-merger-with-acme"
+_crc32c = crcmod.predefined.mkCrcFun("crc-32c")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -366,6 +368,38 @@ def test_a_compressed_stores_export_imports_into_an_encrypted_store_and_a_mixed_
     r = run("import", str(tmp_path / "other"), str(mixed), "--create", "--key-file", new_file, "--unframed")
     assert r.returncode == 2 and "mixes encrypted and unencrypted values" in r.stderr, r.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_plaintext_line_forged_into_an_encrypted_export_is_refused(tmp_path: Path, keys: tuple[str, str]) -> None:
+    """A "value" line among an encrypted export's lines, under checksums made again (they are
+    not keyed: anyone can make them): no store exports one, so it can only be forged. It was
+    imported, and the new encrypted store answered the forged value beside the real ones."""
+    _, new_file = keys
+    with wal.open(tmp_path / "sealed", encryption=NEW) as store:
+        store.put("k/0", SECRET)
+        store.put("k/1", SECRET + b"-1")
+    with wal.open(tmp_path / "plain") as store:
+        store.put("k/1", b"FORGED")
+    for name in ("sealed", "plain"):
+        assert run("export", str(tmp_path / name), "-o", str(tmp_path / f"{name}.jsonl")).returncode == 0
+    sealed_lines = (tmp_path / "sealed.jsonl").read_text().splitlines()
+    forged_line = (tmp_path / "plain.jsonl").read_text().splitlines()[1]
+    assert json.loads(forged_line)["value"]
+    body = [sealed_lines[1], forged_line]
+    end = {"end": {"lines": 2, "crc32c": _crc32c("".join(line + "\n" for line in body).encode())}}
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text("\n".join([sealed_lines[0], *body, json.dumps(end)]) + "\n")
+    r = run("import", str(tmp_path / "new"), str(forged), "--create", "--key-file", new_file)
+    assert r.returncode == 2 and "mixes encrypted and unencrypted values" in r.stderr, r.stderr
+    assert not (tmp_path / "new").exists()
+    # The same lines with the encrypted one in place of the forged one: imported.
+    sealed_body = sealed_lines[1:-1]
+    end = {"end": {"lines": 2, "crc32c": _crc32c("".join(line + "\n" for line in sealed_body).encode())}}
+    forged.write_text("\n".join([sealed_lines[0], *sealed_body, json.dumps(end)]) + "\n")
+    r = run("import", str(tmp_path / "new"), str(forged), "--create", "--key-file", new_file)
+    assert r.returncode == 0, r.stderr
+    with wal.open(tmp_path / "new", encryption=NEW) as store:
+        assert store.get("k/1") == SECRET + b"-1"
 
 
 def test_a_plain_stores_export_imports_into_a_new_compressed_store_as_the_refusal_says(tmp_path: Path) -> None:

@@ -272,6 +272,8 @@ def import_pairs(path: str, pairs: list[tuple[bytes, bytes]], *, batch: int = 10
     sealed = [v for _, v in pairs if isinstance(v, Sealed)]
     if sealed:  # opened before anything is created or written
         encrypted = {bool(v[:1]) and bool(v[0] & CODEC_ENCRYPTED) for v in sealed}
+        if True in encrypted and len(sealed) < len(pairs):
+            encrypted.add(False)  # a "value" line beside encrypted ones: plaintext forged into the export
         if len(encrypted) > 1:
             raise ArgumentError("the export mixes encrypted and unencrypted values, which no store exports "
                                 "(an export is of one store, every value of an encrypted one encrypted): "
