@@ -3098,3 +3098,38 @@ def test_an_object_store_slower_than_the_bound_allows_still_takes_commits_from_e
         for t in threads:
             t.join()
     assert min(counts) >= 20, counts
+
+
+def test_a_restored_store_whose_first_name_its_writer_merged_away_is_fenced_before_acknowledging(tmp_path):
+    """A store restored (and opened with the archive) while the writer it came from went on: that
+    writer shipped the restored store's next LSN and merged the object holding it away, freeing
+    the name. The restored store's create-only PUT of that name succeeded, nothing stopped it,
+    and commits it acknowledged at `replicated` were in no chain a restore follows. Now its first
+    object is checked against the merged objects: it is fenced before acknowledging anything,
+    its object is deleted, and the other writer goes on."""
+    url = f"file://{tmp_path}/a"
+    archive_log = tmp_path / "a" / layout.LOG_PREFIX
+    with wal.open(tmp_path / "p", archive=url, durability="replicated", archive_merge_objects=2) as primary:
+        for i in range(5):
+            primary.put(f"p{i}", b"v")
+        n = wal.restore(url, tmp_path / "r").lsn
+        restored = wal.open(tmp_path / "r", archive=url)
+        try:
+            for i in range(5, 30):
+                primary.put(f"p{i}", b"v")
+            first = tmp_path / "a" / layout.log_name(n + 1)
+            assert first.parent == archive_log
+            wait_until(lambda: not first.exists())  # merged away
+            with pytest.raises(wal.FailedError, match=rf"merged/0+{n + 1}-\d+\.wal holds LSN {n + 1}, where this "
+                                                      r"store's first object began"):
+                restored.put("r", b"never acknowledged", durability="replicated")
+            assert restored.stats()["archive_fenced"]
+            assert not first.exists()  # the restored store's object, deleted
+        finally:
+            with contextlib.suppress(wal.WalError):
+                restored.close()
+        primary.put("p30", b"v")
+        assert not primary.stats()["archive_fenced"]
+    report = wal.restore(url, tmp_path / "check")
+    with wal.open(report.path) as check:
+        assert check.get("r") is None and check.get("p30") == b"v"

@@ -57,6 +57,7 @@ from wal.archive.plan import (
     beyond,
     find_end,
     list_archive,
+    merged_holding,
     unfinished_tail,
 )
 from wal.archive.restore import restore_chain
@@ -525,7 +526,7 @@ class Follower:
                 if taken == self._pos + 1:
                     self._delete_stray(taken)
                 continue
-            if self._overtaken(nxt):
+            if merged_holding(self._objects, nxt) is not None:
                 # The old primary shipped nxt and merged its group object away before our PUT
                 # (the listing missed it): the name fences nothing. Withdraw, catch up, retry.
                 self._objects.delete(layout.log_name(nxt))
@@ -587,19 +588,6 @@ class Follower:
             return
         if obj.behind and self._writer is not None and obj.writer_id != self._writer:
             self._objects.delete(name)
-
-    def _overtaken(self, lsn: int) -> bool:
-        """Does the archive hold LSN `lsn` in an object other than the fence just written? The
-        old primary's object holding it would be ``log/<lsn>.wal`` (its objects tile on from the
-        one ending at lsn - 1, which this follower read): the fence's create-only PUT found that
-        name free, so the object can only have been merged away before it. A merge stores the
-        merged object before deleting the group objects, and merged objects are never deleted
-        (but by retention, far behind), so listing them after the fence's PUT shows it."""
-        for name, _ in self._objects.list(layout.MERGED_PREFIX):
-            parsed = layout.parse_name(name)
-            if parsed is not None and parsed.last is not None and parsed.first <= lsn <= parsed.last:
-                return True
-        return False
 
     def _delete_tail(self, fence: int) -> None:
         """Group objects past the fence are the old primary's unfinished tail (FORMAT.md §18):

@@ -68,6 +68,21 @@ def list_archive(objects: ObjectStore, *, after_lsn: int = 0) -> Listing:
     return Listing(pieces, sorted(snapshots))
 
 
+def merged_holding(objects: ObjectStore, lsn: int) -> str | None:
+    """The merged object holding `lsn`, if any: asked by a writer whose create-only PUT of
+    ``log/<lsn>.wal`` -- the first object of a promoted follower's fence, or of any writer's
+    session -- found the name free. Another writer that shipped `lsn` first, in an object of
+    that name, and merged it away freed the name: the PUT then fences nothing, and the chain
+    goes on through the merged object. A merge stores the merged object before deleting its
+    group objects, and merged objects go only by retention (far behind), so a listing made after
+    the PUT shows it."""
+    for name, _ in objects.list(layout.MERGED_PREFIX):
+        parsed = layout.parse_name(name)
+        if parsed is not None and parsed.last is not None and parsed.first <= lsn <= parsed.last:
+            return name
+    return None
+
+
 class Head(NamedTuple):
     """What a log object's header says that the chain needs."""
     first: int

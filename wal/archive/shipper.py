@@ -67,7 +67,7 @@ from wal.archive.objects import (
     ObjectMissingError,
     ObjectStore,
 )
-from wal.archive.plan import Piece
+from wal.archive.plan import Piece, merged_holding
 from wal.archive.spool import SpooledSnapshot
 from wal.errors import ArchiveLagError, CorruptionError, EncryptionKeyError, FailedError, NoSpaceError, WalError
 from wal.store.store import ARCHIVE_STATUS_FILE
@@ -862,8 +862,8 @@ class Shipper:
     def _fence(self, exc: ObjectExistsError) -> None:
         self._stop_with(FailedError(
             f"the store in {self.store.path} was fenced: another writer now ships into {self.objects.url} "
-            f"(a follower was promoted; {exc}). Its LSNs above {self.archived} were never archived; it stops "
-            "rather than diverge. Restore or follow the archive to continue."))
+            f"(a follower was promoted, or a copy of this store shipped; {exc}). Its LSNs above {self.archived} were "
+            "never archived; it stops rather than diverge. Restore or follow the archive to continue."))
 
     def _stop_with(self, exc: FailedError) -> None:
         self.fenced = exc
@@ -969,6 +969,27 @@ class Shipper:
         if future.cancelled() or future.exception() is not None or future.result() is not None:
             self._wake.set()
 
+    def _check_first_not_overtaken(self, first: int, name: str) -> None:
+        """The session's first object is stored at ``log/<first>.wal``. Its name was free,
+        yet another writer may have shipped `first` before it -- in an object of that name,
+        then merged away (`merged_holding`): a store restored, or reopened from a copy, while
+        the writer it was restored from went on. Nothing then stops this writer at the name:
+        its commits would be acknowledged as archived into a chain that passes them by. So that
+        writer's merged object fences this one (ObjectExistsError), and our object, which no
+        chain can hold, is deleted."""
+        merged = merged_holding(self.objects, first)
+        if merged is None:
+            return
+        try:
+            self.objects.delete(name)
+            self._count("archive_deletes")
+        except ArchiveError as exc:  # left: readers pass it over (it overlaps the merged object)
+            _logger.warning("archive %s: could not delete %s, this fenced writer's only object: %s",
+                            self.objects.url, name, exc)
+        raise ObjectExistsError(f"{self.objects.url}/{merged} holds LSN {first}, where this store's first object "
+                                f"began: another writer shipped past this store's start and merged the object of "
+                                "that name away (was this store restored, or copied, while its writer went on?)")
+
     def _put_log(self, first: int, last: int, data: bytes) -> int | None:
         """`_store_log_object`, counted in `_answers_pending` from its answer to its return."""
         answered: list[bool] = []
@@ -1013,6 +1034,8 @@ class Shipper:
             if obj.writer_id != self.writer_id:
                 raise NameTakenError(str(exc), obj) from None
             stored = obj.last
+        if self._first_of_session is None:  # it goes alone: nothing of ours is archived yet
+            self._check_first_not_overtaken(first, name)
         if stored == last and self.store._replicated:
             with self._ship_lock:
                 entry = self._inflight.get(first)

@@ -216,5 +216,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  WAITING:    a request for {data['archive_waiting_for']} unanswered for "
               f"{float(data.get('archive_request_wait_s', 0)):.0f} s (the object store is slow or not answering)")
     if data.get("archive_fenced"):
-        print("  FENCED:     another writer took the archive over (a follower was promoted); this store stopped")
+        print("  FENCED:     another writer took the archive over (a follower was promoted, or a copy of this "
+              "store shipped); this store stopped")
     return EXIT_OK
