@@ -2687,6 +2687,33 @@ def test_a_store_opens_while_its_archive_is_unreachable_and_ships_once_it_answer
     assert wal.restore(url, tmp_path / "r").lsn == 100
 
 
+@pytest.mark.parametrize("policy", ["block", "error"])
+def test_a_store_reopened_during_an_outage_with_everything_shipped_commits_at_once(tmp_path, policy):
+    """Reopened while its object store is down, a store that had shipped everything counted its
+    archived LSN as 0: the lag was the age of LSN 1, and once that passed the bound its first
+    commit waited for the object store (policy "block") or was refused (ArchiveLagError). The lag
+    now counts from what its archive.json says it shipped; only its new commits age."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url, archive_rpo_ms=400) as s:
+        for i in range(20):
+            s.put(f"k{i}", b"v", durability="replicated")
+    time.sleep(0.6)  # LSN 1 is older than the bound
+    with Blocked(url):
+        s = wal.open(tmp_path / "s", archive=url, archive_rpo_ms=400, archive_policy=policy)
+        assert s.stats()["archive_error"] and s.stats()["archive_lag_ms"] < 300
+        done = threading.Event()
+        threading.Thread(target=lambda: (s.put("new", b"1"), done.set()), daemon=True).start()
+        assert done.wait(5), "the first commit after the reopen was held back"
+        time.sleep(0.5)  # the new commit ages past the bound while the object store is down
+        assert s.stats()["archive_lag_ms"] >= 400
+        if policy == "error":
+            with pytest.raises(wal.ArchiveLagError):
+                s.put("later", b"2")
+    wait_until(lambda: s.stats()["archived_lsn"] == 21)
+    s.close()
+    assert wal.restore(url, tmp_path / "r").lsn == 21
+
+
 class _ListedEarly(FileObjects):
     """A folder archive whose listed times are 1.5 s early: as S3 lists them, to the second
     rounded down, by a server clock a little behind this one."""

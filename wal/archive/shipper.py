@@ -249,7 +249,7 @@ class Shipper:
                  last_snapshot: int, retention_s: float | None = None,
                  resolve: Callable[[], Resolved] | None = None,
                  tail: list[Piece] | None = None, puts_in_flight: int = 1, end_writer: bytes | None = None,
-                 since_snapshot_bytes: int = 0) -> None:
+                 since_snapshot_bytes: int = 0, shipped_before: int = 0) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -374,8 +374,14 @@ class Shipper:
         self._answers_lock = threading.Lock()
         self._next_wake_at = time.monotonic()  # the shipper thread's next round (a dispatch)
         self._stop = False
+        # While the archive's end is unknown (`resolve`: unreachable at the open), what this store's
+        # own archive.json says it shipped before: the lag (and so what commits are admitted
+        # under archive_rpo_ms) is counted from there, not from LSN 1 -- a store reopened during
+        # an outage, with everything shipped, held back its first commit. Only the lag: nothing
+        # is released or acknowledged as archived on its word.
+        self._lag_floor = shipped_before if resolve is not None else 0
         self._samples: collections.deque[tuple[int, float]] = collections.deque()
-        self._samples.append((archived, self._carried_since(archived)))
+        self._samples.append((self._lag_archived, self._carried_since(self._lag_archived)))
         self._started = time.monotonic()
         self._sampled_at = self._started
         self._status_at = 0.0
@@ -634,7 +640,7 @@ class Shipper:
             return 0.0
         now = time.monotonic()
         appended = log.watermarks.appended
-        archived = self.archived
+        archived = self._lag_archived
         # Until the first object is stored, the log's own bytes per record (outside the lock: a
         # call into C that takes the log's mutex).
         local_record = log.bytes_per_record() if self.policy == "block" and not self._record_bytes else None
@@ -654,6 +660,11 @@ class Shipper:
             # A sample a committer took after `now` was read (waiting for the lock) says its
             # commits are younger than now: 0, not a negative age.
             return max(0.0, (now - (at if lsn <= archived else self._started)) * 1000)
+
+    @property
+    def _lag_archived(self) -> int:
+        """The archived LSN the lag is counted from (`_lag_floor`)."""
+        return max(self.archived, self._lag_floor)
 
     def admits_now(self) -> bool:
         """True if a commit may go ahead now (the archive_rpo_ms bound holds), False if it must
@@ -732,7 +743,7 @@ class Shipper:
             return True
         log = self.store._log
         return not self._put_sent and not self._answers_pending and (log is None or
-                                                                     self.archived >= log.watermarks.appended)
+                                                                     self._lag_archived >= log.watermarks.appended)
 
     def admit(self) -> None:
         """The archive_rpo_ms bound, before a commit: wait (policy "block") or refuse ("error")."""
@@ -799,6 +810,7 @@ class Shipper:
                     self._tail, self._end_writer = found.tail, found.writer
                     self._bytes_since_snapshot += found.since_snapshot_bytes
                     self._resolve = None
+                    self._lag_floor = 0
                     self._dispatched = archived
                     self._seed_latency()
                     with self._cond:

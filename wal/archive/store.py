@@ -421,11 +421,14 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
                       store.path, exc)
         found = Resolved(0, True, 0, [], None)
         resolve = lambda: _resolve(store, objects)  # noqa: E731
+    shipped = shipping_archive(store.path)  # read before the shipper writes its own status
+    shipped_before = shipped[1] if shipped is not None and same_location(shipped[0], objects.url) else 0
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=found.archived, need_snapshot=found.need_snapshot,
                       last_snapshot=found.last_snapshot, retention_s=retention_s, resolve=resolve, tail=found.tail,
                       puts_in_flight=puts_in_flight, end_writer=found.writer,
-                      since_snapshot_bytes=found.since_snapshot_bytes)
+                      since_snapshot_bytes=found.since_snapshot_bytes,
+                      shipped_before=shipped_before)
     if resolve is not None:
         shipper.error = "unreachable when the store was opened"
     store._shipper = shipper
