@@ -2428,6 +2428,23 @@ def test_cli_restore_verify_archive_status_info_and_prometheus(tmp_path, capsys)
     assert main(["archive", "status", str(tmp_path / "nowhere")]) == 1
 
 
+def test_info_and_archive_status_say_a_followers_directory_is_one(tmp_path, capsys):
+    """`agentwal info` showed a follower's directory as a store last opened for writing at
+    `sync`, and `agentwal archive status` said it was never opened with an archive."""
+    url = f"file://{tmp_path}/a"
+    with wal.open(tmp_path / "s", archive=url) as s:
+        s.put("k", b"v", durability="replicated")
+    wal.follow(url, tmp_path / "f").close()
+    assert main(["info", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert f"role:        follower of the archive {url}: read-only until promoted" in out
+    assert "durability:" not in out
+    assert main(["archive", "status", str(tmp_path / "f")]) == 1
+    err = capsys.readouterr().err
+    assert f"is a follower of the archive {url}: it ships nothing until promoted" in err
+    assert "never opened" not in err
+
+
 def test_verify_of_an_archive_whose_only_log_object_is_damaged_names_no_empty_range(tmp_path, capsys):
     """It said "log LSN 1..0" and "LSNs 1..0 are missing: no object holds them" beside the
     damage: the object that holds them is there, and damaged, which is said once."""

@@ -248,11 +248,13 @@ def test_info_shows_versions_watermarks_segments_and_size(store: Path) -> None:
     out = result.stdout
     assert "store format 6" in out and "log format 1" in out
     assert "writer:      not running" in out
+    assert "values:      not encrypted, not compressed" in out and "role:" not in out
     assert "applied LSN" in out and "to replay" in out
     for seg in segment_files(store):
         assert seg.name in out
     data = json.loads(run("info", str(store), "--json").stdout)
-    assert data["kind"] == "store"
+    assert data["kind"] == "store" and data["follower_of"] is None
+    assert data["sealing"] == {"encrypted": False, "key_ids": [], "compression": "none"}
     assert data["log"]["last_lsn"] == data["watermarks"]["applied_lsn"] == len(records(store))
     assert data["log"]["segments"] == len(segment_files(store)) > 2
     assert [s["status"] for s in data["segments"]][:-1] == ["sealed"] * (len(data["segments"]) - 1)

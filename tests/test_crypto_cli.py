@@ -126,6 +126,8 @@ def test_rekey_of_a_compressed_store_keeps_its_values_compressed(tmp_path: Path,
     assert r.returncode == 0, r.stderr
     codecs, after = codecs_and_bytes()
     assert codecs == {0x81} and after == before
+    info = run("info", str(store_dir))  # says how the values are kept, needing no key
+    assert f"values:      encrypted (key id {key_id(NEW).hex()}), compressed (zstd)" in info.stdout, info.stdout
     with wal.open(store_dir, encryption=NEW) as store:
         assert store.get("conv/7") == value
 

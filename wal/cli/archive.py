@@ -15,7 +15,7 @@ from typing import Any
 
 from wal.errors import TargetNotHeldError, WalError
 from wal.ops.target import lock_holder, sealing_options  # sealing_options: the command line's --key-file
-from wal.store.store import ARCHIVE_STATUS_FILE, LOG_DIR, read_archive_status
+from wal.store.store import ARCHIVE_STATUS_FILE, LOG_DIR, following_archive, read_archive_status
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -184,8 +184,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     data = read_archive_status(args.store)
     if data is None:
-        print(f"agentwal archive: {args.store} has no archive state ({ARCHIVE_STATUS_FILE}): it was never opened with "
-              "archive='s3://...' or 'file:///...'", file=sys.stderr)
+        following = following_archive(args.store)
+        if following is not None:
+            print(f"agentwal archive: {args.store} is a follower of the archive {following}: it ships nothing until "
+                  "promoted; `agentwal info` shows what it has applied", file=sys.stderr)
+        else:
+            print(f"agentwal archive: {args.store} has no archive state ({ARCHIVE_STATUS_FILE}): it was never opened "
+                  "with archive='s3://...' or 'file:///...'", file=sys.stderr)
         return EXIT_FAILED
     try:
         last = int(ops.info(args.store)["log"]["last_lsn"])

@@ -261,7 +261,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"{data['path']}: {kind}" + (f" ({', '.join(versions)})" if versions else ""))
     pid = data["writer_pid"]
     print(f"  writer:      {'running, pid ' + str(pid) if pid else 'not running'}")
-    print(f"  durability:  {data['durability']}")
+    if data.get("follower_of") is not None:  # it writes only what it applies from the archive
+        print(f"  role:        follower of the archive {data['follower_of']}: read-only until promoted "
+              "(`agentwal follow URL DIR --promote`)")
+    else:
+        print(f"  durability:  {data['durability']}")
+    if "sealing" in data:
+        sealing = data["sealing"]
+        ids = sealing["key_ids"]
+        named = f" (key id{'s' if len(ids) > 1 else ''} {', '.join(ids)})" if ids else ""
+        encrypted = f"encrypted{named}" if sealing["encrypted"] else "not encrypted"
+        codec = sealing["compression"]
+        print(f"  values:      {encrypted}, {'not compressed' if codec == 'none' else f'compressed ({codec})'}")
     if archive is not None:
         print(f"  archive:     {archive.get('archive_url')}: archived LSN {archive.get('archived_lsn')}, lag "
               f"{float(archive.get('archive_lag_ms', 0)):.0f} ms"

@@ -42,7 +42,7 @@ from wal.ops.target import (
 )
 from wal.ops.verify import VerifyReport, _log_problems
 from wal.store.sealed import STORE_FIELD, plan, read_meta
-from wal.store.store import read_archive_status
+from wal.store.store import following_archive, read_archive_status
 
 
 def storage_warnings(path: str) -> list[str]:
@@ -90,6 +90,8 @@ def info(path: str) -> dict[str, Any]:
     out["durability"] = "chosen by each writer when it opens the store"
     if target.is_store:
         out["store_format"] = _store_meta(target)
+        out["follower_of"] = following_archive(target.path)
+        out["sealing"] = _sealing(target)
     opened = _open_segments(target.log_dir) if os.path.isdir(target.log_dir) else []
     try:
         segs = _scan_segments(opened)
@@ -156,6 +158,19 @@ def info(path: str) -> dict[str, Any]:
     out["total_disk_bytes"] = allocated
     out["warnings"] = storage_warnings(target.path)
     return out
+
+
+def _sealing(target: Target) -> dict[str, Any]:
+    """What the store's STORE file says of its sealing: {"encrypted", "key_ids", "compression"}
+    (the codec, "none" where it never compressed)."""
+    meta = read_meta(target.path)
+    sealed = meta.get(STORE_FIELD) if meta is not None else None
+    if not isinstance(sealed, dict):
+        return {"encrypted": False, "key_ids": [], "compression": "none"}
+    compression = sealed.get("compression")
+    return {"encrypted": bool(sealed.get("encrypted")),
+            "key_ids": [i for i in sealed.get("key_ids") or [] if isinstance(i, str)],
+            "compression": str(compression.get("codec", "?")) if isinstance(compression, dict) else "none"}
 
 
 def _state_stats(target: Target) -> dict[str, Any]:

@@ -1759,16 +1759,24 @@ def _refuse_a_bare_log(root: str) -> None:
 FOLLOWING_FILE = "FOLLOWING"  # in a follower's directory until it is promoted (FORMAT.md §14)
 
 
+def following_archive(root: str) -> str | None:
+    """The URL of the archive the store at `root` follows ("?" where its FOLLOWING file cannot
+    be read), or None: it is not a follower's directory."""
+    try:
+        with open(os.path.join(root, FOLLOWING_FILE), encoding="utf-8") as f:
+            return str(json.load(f).get("archive", "?"))
+    except (FileNotFoundError, NotADirectoryError):  # no FOLLOWING file; root not a directory (said later)
+        return None
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
 def _refuse_a_follower(root: str) -> None:
     """ArgumentError if `root` is a follower's directory (its FOLLOWING file): a commit made in
     it would be in no archive, and the follower would then refuse the directory for good."""
-    try:
-        with open(os.path.join(root, FOLLOWING_FILE), encoding="utf-8") as f:
-            url = str(json.load(f).get("archive", "?"))
-    except (FileNotFoundError, NotADirectoryError):  # no FOLLOWING file; root not a directory (said later)
+    url = following_archive(root)
+    if url is None:
         return
-    except (OSError, ValueError, AttributeError):
-        url = "?"
     raise ArgumentError(f"{root} is the directory of a follower of the archive {url}: writing there would make "
                         "commits no archive holds. Promote it to write (wal.follow(...).promote(), or `agentwal "
                         "follow URL DIR --promote`), follow on, or open it with readonly=True to read")
