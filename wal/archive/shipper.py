@@ -995,7 +995,7 @@ class Shipper:
         try:
             self.objects.delete(name)
             self._count("archive_deletes")
-        except ArchiveError as exc:  # left: readers pass it over (it overlaps the merged object)
+        except ArchiveError as exc:  # left: a reader's chain takes whichever of the two reaches further (plan.py)
             _logger.warning("archive %s: could not delete %s, this fenced writer's only object: %s",
                             self.objects.url, name, exc)
         raise ObjectExistsError(f"{self.objects.url}/{merged} holds LSN {first}, where this store's first object "
