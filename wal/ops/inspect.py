@@ -91,7 +91,7 @@ def info(path: str) -> dict[str, Any]:
     if target.is_store:
         out["store_format"] = _store_meta(target)
         out["follower_of"] = following_archive(target.path)
-        out["sealing"] = _sealing(target)
+        out["sealing"] = _sealing(out["store_format"])
     opened = _open_segments(target.log_dir) if os.path.isdir(target.log_dir) else []
     try:
         segs = _scan_segments(opened)
@@ -160,11 +160,10 @@ def info(path: str) -> dict[str, Any]:
     return out
 
 
-def _sealing(target: Target) -> dict[str, Any]:
-    """What the store's STORE file says of its sealing: {"encrypted", "key_ids", "compression"}
-    (the codec, "none" where it never compressed)."""
-    meta = read_meta(target.path)
-    sealed = meta.get(STORE_FIELD) if meta is not None else None
+def _sealing(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a store's STORE file (`meta`) says of its sealing: {"encrypted", "key_ids",
+    "compression"} (the codec, "none" where it never compressed)."""
+    sealed = meta.get(STORE_FIELD)
     if not isinstance(sealed, dict):
         return {"encrypted": False, "key_ids": [], "compression": "none"}
     compression = sealed.get("compression")
