@@ -33,24 +33,29 @@
 
 typedef int64_t (*log_append_fn)(wal_log *log, const char *data, size_t len, int level, int wait);
 typedef int (*log_wait_fn)(wal_log *log, uint64_t lsn, int level);
+typedef int64_t (*log_append_unfinished_fn)(wal_log *log, const char *data, size_t len, size_t fill_from, int level,
+                                            wal_unfinished *out);
+typedef int (*log_finish_fn)(wal_log *log, const wal_unfinished *rec, const char *bytes, int ok);
 
-/* The three functions, set once by each module's bind(). */
+/* The functions, set once by each module's bind(). */
 typedef struct {
     log_append_fn append;   /* wal_log_append */
     log_wait_fn wait;       /* wal_log_wait */
     log_wait_fn wait_try;   /* wal_log_wait_try */
+    log_append_unfinished_fn append_unfinished; /* wal_log_append_unfinished (NULL: not bound) */
+    log_finish_fn finish;   /* wal_log_finish */
 } log_calls;
 
-/* bind(append_address, wait_address, wait_try_address): fill `calls`; 0, or -1 with an
- * exception set. */
+/* bind(append_address, wait_address, wait_try_address[, append_unfinished_address,
+ * finish_address]): fill `calls`; 0, or -1 with an exception set. */
 static inline int log_calls_bind(log_calls *calls, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError,
-                        "bind takes the addresses of wal_log_append, wal_log_wait and wal_log_wait_try");
+    if (nargs != 3 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bind takes the addresses of wal_log_append, wal_log_wait and "
+                                         "wal_log_wait_try, and optionally wal_log_append_unfinished and wal_log_finish");
         return -1;
     }
-    void *p[3];
-    for (int i = 0; i < 3; i++) {
+    void *p[5] = {NULL, NULL, NULL, NULL, NULL};
+    for (int i = 0; i < nargs; i++) {
         p[i] = PyLong_AsVoidPtr(args[i]);
         if (p[i] == NULL) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "bind: a null function address");
@@ -60,6 +65,8 @@ static inline int log_calls_bind(log_calls *calls, PyObject *const *args, Py_ssi
     calls->append = (log_append_fn)(uintptr_t)p[0];
     calls->wait = (log_wait_fn)(uintptr_t)p[1];
     calls->wait_try = (log_wait_fn)(uintptr_t)p[2];
+    calls->append_unfinished = (log_append_unfinished_fn)(uintptr_t)p[3];
+    calls->finish = (log_finish_fn)(uintptr_t)p[4];
     return 0;
 }
 

@@ -57,6 +57,7 @@
 #define HEADER_BYTES (1 + KEY_ID_BYTES + SESSION_BYTES + 8)
 #define TAG_BYTES 16
 _Static_assert(HEADER_BYTES + TAG_BYTES == SEAL_ENVELOPE_OVERHEAD, "sealcore.h's envelope overhead");
+_Static_assert(HEADER_BYTES == SEAL_HEADER_BYTES, "sealcore.h's envelope header");
 #define NONCE_BYTES 12
 #define CODEC_ENCRYPTED 0x80
 #define CODEC_ZSTD 0x01
@@ -244,8 +245,7 @@ int seal_session_takes(PyObject *o, Py_ssize_t len) {
            __atomic_load_n(&s->next, __ATOMIC_RELAXED) < s->limit;
 }
 
-PyObject *seal_session_seal(PyObject *o, int codec, const char *body, Py_ssize_t len, const char *ctx1,
-                            Py_ssize_t ctx1_len, const char *ctx2, Py_ssize_t ctx2_len) {
+PyObject *seal_session_begin(PyObject *o, int codec, Py_ssize_t len, seal_job *job) {
     SealSession *s = (SealSession *)o;
     if (!session_live(s)) return NULL;
     uint64_t n = __atomic_fetch_add(&s->next, 1, __ATOMIC_RELAXED);
@@ -257,28 +257,53 @@ PyObject *seal_session_seal(PyObject *o, int codec, const char *body, Py_ssize_t
     memcpy(out, s->prefix, HEADER_BYTES - 8);
     out[0] = (unsigned char)codec;
     put_u64_le(out + HEADER_BYTES - 8, n);
+    if ((job->ctx = ctx_take(s)) == NULL) {
+        Py_DECREF(env);
+        return NULL;
+    }
+    job->out = out;
+    job->len = len;
+    return env;
+}
+
+int seal_job_run(seal_job *job, const char *body, const char *ctx1, Py_ssize_t ctx1_len, const char *ctx2,
+                 Py_ssize_t ctx2_len) {
     unsigned char nonce[NONCE_BYTES] = {0};
-    memcpy(nonce, out + HEADER_BYTES - 8, 8); /* the counter, then four zero bytes */
-    EVP_CIPHER_CTX *ctx = ctx_take(s);
-    if (ctx == NULL) {
-        Py_DECREF(env);
-        return NULL;
-    }
+    memcpy(nonce, job->out + HEADER_BYTES - 8, 8); /* the counter, then four zero bytes */
+    return gcm_seal(job->ctx, nonce, job->out, ctx1, ctx1_len, ctx2, ctx2_len, body, job->len,
+                    job->out + HEADER_BYTES);
+}
+
+int seal_job_run_holding_gil(seal_job *job, const char *body, const char *ctx1, Py_ssize_t ctx1_len,
+                             const char *ctx2, Py_ssize_t ctx2_len) {
+    if (job->len < SEAL_NOGIL_BYTES) return seal_job_run(job, body, ctx1, ctx1_len, ctx2, ctx2_len);
     int ok;
-    if (len >= SEAL_NOGIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        ok = gcm_seal(ctx, nonce, out, ctx1, ctx1_len, ctx2, ctx2_len, body, len, out + HEADER_BYTES);
-        Py_END_ALLOW_THREADS
-    } else {
-        ok = gcm_seal(ctx, nonce, out, ctx1, ctx1_len, ctx2, ctx2_len, body, len, out + HEADER_BYTES);
+    Py_BEGIN_ALLOW_THREADS
+    ok = seal_job_run(job, body, ctx1, ctx1_len, ctx2, ctx2_len);
+    Py_END_ALLOW_THREADS
+    return ok;
+}
+
+int seal_job_end(PyObject *o, seal_job *job, int ok) {
+    if (ok) {
+        ctx_give((SealSession *)o, job->ctx);
+        return 0;
     }
-    if (!ok) { /* never seen: the context is dropped, not reused */
-        g_evp.ctx_free(ctx);
+    g_evp.ctx_free(job->ctx); /* never seen: the context is dropped, not reused */
+    PyErr_SetString(PyExc_RuntimeError, "libcrypto's AES-256-GCM failed to seal a value");
+    return -1;
+}
+
+PyObject *seal_session_seal(PyObject *o, int codec, const char *body, Py_ssize_t len, const char *ctx1,
+                            Py_ssize_t ctx1_len, const char *ctx2, Py_ssize_t ctx2_len) {
+    seal_job job;
+    PyObject *env = seal_session_begin(o, codec, len, &job);
+    if (env == NULL) return NULL;
+    int ok = seal_job_run_holding_gil(&job, body, ctx1, ctx1_len, ctx2, ctx2_len);
+    if (seal_job_end(o, &job, ok) < 0) {
         Py_DECREF(env);
-        PyErr_SetString(PyExc_RuntimeError, "libcrypto's AES-256-GCM failed to seal a value");
         return NULL;
     }
-    ctx_give(s, ctx);
     return env;
 }
 

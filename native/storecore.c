@@ -930,7 +930,19 @@ static PyObject *core_commit(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     return commit_one(c, kind, args[1], args[2], for_async);
 }
 
+/* commit_bytes_key, or with `open_rec` (a put at `sync`; native/commit.c, "Records finished
+ * later") the put's record appended with the value's bytes from `fill_from` on still to come:
+ * then the LSN is returned at once, without waiting, and the caller must finish the record
+ * (g_log.finish) before it waits for the level. */
+static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject *value, int for_async,
+                                    wal_unfinished *open_rec, size_t fill_from);
+
 static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *value, int for_async) {
+    return commit_put_or_open(c, kind, key, value, for_async, NULL, 0);
+}
+
+static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject *value, int for_async,
+                                    wal_unfinished *open_rec, size_t fill_from) {
     wal_log *handle = c->handle;
     if (handle == NULL || !PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) == 0 ||
         PyBytes_GET_SIZE(key) > MAX_KEY_BYTES || (Py_ssize_t)c->len > c->max_unapplied)
@@ -956,7 +968,8 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     }
     write_op(write_head(buf, 0, now_ms(), 1), (int)kind, PyBytes_AS_STRING(key), klen,
              kind == OP_PUT ? PyBytes_AS_STRING(value) : NULL, vlen);
-    int64_t lsn = g_log.append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
+    int64_t lsn = open_rec ? g_log.append_unfinished(handle, buf, n, n - (size_t)vlen + fill_from, c->level, open_rec)
+                           : g_log.append(handle, buf, n, c->level, for_async ? WAL_WAIT_NONE : WAL_WAIT_TRY);
     if (buf != small) PyMem_Free(buf);
     if (lsn < 0) { /* back-pressure or a stopped log: the Python path waits or reports it */
         commitlock_release(c->lock);
@@ -973,7 +986,7 @@ static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *v
     if (!failed) failed = core_maybe_wake(c) < 0;
     commitlock_release(c->lock);
     if (failed) return NULL;
-    if (for_async || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
+    if (for_async || open_rec || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
     int rc = log_wait_level(&g_log, handle, (uint64_t)lsn, c->level);
     return PyLong_FromLongLong(rc < 0 ? rc : lsn);
 }
@@ -1684,21 +1697,50 @@ static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t na
     }
     /* A value whose envelope would pass the value limit: the Python put refuses it, naming the
      * value's own size and the limit of a sealed store. */
-    if (core->handle == NULL || !PyBytes_CheckExact(value) ||
+    wal_log *handle = core->handle;
+    if (handle == NULL || !PyBytes_CheckExact(value) ||
         PyBytes_GET_SIZE(value) > WAL_MAX_PAYLOAD_BYTES - 4096 - SEAL_ENVELOPE_OVERHEAD)
         goto python;
     if ((sealer = PyObject_GetAttr(store, str_sealer)) == NULL || (session = PyObject_GetAttr(sealer, str_session)) == NULL)
         goto failed;
     if (!seal_session_takes(session, PyBytes_GET_SIZE(value))) goto python;
     if ((key = plain_key(args[1])) == NULL) goto python; /* the Python put explains what is wrong with it */
-    env = seal_session_seal(session, 0x80, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value),
-                            PyBytes_AS_STRING(f->context), PyBytes_GET_SIZE(f->context), PyBytes_AS_STRING(key),
-                            PyBytes_GET_SIZE(key));
+    seal_job job;
+    Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+    env = seal_session_begin(session, 0x80, vlen, &job);
     if (env == NULL) {
         if (PyErr_Occurred()) goto failed;
         goto python; /* used up: the Python put starts a new session */
     }
-    PyObject *r = sealed_commit_done(f, store, key, env, commit_bytes_key(core, OP_PUT, key, env, 0));
+    const char *body = PyBytes_AS_STRING(value), *ctx1 = PyBytes_AS_STRING(f->context), *ctx2 = PyBytes_AS_STRING(key);
+    Py_ssize_t ctx1_len = PyBytes_GET_SIZE(f->context), ctx2_len = PyBytes_GET_SIZE(key);
+    /* At `sync` the record goes into the log before its value is encrypted, and the AES runs
+     * once the GIL is let go to wait for the fdatasync (native/commit.c, "Records finished
+     * later"): the seal delays no other committing thread. Whatever happens after the append,
+     * the record is finished -- every write of the log waits for it. */
+    wal_unfinished rec = {.len = UINT32_MAX}; /* len: still UINT32_MAX unless the append was made */
+    int open_path = core->level == WAL_LEVEL_SYNC && g_log.finish != NULL;
+    PyObject *r = open_path ? commit_put_or_open(core, OP_PUT, key, env, 0, &rec, SEAL_HEADER_BYTES) : NULL;
+    int ok;
+    if (rec.len != UINT32_MAX) {
+        long long lsn = r != NULL ? PyLong_AsLongLong(r) : 0;
+        char *rest = PyBytes_AS_STRING(env) + SEAL_HEADER_BYTES;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        ok = seal_job_run(&job, body, ctx1, ctx1_len, ctx2, ctx2_len);
+        rc = g_log.finish(handle, &rec, rest, ok);
+        if (rc == 0 && lsn > 0) rc = g_log.wait(handle, (uint64_t)lsn, WAL_LEVEL_SYNC);
+        Py_END_ALLOW_THREADS
+        if (r != NULL && lsn > 0) {
+            Py_DECREF(r);
+            r = PyLong_FromLongLong(rc < 0 ? rc : lsn);
+        }
+    } else { /* sealed now: then committed, or (declined at sync) handed to the Python path */
+        ok = seal_job_run_holding_gil(&job, body, ctx1, ctx1_len, ctx2, ctx2_len);
+        if (ok && !open_path) r = commit_bytes_key(core, OP_PUT, key, env, 0);
+    }
+    if (seal_job_end(session, &job, ok) < 0) Py_CLEAR(r);
+    if (r != NULL) r = sealed_commit_done(f, store, key, env, r);
     Py_DECREF(env);
     Py_DECREF(key);
     Py_DECREF(session);
@@ -1932,8 +1974,9 @@ static PyObject *sc_bind_watermarks(PyObject *self, PyObject *address) {
 
 static PyMethodDef sc_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))sc_bind, METH_FASTCALL,
-     "bind(append_address, wait_address, wait_try_address): the cffi module's wal_log_append, "
-     "wal_log_wait and wal_log_wait_try."},
+     "bind(append_address, wait_address, wait_try_address[, append_unfinished_address, finish_address]): the "
+     "cffi module's wal_log_append, wal_log_wait and wal_log_wait_try (and wal_log_append_unfinished and "
+     "wal_log_finish, for the sealed put)."},
     {"bind_lmdb", sc_bind_lmdb, METH_O, "bind_lmdb(capsule): wal._lmdbcall.CAPI, for the reads (lmdbapi.h)."},
     {"bind_watermarks", sc_bind_watermarks, METH_O,
      "bind_watermarks(address): the cffi module's wal_log_watermarks, for Core.visible_lsn."},

@@ -131,6 +131,7 @@ typedef struct {
     uint64_t appends;            /* append calls */
     uint64_t writes;             /* batches written to the OS */
     uint64_t mapped_writes;      /* of which stored through a shared mapping, no write() (writer.c) */
+    uint64_t finished_later;     /* records appended unfinished and then finished (wal_log_finish) */
     uint64_t fsyncs;             /* fdatasyncs that made records durable */
     uint64_t bytes_written;
     uint64_t synced_records;     /* records made durable, sum over fsyncs */
@@ -162,6 +163,26 @@ int64_t wal_log_append(wal_log *log, const char *data, size_t len, int level, in
  * returns the last LSN. */
 int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens, size_t n, int level,
                             int wait);
+/* A record appended now and finished later (native/commit.c, "Records finished later"): the
+ * LSN and the place are taken at the append, and the payload's bytes from fill_from on are
+ * given by wal_log_finish, which the log waits for before it writes the record. */
+typedef struct {
+    uint64_t batch;     /* which batch holds it (the log's count of batches) */
+    uint64_t at;        /* the record's offset in that batch */
+    uint32_t len;       /* its payload length */
+    uint32_t fill_from; /* the payload offset wal_log_finish's bytes start at */
+} wal_unfinished;
+/* Append one payload of `len` bytes whose bytes from fill_from on are not final yet: as
+ * wal_log_append with WAL_WAIT_TRY at `level` (never waits; WAL_EAGAIN under back-pressure),
+ * and *out says where it is. The caller must then call wal_log_finish, exactly once, and soon:
+ * no write of the log is made until it has (it needs nothing the log holds to do so). */
+int64_t wal_log_append_unfinished(wal_log *log, const char *data, size_t len, size_t fill_from, int level,
+                                  wal_unfinished *out);
+/* Give an unfinished record its last len - fill_from payload bytes (`ok`), or with ok == 0 say
+ * they cannot be made: the log then fails (I5) and the record is never written. 0, or a WAL_E*
+ * code: the log's failure, or WAL_EINVAL for a record it does not hold open (not appended so,
+ * or finished already), which also fails the log. */
+int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, int ok);
 /* Block (helping with the I/O) until `level` holds for `lsn`. */
 int wal_log_wait(wal_log *log, uint64_t lsn, int level);
 /* Block (helping with the I/O) until an append of a payload of `len` bytes would be admitted, as a blocking

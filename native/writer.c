@@ -59,6 +59,7 @@ void wal_batch_reset(wal_batch *b) {
     b->records = 0;
     b->last_lsn = 0;
     b->rolls = 0;
+    b->unfilled = 0;
 }
 
 int wal_batch_concat(wal_batch *dst, const wal_batch *src) {
@@ -75,6 +76,7 @@ int wal_batch_concat(wal_batch *dst, const wal_batch *src) {
     dst->records += src->records;
     if (src->last_lsn) dst->last_lsn = src->last_lsn;
     dst->rolls += src->rolls;
+    dst->unfilled += src->unfilled;
     return 0;
 }
 
@@ -84,9 +86,16 @@ void wal_batch_free(wal_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Encode one record at the end of b (space already reserved). */
+static void set_crc(uint8_t *r, uint32_t len) {
+    /* The header from its length field on, then the payload: contiguous in the record. */
+    wal_put_u32(r + WAL_RH_CRC, wal_crc32c(0, r + 4, WAL_RECORD_HEADER_SIZE - 4 + len));
+}
+
+void wal_record_close(uint8_t *record) { set_crc(record, wal_get_u32(record + WAL_RH_LENGTH)); }
+
+/* Encode one record at the end of b (space already reserved); `open`: without its CRC. */
 static void encode(wal_batch *b, uint8_t type, uint64_t lsn, uint64_t salt, const uint8_t *payload,
-                   uint32_t len) {
+                   uint32_t len, int open) {
     uint8_t *r = b->bytes + b->len;
     uint64_t size = wal_record_size(len);
     wal_put_u32(r + WAL_RH_LENGTH, len);
@@ -97,8 +106,8 @@ static void encode(wal_batch *b, uint8_t type, uint64_t lsn, uint64_t salt, cons
     wal_put_u32(r + WAL_RH_SALT_CHECK, (uint32_t)salt);
     if (len) memcpy(r + WAL_RECORD_HEADER_SIZE, payload, len);
     memset(r + WAL_RECORD_HEADER_SIZE + len, 0, size - WAL_RECORD_HEADER_SIZE - len);
-    uint32_t crc = wal_crc32c(0, r + 4, WAL_RECORD_HEADER_SIZE - 4);
-    wal_put_u32(r + WAL_RH_CRC, wal_crc32c(crc, payload, len));
+    if (open) wal_put_u32(r + WAL_RH_CRC, 0);
+    else set_crc(r, len);
     b->len += size;
 }
 
@@ -122,14 +131,14 @@ int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn) {
     if (rc) return rc;
     wal_span *cur = current_span(w, b);
     if (!cur) return -ENOMEM;
-    encode(b, WAL_REC_MARK, durable_lsn, w->p_salt, NULL, 0);
+    encode(b, WAL_REC_MARK, durable_lsn, w->p_salt, NULL, 0, 0);
     cur->len = b->len - cur->start;
     w->p_offset += WAL_RECORD_HEADER_SIZE;
     w->last_mark = durable_lsn;
     return 0;
 }
 
-int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
+static int place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn, size_t *open_at) {
     uint64_t size = wal_record_size(len);
     int rc = batch_reserve(b, size + WAL_SEAL_SIZE);
     if (rc) return rc;
@@ -144,7 +153,7 @@ int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32
         if (cur->create && w->p_offset == WAL_SEGMENT_HEADER_SIZE) {
             cur->file_size = w->p_size = new_size; /* not made yet: just make it bigger */
         } else {
-            encode(b, WAL_REC_SEAL, lsn - 1, w->p_salt, NULL, 0); /* seal: last DATA LSN */
+            encode(b, WAL_REC_SEAL, lsn - 1, w->p_salt, NULL, 0, 0); /* seal: last DATA LSN */
             cur->len = b->len - cur->start;
             w->p_segno++;
             w->p_salt = next_random(w);
@@ -161,12 +170,25 @@ int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32
             b->rolls++;
         }
     }
-    encode(b, WAL_REC_DATA, lsn, w->p_salt, payload, len);
+    if (open_at) {
+        *open_at = b->len;
+        b->unfilled++;
+    }
+    encode(b, WAL_REC_DATA, lsn, w->p_salt, payload, len, open_at != NULL);
     cur->len = b->len - cur->start;
     w->p_offset += size;
     b->records++;
     b->last_lsn = lsn;
     return 0;
+}
+
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
+    return place(w, b, payload, len, lsn, NULL);
+}
+
+int wal_writer_place_open(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn,
+                          size_t *at) {
+    return place(w, b, payload, len, lsn, at);
 }
 
 /* Zeros for zero_ahead and for the padding of whole pages. */

@@ -87,7 +87,9 @@ def _address(name: str) -> int:
 # (native/logcall.h).
 _LOG_CALLS = (_address("wal_log_append"), _address("wal_log_wait"), _address("wal_log_wait_try"))
 _appendcall.bind(*_LOG_CALLS)
-_storecore.bind(*_LOG_CALLS)
+# ... and a sealed store's put these two as well: its record appended before its value is
+# encrypted, and finished once the GIL is let go (native/commit.c, "Records finished later").
+_storecore.bind(*_LOG_CALLS, _address("wal_log_append_unfinished"), _address("wal_log_finish"))
 _WATERMARKS = _address("wal_log_watermarks")
 _storecore.bind_watermarks(_WATERMARKS)  # the store's reads take their watermark in C
 # ... at `replicated`, this one: no higher than the archive's (Core.acknowledge_archived)

@@ -697,6 +697,7 @@ class Log:
             "appends": s.appends,
             "writes": s.writes,
             "mapped_writes": s.mapped_writes,
+            "finished_later": s.finished_later,
             "fsyncs": s.fsyncs,
             "bytes_written": s.bytes_written,
             "group_size_mean": (s.synced_records / s.fsyncs) if s.fsyncs else 0.0,

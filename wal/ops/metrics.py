@@ -19,7 +19,8 @@ from collections.abc import Mapping
 
 # Monotonic counters of Log.stats() and Store.stats(): they only grow while the process lives.
 COUNTERS = frozenset({
-    "commits", "appends", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits", "backpressure_ms",
+    "commits", "appends", "finished_later", "writes", "mapped_writes", "fsyncs", "bytes_written", "backpressure_waits",
+    "backpressure_ms",
     "rpo_overruns", "segments_created", "apply_batches", "applied_commits", "checkpoints", "auto_checkpoints",
     "segments_removed", "conflicts", "idempotent_hits", "slow_fsyncs", "background_applies",
     "space_checkpoints", "state_backpressure_waits", "state_backpressure_ms",
@@ -31,6 +32,8 @@ COUNTERS = frozenset({
 HELP = {
     "commits": "Commits acknowledged.",
     "appends": "Append calls to the log.",
+    "finished_later": "Records appended before their last bytes were made, then finished (a sealed put at sync, "
+                      "encrypted with the GIL let go).",
     "writes": "Batches written to the OS.",
     "mapped_writes": "Of those, stored through a shared mapping of the segment rather than write() (interval).",
     "fsyncs": "fdatasyncs that made records durable.",
