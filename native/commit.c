@@ -125,8 +125,9 @@ struct wal_log {
     /* Records finished later ("Records finished later" below): batches handed out so far
      * (pending is number pending_no), the bytes a failed write put in front of pending's own
      * (pending_shift), and the batch a writer waits to be finished (finishing, number
-     * finishing_no; NULL when none), signalled by `finished`. */
-    uint64_t pending_no, pending_shift, finishing_no;
+     * finishing_no, its own such shift finishing_shift; NULL when none), signalled by
+     * `finished`. */
+    uint64_t pending_no, pending_shift, finishing_no, finishing_shift;
     wal_batch *finishing;
     pthread_cond_t finished;
     int level;
@@ -501,6 +502,7 @@ static void await_finished(wal_log *log, wal_batch *b) {
 
 static void do_write(wal_log *log) {
     wal_batch b = log->pending;
+    uint64_t shift = log->pending_shift;
     log->pending = log->spare;
     wal_batch_reset(&log->pending);
     log->pending_no++;
@@ -510,6 +512,7 @@ static void do_write(wal_log *log) {
     if (b.unfilled) { /* records finished later: each a few microseconds away (see there) */
         log->finishing = &b;
         log->finishing_no = log->pending_no - 1;
+        log->finishing_shift = shift;
         await_finished(log, &b);
         log->finishing = NULL;
         if (log->failed) { /* a record that could not be finished failed the log: write nothing */
@@ -910,6 +913,7 @@ int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, i
         at += log->pending_shift;
     } else if (log->finishing && rec->batch == log->finishing_no) {
         b = log->finishing;
+        at += log->finishing_shift;
     }
     int rc = 0;
     if (b == NULL || !b->unfilled || at + wal_record_size(rec->len) > b->len ||

@@ -138,9 +138,10 @@ def test_finishing_a_record_the_log_does_not_hold_open_is_refused_and_stops_the_
         assert reopened_payloads(path) == [(1, b"kept")]
 
 
-def test_a_refused_write_puts_its_batch_before_an_unfinished_record_which_still_lands_whole(tmp_path: Path) -> None:
-    # A write refused for lack of space goes back in front of the pending batch; a record
-    # appended open meanwhile has moved by that batch's length when it is finished.
+def test_a_refused_write_puts_its_batch_before_unfinished_records_which_still_land_whole(tmp_path: Path) -> None:
+    # A write refused for lack of space goes back in front of the pending batch: a record
+    # appended open meanwhile has moved by that batch's length when it is finished, and one
+    # appended open after it is finished while a writer that took that batch waits for it.
     with wal.Log.open(tmp_path, durability="sync") as log:
         log.append(b"first")
         assert append_nowait(handle_address(log._handle), b"refused once", lib.WAL_LEVEL_SYNC, lib.WAL_WAIT_TRY) == 2
@@ -161,7 +162,15 @@ def test_a_refused_write_puts_its_batch_before_an_unfinished_record_which_still_
         syncing.join(timeout=10)
         assert refused and wal.drill.failpoints.failures("write") == 1
         wal.drill.failpoints.clear()
+        lsn2, rec2 = append_open(log, b"after:", 5)  # into the batch the refused one went back in front of
         assert finish(log, rec, b"finished") == 0
-        log.wait(lsn)
-        assert list(log.read(1)) == [(1, b"first"), (2, b"refused once"), (3, b"open:finished")]
-    assert reopened_payloads(tmp_path) == [(1, b"first"), (2, b"refused once"), (3, b"open:finished")]
+        syncing = threading.Thread(target=log.sync)
+        syncing.start()
+        time.sleep(0.2)
+        assert syncing.is_alive() and log.watermarks.written < lsn2  # the writer waits for rec2
+        assert finish(log, rec2, b"later") == 0
+        syncing.join(timeout=10)
+        assert not syncing.is_alive()
+        want = [(1, b"first"), (2, b"refused once"), (3, b"open:finished"), (4, b"after:later")]
+        assert list(log.read(1)) == want
+    assert reopened_payloads(tmp_path) == want
