@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from log_helpers import sync_during_a_refused_write
 
 import wal
 import wal.drill.failpoints
@@ -78,18 +79,7 @@ def test_at_buffered_no_append_is_admitted_once_a_write_was_refused_even_one_mad
     log = wal.Log.open(tmp_path / "log", durability="buffered", rpo_ms=10_000)
     try:
         log.append(b"first")
-        wal.drill.failpoints.arm("write", errno.ENOSPC, nth=1, repeat=True)
-        wal.drill.failpoints.slow("write", 0.3)
-        refused: list[BaseException] = []
-
-        def sync() -> None:
-            try:
-                log.sync()
-            except wal.NoSpaceError as exc:
-                refused.append(exc)
-
-        syncing = threading.Thread(target=sync)
-        syncing.start()
+        syncing, refused = sync_during_a_refused_write(log, repeat=True)
         time.sleep(0.1)
         log.append(b"during the refused write")  # admitted: no refusal known yet
         syncing.join()

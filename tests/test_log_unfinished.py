@@ -5,13 +5,13 @@ the disk) when it cannot be finished."""
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from log_helpers import sync_during_a_refused_write
 
 import wal
 import wal.drill.failpoints
@@ -98,44 +98,36 @@ def test_a_write_made_holding_the_gil_never_takes_a_batch_with_an_unfinished_rec
     assert reopened_payloads(tmp_path) == [(1, b"open:done"), (2, b"tried")]
 
 
-def test_a_record_that_cannot_be_finished_fails_the_log_and_never_reaches_the_disk(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("how", "detail"), [
+    ("its bytes cannot be made", "sealing a record"),
+    # A caller that names a record wrongly may have left one of its own open, which would hold
+    # every write back for good: the log fails instead.
+    ("named in another batch", "not open"),
+    ("finished twice", "not open"),
+])
+def test_a_record_not_finished_as_the_contract_says_fails_the_log_and_never_reaches_the_disk(
+        tmp_path: Path, how: str, detail: str) -> None:
     log = wal.Log.open(tmp_path, durability="sync")
     try:
         log.append(b"kept")
         _, rec = append_open(log, b"open:", 4)
-        assert finish(log, rec, b"\0\0\0\0", ok=False) == lib.WAL_EFAILED
-        with pytest.raises(wal.FailedError, match="sealing a record"):
-            log.append(b"refused")
-    finally:
-        with pytest.raises(wal.FailedError):
-            log.close()
-    assert reopened_payloads(tmp_path) == [(1, b"kept")]
-
-
-def test_finishing_a_record_the_log_does_not_hold_open_is_refused_and_stops_the_log(tmp_path: Path) -> None:
-    # A caller that names a record wrongly may have left one of its own open, which would hold
-    # every write back for good: the log fails instead, and what it had not written is lost
-    # (not acknowledged).
-    for wrong in ("another batch", "finished twice"):
-        path = tmp_path / wrong.replace(" ", "-")
-        log = wal.Log.open(path, durability="sync")
-        try:
-            log.append(b"kept")
-            _, rec = append_open(log, b"open:", 4)
-            if wrong == "another batch":
+        if how == "its bytes cannot be made":
+            assert finish(log, rec, b"\0\0\0\0", ok=False) == lib.WAL_EFAILED
+        else:
+            named = rec
+            if how == "named in another batch":
                 named = ffi.new("wal_unfinished *", {"batch": rec.batch + 7, "at": rec.at, "len": rec.len,
                                                      "fill_from": rec.fill_from})
             else:
                 append_open(log, b"also open:", 4)  # keeps the batch waiting for a finish
                 assert finish(log, rec, b"done") == 0
-                named = rec
             assert finish(log, named, b"nope") == lib.WAL_EINVAL
-            with pytest.raises(wal.FailedError, match="not open"):
-                log.append(b"refused")
-        finally:
-            with pytest.raises(wal.FailedError):
-                log.close()
-        assert reopened_payloads(path) == [(1, b"kept")]
+        with pytest.raises(wal.FailedError, match=detail):
+            log.append(b"refused")
+    finally:
+        with pytest.raises(wal.FailedError):
+            log.close()
+    assert reopened_payloads(tmp_path) == [(1, b"kept")]  # nothing it had not written is acknowledged
 
 
 def test_a_refused_write_puts_its_batch_before_unfinished_records_which_still_land_whole(tmp_path: Path) -> None:
@@ -145,20 +137,9 @@ def test_a_refused_write_puts_its_batch_before_unfinished_records_which_still_la
     with wal.Log.open(tmp_path, durability="sync") as log:
         log.append(b"first")
         assert append_nowait(handle_address(log._handle), b"refused once", lib.WAL_LEVEL_SYNC, lib.WAL_WAIT_TRY) == 2
-        wal.drill.failpoints.arm("write", errno.ENOSPC, nth=1)
-        wal.drill.failpoints.slow("write", 0.3)
-        refused: list[BaseException] = []
-
-        def sync() -> None:
-            try:
-                log.sync()
-            except wal.NoSpaceError as exc:
-                refused.append(exc)
-
-        syncing = threading.Thread(target=sync)
-        syncing.start()
+        syncing, refused = sync_during_a_refused_write(log, repeat=False)
         time.sleep(0.1)  # inside the refused write
-        lsn, rec = append_open(log, b"open:", 8)
+        _, rec = append_open(log, b"open:", 8)
         syncing.join(timeout=10)
         assert refused and wal.drill.failpoints.failures("write") == 1
         wal.drill.failpoints.clear()
