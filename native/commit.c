@@ -834,7 +834,7 @@ static int64_t append_records(wal_log *log, const char *data, const uint32_t *le
     if (log->pending.len == 0) {
         int mrc = wal_writer_mark(&log->w, &log->pending, log->durable);
         if (mrc) {
-            fail(log, mrc, "buffering a mark for", log->w.p_segno);
+            fail(log, mrc, "buffering a mark", log->w.p_segno);
             pthread_mutex_unlock(&log->mu);
             return WAL_EFAILED;
         }
@@ -846,7 +846,7 @@ static int64_t append_records(wal_log *log, const char *data, const uint32_t *le
         if (prc) {
             /* Only ENOMEM gets here; records already placed cannot be taken
              * back from the batch, so the log must stop. */
-            fail(log, prc, "buffering a record for", log->w.p_segno);
+            fail(log, prc, "buffering a record", log->w.p_segno);
             pthread_mutex_unlock(&log->mu);
             return WAL_EFAILED;
         }
@@ -924,7 +924,7 @@ int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, i
         fail(log, -EINVAL, "finishing a record that is not open", log->w.p_segno);
         rc = WAL_EINVAL;
     } else if (!ok) {
-        fail(log, -EIO, "sealing a record for", log->w.p_segno);
+        fail(log, -EIO, "sealing a record", log->w.p_segno);
         rc = WAL_EFAILED;
     } else {
         uint8_t *r = b->bytes + at;
