@@ -841,8 +841,7 @@ static int64_t append_records(wal_log *log, const char *data, const uint32_t *le
     }
     for (size_t i = 0; i < n; i++) {
         size_t at = 0;
-        int prc = open_rec ? wal_writer_place_open(&log->w, &log->pending, p, lens[i], log->next_lsn, &at)
-                           : wal_writer_place(&log->w, &log->pending, p, lens[i], log->next_lsn);
+        int prc = wal_writer_place(&log->w, &log->pending, p, lens[i], log->next_lsn, open_rec ? &at : NULL);
         if (prc) {
             /* Only ENOMEM gets here; records already placed cannot be taken
              * back from the batch, so the log must stop. */

@@ -138,7 +138,8 @@ int wal_writer_mark(wal_writer *w, wal_batch *b, uint64_t durable_lsn) {
     return 0;
 }
 
-static int place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn, size_t *open_at) {
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn,
+                     size_t *open_at) {
     uint64_t size = wal_record_size(len);
     int rc = batch_reserve(b, size + WAL_SEAL_SIZE);
     if (rc) return rc;
@@ -180,15 +181,6 @@ static int place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t l
     b->records++;
     b->last_lsn = lsn;
     return 0;
-}
-
-int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn) {
-    return place(w, b, payload, len, lsn, NULL);
-}
-
-int wal_writer_place_open(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn,
-                          size_t *at) {
-    return place(w, b, payload, len, lsn, at);
 }
 
 /* Zeros for zero_ahead and for the padding of whole pages. */

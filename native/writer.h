@@ -79,12 +79,11 @@ typedef struct {
 
 int wal_writer_init(wal_writer *w, const char *dir, const wal_log_config *cfg);
 void wal_writer_close(wal_writer *w);
-int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn);
-/* wal_writer_place, the record left open: its CRC is not computed (and b->unfilled counts it),
- * so the caller may still change its payload's bytes in the batch; *at = the record's offset in
- * b->bytes. The batch must not be written before wal_record_close has closed it. */
-int wal_writer_place_open(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn,
-                          size_t *at);
+/* With `open_at`, the record is left open: its CRC is not computed (and b->unfilled counts it),
+ * so the caller may still change its payload's bytes in the batch; *open_at = the record's
+ * offset in b->bytes. The batch must not be written before wal_record_close has closed it. */
+int wal_writer_place(wal_writer *w, wal_batch *b, const uint8_t *payload, uint32_t len, uint64_t lsn,
+                     size_t *open_at);
 /* Close a record placed open, at `record` (its header): compute and store its CRC. */
 void wal_record_close(uint8_t *record);
 /* At the start of a batch: a MARK vouching that durable_lsn is durable, when it moved

@@ -407,11 +407,12 @@ def _log_bytes_between(logs: list[Piece], after: int, upto: int) -> int:
     return total
 
 
-def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: str, snapshot_bytes: int,
-            merge_objects: int, retention_s: float | None, puts_in_flight: int) -> None:
+def _attach(store: ArchivedStore, objects: ObjectStore, *, shipped_before: int, rpo_ms: int, policy: str,
+            snapshot_bytes: int, merge_objects: int, retention_s: float | None, puts_in_flight: int) -> None:
     """Find where the archive ends and check this store continues it; then start shipping. An
     object store that does not answer does not stop the open: the shipper resolves the archive's
-    end once it answers, and until then ships nothing and lets no segment go (archived LSN 0)."""
+    end once it answers, and until then ships nothing and lets no segment go (archived LSN 0).
+    `shipped_before`: the LSN the store's archive.json says it shipped to this archive (0: none)."""
     resolve = None
     try:
         found = _resolve(store, objects)
@@ -421,8 +422,6 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, rpo_ms: int, policy: 
                       store.path, exc)
         found = Resolved(0, True, 0, [], None)
         resolve = lambda: _resolve(store, objects)  # noqa: E731
-    shipped = shipping_archive(store.path)  # read before the shipper writes its own status
-    shipped_before = shipped[1] if shipped is not None and same_location(shipped[0], objects.url) else 0
     shipper = Shipper(store, objects, rpo_ms=rpo_ms, policy=policy, snapshot_bytes=snapshot_bytes,
                       merge_objects=merge_objects, archived=found.archived, need_snapshot=found.need_snapshot,
                       last_snapshot=found.last_snapshot, retention_s=retention_s, resolve=resolve, tail=found.tail,
@@ -458,8 +457,9 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     sealing = plan_sealing(os.fspath(path), readonly=False, encryption=encryption, compression=compression,
                            compression_threshold=compression_threshold, compression_dict=compression_dict)
     objects = seal_objects(open_objects(archive), sealing.sealer if sealing is not None else None)
-    previous = shipping_archive(os.fspath(path))
-    if previous is not None and not same_location(previous[0], objects.url):
+    previous = shipping_archive(os.fspath(path))  # read before the shipper writes its own status
+    same_archive = previous is not None and same_location(previous[0], objects.url)
+    if previous is not None and not same_archive:
         # Allowed (a store may move to another archive), but never silently: the archive it
         # leaves gets nothing more, and going back to it later leaves a gap there.
         _logger.warning("the store in %s ships to the object archive %s (archived LSN %d) and is opened with %s "
@@ -474,7 +474,8 @@ def open_archived(path: str | os.PathLike[str], archive: str | ObjectStore, opti
     if store._replicated:
         store._commit_fast = _decline  # Python path for aput/adelete too: it waits for the archive
     try:
-        _attach(store, objects, **settings)
+        _attach(store, objects, shipped_before=previous[1] if previous is not None and same_archive else 0,
+                **settings)
     except BaseException:
         store.close()
         raise
