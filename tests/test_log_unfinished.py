@@ -122,8 +122,11 @@ def test_a_record_not_finished_as_the_contract_says_fails_the_log_and_never_reac
                 append_open(log, b"also open:", 4)  # keeps the batch waiting for a finish
                 assert finish(log, rec, b"done") == 0
             assert finish(log, named, b"nope") == lib.WAL_EINVAL
-        with pytest.raises(wal.FailedError, match=detail):
+        with pytest.raises(wal.FailedError, match=detail) as refused:
             log.append(b"refused")
+        # The I5 explanation names the step that failed: neither is a failed fsync or write.
+        why = "could not be sealed" if how == "its bytes cannot be made" else "did not hold open"
+        assert why in str(refused.value) and "failed fsync or write" not in str(refused.value)
     finally:
         with pytest.raises(wal.FailedError):
             log.close()

@@ -141,6 +141,27 @@ _BY_CODE: dict[int, type[errors.WalError]] = {
 }
 
 
+def _why_failed(detail: str) -> str:
+    """Why a failed log is not retried, for the step that failed (`detail`, the log's own: "<step>
+    of <segment> failed: <reason>", native/commit.c `fail`)."""
+    if detail.startswith("sealing "):
+        # A record appended with its ciphertext to come (native/commit.c, "Records finished
+        # later") that could not be encrypted: it holds an LSN, and the log writes no batch past
+        # a record it cannot write whole.
+        return ("a record already given its LSN could not be sealed, so nothing after it can be written "
+                "(it and the commits after it were never written, nor acknowledged) -- reopen the store, "
+                "which replays the log from what is on disk")
+    if detail.startswith("finishing "):
+        # wal_log_finish named no record held open: its caller may have left one of its own
+        # open, which would hold every later write back for good.
+        return ("a record was finished that the log did not hold open, so one the caller holds may never be "
+                "finished and nothing after it could be written -- reopen the store, which replays the log "
+                "from what is on disk")
+    return ("a failed fsync or write is never retried, since the kernel may have dropped the pages it could "
+            "not write and a later success would prove nothing -- reopen it, which replays the log from what "
+            "is on disk")
+
+
 def raise_code(code: int, context: str, detail: str = "", write_errno: int = 0) -> NoReturn:
     """Raise the exception for a negative WAL_E* code. `write_errno`, for WAL_ENOSPC: what the
     refused write lacked (wal_log_write_failed_errno): EMFILE/ENFILE make it a StorageError
@@ -153,9 +174,7 @@ def raise_code(code: int, context: str, detail: str = "", write_errno: int = 0) 
         message += f" ({detail})"
     cls = _BY_CODE.get(code)
     if cls is errors.FailedError:
-        message += ("; the store fail-stops (invariant I5): a failed fsync or write is never retried, since the "
-                    "kernel may have dropped the pages it could not write and a later success would prove nothing "
-                    "-- reopen it, which replays the log from what is on disk")
+        message += "; the store fail-stops (invariant I5): " + _why_failed(detail)
     if cls is not None:
         raise cls(message)
     if code in (lib.WAL_EIO, lib.WAL_EOS):
