@@ -888,9 +888,10 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
  * needs nothing but mu, and holds nothing anyone waits for while it encrypts, so a writer's
  * wait ends. A record cannot be finished only if the encryption itself fails (never seen):
  * the log then fails (I5) and writes nothing more, so the record never reaches the disk with
- * the bytes it was placed with. Readers never see such a record before it is finished: they
- * see a commit once its level holds (the store uses this at `sync` only, where that is once
- * durable), and it cannot be written before then. */
+ * the bytes it was placed with. Readers see a commit once its level holds (the store uses
+ * this at `sync` only, where that is once durable), and it cannot be written unfinished; the
+ * store's reads of the newest version, acknowledged or not, wait for an open one to be durable
+ * (native/storecore.c, core_overlay_newest). */
 
 int64_t wal_log_append_unfinished(wal_log *log, const char *data, size_t len, size_t fill_from, int level,
                                   wal_unfinished *out) {

@@ -129,7 +129,7 @@ void overlay_prefetch_version(const overlay *o, PyObject *key) {
     if (s->newest != NULL) __builtin_prefetch(s->newest, 1, 3);
 }
 
-int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value) {
+int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int unfinished) {
     Py_hash_t hash = ov_hash(key);
     size_t cap = ov_capacity(o);
     /* Grow before probing, so the slot found is the one written. A key already present
@@ -146,6 +146,7 @@ int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value) {
     ov_slot *s = ov_probe(o, key, hash);
     v->lsn = lsn;
     v->value = value;
+    v->unfinished = (unsigned char)(unfinished != 0);
     Py_XINCREF(value);
     if (s->key == NULL) {
         Py_INCREF(key);

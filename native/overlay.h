@@ -42,6 +42,12 @@ typedef struct ov_version {
     uint64_t lsn;
     PyObject *value; /* exact bytes, or NULL: the version is a delete */
     struct ov_version *older;
+    /* 1: `value` is an envelope whose bytes are still being written, with the GIL released,
+     * until its record is finished (a sealed put at `sync`; native/commit.c, "Records finished
+     * later"). Whole once the LSN is durable, since the log writes no open record. Only a read
+     * of the newest version, past what is acknowledged, can meet it (storecore.c,
+     * core_overlay_newest). */
+    unsigned char unfinished;
 } ov_version;
 
 typedef struct {
@@ -68,9 +74,10 @@ void overlay_free(overlay *o);
 void overlay_prefetch(const overlay *o, PyObject *key);
 /* The same for the key's newest version, once its slot is in cache (overlay_prefetch first). */
 void overlay_prefetch_version(const overlay *o, PyObject *key);
-/* Enter version `lsn` of `key` (value: bytes, or NULL for a delete) as the key's newest.
+/* Enter version `lsn` of `key` (value: bytes, or NULL for a delete) as the key's newest;
+ * `unfinished`: its value's bytes are still being written (ov_version.unfinished).
  * 0, or -1 with MemoryError set (the overlay is then unchanged). */
-int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value);
+int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int unfinished);
 /* The key's newest version with lsn <= limit, or NULL. */
 const ov_version *overlay_find(const overlay *o, PyObject *key, uint64_t limit);
 /* Drop the key's versions with lsn <= applied; the key goes when none is left. */

@@ -981,9 +981,12 @@ static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject 
     PyObject *stored = kind == OP_PUT ? value : NULL;
     /* Queued first: it gives the slot's prefetch (above) more time to arrive. */
     int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 ||
-                 overlay_add(&c->ov, key, (uint64_t)lsn, stored) < 0;
+                 overlay_add(&c->ov, key, (uint64_t)lsn, stored, open_rec != NULL) < 0;
     c->bytes_since_checkpoint += (long long)n;
-    if (!failed) failed = core_maybe_wake(c) < 0;
+    /* An open record's caller wakes the materializer once it has finished it: the wake runs
+     * Python (Event.set), where a signal handler or a finalizer could read or sync the store,
+     * and wait on this thread's own open record for good. */
+    if (!failed && open_rec == NULL) failed = core_maybe_wake(c) < 0;
     commitlock_release(c->lock);
     if (failed) return NULL;
     if (for_async || open_rec || c->level == WAL_LEVEL_BUFFERED) return PyLong_FromLongLong(lsn);
@@ -1004,7 +1007,7 @@ static int overlay_enter_txn(Core *c, uint64_t lsn, PyObject *ops) {
         (void)parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
         PyObject *k = exact_bytes(key, "a key");
         PyObject *v = kind == OP_PUT && k != NULL ? exact_bytes(val, "a value") : NULL;
-        int rc = k == NULL || (kind == OP_PUT && v == NULL) ? -1 : overlay_add(&c->ov, k, lsn, v);
+        int rc = k == NULL || (kind == OP_PUT && v == NULL) ? -1 : overlay_add(&c->ov, k, lsn, v, 0);
         Py_XDECREF(k);
         Py_XDECREF(v);
         if (rc < 0) return -1;
@@ -1170,6 +1173,8 @@ static int parse_limit(PyObject *arg, uint64_t *limit) {
     return *limit == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
+static PyObject *version_tuple(const ov_version *v);
+
 /* overlay_get(key, limit) -> (lsn, value | None) | None: the key's newest overlay version with
  * lsn <= limit (None: the newest). The caller reads its watermark (`limit`) before this. */
 static PyObject *core_overlay_get(Core *c, PyObject *const *args, Py_ssize_t nargs) {
@@ -1183,6 +1188,11 @@ static PyObject *core_overlay_get(Core *c, PyObject *const *args, Py_ssize_t nar
     if (key == NULL) return NULL;
     const ov_version *v = overlay_find(&c->ov, key, limit);
     Py_DECREF(key);
+    return version_tuple(v);
+}
+
+/* (lsn, value | None) of version `v`, or None for NULL. */
+static PyObject *version_tuple(const ov_version *v) {
     if (v == NULL) Py_RETURN_NONE;
     /* Copied out before making objects (which may let another thread prune the version). */
     PyObject *value = Py_NewRef(v->value != NULL ? v->value : Py_None);
@@ -1196,6 +1206,37 @@ static PyObject *core_overlay_get(Core *c, PyObject *const *args, Py_ssize_t nar
     PyTuple_SET_ITEM(result, 0, lsn);
     PyTuple_SET_ITEM(result, 1, value);
     return result;
+}
+
+/* overlay_newest(key) -> (lsn, value | None) | None: the key's newest overlay version, acknowledged
+ * or not, with its value whole. A sealed put at `sync` enters its envelope before encrypting
+ * into it (commit_put_or_open with an open record): such a version, until its LSN is durable,
+ * may still be being written by its committing thread. It is waited for, with the GIL
+ * released, until durable (a record is never durable unfinished; at most one fdatasync away),
+ * then looked up again, at most up to its LSN: the overlay may have changed meanwhile (a newer
+ * version, or this one applied and pruned: then None, and LMDB holds it or a newer one). If
+ * the log fails or closes first, the newest durable version is the answer: the unfinished
+ * one will never be acknowledged. Reads up to an acknowledged LSN (overlay_get, read_key)
+ * never meet one: at `sync` nothing above durable is acknowledged. */
+static PyObject *core_overlay_newest(Core *c, PyObject *arg) {
+    PyObject *key = exact_bytes(arg, "a key");
+    if (key == NULL) return NULL;
+    const ov_version *v = overlay_find(&c->ov, key, UINT64_MAX);
+    if (v != NULL && v->unfinished && c->marks != NULL && g_watermarks != NULL) {
+        uint64_t lsn = v->lsn, marks[3]; /* appended, written, durable (here, not the archive's) */
+        (void)g_watermarks(c->marks, marks);
+        if (lsn > marks[2]) {
+            wal_log *handle = c->marks;
+            int rc;
+            Py_BEGIN_ALLOW_THREADS
+            rc = g_log.wait(handle, lsn, WAL_LEVEL_SYNC);
+            Py_END_ALLOW_THREADS
+            if (rc < 0) (void)g_watermarks(c->marks, marks);
+            v = overlay_find(&c->ov, key, rc < 0 ? marks[2] : lsn);
+        }
+    }
+    Py_DECREF(key);
+    return version_tuple(v);
 }
 
 /* overlay_scan(prefix, limit) -> [(key, lsn, value | None)]: each overlay key starting with
@@ -1572,6 +1613,9 @@ static PyMethodDef core_methods[] = {
      "visible_lsn() -> the highest LSN acknowledged at the store's level (durable, written or appended)."},
     {"overlay_get", (PyCFunction)(void (*)(void))core_overlay_get, METH_FASTCALL,
      "overlay_get(key, limit) -> (lsn, value | None) | None: the newest version with lsn <= limit (None: any)."},
+    {"overlay_newest", (PyCFunction)core_overlay_newest, METH_O,
+     "overlay_newest(key) -> (lsn, value | None) | None: the newest version, acknowledged or not, its value whole "
+     "(one still being sealed is waited for)."},
     {"overlay_scan", (PyCFunction)(void (*)(void))core_overlay_scan, METH_FASTCALL,
      "overlay_scan(prefix, limit) -> [(key, lsn, value | None)]: keys with prefix, newest version <= limit."},
     {"get_many", (PyCFunction)(void (*)(void))core_get_many, METH_FASTCALL,
@@ -1734,6 +1778,7 @@ static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t na
         if (r != NULL && lsn > 0) {
             Py_DECREF(r);
             r = PyLong_FromLongLong(rc < 0 ? rc : lsn);
+            if (r != NULL && core_maybe_wake(core) < 0) Py_CLEAR(r); /* not before: commit_put_or_open */
         }
     } else { /* sealed now: then committed, or (declined at sync) handed to the Python path */
         ok = seal_job_run_holding_gil(&job, body, ctx1, ctx1_len, ctx2, ctx2_len);

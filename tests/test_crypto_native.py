@@ -424,6 +424,46 @@ def test_a_sealed_put_at_sync_is_appended_first_and_encrypted_once_the_gil_is_le
             assert sealer.open(envelope, sealing.CONTEXT_VALUE + b"k39", lambda: "k39") == VALUE[: 100 + 50 * 39]
 
 
+@needs_c_path
+def test_reads_of_the_newest_version_never_open_an_envelope_still_being_encrypted(tmp_path: Path) -> None:
+    """A transaction's read and `update` read a key's newest version, in flight included. A put
+    at `sync` enters its envelope before encrypting into it (GIL released): such a read waits
+    until that commit is durable (so finished), and never opens the envelope half written --
+    which it reported as a damaged value (SealDamagedError) of a sound store."""
+    values = [bytes([65 + t]) * (64 << 10) for t in range(4)]  # 64 KiB: ~20 µs of AES a put
+    with wal.open(tmp_path, encryption=KEY, durability="sync") as store:
+        store.put(b"k", values[0])
+        stop = threading.Event()
+        seen: list[bytes | None] = []
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            while not stop.is_set():
+                try:
+                    with store.transaction() as tx:
+                        seen.append(tx.get(b"k"))
+                    store.update(b"k", lambda v: v)  # reads the newest, writes it back
+                except BaseException as exc:  # any error fails the test below
+                    errors.append(exc)
+                    return
+
+        def writer(t: int) -> None:
+            for _ in range(300):
+                store.put(b"k", values[t])
+
+        threads = [threading.Thread(target=reader)] + [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads[1:]:
+            th.join(timeout=120)
+        stop.set()
+        threads[0].join(timeout=60)
+        assert errors == [] and not any(th.is_alive() for th in threads)
+        assert store.stats()["finished_later"] >= 600  # the C path, mostly (a busy lock sends some to Python)
+        assert len(seen) > 10 and set(seen) <= set(values)
+        assert store.get(b"k") in values
+
+
 FINISHED_LATER_RUN = textwrap.dedent("""
     import os, sys, threading
     import wal

@@ -724,7 +724,9 @@ class Store:
     def _lookup(self, key: bytes, newest: bool) -> tuple[int, bytes | None] | None:
         """(version, value or None if deleted) of key, or None if never written / unknown."""
         if self._log is not None:
-            found = self._core.overlay_get(key, None)  # the newest version, acknowledged or not
+            # The newest version, acknowledged or not; for `newest` with its value whole (a
+            # sealed put's envelope may be encrypted after its append: Core.overlay_newest).
+            found = self._core.overlay_newest(key) if newest else self._core.overlay_get(key, None)
             if found is not None and not newest:
                 # Returned only if acknowledged by a watermark read after the look (so by now);
                 # else the newest version at or below that watermark, looked up after it.
