@@ -896,7 +896,8 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
 int64_t wal_log_append_unfinished(wal_log *log, const char *data, size_t len, size_t fill_from, int level,
                                   wal_unfinished *out) {
     REFUSE_IN_A_FORK(log, WAL_EFORKED);
-    if (!level_ok(log, level) || fill_from > len || out == NULL) return WAL_EINVAL;
+    /* Not at `buffered`, which acknowledges a commit at its append: before it is finished. */
+    if (!level_ok(log, level) || level == WAL_LEVEL_BUFFERED || fill_from > len || out == NULL) return WAL_EINVAL;
     if (len > WAL_MAX_PAYLOAD) return WAL_ETOOBIG;
     uint32_t l = (uint32_t)len;
     out->fill_from = (uint32_t)fill_from;
@@ -916,8 +917,13 @@ int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, i
         at += log->finishing_shift;
     }
     int rc = 0;
-    if (b == NULL || !b->unfilled || at + wal_record_size(rec->len) > b->len ||
-        wal_get_u32(b->bytes + at + WAL_RH_LENGTH) != rec->len || wal_get_u32(b->bytes + at + WAL_RH_CRC) != 0) {
+    if (log->failed) {
+        /* Nothing more is written (I5): a writer that held this record's batch may have let it
+         * go already, so there may be nothing to finish. */
+        rc = WAL_EFAILED;
+    } else if (b == NULL || !b->unfilled || rec->len > WAL_MAX_PAYLOAD || rec->fill_from > rec->len ||
+               at > b->len || wal_record_size(rec->len) > b->len - at ||
+               wal_get_u32(b->bytes + at + WAL_RH_LENGTH) != rec->len || wal_get_u32(b->bytes + at + WAL_RH_CRC) != 0) {
         /* Not a record this log holds open (a closed one's CRC is 0 once in 2^32 times). The
          * caller broke the contract, and a record of its that is open would hold every write
          * back for good: the log stops instead. */
@@ -933,7 +939,6 @@ int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, i
         log->n_finished_later++;
         __atomic_store_n(&b->unfilled, b->unfilled - 1, __ATOMIC_RELEASE); /* read unlocked: do_write's spin */
         if (b->unfilled == 0 && b == log->finishing) pthread_cond_broadcast(&log->finished);
-        rc = log->failed ? WAL_EFAILED : 0;
     }
     pthread_mutex_unlock(&log->mu);
     return rc;

@@ -173,15 +173,17 @@ typedef struct {
     uint32_t fill_from; /* the payload offset wal_log_finish's bytes start at */
 } wal_unfinished;
 /* Append one payload of `len` bytes whose bytes from fill_from on are not final yet: as
- * wal_log_append with WAL_WAIT_TRY at `level` (never waits; WAL_EAGAIN under back-pressure),
+ * wal_log_append with WAL_WAIT_TRY at `level` (never waits; WAL_EAGAIN under back-pressure;
+ * WAL_EINVAL at WAL_LEVEL_BUFFERED, which would acknowledge it before it is finished),
  * and *out says where it is. The caller must then call wal_log_finish, exactly once, and soon:
  * no write of the log is made until it has (it needs nothing the log holds to do so). */
 int64_t wal_log_append_unfinished(wal_log *log, const char *data, size_t len, size_t fill_from, int level,
                                   wal_unfinished *out);
 /* Give an unfinished record its last len - fill_from payload bytes (`ok`), or with ok == 0 say
  * they cannot be made: the log then fails (I5) and the record is never written. 0, or a WAL_E*
- * code: the log's failure, or WAL_EINVAL for a record it does not hold open (not appended so,
- * or finished already), which also fails the log. */
+ * code: WAL_EFAILED once the log has failed (the bytes are not taken: nothing more is
+ * written), or WAL_EINVAL for a record it does not hold open (not appended so, finished
+ * already, or out of its batch's bounds), which also fails the log. */
 int wal_log_finish(wal_log *log, const wal_unfinished *rec, const char *bytes, int ok);
 /* Block (helping with the I/O) until `level` holds for `lsn`. */
 int wal_log_wait(wal_log *log, uint64_t lsn, int level);

@@ -104,6 +104,9 @@ def test_a_write_made_holding_the_gil_never_takes_a_batch_with_an_unfinished_rec
     # every write back for good: the log fails instead.
     ("named in another batch", "not open"),
     ("finished twice", "not open"),
+    # Bounds a caller could get wrong: checked before any byte is copied.
+    ("filled from past its end", "not open"),
+    ("placed past its batch", "not open"),
 ])
 def test_a_record_not_finished_as_the_contract_says_fails_the_log_and_never_reaches_the_disk(
         tmp_path: Path, how: str, detail: str) -> None:
@@ -115,9 +118,12 @@ def test_a_record_not_finished_as_the_contract_says_fails_the_log_and_never_reac
             assert finish(log, rec, b"\0\0\0\0", ok=False) == lib.WAL_EFAILED
         else:
             named = rec
-            if how == "named in another batch":
-                named = ffi.new("wal_unfinished *", {"batch": rec.batch + 7, "at": rec.at, "len": rec.len,
-                                                     "fill_from": rec.fill_from})
+            wrong = {"named in another batch": {"batch": rec.batch + 7},
+                     "filled from past its end": {"fill_from": rec.len + 1},
+                     "placed past its batch": {"at": 2**64 - 8}}.get(how)
+            if wrong is not None:
+                fields = {"batch": rec.batch, "at": rec.at, "len": rec.len, "fill_from": rec.fill_from, **wrong}
+                named = ffi.new("wal_unfinished *", fields)
             else:
                 append_open(log, b"also open:", 4)  # keeps the batch waiting for a finish
                 assert finish(log, rec, b"done") == 0
@@ -131,6 +137,30 @@ def test_a_record_not_finished_as_the_contract_says_fails_the_log_and_never_reac
         with pytest.raises(wal.FailedError):
             log.close()
     assert reopened_payloads(tmp_path) == [(1, b"kept")]  # nothing it had not written is acknowledged
+
+
+def test_a_finish_once_the_log_has_failed_takes_no_bytes_and_says_so(tmp_path: Path) -> None:
+    # A writer that held the record's batch when the log failed lets it go: the finish that
+    # comes after finds nothing to fill, and answers with the log's failure.
+    log = wal.Log.open(tmp_path, durability="sync")
+    try:
+        _, first = append_open(log, b"a:", 2)
+        _, second = append_open(log, b"b:", 2)
+        assert finish(log, first, b"??", ok=False) == lib.WAL_EFAILED
+        assert finish(log, second, b"ok") == lib.WAL_EFAILED
+    finally:
+        with pytest.raises(wal.FailedError, match="sealing a record"):
+            log.close()
+    assert reopened_payloads(tmp_path) == []
+
+
+def test_no_record_is_appended_open_at_buffered_which_would_acknowledge_it_unfinished(tmp_path: Path) -> None:
+    with wal.Log.open(tmp_path, durability="buffered") as log:
+        rec = ffi.new("wal_unfinished *")
+        data = b"head:????"
+        assert lib.wal_log_append_unfinished(log._handle, data, len(data), 5, lib.WAL_LEVEL_BUFFERED,
+                                             rec) == lib.WAL_EINVAL
+        assert log.append(b"still usable") == 1
 
 
 def test_a_refused_write_puts_its_batch_before_unfinished_records_which_still_land_whole(tmp_path: Path) -> None:
