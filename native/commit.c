@@ -57,6 +57,7 @@
 #include "forkwatch.h"
 #include "format.h"
 #include "io.h"
+#include "spin.h"
 #include "wal.h"
 #include "writer.h"
 
@@ -176,20 +177,6 @@ struct wal_log {
     uint64_t lat_n;
 };
 
-/* A pause inside a spin loop: tells the CPU (and a hypervisor) that this thread waits. */
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 const char *wal_strerror(int code) {
     switch (code) {
@@ -890,7 +877,7 @@ int64_t wal_log_append_many(wal_log *log, const char *data, const uint32_t *lens
  * the log then fails (I5) and writes nothing more, so the record never reaches the disk with
  * the bytes it was placed with. Readers see a commit once its level holds (the store uses
  * this at `sync` only, where that is once durable), and it cannot be written unfinished; the
- * store's reads of the newest version, acknowledged or not, wait for an open one to be durable
+ * store's reads of the newest value, acknowledged or not, wait for the value to be written
  * (native/storecore.c, core_overlay_newest). */
 
 int64_t wal_log_append_unfinished(wal_log *log, const char *data, size_t len, size_t fill_from, int level,

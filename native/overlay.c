@@ -129,7 +129,7 @@ void overlay_prefetch_version(const overlay *o, PyObject *key) {
     if (s->newest != NULL) __builtin_prefetch(s->newest, 1, 3);
 }
 
-int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int unfinished) {
+int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, ov_version **being_written) {
     Py_hash_t hash = ov_hash(key);
     size_t cap = ov_capacity(o);
     /* Grow before probing, so the slot found is the one written. A key already present
@@ -146,7 +146,8 @@ int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int un
     ov_slot *s = ov_probe(o, key, hash);
     v->lsn = lsn;
     v->value = value;
-    v->unfinished = (unsigned char)(unfinished != 0);
+    v->state = being_written != NULL ? OV_BEING_WRITTEN : OV_WHOLE;
+    if (being_written != NULL) *being_written = v;
     Py_XINCREF(value);
     if (s->key == NULL) {
         Py_INCREF(key);
@@ -159,6 +160,11 @@ int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int un
     }
     s->newest = v;
     return 0;
+}
+
+void overlay_version_written(ov_version *v, int ok) {
+    /* Release: the value's bytes before the state, for a reader's acquire load. */
+    __atomic_store_n(&v->state, ok ? OV_WHOLE : OV_NEVER, __ATOMIC_RELEASE);
 }
 
 const ov_version *overlay_find(const overlay *o, PyObject *key, uint64_t limit) {

@@ -38,16 +38,18 @@
 #include <Python.h>
 #include <stdint.h>
 
+enum { OV_WHOLE = 0, OV_BEING_WRITTEN = 1, OV_NEVER = 2 };
+
 typedef struct ov_version {
     uint64_t lsn;
     PyObject *value; /* exact bytes, or NULL: the version is a delete */
     struct ov_version *older;
-    /* 1: `value` is an envelope whose bytes are still being written, with the GIL released,
-     * until its record is finished (a sealed put at `sync`; native/commit.c, "Records finished
-     * later"). Whole once the LSN is durable, since the log writes no open record. Only a read
-     * of the newest version, past what is acknowledged, can meet it (storecore.c,
-     * core_overlay_newest). */
-    unsigned char unfinished;
+    /* OV_WHOLE, or OV_BEING_WRITTEN: `value` is an envelope whose bytes its committing thread
+     * is still writing, with the GIL released (a sealed put at `sync`; native/commit.c,
+     * "Records finished later"), until it sets OV_WHOLE (or OV_NEVER: they could not be made)
+     * with overlay_version_written. Only a read of the newest version, past what is
+     * acknowledged, can meet it (storecore.c, core_overlay_newest). Read and set atomically. */
+    unsigned char state;
 } ov_version;
 
 typedef struct {
@@ -74,10 +76,16 @@ void overlay_free(overlay *o);
 void overlay_prefetch(const overlay *o, PyObject *key);
 /* The same for the key's newest version, once its slot is in cache (overlay_prefetch first). */
 void overlay_prefetch_version(const overlay *o, PyObject *key);
-/* Enter version `lsn` of `key` (value: bytes, or NULL for a delete) as the key's newest;
- * `unfinished`: its value's bytes are still being written (ov_version.unfinished).
+/* Enter version `lsn` of `key` (value: bytes, or NULL for a delete) as the key's newest.
+ * `being_written` non-NULL: the value's bytes are still being written; the version is marked
+ * OV_BEING_WRITTEN and *being_written points to it, for overlay_version_written. The pointer
+ * stays valid until then: a version is pruned only once applied, so durable, and its record
+ * cannot be durable before the writer has finished it, which it does after marking it.
  * 0, or -1 with MemoryError set (the overlay is then unchanged). */
-int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, int unfinished);
+int overlay_add(overlay *o, PyObject *key, uint64_t lsn, PyObject *value, ov_version **being_written);
+/* The bytes of a version entered OV_BEING_WRITTEN are written (ok) or will never be (!ok);
+ * callable without the GIL. */
+void overlay_version_written(ov_version *v, int ok);
 /* The key's newest version with lsn <= limit, or NULL. */
 const ov_version *overlay_find(const overlay *o, PyObject *key, uint64_t limit);
 /* Drop the key's versions with lsn <= applied; the key goes when none is left. */

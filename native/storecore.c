@@ -52,6 +52,7 @@
 #include "overlay.h"
 #include "sealcore.h"
 #include "spanargs.h"
+#include "spin.h"
 #include "wal.h"
 
 #define KIND_TXN 0x54
@@ -935,14 +936,14 @@ static PyObject *core_commit(Core *c, PyObject *const *args, Py_ssize_t nargs) {
  * then the LSN is returned at once, without waiting, and the caller must finish the record
  * (g_log.finish) before it waits for the level. */
 static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject *value, int for_async,
-                                    wal_unfinished *open_rec, size_t fill_from);
+                                    wal_unfinished *open_rec, size_t fill_from, ov_version **open_version);
 
 static PyObject *commit_bytes_key(Core *c, long kind, PyObject *key, PyObject *value, int for_async) {
-    return commit_put_or_open(c, kind, key, value, for_async, NULL, 0);
+    return commit_put_or_open(c, kind, key, value, for_async, NULL, 0, NULL);
 }
 
 static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject *value, int for_async,
-                                    wal_unfinished *open_rec, size_t fill_from) {
+                                    wal_unfinished *open_rec, size_t fill_from, ov_version **open_version) {
     wal_log *handle = c->handle;
     if (handle == NULL || !PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) == 0 ||
         PyBytes_GET_SIZE(key) > MAX_KEY_BYTES || (Py_ssize_t)c->len > c->max_unapplied)
@@ -981,7 +982,7 @@ static PyObject *commit_put_or_open(Core *c, long kind, PyObject *key, PyObject 
     PyObject *stored = kind == OP_PUT ? value : NULL;
     /* Queued first: it gives the slot's prefetch (above) more time to arrive. */
     int failed = q_push(c, (uint64_t)lsn, (int)kind, key, stored, NULL) < 0 ||
-                 overlay_add(&c->ov, key, (uint64_t)lsn, stored, open_rec != NULL) < 0;
+                 overlay_add(&c->ov, key, (uint64_t)lsn, stored, open_rec ? open_version : NULL) < 0;
     c->bytes_since_checkpoint += (long long)n;
     /* An open record's caller wakes the materializer once it has finished it: the wake runs
      * Python (Event.set), where a signal handler or a finalizer could read or sync the store,
@@ -1007,7 +1008,7 @@ static int overlay_enter_txn(Core *c, uint64_t lsn, PyObject *ops) {
         (void)parse_op(PySequence_Fast_GET_ITEM(ops, i), &kind, &key, &val);
         PyObject *k = exact_bytes(key, "a key");
         PyObject *v = kind == OP_PUT && k != NULL ? exact_bytes(val, "a value") : NULL;
-        int rc = k == NULL || (kind == OP_PUT && v == NULL) ? -1 : overlay_add(&c->ov, k, lsn, v, 0);
+        int rc = k == NULL || (kind == OP_PUT && v == NULL) ? -1 : overlay_add(&c->ov, k, lsn, v, NULL);
         Py_XDECREF(k);
         Py_XDECREF(v);
         if (rc < 0) return -1;
@@ -1210,30 +1211,41 @@ static PyObject *version_tuple(const ov_version *v) {
 
 /* overlay_newest(key) -> (lsn, value | None) | None: the key's newest overlay version, acknowledged
  * or not, with its value whole. A sealed put at `sync` enters its envelope before encrypting
- * into it (commit_put_or_open with an open record): such a version, until its LSN is durable,
- * may still be being written by its committing thread. It is waited for, with the GIL
- * released, until durable (a record is never durable unfinished; at most one fdatasync away),
- * then looked up again, at most up to its LSN: the overlay may have changed meanwhile (a newer
- * version, or this one applied and pruned: then None, and LMDB holds it or a newer one). If
- * the log fails or closes first, the newest durable version is the answer: the unfinished
- * one will never be acknowledged. Reads up to an acknowledged LSN (overlay_get, read_key)
- * never meet one: at `sync` nothing above durable is acknowledged. */
+ * into it, with the GIL released (commit_put_or_open with an open record; ov_version.state).
+ * Such a version is waited for: first spinning, the GIL held (so it cannot be pruned), for
+ * up to READ_SPIN_NS -- the AES of one value, which runs now -- then, if its writer was
+ * preempted, with the GIL released until its commit is durable (it cannot be durable
+ * unwritten; at most one fdatasync away), and looked up again, at most up to its LSN: the
+ * overlay may have changed meanwhile (a newer version, or this one applied and pruned: then
+ * None, and LMDB holds it or a newer one). A version whose bytes will never be made (its seal
+ * failed; the log fails) is passed over, as is one whose log fails or closes before it is
+ * durable: it will never be acknowledged. Reads up to an acknowledged LSN (overlay_get,
+ * read_key) never meet one being written: at `sync` nothing above durable is acknowledged. */
+#define READ_SPIN_NS 50000
+
 static PyObject *core_overlay_newest(Core *c, PyObject *arg) {
     PyObject *key = exact_bytes(arg, "a key");
     if (key == NULL) return NULL;
     const ov_version *v = overlay_find(&c->ov, key, UINT64_MAX);
-    if (v != NULL && v->unfinished && c->marks != NULL && g_watermarks != NULL) {
+    int state = v != NULL ? __atomic_load_n(&v->state, __ATOMIC_ACQUIRE) : OV_WHOLE;
+    if (state == OV_BEING_WRITTEN) {
+        uint64_t until = now_ns() + READ_SPIN_NS;
+        do {
+            cpu_relax();
+            state = __atomic_load_n(&v->state, __ATOMIC_ACQUIRE);
+        } while (state == OV_BEING_WRITTEN && now_ns() < until);
+    }
+    if (state == OV_NEVER) {
+        v = overlay_find(&c->ov, key, v->lsn - 1);
+    } else if (state == OV_BEING_WRITTEN && c->marks != NULL) {
         uint64_t lsn = v->lsn, marks[3]; /* appended, written, durable (here, not the archive's) */
-        (void)g_watermarks(c->marks, marks);
-        if (lsn > marks[2]) {
-            wal_log *handle = c->marks;
-            int rc;
-            Py_BEGIN_ALLOW_THREADS
-            rc = g_log.wait(handle, lsn, WAL_LEVEL_SYNC);
-            Py_END_ALLOW_THREADS
-            if (rc < 0) (void)g_watermarks(c->marks, marks);
-            v = overlay_find(&c->ov, key, rc < 0 ? marks[2] : lsn);
-        }
+        wal_log *handle = c->marks;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = g_log.wait(handle, lsn, WAL_LEVEL_SYNC);
+        Py_END_ALLOW_THREADS
+        if (rc < 0 && g_watermarks != NULL) (void)g_watermarks(c->marks, marks);
+        v = overlay_find(&c->ov, key, rc < 0 ? (g_watermarks != NULL ? marks[2] : lsn - 1) : lsn);
     }
     Py_DECREF(key);
     return version_tuple(v);
@@ -1764,7 +1776,8 @@ static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t na
      * the record is finished -- every write of the log waits for it. */
     wal_unfinished rec = {.len = UINT32_MAX}; /* len: still UINT32_MAX unless the append was made */
     int open_path = core->level == WAL_LEVEL_SYNC && g_log.finish != NULL;
-    PyObject *r = open_path ? commit_put_or_open(core, OP_PUT, key, env, 0, &rec, SEAL_HEADER_BYTES) : NULL;
+    ov_version *entered = NULL; /* its overlay version, while its bytes are written */
+    PyObject *r = open_path ? commit_put_or_open(core, OP_PUT, key, env, 0, &rec, SEAL_HEADER_BYTES, &entered) : NULL;
     int ok;
     if (rec.len != UINT32_MAX) {
         long long lsn = r != NULL ? PyLong_AsLongLong(r) : 0;
@@ -1772,6 +1785,8 @@ static PyObject *fast_sealed_put(FastCommit *f, PyObject *const *args, size_t na
         int rc;
         Py_BEGIN_ALLOW_THREADS
         ok = seal_job_run(&job, body, ctx1, ctx1_len, ctx2, ctx2_len);
+        /* Before the finish: until it, the record cannot be durable, so the version is not pruned. */
+        if (entered != NULL) overlay_version_written(entered, ok);
         rc = g_log.finish(handle, &rec, rest, ok);
         if (rc == 0 && lsn > 0) rc = g_log.wait(handle, (uint64_t)lsn, WAL_LEVEL_SYNC);
         Py_END_ALLOW_THREADS

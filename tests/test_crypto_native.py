@@ -38,6 +38,7 @@ from wal.crypto.sealing import (
     key_id,
     parse,
 )
+from wal.drill import failpoints
 from wal.errors import SealDamagedError, WrongKeyError
 from wal.store.store import Store
 
@@ -462,6 +463,38 @@ def test_reads_of_the_newest_version_never_open_an_envelope_still_being_encrypte
         assert store.stats()["finished_later"] >= 600  # the C path, mostly (a busy lock sends some to Python)
         assert len(seen) > 10 and set(seen) <= set(values)
         assert store.get(b"k") in values
+
+
+@needs_c_path
+@pytest.mark.parametrize("size", [4 << 10, 8 << 20])
+def test_a_read_of_a_value_being_sealed_gets_it_whole_and_a_version_read_never_waits(tmp_path: Path,
+                                                                                    size: int) -> None:
+    """A put's fdatasync slowed to 1 s: its version is read at once, and so is its value, whole,
+    whether the read found it encrypted already, waited the few microseconds of its AES (4 KiB)
+    or, once the AES outlasts the spin (8 MiB: milliseconds), waited for the commit to be
+    durable. A conflict check against the in-flight version passes."""
+    value = os.urandom(size)
+    with wal.open(tmp_path, encryption=KEY, durability="sync") as store:
+        old = store.put(b"k", b"old")
+        before = store.stats()["finished_later"]
+        failpoints.slow("fsync", 1.0)
+        try:
+            putting = threading.Thread(target=store.put, args=(b"k", value))
+            putting.start()
+            with store.transaction() as tx:
+                while tx.version(b"k") == old:  # until the put is in the overlay
+                    pass
+                version = tx.version(b"k")
+                durable_at_version = store.watermarks.durable
+                got = tx.get(b"k")
+            with store.transaction() as tx:
+                tx.put(b"k", b"checked", if_version=version)
+        finally:
+            failpoints.clear()
+        putting.join(timeout=30)
+        assert version is not None and version > old and store.stats()["finished_later"] == before + 1
+        assert durable_at_version < version  # read while its fdatasync was still under way
+        assert got == value and store.get(b"k") == b"checked"
 
 
 FINISHED_LATER_RUN = textwrap.dedent("""

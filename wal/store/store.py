@@ -386,7 +386,7 @@ class Transaction:
         k = _key(key)
         if k in self._ops:
             return None
-        found = self._store._lookup(k, newest=True)
+        found = self._store._lookup(k, newest=True, value=False)
         self._read(k, found)
         return found[0] if found is not None and found[1] is not None else None
 
@@ -721,12 +721,15 @@ class Store:
         assert self._log is not None
         return self._core.visible_lsn()
 
-    def _lookup(self, key: bytes, newest: bool) -> tuple[int, bytes | None] | None:
-        """(version, value or None if deleted) of key, or None if never written / unknown."""
+    def _lookup(self, key: bytes, newest: bool, *, value: bool = True) -> tuple[int, bytes | None] | None:
+        """(version, value or None if deleted) of key, or None if never written / unknown.
+        `newest`: acknowledged or not (else as of what is acknowledged). `value`: the caller
+        reads the value, not only the version and whether it is a delete; the newest version's
+        value may be a sealed put's envelope still being encrypted (Core.overlay_newest waits
+        for it, up to an fdatasync), which a caller holding the commit lock must not wait for."""
         if self._log is not None:
-            # The newest version, acknowledged or not; for `newest` with its value whole (a
-            # sealed put's envelope may be encrypted after its append: Core.overlay_newest).
-            found = self._core.overlay_newest(key) if newest else self._core.overlay_get(key, None)
+            found = (self._core.overlay_newest(key) if newest and value  # the newest, its value whole
+                     else self._core.overlay_get(key, None))  # the newest, acknowledged or not
             if found is not None and not newest:
                 # Returned only if acknowledged by a watermark read after the look (so by now);
                 # else the newest version at or below that watermark, looked up after it.
@@ -969,7 +972,7 @@ class Store:
 
     def _validate(self, checks: dict[bytes, int]) -> None:
         for key, expected in checks.items():
-            found = self._lookup(key, newest=True)
+            found = self._lookup(key, newest=True, value=False)  # under the commit lock: never waits
             actual = found[0] if found is not None and found[1] is not None else None
             if (actual or 0) != expected:
                 self._counters["conflicts"] += 1
