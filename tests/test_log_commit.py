@@ -296,11 +296,17 @@ def test_buffered_appends_are_held_back_when_the_buffer_cap_is_reached(tmp_path:
     cap = 4096
     per_record = record_size(100)
     with wal.Log.open(tmp_path, durability="buffered", rpo_ms=60_000, max_pending_bytes=cap) as log:
-        for i in range(1000):
-            log.append(payload(i, 100))
-            marks = log.watermarks
-            # at most one full batch buffered and one being written
-            assert (marks.appended - marks.written) * per_record <= 2 * cap
+        # Each of the flusher's writes takes 1 ms (a failpoint's sleep), so the appends outpace
+        # it: on a loaded machine, with writes at the page cache's speed, they never reached the cap.
+        wal.drill.failpoints.slow("write", 0.001)
+        try:
+            for i in range(1000):
+                log.append(payload(i, 100))
+                marks = log.watermarks
+                # at most one full batch buffered and one being written
+                assert (marks.appended - marks.written) * per_record <= 2 * cap
+        finally:
+            wal.drill.failpoints.slow("write", 0)
         assert log.stats()["backpressure_waits"] > 0
 
 
