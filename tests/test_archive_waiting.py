@@ -14,6 +14,8 @@ import errno
 import os
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from archive_helpers import HeldPut, wait_until
@@ -715,3 +717,48 @@ def test_a_store_reopened_while_a_put_of_its_closed_predecessor_is_in_flight_wai
         assert again.put("three", b"3") == 3  # acknowledged at replicated: the archive holds it
     report = wal.restore(f"file://{tmp_path}/a", tmp_path / "r")
     assert report.lsn == 3
+
+
+class _SnapshotsHeld(FileObjects):
+    """A file:// archive whose snapshot PUTs wait until `release` is set."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        if name.startswith(layout.SNAP_PREFIX):
+            self.release.wait(60)
+        super().put(name, data, create_only=create_only)
+
+
+def test_a_store_with_history_older_than_its_archive_acknowledges_nothing_at_replicated_before_its_base_snapshot(
+        tmp_path: Path) -> None:
+    # Its log starts past LSN 1: the archive can restore nothing until the snapshot the log
+    # continues from is stored, however many log objects it holds. A commit acknowledged
+    # before then would be lost with the machine (a restore refuses an archive with no base).
+    opts: dict[str, Any] = {"segment_bytes": 4096, "checkpoint_bytes": 1 << 16}
+    with wal.open(tmp_path / "s", **opts) as s:
+        for i in range(300):
+            s.put(f"k{i}", b"b" * 64)
+        s.checkpoint()
+        assert s._log.first_lsn > 1
+    objects = _SnapshotsHeld(str(tmp_path / "a"))
+    s = wal.open(tmp_path / "s", archive=objects, durability="replicated", **opts)
+    try:
+        done: list[int] = []
+        putting = threading.Thread(target=lambda: done.append(s.put("paid", b"yes")))
+        putting.start()
+        wait_until(lambda: any((tmp_path / "a" / "log").glob("*")), 30)  # its log object is stored
+        putting.join(timeout=1.0)
+        assert done == [] and putting.is_alive()  # ... and the commit still waits for the base
+        objects.release.set()
+        putting.join(timeout=60)
+        assert done and not putting.is_alive()
+    finally:
+        objects.release.set()
+        s.close()
+    restored = wal.restore(f"file://{tmp_path}/a", tmp_path / "r")
+    assert restored.lsn >= done[0]
+    with wal.open(tmp_path / "r") as r:
+        assert r.get("paid") == b"yes" and r.get("k0") == b"b" * 64

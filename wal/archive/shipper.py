@@ -193,6 +193,11 @@ class Resolved(NamedTuple):
     # is shipped from here on reach archive_snapshot_bytes (else a store reopened more often than
     # that much log is shipped would never be snapshotted again, nor its history released).
     since_snapshot_bytes: int = 0
+    # The archive holds no state this writer's log continues from: no snapshot, and its log does
+    # not reach back to LSN 1 (a store with history from before its archive), or it ends before
+    # the store's log begins. Nothing shipped can be restored until the base snapshot is stored,
+    # so no commit is acknowledged at `replicated` before then (Shipper._ack_held_at).
+    base_missing: bool = False
 
 
 class NameTakenError(ObjectExistsError):
@@ -249,7 +254,7 @@ class Shipper:
                  last_snapshot: int, retention_s: float | None = None,
                  resolve: Callable[[], Resolved] | None = None,
                  tail: list[Piece] | None = None, puts_in_flight: int = 1, end_writer: bytes | None = None,
-                 since_snapshot_bytes: int = 0, shipped_before: int = 0) -> None:
+                 since_snapshot_bytes: int = 0, shipped_before: int = 0, base_missing: bool = False) -> None:
         self.store = store
         self.objects = objects
         self.rpo_ms = rpo_ms
@@ -304,6 +309,9 @@ class Shipper:
         self._needed_snapshot_after = -1
         self._pending_needed = False  # the pending snapshot was taken for `_need_snapshot`
         self._pending_snapshot: SpooledSnapshot | None = None  # waiting for the log up to its LSN
+        # While the archive has no base to restore from (Resolved.base_missing): the watermark
+        # `replicated` acknowledges up to stays here until the snapshot that makes one is stored.
+        self._ack_held_at: int | None = archived if base_missing else None
         self._snapshot_retry_at = 0.0  # no snapshot is spooled before this (monotonic): a full disk
         self._space_logged_at = -math.inf
         self._bytes_since_snapshot = since_snapshot_bytes  # Resolved.since_snapshot_bytes
@@ -807,6 +815,7 @@ class Shipper:
                 if self._resolve is not None:
                     found = self._resolve()
                     archived, self._need_snapshot, self.last_snapshot = found[:3]
+                    self._ack_held_at = archived if found.base_missing else None
                     self._tail, self._end_writer = found.tail, found.writer
                     self._bytes_since_snapshot += found.since_snapshot_bytes
                     self._resolve = None
@@ -909,7 +918,8 @@ class Shipper:
         if log is None:
             return 0
         before = log.watermarks.appended
-        archived = self.archived
+        held = self._ack_held_at
+        archived = self.archived if held is None else min(self.archived, held)
         woken = log._archive_set(archived)
         self.published = max(self.published, archived)
         self._gather_target = before + woken
@@ -1387,6 +1397,10 @@ class Shipper:
             stored = self._ship_snapshot(pending)  # a failed PUT leaves it pending, for the next job
             self._pending_snapshot = None
             pending.discard()
+            if stored and self._ack_held_at is not None:
+                # The archive now restores from this snapshot to `archived`: what waited, goes.
+                self._ack_held_at = None
+                self._wake_archived()
             if not stored and self._pending_needed:
                 self._need_snapshot, self._needed_snapshot_after = True, pending.lsn
 

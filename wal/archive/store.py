@@ -351,8 +351,10 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
         end_writer = found.last_object.writer_id
     elif listing.snapshots:
         end = last_snapshot  # a restored archive without log yet
+    base_missing = False
     if end is None:
         archived, end_writer = local_first - 1, None
+        base_missing = local_first > 1  # from LSN 1, the empty state is the base
     elif end > local_last:
         raise FailedError(
             f"the archive {objects.url} holds LSNs up to {end} but the store in {store.path} ends at {local_last}: "
@@ -362,7 +364,7 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
         _logger.warning("archive %s ends at LSN %d but the store in %s starts at LSN %d: LSNs %d..%d are in "
                         "neither; shipping resumes from a new snapshot", objects.url, end, store.path,
                         local_first, end + 1, local_first - 1)
-        archived, need_snapshot, end_writer = local_first - 1, True, None
+        archived, need_snapshot, end_writer, base_missing = local_first - 1, True, None, True
     else:
         if end_payload is not None and end >= local_first:
             mine = next(iter(log.read(end)), None)
@@ -381,7 +383,7 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
                          "key: a snapshot under the current key is shipped", objects.url, last_snapshot, stale.hex())
             need_snapshot = True
     return Resolved(archived, need_snapshot, last_snapshot, found.tail, end_writer,
-                    _log_bytes_between(listing.logs, last_snapshot, archived))
+                    _log_bytes_between(listing.logs, last_snapshot, archived), base_missing)
 
 
 def _stale_key_id(objects: ObjectStore, snapshot_lsn: int) -> bytes | None:
@@ -426,7 +428,7 @@ def _attach(store: ArchivedStore, objects: ObjectStore, *, shipped_before: int, 
                       merge_objects=merge_objects, archived=found.archived, need_snapshot=found.need_snapshot,
                       last_snapshot=found.last_snapshot, retention_s=retention_s, resolve=resolve, tail=found.tail,
                       puts_in_flight=puts_in_flight, end_writer=found.writer,
-                      since_snapshot_bytes=found.since_snapshot_bytes,
+                      since_snapshot_bytes=found.since_snapshot_bytes, base_missing=found.base_missing,
                       shipped_before=shipped_before)
     if resolve is not None:
         shipper.error = "unreachable when the store was opened"
