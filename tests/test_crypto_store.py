@@ -25,6 +25,7 @@ from legacy_state import strip_entry_checksums, strip_idem_checksums
 
 import wal
 from wal.agents import AgentStore
+from wal.archive import follow as follow_mod
 from wal.crypto import sealing
 from wal.crypto.sealing import CODEC_ENCRYPTED, CODEC_PLAIN, CODEC_ZSTD, Sealer, key_id
 from wal.errors import MissingKeyError, SealDamagedError, WrongKeyError
@@ -1344,6 +1345,35 @@ def test_a_follower_held_back_by_a_key_it_was_not_given_reports_its_lag_in_lsns(
         assert 20 < stats["archive_end_lsn"] <= end and lag["lag_lsns"] == stats["archive_end_lsn"] - 20
     finally:
         follower.close()
+
+
+def test_a_keyed_follower_whose_writer_ships_between_its_look_and_its_listing_says_the_archive_is_plain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race behind a keyed follower of a plain archive calling its first object damaged
+    ("unknown codec"): its poll's look for the manifest found nothing shipped yet, and the
+    listing right after found the writer's first object. Made certain here: the first look
+    after the writer shipped is answered "nothing yet"."""
+    plain_url = f"file://{tmp_path}/b"
+    (tmp_path / "b").mkdir()
+    real = follow_mod.holds_nothing
+    lied: list[bool] = []
+
+    def one_look_too_early(objects: object) -> bool:
+        held = real(objects)
+        if not held and not lied:
+            lied.append(True)
+            return True
+        return held
+
+    monkeypatch.setattr(follow_mod, "holds_nothing", one_look_too_early)
+    keyed = wal.follow(plain_url, tmp_path / "h", encryption=KEY, poll_ms=20)
+    try:
+        with wal.open(tmp_path / "p", archive=plain_url) as p:
+            p.put("k/1", b"plain", durability="replicated")
+        wait_until(lambda: keyed.stats()["follower_error"] is not None)
+        assert lied and keyed.lsn == 0 and "without encryption" in keyed.stats()["follower_error"]
+    finally:
+        keyed.close()
 
 
 def test_a_standby_follower_started_before_its_writer_follows_an_encrypted_archive(tmp_path: Path) -> None:

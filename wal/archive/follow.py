@@ -264,6 +264,14 @@ class Follower:
             try:
                 applied = self._apply(store)
             except CorruptionError as exc:
+                if self._sealing_unconfirmed:
+                    # The writer's first objects came between the look above and this listing,
+                    # and were read as this follower was told to read them: the manifest says
+                    # whether that was wrong (raised as `follow` raises it), else they are
+                    # read again, as confirmed, at the next poll.
+                    self._confirm_sealing()
+                    if not self._sealing_unconfirmed:
+                        return 0
                 if self._pos != 0 and exc.reason != "archive gap":
                     raise
                 gap = exc
