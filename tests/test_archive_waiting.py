@@ -23,7 +23,7 @@ from archive_helpers import HeldPut, wait_until
 import wal
 import wal.drill.failpoints
 from wal.archive import layout
-from wal.archive.objects import FileObjects
+from wal.archive.objects import ArchiveUnavailableError, FileObjects
 from wal.archive.restore import verify
 from wal.log import record
 
@@ -762,3 +762,45 @@ def test_a_store_with_history_older_than_its_archive_acknowledges_nothing_at_rep
     assert restored.lsn >= done[0]
     with wal.open(tmp_path / "r") as r:
         assert r.get("paid") == b"yes" and r.get("k0") == b"b" * 64
+
+
+class _NoSnapshots(FileObjects):
+    """A file:// archive that refuses snapshot PUTs (a writer that stops before its base is stored)."""
+
+    def put(self, name: str, data: bytes | memoryview, *, create_only: bool = True) -> None:
+        if name.startswith(layout.SNAP_PREFIX):
+            raise ArchiveUnavailableError(f"{name}: refused")
+        super().put(name, data, create_only=create_only)
+
+
+def test_a_base_snapshot_still_missing_at_the_next_open_still_holds_replicated_acknowledgements_back(
+        tmp_path: Path) -> None:
+    # The first session shipped log objects and closed before its base snapshot was stored:
+    # the archive holds log from past LSN 1 and no snapshot. The next session must not take
+    # that log for a restorable archive.
+    opts: dict[str, Any] = {"segment_bytes": 4096, "checkpoint_bytes": 1 << 16}
+    with wal.open(tmp_path / "s", **opts) as s:
+        for i in range(300):
+            s.put(f"k{i}", b"b" * 64)
+        s.checkpoint()
+        assert s._log.first_lsn > 1
+    with wal.open(tmp_path / "s", archive=_NoSnapshots(str(tmp_path / "a")), **opts) as s:
+        s.put("shipped", b"without a base")
+        wait_until(lambda: any((tmp_path / "a" / "log").glob("*")), 30)
+    assert not any((tmp_path / "a").glob("snap/*"))
+    objects = _SnapshotsHeld(str(tmp_path / "a"))
+    s = wal.open(tmp_path / "s", archive=objects, durability="replicated", **opts)
+    try:
+        done: list[int] = []
+        putting = threading.Thread(target=lambda: done.append(s.put("paid", b"yes")))
+        putting.start()
+        putting.join(timeout=1.5)
+        assert done == [] and putting.is_alive()  # waits for the base, not only for its log object
+        objects.release.set()
+        putting.join(timeout=60)
+        assert done
+    finally:
+        objects.release.set()
+        s.close()
+    with wal.open(wal.restore(f"file://{tmp_path}/a", tmp_path / "r").path) as r:
+        assert r.get("paid") == b"yes" and r.get("shipped") == b"without a base"

@@ -374,6 +374,9 @@ def _resolve(store: ArchivedStore, objects: ObjectStore) -> Resolved:
                     "different histories (the archive was taken over by a promoted follower, or belongs to "
                     "another store). Restore or follow the archive instead.")
         archived = end
+        # No snapshot and no log from LSN 1: a writer before this one shipped its log without the
+        # base it continues from (closed before that snapshot was stored); still missing.
+        base_missing = not listing.snapshots and not any(p.first == 1 for p in listing.logs)
     if listing.snapshots and not need_snapshot:
         stale = _stale_key_id(objects, last_snapshot)
         if stale is not None:
