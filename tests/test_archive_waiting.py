@@ -732,23 +732,36 @@ class _SnapshotsHeld(FileObjects):
         super().put(name, data, create_only=create_only)
 
 
+def _store_with_history(path: Path) -> dict[str, Any]:
+    """A store whose log starts past LSN 1 (its history checkpointed away before any archive);
+    the options it is opened with."""
+    opts: dict[str, Any] = {"segment_bytes": 4096, "checkpoint_bytes": 1 << 16}
+    with wal.open(path, **opts) as s:
+        for i in range(300):
+            s.put(f"k{i}", b"b" * 64)
+        s.checkpoint()
+        assert s._log.first_lsn > 1
+    return opts
+
+
+def _putting(store: wal.Store, key: str, value: bytes) -> tuple[threading.Thread, list[int]]:
+    """A put in a thread of its own, started: the thread and the list its LSN lands in."""
+    done: list[int] = []
+    putting = threading.Thread(target=lambda: done.append(store.put(key, value)))
+    putting.start()
+    return putting, done
+
+
 def test_a_store_with_history_older_than_its_archive_acknowledges_nothing_at_replicated_before_its_base_snapshot(
         tmp_path: Path) -> None:
     # Its log starts past LSN 1: the archive can restore nothing until the snapshot the log
     # continues from is stored, however many log objects it holds. A commit acknowledged
     # before then would be lost with the machine (a restore refuses an archive with no base).
-    opts: dict[str, Any] = {"segment_bytes": 4096, "checkpoint_bytes": 1 << 16}
-    with wal.open(tmp_path / "s", **opts) as s:
-        for i in range(300):
-            s.put(f"k{i}", b"b" * 64)
-        s.checkpoint()
-        assert s._log.first_lsn > 1
+    opts = _store_with_history(tmp_path / "s")
     objects = _SnapshotsHeld(str(tmp_path / "a"))
     s = wal.open(tmp_path / "s", archive=objects, durability="replicated", **opts)
     try:
-        done: list[int] = []
-        putting = threading.Thread(target=lambda: done.append(s.put("paid", b"yes")))
-        putting.start()
+        putting, done = _putting(s, "paid", b"yes")
         wait_until(lambda: any((tmp_path / "a" / "log").glob("*")), 30)  # its log object is stored
         putting.join(timeout=1.0)
         assert done == [] and putting.is_alive()  # ... and the commit still waits for the base
@@ -778,12 +791,7 @@ def test_a_base_snapshot_still_missing_at_the_next_open_still_holds_replicated_a
     # The first session shipped log objects and closed before its base snapshot was stored:
     # the archive holds log from past LSN 1 and no snapshot. The next session must not take
     # that log for a restorable archive.
-    opts: dict[str, Any] = {"segment_bytes": 4096, "checkpoint_bytes": 1 << 16}
-    with wal.open(tmp_path / "s", **opts) as s:
-        for i in range(300):
-            s.put(f"k{i}", b"b" * 64)
-        s.checkpoint()
-        assert s._log.first_lsn > 1
+    opts = _store_with_history(tmp_path / "s")
     with wal.open(tmp_path / "s", archive=_NoSnapshots(str(tmp_path / "a")), **opts) as s:
         s.put("shipped", b"without a base")
         wait_until(lambda: any((tmp_path / "a" / "log").glob("*")), 30)
@@ -791,9 +799,7 @@ def test_a_base_snapshot_still_missing_at_the_next_open_still_holds_replicated_a
     objects = _SnapshotsHeld(str(tmp_path / "a"))
     s = wal.open(tmp_path / "s", archive=objects, durability="replicated", **opts)
     try:
-        done: list[int] = []
-        putting = threading.Thread(target=lambda: done.append(s.put("paid", b"yes")))
-        putting.start()
+        putting, done = _putting(s, "paid", b"yes")
         putting.join(timeout=1.5)
         assert done == [] and putting.is_alive()  # waits for the base, not only for its log object
         objects.release.set()
