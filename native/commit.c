@@ -177,7 +177,6 @@ struct wal_log {
     uint64_t lat_n;
 };
 
-
 const char *wal_strerror(int code) {
     switch (code) {
     case WAL_OK: return "ok";
